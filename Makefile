@@ -1,0 +1,35 @@
+# fleetserve: `make serve` starts the embedded server, `make test` runs the suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+# torch must stay pinned: any other spec pulls a multi-GB CUDA build.
+CONSTRAINTS := requirements/constraints.txt
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test check install bench clean
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[torch,models,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/fleetserve serve $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy src
+
+bench: $(STAMP)
+	$(BIN)/fleetserve bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,29 @@
+"""fleetserve: serve fleets of small open models on hardware you own."""
+
+from .sdk import AsyncClient, Client
+from .wire import (
+    DeadlineExceeded,
+    FleetError,
+    InternalError,
+    InvalidInput,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    Unavailable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "DeadlineExceeded",
+    "FleetError",
+    "InternalError",
+    "InvalidInput",
+    "ModelNotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "Unavailable",
+    "__version__",
+]

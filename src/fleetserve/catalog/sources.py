@@ -1,0 +1,56 @@
+"""Resolve a spec's sources to a local directory, offline.
+
+Supported forms (tried in order, the first that exists wins):
+
+- ``package:<module>/<subdir>``: weights bundled in an installed Python package;
+- ``hf:<org>/<name>``: the Hugging Face cache layout (``models--org--name/snapshots``);
+- a local path (absolute, or ``~``-relative), also ``file://``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from ..wire import ModelNotFound
+
+
+def resolve(model_id: str, sources: tuple[str, ...], hf_cache: Path) -> Path:
+    looked: list[str] = []
+    for src in sources:
+        path = _candidate(src, hf_cache)
+        looked.append(f"{src} -> {path}" if path else f"{src} (not installed)")
+        if path is not None and path.is_dir() and any(path.iterdir()):
+            return path
+    raise ModelNotFound(
+        f"weights for {model_id!r} are not present locally; looked in: " + "; ".join(looked),
+        field="model",
+    )
+
+
+def is_present(sources: tuple[str, ...], hf_cache: Path) -> bool:
+    for src in sources:
+        p = _candidate(src, hf_cache)
+        if p is not None and p.is_dir():
+            return True
+    return False
+
+
+def _candidate(src: str, hf_cache: Path) -> Path | None:
+    if src.startswith("package:"):
+        module, _, sub = src[len("package:") :].partition("/")
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        return Path(next(iter(spec.submodule_search_locations))) / sub
+    if src.startswith("hf:"):
+        repo = src[len("hf:") :]
+        snaps = hf_cache / ("models--" + repo.replace("/", "--")) / "snapshots"
+        ref = snaps.parent / "refs" / "main"
+        if ref.is_file():
+            return snaps / ref.read_text().strip()
+        found = sorted(snaps.iterdir()) if snaps.is_dir() else []
+        return found[-1] if found else snaps
+    if src.startswith("file://"):
+        src = src[len("file://") :]
+    return Path(src).expanduser()

@@ -1,0 +1,148 @@
+"""Dense embeddings: mean or CLS pooling, normalize, Matryoshka dimensions, dtypes.
+
+Serves ``/v1/encode/{model}`` (native) and ``/v1/embeddings`` (OpenAI).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..catalog import ModelSpec
+from ..runtimes import Runtime
+from ..wire import Encoding, Envelope, InvalidInput, Task
+from ..wire.codec import TypedDecoder, array_to_wire, dumps
+from ..wire.requests import EmbeddingsRequest, EncodeRequest
+from .base import Prepared, pad_batch
+from .tokenize import TextTokenizer
+
+_ENCODE = TypedDecoder(EncodeRequest)
+_EMBEDDINGS = TypedDecoder(EmbeddingsRequest)
+_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class DenseOptions:
+    normalize: bool
+    output_dtype: str
+    dimensions: int | None
+    openai_base64: bool = False
+
+
+class DenseAdapter:
+    tasks = frozenset({Task.ENCODE, Task.EMBEDDINGS})
+
+    def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
+        self.spec = spec
+        self.runtime = runtime
+        self.path = path
+        self._tok: TextTokenizer | None = None
+        self.dim = spec.dimensions or 0
+
+    def load(self) -> None:
+        self._tok = TextTokenizer(self.path, self.spec.max_seq_len)
+        self.runtime.load_encoder(self.path)
+
+    def warmup(self) -> None:
+        out = self.forward([self.tokenizer.encode(["warm up"], truncate=True)[0][0]] * 2)
+        self.dim = int(out.shape[1])
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        if self._tok is None:
+            raise RuntimeError("adapter is not loaded")
+        return self._tok
+
+    def memory_bytes(self) -> int:
+        return self.runtime.memory_bytes()
+
+    # -- preprocess -------------------------------------------------------------
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+        if envelope.task is Task.EMBEDDINGS:
+            req = _EMBEDDINGS.decode(body, envelope.content_type)
+            if req.encoding_format not in ("float", "base64"):
+                raise InvalidInput(
+                    "encoding_format must be 'float' or 'base64'", field="encoding_format"
+                )
+            texts, field = req.input, "input"
+            opts = DenseOptions(True, "float32", req.dimensions, req.encoding_format == "base64")
+            truncate = True
+        else:
+            r = _ENCODE.decode(body, envelope.content_type)
+            if r.output_dtype not in _DTYPES:
+                raise InvalidInput(
+                    f"output_dtype must be one of {sorted(_DTYPES)}", field="output_dtype"
+                )
+            texts, field, truncate = r.inputs, "inputs", r.truncate
+            opts = DenseOptions(r.normalize, r.output_dtype, r.dimensions)
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts:
+            raise InvalidInput(f"{field} must not be empty", field=field)
+        for i, t in enumerate(texts):
+            if not t:
+                raise InvalidInput(f"{field}[{i}] is an empty string", field=f"{field}[{i}]")
+        if opts.dimensions is not None and not (0 < opts.dimensions <= self.dim):
+            raise InvalidInput(
+                f"dimensions must be between 1 and {self.dim}", field="dimensions"
+            )
+        ids, truncated = self.tokenizer.encode(texts, truncate=truncate)
+        if truncated is not None:
+            raise InvalidInput(
+                f"{field}[{truncated}] is longer than the model's limit of "
+                f"{self.spec.max_seq_len} tokens and truncate is false",
+                field=f"{field}[{truncated}]",
+            )
+        return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
+
+    # -- forward ----------------------------------------------------------------
+    def forward(self, items: Sequence[list[int]]) -> np.ndarray[Any, Any]:
+        ids, mask = pad_batch(items, self.tokenizer.pad_id)
+        return self.runtime.encode(ids, mask, self.spec.pooling)
+
+    # -- postprocess ------------------------------------------------------------
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared, outputs: np.ndarray[Any, Any]
+    ) -> bytes:
+        o: DenseOptions = prepared.options
+        emb = outputs
+        if o.dimensions is not None:
+            emb = emb[:, : o.dimensions]
+        if o.normalize:
+            norms = np.linalg.norm(emb, axis=1, keepdims=True)
+            emb = emb / np.maximum(norms, 1e-12)
+        emb = np.ascontiguousarray(emb, dtype=_DTYPES[o.output_dtype])
+        if envelope.task is Task.EMBEDDINGS:
+            return self._openai_body(envelope, prepared, emb)
+        body: dict[str, Any] = {
+            "model": self.spec.id,
+            "usage": {"tokens": prepared.tokens},
+        }
+        if envelope.accept is Encoding.MSGPACK:
+            body["embeddings"] = array_to_wire(emb)
+        else:
+            body["embeddings"] = emb.tolist()
+        return dumps(body, envelope.accept)
+
+    def _openai_body(self, envelope: Envelope, prepared: Prepared, emb: np.ndarray[Any, Any]) -> bytes:
+        o: DenseOptions = prepared.options
+        data = []
+        for i, row in enumerate(emb):
+            vec: Any = (
+                base64.b64encode(row.astype("<f4").tobytes()).decode()
+                if o.openai_base64
+                else row.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        body = {
+            "object": "list",
+            "data": data,
+            "model": self.spec.id,
+            "usage": {"prompt_tokens": prepared.tokens, "total_tokens": prepared.tokens},
+        }
+        return dumps(body, envelope.accept)

@@ -1,0 +1,165 @@
+"""The gateway: a thin raw-ASGI app in front of the WorkQueue.
+
+For inference routes it reads the route, headers and body size, attaches an
+envelope and publishes the raw body. When the reply arrives in the client's
+encoding, its bytes go back untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+from ..catalog import Catalog
+from ..metrics import Metrics
+from ..queue import WorkQueue
+from ..settings import Settings
+from ..wire import (
+    Encoding,
+    FleetError,
+    InternalError,
+    NotFound,
+    Task,
+    Unavailable,
+    error_from_body,
+)
+from ..wire.codec import accept_of, encoding_of
+from . import envelope as env_mod
+from .errors import body_response, error_response
+from .http import Receive, Scope, Send, header, read_body, respond
+
+log = logging.getLogger("fleetserve.gateway")
+
+Hook = Callable[[], Awaitable[None]]
+_TEXT = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        queue: WorkQueue,
+        metrics: Metrics,
+        *,
+        ready: Callable[[], bool],
+        models_info: Callable[[], list[dict[str, Any]]] | None = None,
+        on_startup: Hook | None = None,
+        on_shutdown: Hook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.queue = queue
+        self.metrics = metrics
+        self.ready = ready
+        self.models_info = models_info or self._catalog_info
+        self._startup = on_startup
+        self._shutdown = on_shutdown
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                if self._startup:
+                    await self._startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if self._shutdown:
+                    await self._shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        accept = Encoding.JSON
+        try:
+            if method == "POST" and path.startswith("/v1/encode/"):
+                await self._infer(scope, receive, send, Task.ENCODE, unquote(path[11:]))
+            elif method == "POST" and path == "/v1/embeddings":
+                await self._infer(scope, receive, send, Task.EMBEDDINGS, None)
+            elif method == "GET" and path == "/healthz":
+                await respond(send, *body_response(200, {"status": "ok"}, accept))
+            elif method == "GET" and path == "/readyz":
+                ok = self.ready() and self.queue.healthy
+                status = 200 if ok else 503
+                await respond(send, *body_response(status, {"ready": ok}, accept))
+            elif method == "GET" and path == "/v1/models":
+                body = {"object": "list", "data": self.models_info()}
+                await respond(send, *body_response(200, body, accept))
+            elif method == "GET" and path == "/metrics":
+                await respond(send, 200, _TEXT, self.metrics.render())
+            else:
+                raise NotFound(f"no route for {method} {path}", field="path")
+        except FleetError as err:
+            await respond(send, *error_response(err, accept))
+
+    async def _infer(
+        self, scope: Scope, receive: Receive, send: Send, task: Task, model: str | None
+    ) -> None:
+        t0 = time.perf_counter()
+        accept = Encoding.JSON
+        route = task.value
+        try:
+            content_type = encoding_of(header(scope, b"content-type"))
+            accept = accept_of(header(scope, b"accept"), content_type)
+            body = await read_body(scope, receive, self.settings.max_body_bytes)
+            if model is None:
+                model = env_mod.model_from_body(body, content_type)
+            self.catalog.get(model)
+            if not self.ready():
+                raise Unavailable("not ready: models are loading or the worker failed",
+                                  retry_after=self.settings.retry_after)
+            timeout = env_mod.parse_timeout(
+                header(scope, b"x-request-timeout"), self.settings.request_timeout
+            )
+            env = env_mod.build(
+                model=model, task=task, content_type=content_type, accept=accept,
+                body_size=len(body), timeout=timeout,
+                request_id=header(scope, b"x-request-id"), tenant=header(scope, b"x-tenant"),
+            )
+            pending = await self.queue.publish(env, body)
+            reply = await pending.wait(env.deadline - time.time())
+            if reply.error is not None:
+                raise error_from_body(reply.error, retry_after=reply.timings.get("retry_after"))
+        except FleetError as err:
+            self._count(route, model, err.code)
+            await respond(send, *error_response(err, accept))
+            return
+        except Exception:
+            log.exception("gateway failure")
+            err = InternalError("internal error")
+            self._count(route, model, err.code)
+            await respond(send, *error_response(err, accept))
+            return
+        total = time.perf_counter() - t0
+        self.metrics.stage_latency.labels(model, "total").observe(total)
+        self._count(route, model, "ok")
+        headers = [
+            (b"content-type", reply.content_type.value.encode()),
+            (b"x-request-id", env.request_id.encode()),
+            (b"x-queue-time-ms", f"{reply.timings.get('queue_ms', 0.0):.3f}".encode()),
+            (b"x-inference-time-ms", f"{reply.timings.get('inference_ms', 0.0):.3f}".encode()),
+            (b"x-total-time-ms", f"{total * 1e3:.3f}".encode()),
+        ]
+        await respond(send, 200, headers, reply.body)
+
+    def _count(self, route: str, model: str | None, code: str) -> None:
+        # unknown models are counted under one label to keep cardinality bounded
+        label = model if model is not None and model in self.catalog else "unknown"
+        self.metrics.requests.labels(route, label, code).inc()
+
+    def _catalog_info(self) -> list[dict[str, Any]]:
+        return [
+            {"id": s.id, "object": "model", "owned_by": "fleetserve", "family": s.family}
+            for s in self.catalog
+        ]

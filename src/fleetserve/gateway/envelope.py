@@ -1,0 +1,61 @@
+"""Build the envelope from the route, headers and body size, without decoding items."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from ..wire import Encoding, Envelope, InvalidInput, Task
+from ..wire.codec import TypedDecoder
+from ..wire.requests import ModelOnly
+
+_MODEL_ONLY = TypedDecoder(ModelOnly)
+
+
+def model_from_body(body: bytes, encoding: Encoding) -> str:
+    """The ``model`` field of an OpenAI-style body; the items are skipped, not built."""
+    model: str = _MODEL_ONLY.decode(body, encoding).model
+    if not model:
+        raise InvalidInput("model must not be empty", field="model")
+    return model
+
+
+def parse_timeout(raw: str | None, default: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(
+            f"X-Request-Timeout must be seconds as a number, not {raw!r}",
+            field="x-request-timeout",
+        ) from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise InvalidInput("X-Request-Timeout must be positive", field="x-request-timeout")
+    return value
+
+
+def build(
+    *,
+    model: str,
+    task: Task,
+    content_type: Encoding,
+    accept: Encoding,
+    body_size: int,
+    timeout: float,
+    request_id: str | None,
+    tenant: str | None,
+) -> Envelope:
+    now = time.time()
+    return Envelope(
+        request_id=request_id or uuid.uuid4().hex,
+        model=model,
+        task=task,
+        content_type=content_type,
+        accept=accept,
+        # about four bytes of body per token; the worker refines it after tokenizing
+        cost_hint=max(1, body_size // 4),
+        deadline=now + timeout,
+        tenant=tenant or "default",
+        enqueued_at=now,
+    )

@@ -1,0 +1,42 @@
+"""The one place where errors become HTTP responses."""
+
+from __future__ import annotations
+
+import math
+
+from ..wire import Encoding, FleetError
+from ..wire.codec import dumps
+
+STATUS: dict[str, int] = {
+    "invalid_input": 400,
+    "not_found": 404,
+    "model_not_found": 404,
+    "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "overloaded": 429,
+    "internal_error": 500,
+    "unavailable": 503,
+    "deadline_exceeded": 504,
+}
+
+
+def status_of(code: str) -> int:
+    return STATUS.get(code, 500)
+
+
+def error_response(
+    err: FleetError, encoding: Encoding = Encoding.JSON
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and body for an error, in the client's encoding."""
+    status = status_of(err.code)
+    return body_response(status, err.to_body(), encoding, err.retry_after)
+
+
+def body_response(
+    status: int, body: object, encoding: Encoding, retry_after: float | None = None
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    headers = [(b"content-type", encoding.value.encode())]
+    if retry_after is not None or status in (429, 503):
+        secs = max(1, math.ceil(retry_after if retry_after is not None else 1.0))
+        headers.append((b"retry-after", str(secs).encode()))
+    return status, headers, dumps(body, encoding)

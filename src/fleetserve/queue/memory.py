@@ -1,0 +1,130 @@
+"""The in-process WorkQueue: the embedded default.
+
+One bounded FIFO per model; workers in the same event loop pull from it. Replies
+resolve asyncio futures directly, so the reply bytes are handed over untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Sequence
+
+from ..wire import DeadlineExceeded, Envelope, Overloaded, Reply
+from .base import Message
+
+
+class _Pending:
+    def __init__(self, queue: MemoryQueue, request_id: str) -> None:
+        self._queue = queue
+        self._id = request_id
+        self.future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+
+    async def wait(self, timeout: float) -> Reply:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.future), max(timeout, 0.0))
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no result within {timeout:.3f}s", field="x-request-timeout"
+            ) from None
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        self._queue._pending.pop(self._id, None)
+
+
+class MemoryQueue:
+    """A bounded per-model FIFO in one event loop."""
+
+    def __init__(self, max_depth: int = 1024, retry_after: float = 1.0) -> None:
+        self._max_depth = max_depth
+        self._retry_after = retry_after
+        self._queues: dict[str, deque[Message]] = {}
+        self._inflight: dict[int, Message] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._arrived = asyncio.Event()
+        self._closed = False
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        self._arrived.set()
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed
+
+    def depth(self, model: str) -> int:
+        q = self._queues.get(model)
+        return len(q) if q else 0
+
+    async def publish(self, envelope: Envelope, body: bytes) -> _Pending:
+        q = self._queues.setdefault(envelope.model, deque())
+        if len(q) >= self._max_depth:
+            raise Overloaded(
+                f"queue for {envelope.model!r} is full ({self._max_depth} waiting)",
+                retry_after=self._retry_after,
+            )
+        pending = _Pending(self, envelope.request_id)
+        self._pending[envelope.request_id] = pending
+        q.append(Message(envelope, body, next(self._ids)))
+        self._arrived.set()
+        return pending
+
+    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not self._closed:
+            got = self._take(models, budget)
+            if got:
+                return got
+            self._arrived.clear()
+            left = end - loop.time()
+            if left <= 0:
+                return []
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return []
+        return []
+
+    def _take(self, models: Sequence[str], budget: int) -> list[Message]:
+        taken: list[Message] = []
+        spent = 0
+        while True:
+            # oldest first across the requested models
+            best: deque[Message] | None = None
+            for m in models:
+                q = self._queues.get(m)
+                if q and (best is None or q[0].delivery_id < best[0].delivery_id):
+                    best = q
+            if best is None:
+                break
+            cost = best[0].envelope.cost_hint
+            if taken and spent + cost > budget:
+                break
+            msg = best.popleft()
+            self._inflight[msg.delivery_id] = msg
+            taken.append(msg)
+            spent += cost
+        return taken
+
+    async def ack(self, msg: Message) -> None:
+        self._inflight.pop(msg.delivery_id, None)
+
+    async def nak(self, msg: Message) -> None:
+        if self._inflight.pop(msg.delivery_id, None) is None:
+            return
+        msg.attempts += 1
+        self._queues.setdefault(msg.envelope.model, deque()).appendleft(msg)
+        self._arrived.set()
+
+    async def reply(self, msg: Message, reply: Reply) -> None:
+        pending = self._pending.pop(msg.envelope.request_id, None)
+        if pending is not None and not pending.future.done():
+            pending.future.set_result(reply)

@@ -1,0 +1,5 @@
+"""The Python SDK."""
+
+from .client import AsyncClient, Client
+
+__all__ = ["AsyncClient", "Client"]

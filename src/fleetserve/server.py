@@ -1,0 +1,143 @@
+"""The embedded default: gateway, in-process queue and one worker in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from rich.console import Console
+
+from .catalog import Catalog, ModelSpec
+from .catalog.sources import resolve
+from .families import create_adapter
+from .gateway import Gateway
+from .metrics import Metrics
+from .queue import MemoryQueue
+from .runtimes import create_runtime, hardware_class
+from .settings import Settings
+from .worker import ModelRunner, Worker
+
+log = logging.getLogger("fleetserve")
+HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()
+
+
+def build_catalog(settings: Settings) -> Catalog:
+    extra = [Path(settings.catalog)] if settings.catalog else []
+    catalog = Catalog.load(extra)
+    wanted = settings.model_list()
+    return catalog.restrict(wanted) if wanted else catalog
+
+
+def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> ModelRunner:
+    hw = settings.hardware_class or hardware_class(settings.device)
+    profile = spec.profile(hw)
+    path = resolve(spec.id, spec.sources, HF_CACHE)
+    runtime = create_runtime(
+        spec.runtime, device=settings.device, precision=profile.precision,
+        threads=settings.torch_threads,
+    )
+    adapter = create_adapter(spec, runtime, path)
+    return ModelRunner(spec, profile, adapter, metrics, settings.max_batch_tokens)
+
+
+class EmbeddedServer:
+    """Everything in one event loop: uvicorn, the gateway, the queue and a worker."""
+
+    def __init__(
+        self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog if catalog is not None else build_catalog(settings)
+        self.console = console or Console(stderr=True)
+        self.metrics = Metrics()
+        self.queue = MemoryQueue(settings.max_queue_depth, settings.retry_after)
+        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in self.catalog}
+        self.worker = Worker(self.queue, self.runners, self.metrics)
+        self.gateway = Gateway(
+            settings, self.catalog, self.queue, self.metrics,
+            ready=lambda: self.worker.ready, models_info=self.models_info,
+        )
+        self._server: uvicorn.Server | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.port = 0
+
+    def models_info(self) -> list[dict[str, Any]]:
+        out = []
+        for spec in self.catalog:
+            r = self.runners[spec.id]
+            out.append({
+                "id": spec.id, "object": "model", "owned_by": "fleetserve",
+                "family": spec.family, "runtime": spec.runtime,
+                "precision": r.profile.precision, "hardware": r.profile.hardware,
+                "loaded": r.loaded, "dimensions": getattr(r.adapter, "dim", None),
+                "max_seq_len": spec.max_seq_len,
+            })
+        return out
+
+    async def start(self) -> None:
+        config = uvicorn.Config(
+            self.gateway, host=self.settings.host, port=self.settings.port,
+            http="httptools", lifespan="off", access_log=False, log_level="warning",
+        )
+        self._server = uvicorn.Server(config)
+        self._tasks.append(asyncio.create_task(self._server.serve(), name="http"))
+        while not self._server.started:
+            if self._tasks[0].done():
+                self._tasks[0].result()  # raises the bind error
+                raise RuntimeError("HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+        sock = self._server.servers[0].sockets[0]
+        self.port = int(sock.getsockname()[1])
+        self.console.print(
+            f"[bold green]fleetserve[/] API listening on http://{self.settings.host}:{self.port}"
+        )
+        await self._load_models()
+        await self.queue.start()
+        self._tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
+        while not self.worker.running and not self._tasks[-1].done():
+            await asyncio.sleep(0.001)
+        self.console.print(f"[bold green]fleetserve[/] ready: {len(self.runners)} model(s)")
+
+    async def _load_models(self) -> None:
+        for spec in self.catalog:
+            r = self.runners[spec.id]
+            t0 = time.perf_counter()
+            with self.console.status(
+                f"Loading {spec.id} ({spec.runtime}, {r.profile.precision}, "
+                f"{r.profile.hardware})…"
+            ):
+                await r.load()
+            self.console.print(
+                f"  loaded {spec.id} in {time.perf_counter() - t0:.1f}s "
+                f"({r.adapter.memory_bytes() / 2**20:.0f} MiB)"
+            )
+
+    async def wait(self) -> None:
+        """Until the HTTP server stops (Ctrl-C or ``stop``)."""
+        if self._tasks:
+            await self._tasks[0]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        for t in self._tasks[1:]:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.queue.close()
+        self.worker.close()
+
+
+async def serve(settings: Settings) -> None:
+    server = EmbeddedServer(settings)
+    await server.start()
+    try:
+        await server.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,146 @@
+"""One frozen, typed Settings object.
+
+Each field declares its env variable, CLI flag and help text together. Settings are
+read once in ``main()`` (defaults < config file < ``FLEETSERVE_*`` env < CLI flags)
+and passed down. Nothing else in fleetserve reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "FLEETSERVE_"
+
+
+def setting(default: Any, help: str, *, secret: bool = False, flag: str | None = None) -> Any:
+    """A Settings field: its default, help text, and whether to redact it."""
+    return field(default=default, metadata={"help": help, "secret": secret, "flag": flag})
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = setting("127.0.0.1", "Address the HTTP API listens on.")
+    port: int = setting(8080, "Port the HTTP API listens on (0 picks a free one).")
+    models: str = setting("", "Comma-separated model ids to serve (empty: the whole catalog).")
+    catalog: str = setting("", "Extra catalog directory of model spec YAML files.")
+    device: str = setting("auto", "Device for the runtime: auto, cpu, cuda or cuda:N.")
+    hardware_class: str = setting("", "Profile to use (empty: detect, e.g. cpu-avx512, gpu).")
+    request_timeout: float = setting(30.0, "Default request deadline in seconds.")
+    max_body_bytes: int = setting(16 * 1024 * 1024, "Largest accepted request body (bytes).")
+    max_queue_depth: int = setting(1024, "Bounded queue size per model; beyond it: 429.")
+    retry_after: float = setting(1.0, "Retry-After seconds sent with 429 and 503.")
+    max_batch_tokens: int = setting(0, "Override the profile's batch token budget (0: profile).")
+    torch_threads: int = setting(0, "torch intra-op threads (0: one per core).")
+    log_level: str = setting("info", "Log level: debug, info, warning or error.")
+    api_key: str = setting("", "If set, clients must send 'Authorization: Bearer <key>'.",
+                           secret=True)
+    config: str = setting("", "Optional YAML config file with any of these settings.")
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.metadata.get("secret") and v:
+                v = "***"
+            parts.append(f"{f.name}={v!r}")
+        return f"Settings({', '.join(parts)})"
+
+    def model_list(self) -> list[str]:
+        return [m.strip() for m in self.models.split(",") if m.strip()]
+
+    @staticmethod
+    def env_name(name: str) -> str:
+        return ENV_PREFIX + name.upper()
+
+    @staticmethod
+    def flag_name(f: dataclasses.Field[Any]) -> str:
+        return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one flag per field; unset flags stay ``None`` so lower layers show through."""
+        for f in fields(cls):
+            parser.add_argument(
+                cls.flag_name(f),
+                dest=f.name,
+                type=_scalar_type(f),
+                default=None,
+                help=f"{f.metadata['help']} [env {cls.env_name(f.name)}; default {f.default!r}]",
+            )
+
+    @classmethod
+    def load(
+        cls,
+        env: Mapping[str, str] | None = None,
+        cli: Mapping[str, Any] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        """Layer defaults, config file, environment, CLI flags, then explicit overrides."""
+        env = env or {}
+        cli = {k: v for k, v in (cli or {}).items() if v is not None}
+        values: dict[str, Any] = {}
+        config_path = cli.get("config") or env.get(cls.env_name("config"))
+        if config_path:
+            values.update(_read_config(Path(config_path)))
+        for f in fields(cls):
+            raw = env.get(cls.env_name(f.name))
+            if raw is not None:
+                values[f.name] = raw
+        values.update(cli)
+        values.update(overrides or {})
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
+        typed = {f.name: _coerce(f, values[f.name]) for f in fields(cls) if f.name in values}
+        return cls(**typed)
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, str, str]]:
+        """(field, env, flag, help) rows for docs and ``--help``."""
+        return [
+            (f.name, cls.env_name(f.name), cls.flag_name(f), str(f.metadata["help"]))
+            for f in fields(cls)
+        ]
+
+
+def _scalar_type(f: dataclasses.Field[Any]) -> Any:
+    t = f.type if not isinstance(f.type, str) else _resolve(f.type)
+    return {int: int, float: float, bool: _parse_bool}.get(t, str)
+
+
+def _resolve(name: str) -> Any:
+    return {"int": int, "float": float, "bool": bool, "str": str}.get(name, str)
+
+
+def _parse_bool(v: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {v!r}")
+
+
+def _coerce(f: dataclasses.Field[Any], value: Any) -> Any:
+    conv = _scalar_type(f)
+    try:
+        return conv(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"setting {f.name}: cannot read {value!r} ({exc})") from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+__all__ = ["Settings", "setting"]

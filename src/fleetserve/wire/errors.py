@@ -1,0 +1,116 @@
+"""The one closed error hierarchy.
+
+Every failure that crosses a boundary (worker to gateway, server to client) is a
+:class:`FleetError`. Each carries a stable ``code`` and structured fields. The HTTP
+status for each code is decided in exactly one place, ``gateway.errors``; the SDK
+rebuilds the same classes from the error body, so clients catch the same types.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class FleetError(Exception):
+    """Base of all fleetserve errors. ``code`` is stable and goes on the wire."""
+
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(
+        self, message: str, *, field: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after = retry_after
+
+    def to_body(self) -> dict[str, Any]:
+        """The error body shape used everywhere: ``{"error": {code, message, field}}``."""
+        return {"error": {"code": self.code, "message": self.message, "field": self.field}}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, field={self.field!r})"
+
+
+class InvalidInput(FleetError):
+    """The request is malformed, has wrong types, or violates a limit."""
+
+    code = "invalid_input"
+
+
+class ModelNotFound(FleetError):
+    """No model of that name is in the catalog."""
+
+    code = "model_not_found"
+
+
+class PayloadTooLarge(FleetError):
+    """The request body is larger than the configured limit."""
+
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(FleetError):
+    """The Content-Type is neither msgpack nor JSON."""
+
+    code = "unsupported_media_type"
+
+
+class NotFound(FleetError):
+    """No such route."""
+
+    code = "not_found"
+
+
+class Overloaded(FleetError):
+    """The bounded queue is full; retry after ``retry_after`` seconds."""
+
+    code = "overloaded"
+
+
+class Unavailable(FleetError):
+    """The server cannot serve right now (not ready, worker failed); retryable."""
+
+    code = "unavailable"
+
+
+class DeadlineExceeded(FleetError):
+    """The request's deadline passed before a result was ready."""
+
+    code = "deadline_exceeded"
+
+
+class InternalError(FleetError):
+    """An unexpected failure. The message never carries a traceback."""
+
+    code = "internal_error"
+
+
+ERROR_TYPES: dict[str, type[FleetError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidInput,
+        ModelNotFound,
+        PayloadTooLarge,
+        UnsupportedMediaType,
+        NotFound,
+        Overloaded,
+        Unavailable,
+        DeadlineExceeded,
+        InternalError,
+    )
+}
+
+
+def error_from_body(body: Any, *, retry_after: float | None = None) -> FleetError:
+    """Rebuild the typed error from an error body (used by the gateway and the SDK)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return InternalError(f"malformed error body: {body!r}"[:300])
+    cls = ERROR_TYPES.get(str(err.get("code")), InternalError)
+    field = err.get("field")
+    return cls(
+        str(err.get("message", "")),
+        field=str(field) if field is not None else None,
+        retry_after=retry_after,
+    )

@@ -1,0 +1,84 @@
+"""Request-path vocabulary: tasks, envelopes, replies and encode options."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Task(enum.StrEnum):
+    """What a request asks of a model; each task has its own request body shape."""
+
+    ENCODE = "encode"
+    EMBEDDINGS = "embeddings"  # the OpenAI-compatible route
+
+
+class Encoding(enum.StrEnum):
+    """Body encodings on the wire, chosen by Content-Type and Accept."""
+
+    MSGPACK = "application/msgpack"
+    JSON = "application/json"
+
+
+class OutputDtype(enum.StrEnum):
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What the gateway attaches to a raw body. Workers plan from it without decoding."""
+
+    request_id: str
+    model: str
+    task: Task
+    content_type: Encoding
+    accept: Encoding
+    cost_hint: int
+    deadline: float  # absolute, time.time() seconds
+    tenant: str = "default"
+    adapter: str | None = None
+    enqueued_at: float = 0.0
+
+    def to_headers(self) -> dict[str, str]:
+        return {
+            "request-id": self.request_id,
+            "model": self.model,
+            "task": self.task.value,
+            "content-type": self.content_type.value,
+            "accept": self.accept.value,
+            "cost-hint": str(self.cost_hint),
+            "deadline": repr(self.deadline),
+            "tenant": self.tenant,
+            "adapter": self.adapter or "",
+            "enqueued-at": repr(self.enqueued_at),
+        }
+
+    @classmethod
+    def from_headers(cls, h: dict[str, str]) -> Envelope:
+        return cls(
+            request_id=h["request-id"],
+            model=h["model"],
+            task=Task(h["task"]),
+            content_type=Encoding(h["content-type"]),
+            accept=Encoding(h["accept"]),
+            cost_hint=int(h["cost-hint"]),
+            deadline=float(h["deadline"]),
+            tenant=h.get("tenant", "default"),
+            adapter=h.get("adapter") or None,
+            enqueued_at=float(h.get("enqueued-at", "0")),
+        )
+
+
+@dataclass(slots=True)
+class Reply:
+    """The worker's answer. ``body`` is already encoded for the client's Accept.
+
+    On failure ``error`` holds the error body (``{"error": {...}}``) instead.
+    """
+
+    body: bytes = b""
+    content_type: Encoding = Encoding.JSON
+    error: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # queue_ms, inference_ms

@@ -1,0 +1,100 @@
+"""The batch former: packs items from many requests into batches by predicted cost.
+
+Items are taken oldest first into a window, sorted by length inside it (to cut
+padding), then packed while the padded size (max length x batch size) fits the
+profile's token budget. One request's items may be spread across several batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..families import Prepared
+from ..queue import Message
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One request in the worker: its message, prepared items and collected outputs."""
+
+    msg: Message
+    prepared: Prepared
+    pulled_at: float
+    remaining: int = 0
+    outputs: np.ndarray[Any, Any] | None = None
+    infer_s: float = 0.0
+    failed: bool = False
+
+    def __post_init__(self) -> None:
+        self.remaining = len(self.prepared.items)
+
+    @property
+    def expired(self) -> bool:
+        return time.time() > self.msg.envelope.deadline
+
+
+@dataclass(eq=False, slots=True)
+class WorkItem:
+    job: Job
+    index: int
+    ids: list[int] = field(repr=False)
+
+
+class BatchFormer:
+    def __init__(self, max_batch_tokens: int, max_batch_size: int) -> None:
+        if max_batch_tokens < 1 or max_batch_size < 1:
+            raise ValueError("batch budgets must be positive")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self._items: deque[WorkItem] = deque()
+        self.pending_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, job: Job) -> None:
+        for i, ids in enumerate(job.prepared.items):
+            self._items.append(WorkItem(job, i, ids))
+            self.pending_tokens += len(ids)
+
+    def take(self) -> list[WorkItem]:
+        """The next batch (empty when nothing is pending). Items of failed jobs are dropped."""
+        while self._items and self._items[0].job.failed:
+            self._drop(self._items.popleft())
+        if not self._items:
+            return []
+        window: list[WorkItem] = []
+        window_tokens = 0
+        for it in self._items:
+            if it.job.failed:
+                continue
+            window.append(it)
+            window_tokens += len(it.ids)
+            if window_tokens >= 2 * self.max_batch_tokens or len(window) >= 2 * self.max_batch_size:
+                break
+        window.sort(key=lambda it: len(it.ids))
+        batch: list[WorkItem] = []
+        for it in window:
+            n = len(batch) + 1
+            if batch and (len(it.ids) * n > self.max_batch_tokens or n > self.max_batch_size):
+                break
+            batch.append(it)
+        chosen = {id(it) for it in batch}
+        self._items = deque(it for it in self._items if id(it) not in chosen)
+        for it in batch:
+            self.pending_tokens -= len(it.ids)
+        return batch
+
+    def _drop(self, it: WorkItem) -> None:
+        self.pending_tokens -= len(it.ids)
+
+    def drain(self) -> list[WorkItem]:
+        items = list(self._items)
+        self._items.clear()
+        self.pending_tokens = 0
+        return items

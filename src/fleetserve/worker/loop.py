@@ -1,0 +1,198 @@
+"""The worker: pull within a cost budget, preprocess, batch, forward, reply, then ack.
+
+Stages run as tasks in one TaskGroup. A stage that crashes fails the worker: every
+request it holds gets a retryable 503 at once, what is still queued for its models
+is answered the same way, and ``ready`` turns false so ``/readyz`` reports 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from ..metrics import Metrics
+from ..queue import Message, WorkQueue
+from ..wire import (
+    DeadlineExceeded,
+    FleetError,
+    InternalError,
+    ModelNotFound,
+    Reply,
+    Unavailable,
+)
+from .batcher import Job
+from .runner import ModelRunner
+
+log = logging.getLogger("fleetserve.worker")
+
+
+class Worker:
+    def __init__(
+        self,
+        queue: WorkQueue,
+        runners: Mapping[str, ModelRunner],
+        metrics: Metrics,
+        *,
+        pull_timeout: float = 0.25,
+    ) -> None:
+        self.queue = queue
+        self.runners = dict(runners)
+        self.metrics = metrics
+        self.pull_timeout = pull_timeout
+        self.failed: BaseException | None = None
+        self.running = False
+        self._jobs: set[Job] = set()
+        self._room = asyncio.Event()
+        self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
+        self._tg: asyncio.TaskGroup | None = None
+        budgets = [r.former.max_batch_tokens for r in self.runners.values()] or [1]
+        self.pull_budget = max(budgets)
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.running
+            and self.failed is None
+            and all(r.loaded for r in self.runners.values())
+        )
+
+    async def load(self) -> None:
+        for r in self.runners.values():
+            await r.load()
+
+    async def run(self) -> None:
+        """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                self.running = True
+                self.metrics.worker_up.set(1)
+                for r in self.runners.values():
+                    tg.create_task(r.run(self._schedule_finish, self._fail, self._expire))
+                tg.create_task(self._pull_loop())
+        except Exception as exc:  # TaskGroup wraps stage crashes in an ExceptionGroup
+            self.failed = exc
+            log.error("worker stage crashed; failing the worker", exc_info=exc)
+            await self._fail_all(Unavailable("the worker failed; retry later", retry_after=1.0))
+        finally:
+            self.running = False
+            self.metrics.worker_up.set(0)
+
+    # -- intake -----------------------------------------------------------------
+    def _pending_tokens(self) -> int:
+        return sum(r.former.pending_tokens for r in self.runners.values())
+
+    async def _pull_loop(self) -> None:
+        models = list(self.runners)
+        high_water = 2 * self.pull_budget
+        while True:
+            while self._pending_tokens() >= high_water:
+                self._room.clear()
+                await self._room.wait()
+            for m in models:
+                self.metrics.queue_depth.labels(m).set(self.queue.depth(m))
+            msgs = await self.queue.pull(models, self.pull_budget, self.pull_timeout)
+            for msg in msgs:
+                await self._admit(msg)
+
+    async def _admit(self, msg: Message) -> None:
+        env = msg.envelope
+        runner = self.runners.get(env.model)
+        if runner is None:
+            await self._answer(msg, ModelNotFound(f"this worker does not serve {env.model!r}"))
+            return
+        if time.time() > env.deadline:
+            self.metrics.expired.labels(env.model).inc()
+            await self._answer(msg, DeadlineExceeded("deadline passed while queued"))
+            return
+        pulled_at = time.time()
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = await loop.run_in_executor(
+                self._cpu, runner.adapter.preprocess, env, msg.body
+            )
+        except FleetError as err:
+            await self._answer(msg, err)
+            return
+        except Exception:
+            log.exception("preprocess failed for request %s", env.request_id)
+            await self._answer(msg, InternalError("preprocessing failed"))
+            return
+        self.metrics.stage_latency.labels(env.model, "queue").observe(
+            max(pulled_at - env.enqueued_at, 0.0)
+        )
+        job = Job(msg, prepared, pulled_at)
+        self._jobs.add(job)
+        runner.submit(job)
+
+    # -- completion -------------------------------------------------------------
+    def _schedule_finish(self, job: Job) -> None:
+        self._room.set()
+        if self._tg is None:
+            raise RuntimeError("worker is not running")
+        self._tg.create_task(self._finish(job))
+
+    async def _finish(self, job: Job) -> None:
+        self._jobs.discard(job)
+        env = job.msg.envelope
+        runner = self.runners[env.model]
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            body = await loop.run_in_executor(
+                self._cpu, runner.adapter.postprocess, env, job.prepared, job.outputs
+            )
+        except FleetError as err:
+            await self._answer(job.msg, err)
+            return
+        except Exception:
+            log.exception("postprocess failed for request %s", env.request_id)
+            await self._answer(job.msg, InternalError("postprocessing failed"))
+            return
+        self.metrics.stage_latency.labels(env.model, "postprocess").observe(
+            time.perf_counter() - t0
+        )
+        self.metrics.stage_latency.labels(env.model, "inference").observe(job.infer_s)
+        timings = {
+            "queue_ms": max(job.pulled_at - env.enqueued_at, 0.0) * 1e3,
+            "inference_ms": job.infer_s * 1e3,
+        }
+        await self.queue.reply(job.msg, Reply(body, env.accept, timings=timings))
+        await self.queue.ack(job.msg)
+
+    async def _fail(self, job: Job, err: FleetError) -> None:
+        self._room.set()
+        if job.failed:
+            return
+        job.failed = True
+        self._jobs.discard(job)
+        await self._answer(job.msg, err)
+
+    async def _expire(self, job: Job, _err: FleetError) -> None:
+        self.metrics.expired.labels(job.msg.envelope.model).inc()
+        await self._fail(job, DeadlineExceeded("deadline passed before inference"))
+
+    async def _answer(self, msg: Message, err: FleetError) -> None:
+        """Reply with an error body, then ack: the request is finished."""
+        reply = Reply(content_type=msg.envelope.accept, error=err.to_body())
+        if err.retry_after is not None:
+            reply.timings["retry_after"] = err.retry_after
+        await self.queue.reply(msg, reply)
+        await self.queue.ack(msg)
+
+    async def _fail_all(self, err: FleetError) -> None:
+        for job in list(self._jobs):
+            await self._fail(job, err)
+        for r in self.runners.values():
+            r.former.drain()
+        while msgs := await self.queue.pull(list(self.runners), 1 << 30, 0.0):
+            for msg in msgs:
+                await self._answer(msg, err)
+
+    def close(self) -> None:
+        for r in self.runners.values():
+            r.close()
+        self._cpu.shutdown(wait=False, cancel_futures=True)

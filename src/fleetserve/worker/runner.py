@@ -1,0 +1,115 @@
+"""One served model inside a worker: its adapter, batch former and forward thread."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..catalog import ModelSpec, Profile
+from ..families import FamilyAdapter
+from ..metrics import Metrics
+from ..wire import FleetError, InternalError
+from .batcher import BatchFormer, Job, WorkItem
+
+FinishFn = Callable[[Job], None]  # schedules the reply; must not block
+FailFn = Callable[[Job, FleetError], Awaitable[None]]
+
+
+class ModelRunner:
+    """Runs the batch loop for one model: take a batch, forward it, route the rows."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        profile: Profile,
+        adapter: FamilyAdapter,
+        metrics: Metrics,
+        max_batch_tokens: int = 0,
+    ) -> None:
+        self.spec = spec
+        self.profile = profile
+        self.adapter = adapter
+        self.metrics = metrics
+        self.former = BatchFormer(
+            max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size
+        )
+        self._wake = asyncio.Event()
+        self._forward = ThreadPoolExecutor(1, thread_name_prefix=f"forward-{spec.id}")
+        self.loaded = False
+
+    def submit(self, job: Job) -> None:
+        self.former.add(job)
+        self._wake.set()
+
+    async def load(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._forward, self.adapter.load)
+        await loop.run_in_executor(self._forward, self.adapter.warmup)
+        self.loaded = True
+
+    async def run(self, finish: FinishFn, fail: FailFn, expire: FailFn) -> None:
+        """The batch loop; returns only by cancellation, raises if a stage breaks."""
+        loop = asyncio.get_running_loop()
+        model = self.spec.id
+        while True:
+            batch = self.former.take()
+            if not batch:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = await self._skip_expired(batch, expire)
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            try:
+                out = await loop.run_in_executor(
+                    self._forward, self.adapter.forward, [it.ids for it in batch]
+                )
+            except Exception as exc:  # a model failure fails this batch's requests only
+                err = InternalError(f"inference failed: {type(exc).__name__}")
+                for job in {id(it.job): it.job for it in batch}.values():
+                    await fail(job, err)
+                continue
+            dt = time.perf_counter() - t0
+            width = max(len(it.ids) for it in batch)
+            self.metrics.batch_size.labels(model).observe(len(batch))
+            self.metrics.batch_tokens.labels(model).observe(width * len(batch))
+            self.metrics.tokens.labels(model).inc(sum(len(it.ids) for it in batch))
+            self._route(batch, out, dt, finish)
+
+    def _route(
+        self, batch: list[WorkItem], out: np.ndarray, dt: float, finish: FinishFn
+    ) -> None:
+        seen: set[int] = set()
+        for it, row in zip(batch, out, strict=True):
+            job = it.job
+            if job.failed:
+                continue
+            if id(job) not in seen:
+                seen.add(id(job))
+                job.infer_s += dt
+            if job.outputs is None:
+                job.outputs = np.empty((len(job.prepared.items), *row.shape), dtype=out.dtype)
+            job.outputs[it.index] = row
+            job.remaining -= 1
+            if job.remaining == 0:
+                finish(job)
+
+    async def _skip_expired(self, batch: list[WorkItem], expire: FailFn) -> list[WorkItem]:
+        keep = []
+        for it in batch:
+            if it.job.failed:
+                continue
+            if it.job.expired:
+                await expire(it.job, InternalError("expired"))
+                continue
+            keep.append(it)
+        return keep
+
+    def close(self) -> None:
+        self._forward.shutdown(wait=False, cancel_futures=True)
+
