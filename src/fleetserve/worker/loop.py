@@ -136,7 +136,7 @@ class Worker:
         self._tg.create_task(self._finish(job))
 
     async def _finish(self, job: Job) -> None:
-        self._jobs.discard(job)
+        # the job stays in ``_jobs`` until answered, so a crash still answers it
         env = job.msg.envelope
         runner = self.runners[env.model]
         loop = asyncio.get_running_loop()
@@ -146,11 +146,11 @@ class Worker:
                 self._cpu, runner.adapter.postprocess, env, job.prepared, job.outputs
             )
         except FleetError as err:
-            await self._answer(job.msg, err)
+            await self._fail(job, err)
             return
         except Exception:
             log.exception("postprocess failed for request %s", env.request_id)
-            await self._answer(job.msg, InternalError("postprocessing failed"))
+            await self._fail(job, InternalError("postprocessing failed"))
             return
         self.metrics.stage_latency.labels(env.model, "postprocess").observe(
             time.perf_counter() - t0
@@ -160,6 +160,7 @@ class Worker:
             "queue_ms": max(job.pulled_at - env.enqueued_at, 0.0) * 1e3,
             "inference_ms": job.infer_s * 1e3,
         }
+        self._jobs.discard(job)
         await self.queue.reply(job.msg, Reply(body, env.accept, timings=timings))
         await self.queue.ack(job.msg)
 

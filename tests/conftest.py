@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetserve.server import EmbeddedServer
+from fleetserve.settings import Settings
+
+from .tinymodels import build_bert, write_spec
+
+TINY = "tiny/dense-bert"
+REAL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class ServerThread:
+    """A real fleetserve on loopback port 0, in a thread with its own event loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.server: EmbeddedServer | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            from rich.console import Console
+
+            self.server = EmbeddedServer(self.settings, console=Console(quiet=True))
+            await self.server.start()
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.server.stop()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._started.wait(120)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.port}"
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn()`` on the server's loop and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(_as_coro(fn), self.loop).result(30)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+
+async def _as_coro(fn: Any) -> Any:
+    out = fn()
+    if asyncio.iscoroutine(out):
+        return await out
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny")
+    model = build_bert(root / "model")
+    cat = root / "catalog"
+    write_spec(cat, TINY, model)
+    return cat
+
+
+def tiny_settings(catalog: Path, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "port": 0, "catalog": str(catalog), "models": TINY, "device": "cpu", "torch_threads": 1,
+    }
+    base.update(overrides)
+    return Settings.load(overrides=base)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_catalog: Path) -> Iterator[ServerThread]:
+    srv = ServerThread(tiny_settings(tiny_catalog)).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def real_server() -> Iterator[ServerThread]:
+    srv = ServerThread(
+        Settings.load(overrides={"port": 0, "models": REAL, "device": "cpu"})
+    ).start()
+    yield srv
+    srv.stop()

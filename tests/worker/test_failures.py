@@ -1,0 +1,118 @@
+"""Back-pressure, deadlines and crashed stages, on real servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import TINY, ServerThread, tiny_settings
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+
+
+def encode(srv: ServerThread, **headers: str) -> httpx.Response:
+    return httpx.post(f"{srv.url}/v1/encode/{TINY}", json={"inputs": [TEXT]},
+                      headers=headers, timeout=30)
+
+
+@pytest.fixture
+def small_server(tiny_catalog: Path) -> Iterator[ServerThread]:
+    srv = ServerThread(tiny_settings(
+        tiny_catalog, max_queue_depth=2, max_batch_tokens=16, retry_after=2.0
+    )).start()
+    yield srv
+    srv.stop()
+
+
+def block_forward(srv: ServerThread) -> threading.Event:
+    """Occupy the model's forward thread until the returned event is set."""
+    assert srv.server is not None
+    gate = threading.Event()
+    srv.server.runners[TINY]._forward.submit(gate.wait, 30)
+    return gate
+
+
+def test_full_queue_is_429_with_retry_after(small_server: ServerThread) -> None:
+    gate = block_forward(small_server)
+    with ThreadPoolExecutor(12) as pool:
+        futs = [pool.submit(encode, small_server) for _ in range(12)]
+        time.sleep(1.0)
+        rejected = [f.result() for f in futs if f.done()]
+        gate.set()
+        rest = [f.result() for f in futs if f not in rejected]
+    assert rejected, "some requests should have been rejected while the queue was full"
+    for r in rejected:
+        assert r.status_code == 429
+        assert r.headers["retry-after"] == "2"
+        assert r.json()["error"]["code"] == "overloaded"
+    statuses = {r.status_code for r in [f.result() for f in futs]}
+    assert statuses <= {200, 429} and 200 in statuses
+    assert all(r.status_code in (200, 429) for r in rest)
+    assert httpx.get(small_server.url + "/readyz").status_code == 200
+
+
+def test_deadline_is_504_and_worker_skips_expired_work(small_server: ServerThread) -> None:
+    gate = block_forward(small_server)
+    # the first is taken into a batch behind the blocked forward; the rest wait in
+    # the batch former and are skipped, not computed, once their deadline has passed
+    with ThreadPoolExecutor(3) as pool:
+        rs = list(pool.map(lambda _: encode(small_server, **{"x-request-timeout": "0.3"}),
+                           range(3)))
+    for r in rs:
+        assert r.status_code == 504
+        assert r.json()["error"]["code"] == "deadline_exceeded"
+    gate.set()
+    time.sleep(0.3)
+    metrics = httpx.get(small_server.url + "/metrics").text
+    line = next(x for x in metrics.splitlines() if x.startswith("fleetserve_expired_total"))
+    assert float(line.split()[-1]) >= 1
+    assert encode(small_server).status_code == 200
+
+
+def test_default_timeout_comes_from_settings(tiny_catalog: Path) -> None:
+    srv = ServerThread(tiny_settings(tiny_catalog, request_timeout=0.3)).start()
+    try:
+        gate = block_forward(srv)
+        t0 = time.perf_counter()
+        assert encode(srv).status_code == 504
+        assert time.perf_counter() - t0 < 5
+        gate.set()
+    finally:
+        srv.stop()
+
+
+def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) -> None:
+    srv = ServerThread(tiny_settings(tiny_catalog)).start()
+    try:
+        assert srv.server is not None
+        runner = srv.server.runners[TINY]
+        gate = block_forward(srv)
+
+        def boom() -> list[object]:
+            raise RuntimeError("injected batch former bug")
+
+        with ThreadPoolExecutor(4) as pool:
+            futs = [pool.submit(encode, srv) for _ in range(4)]
+            time.sleep(0.3)
+            srv.call(lambda: setattr(runner.former, "take", boom))
+            gate.set()
+            srv.call(lambda: runner._wake.set())
+            t0 = time.perf_counter()
+            results = [f.result() for f in futs]
+        assert time.perf_counter() - t0 < 10
+        assert all(r.status_code in (200, 503) for r in results)
+        assert any(r.status_code == 503 for r in results)
+        assert httpx.get(srv.url + "/readyz").status_code == 503
+        assert httpx.get(srv.url + "/healthz").status_code == 200
+        after = encode(srv)
+        assert after.status_code == 503 and "retry-after" in after.headers
+        body = after.json()["error"]
+        assert "Traceback" not in body["message"]
+    finally:
+        srv.stop()
