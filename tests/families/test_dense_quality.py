@@ -1,0 +1,90 @@
+"""Served embeddings equal sentence-transformers' in-process output, per shipped profile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fleetserve import Client
+from fleetserve.catalog import Catalog
+from fleetserve.catalog.sources import resolve
+from fleetserve.families.dense import DenseAdapter
+from fleetserve.runtimes import create_runtime
+from fleetserve.server import HF_CACHE
+
+from ..conftest import REAL, ServerThread
+
+TEXTS = [
+    "A man is eating food.",
+    "fleetserve serves fleets of small open models on hardware you own",
+    "Über den Wolken muss die Freiheit wohl grenzenlos sein.",
+    "x",
+    "The quick brown fox jumps over the lazy dog. " * 60,  # truncated at 256 tokens
+    "Small models are now good enough for most tasks, given the right model per task.",
+]
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray[Any, Any]:
+    st = pytest.importorskip("sentence_transformers")
+    spec = Catalog.load().get(REAL)
+    model = st.SentenceTransformer(str(resolve(REAL, spec.sources, HF_CACHE)), device="cpu")
+    out: np.ndarray[Any, Any] = model.encode(TEXTS, normalize_embeddings=True)
+    return out
+
+
+def cosines(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return np.asarray((a * b).sum(1))
+
+
+@pytest.mark.slow
+def test_served_cpu_profile_matches_sentence_transformers(
+    real_server: ServerThread, reference: np.ndarray[Any, Any]
+) -> None:
+    with Client(real_server.url) as client:
+        served = client.encode(REAL, TEXTS)
+    assert served.shape == reference.shape
+    assert cosines(served, reference).min() >= 0.9999
+
+
+def shipped_profiles() -> list[Any]:
+    spec = Catalog.load().get(REAL)
+    return [pytest.param(p, id=hw) for hw, p in spec.profiles.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", shipped_profiles())
+def test_every_shipped_profile_keeps_quality(
+    profile: Any, reference: np.ndarray[Any, Any]
+) -> None:
+    import torch
+
+    device = "cuda" if profile.hardware == "cuda" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the cuda profile needs a GPU; none on this machine")
+    spec = Catalog.load().get(REAL)
+    path = resolve(REAL, spec.sources, HF_CACHE)
+    adapter = DenseAdapter(
+        spec, create_runtime("torch", device=device, precision=profile.precision), path
+    )
+    adapter.load()
+    ids, _ = adapter.tokenizer.encode(TEXTS, truncate=True)
+    got = adapter.forward(ids)
+    assert cosines(got, reference).min() >= 0.9999
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cpu_autocast_precisions_keep_quality(
+    precision: str, reference: np.ndarray[Any, Any]
+) -> None:
+    spec = Catalog.load().get(REAL)
+    path = resolve(REAL, spec.sources, HF_CACHE)
+    adapter = DenseAdapter(spec, create_runtime("torch", device="cpu", precision=precision), path)
+    adapter.load()
+    ids, _ = adapter.tokenizer.encode(TEXTS, truncate=True)
+    assert cosines(adapter.forward(ids), reference).min() >= 0.9999

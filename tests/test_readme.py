@@ -1,0 +1,48 @@
+"""The README's examples run, against a real server with the real bundled model."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import ServerThread
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), re.S)
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    first = blocks("bash")[0]
+    assert "make serve" in first and "make test" in first
+
+
+@pytest.mark.slow
+def test_curl_example(real_server: ServerThread) -> None:
+    (cmd,) = [b for b in blocks("bash") if b.lstrip().startswith("curl")]
+    out = subprocess.run(
+        ["bash", "-c", cmd.replace(DEFAULT_URL, real_server.url)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    body = json.loads(out)
+    assert len(body["embeddings"]) == 2 and len(body["embeddings"][0]) == 128
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", [0, 1])
+def test_python_examples(real_server: ServerThread, index: int) -> None:
+    code = blocks("python")[index].replace(DEFAULT_URL, real_server.url)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, f"README.md python block {index}", "exec"), {})
+    printed = out.getvalue()
+    assert ("384 " in printed) if index == 0 else ("(2, 384) float16" in printed)
