@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -42,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]error:[/] {exc}")
         return 2
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(message)s",
+        level=settings.log_level.upper(),
+        format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
     if args.command == "models":
@@ -56,11 +56,7 @@ def _serve(settings: Settings, console: Console) -> int:
     try:
         import uvloop
 
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
-        runner = asyncio.run
-    try:
-        runner(serve(settings))
+        uvloop.run(serve(settings))
     except KeyboardInterrupt:
         pass
     except Exception as exc:
@@ -79,8 +75,15 @@ def _models(settings: Settings) -> int:
         table.add_column(col)
     for s in catalog:
         present = "yes" if is_present(s.sources, HF_CACHE) else "no"
-        table.add_row(s.id, s.family, s.runtime, s.pooling, str(s.max_seq_len),
-                      str(s.dimensions or "?"), present)
+        table.add_row(
+            s.id,
+            s.family,
+            s.runtime,
+            s.pooling,
+            str(s.max_seq_len),
+            str(s.dimensions or "?"),
+            present,
+        )
     Console().print(table)
     return 0
 

@@ -38,7 +38,9 @@ def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> Model
     profile = spec.profile(hw)
     path = resolve(spec.id, spec.sources, HF_CACHE)
     runtime = create_runtime(
-        spec.runtime, device=settings.device, precision=profile.precision,
+        spec.runtime,
+        device=settings.device,
+        precision=profile.precision,
         threads=settings.torch_threads,
     )
     adapter = create_adapter(spec, runtime, path)
@@ -59,8 +61,12 @@ class EmbeddedServer:
         self.runners = {s.id: build_runner(s, settings, self.metrics) for s in self.catalog}
         self.worker = Worker(self.queue, self.runners, self.metrics)
         self.gateway = Gateway(
-            settings, self.catalog, self.queue, self.metrics,
-            ready=lambda: self.worker.ready, models_info=self.models_info,
+            settings,
+            self.catalog,
+            self.queue,
+            self.metrics,
+            ready=lambda: self.worker.ready,
+            models_info=self.models_info,
         )
         self._server: uvicorn.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -70,19 +76,31 @@ class EmbeddedServer:
         out = []
         for spec in self.catalog:
             r = self.runners[spec.id]
-            out.append({
-                "id": spec.id, "object": "model", "owned_by": "fleetserve",
-                "family": spec.family, "runtime": spec.runtime,
-                "precision": r.profile.precision, "hardware": r.profile.hardware,
-                "loaded": r.loaded, "dimensions": getattr(r.adapter, "dim", None),
-                "max_seq_len": spec.max_seq_len,
-            })
+            out.append(
+                {
+                    "id": spec.id,
+                    "object": "model",
+                    "owned_by": "fleetserve",
+                    "family": spec.family,
+                    "runtime": spec.runtime,
+                    "precision": r.profile.precision,
+                    "hardware": r.profile.hardware,
+                    "loaded": r.loaded,
+                    "dimensions": getattr(r.adapter, "dim", None),
+                    "max_seq_len": spec.max_seq_len,
+                }
+            )
         return out
 
     async def start(self) -> None:
         config = uvicorn.Config(
-            self.gateway, host=self.settings.host, port=self.settings.port,
-            http="httptools", lifespan="off", access_log=False, log_level="warning",
+            self.gateway,
+            host=self.settings.host,
+            port=self.settings.port,
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
         )
         self._server = uvicorn.Server(config)
         self._tasks.append(asyncio.create_task(self._server.serve(), name="http"))
@@ -108,8 +126,7 @@ class EmbeddedServer:
             r = self.runners[spec.id]
             t0 = time.perf_counter()
             with self.console.status(
-                f"Loading {spec.id} ({spec.runtime}, {r.profile.precision}, "
-                f"{r.profile.hardware})…"
+                f"Loading {spec.id} ({spec.runtime}, {r.profile.precision}, {r.profile.hardware})…"
             ):
                 await r.load()
             self.console.print(

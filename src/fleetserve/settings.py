@@ -39,8 +39,9 @@ class Settings:
     max_batch_tokens: int = setting(0, "Override the profile's batch token budget (0: profile).")
     torch_threads: int = setting(0, "torch intra-op threads (0: one per core).")
     log_level: str = setting("info", "Log level: debug, info, warning or error.")
-    api_key: str = setting("", "If set, clients must send 'Authorization: Bearer <key>'.",
-                           secret=True)
+    api_key: str = setting(
+        "", "If set, clients must send 'Authorization: Bearer <key>'.", secret=True
+    )
     config: str = setting("", "Optional YAML config file with any of these settings.")
 
     def __repr__(self) -> str:

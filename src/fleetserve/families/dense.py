@@ -88,9 +88,7 @@ class DenseAdapter:
             if not t:
                 raise InvalidInput(f"{field}[{i}] is an empty string", field=f"{field}[{i}]")
         if opts.dimensions is not None and not (0 < opts.dimensions <= self.dim):
-            raise InvalidInput(
-                f"dimensions must be between 1 and {self.dim}", field="dimensions"
-            )
+            raise InvalidInput(f"dimensions must be between 1 and {self.dim}", field="dimensions")
         ids, truncated = self.tokenizer.encode(texts, truncate=truncate)
         if truncated is not None:
             raise InvalidInput(
@@ -129,7 +127,9 @@ class DenseAdapter:
             body["embeddings"] = emb.tolist()
         return dumps(body, envelope.accept)
 
-    def _openai_body(self, envelope: Envelope, prepared: Prepared, emb: np.ndarray[Any, Any]) -> bytes:
+    def _openai_body(
+        self, envelope: Envelope, prepared: Prepared, emb: np.ndarray[Any, Any]
+    ) -> bytes:
         o: DenseOptions = prepared.options
         data = []
         for i, row in enumerate(emb):

@@ -117,15 +117,22 @@ class Gateway:
                 model = env_mod.model_from_body(body, content_type)
             self.catalog.get(model)
             if not self.ready():
-                raise Unavailable("not ready: models are loading or the worker failed",
-                                  retry_after=self.settings.retry_after)
+                raise Unavailable(
+                    "not ready: models are loading or the worker failed",
+                    retry_after=self.settings.retry_after,
+                )
             timeout = env_mod.parse_timeout(
                 header(scope, b"x-request-timeout"), self.settings.request_timeout
             )
             env = env_mod.build(
-                model=model, task=task, content_type=content_type, accept=accept,
-                body_size=len(body), timeout=timeout,
-                request_id=header(scope, b"x-request-id"), tenant=header(scope, b"x-tenant"),
+                model=model,
+                task=task,
+                content_type=content_type,
+                accept=accept,
+                body_size=len(body),
+                timeout=timeout,
+                request_id=header(scope, b"x-request-id"),
+                tenant=header(scope, b"x-tenant"),
             )
             pending = await self.queue.publish(env, body)
             reply = await pending.wait(env.deadline - time.time())
@@ -137,9 +144,9 @@ class Gateway:
             return
         except Exception:
             log.exception("gateway failure")
-            err = InternalError("internal error")
-            self._count(route, model, err.code)
-            await respond(send, *error_response(err, accept))
+            internal = InternalError("internal error")
+            self._count(route, model, internal.code)
+            await respond(send, *error_response(internal, accept))
             return
         total = time.perf_counter() - t0
         self.metrics.stage_latency.labels(model, "total").observe(total)

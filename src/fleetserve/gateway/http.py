@@ -46,9 +46,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def respond(
-    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
-) -> None:
+async def respond(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
     headers = [*headers, (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -62,4 +62,4 @@ def backoff(resp: httpx.Response, attempt: int, cap: float) -> float:
     ra = _retry_after(resp)
     if ra is not None:
         return min(ra, cap)
-    return min(cap, 0.1 * 2**attempt) * (0.5 + random.random() / 2)
+    return float(min(cap, 0.1 * 2**attempt) * (0.5 + random.random() / 2))

@@ -53,11 +53,7 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        return (
-            self.running
-            and self.failed is None
-            and all(r.loaded for r in self.runners.values())
-        )
+        return self.running and self.failed is None and all(r.loaded for r in self.runners.values())
 
     async def load(self) -> None:
         for r in self.runners.values():
@@ -141,6 +137,8 @@ class Worker:
         runner = self.runners[env.model]
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
+        if job.outputs is None:  # a job always has at least one item
+            raise RuntimeError(f"job {env.request_id} finished without outputs")
         try:
             body = await loop.run_in_executor(
                 self._cpu, runner.adapter.postprocess, env, job.prepared, job.outputs

@@ -81,9 +81,7 @@ class ModelRunner:
             self.metrics.tokens.labels(model).inc(sum(len(it.ids) for it in batch))
             self._route(batch, out, dt, finish)
 
-    def _route(
-        self, batch: list[WorkItem], out: np.ndarray, dt: float, finish: FinishFn
-    ) -> None:
+    def _route(self, batch: list[WorkItem], out: np.ndarray, dt: float, finish: FinishFn) -> None:
         seen: set[int] = set()
         for it, row in zip(batch, out, strict=True):
             job = it.job
@@ -112,4 +110,3 @@ class ModelRunner:
 
     def close(self) -> None:
         self._forward.shutdown(wait=False, cancel_futures=True)
-

@@ -1,0 +1,138 @@
+"""Benchmark reports: a rich table, a markdown table for the README, and a PNG."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def machine() -> str:
+    import os
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    py = platform.python_version()
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {py}"
+
+
+def table(rows: list[dict[str, Any]], title: str) -> Table:
+    t = Table(title=title)
+    cols = [
+        "target",
+        "tokens/s",
+        "x infinity fp32",
+        "x best infinity",
+        "x in-process",
+        "p50 ms",
+        "p99 ms",
+        "min cos",
+    ]
+    for c in cols:
+        t.add_column(c, justify="right" if c != "target" else "left")
+    for r in rows:
+        t.add_row(
+            *[
+                _fmt(r.get(k))
+                for k in (
+                    "target",
+                    "tokens_per_s",
+                    "vs_infinity_fp32",
+                    "vs_infinity_best",
+                    "vs_inprocess_best",
+                    "p50_ms",
+                    "p99_ms",
+                    "min_cos",
+                )
+            ]
+        )
+    return t
+
+
+def markdown(rows: list[dict[str, Any]], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| target | tokens/s (saturation) | x infinity fp32 | x best infinity | "
+        "x best in-process | p50 ms (1 client, 1 sentence) | p99 ms | min cosine |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            "| "
+            + " | ".join(
+                _fmt(r.get(k))
+                for k in (
+                    "target",
+                    "tokens_per_s",
+                    "vs_infinity_fp32",
+                    "vs_infinity_best",
+                    "vs_inprocess_best",
+                    "p50_ms",
+                    "p99_ms",
+                    "min_cos",
+                )
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        if abs(v) >= 100:
+            return f"{v:,.0f}"
+        if abs(v) >= 0.99 and abs(v) < 1.0:
+            return f"{v:.6f}"
+        return f"{v:.2f}"
+    return str(v)
+
+
+def plot(knee: dict[str, list[dict[str, Any]]], rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for name, pts in knee.items():
+        cs = [p["concurrency"] for p in pts]
+        ax1.plot(cs, [p["tokens_per_s"] for p in pts], marker="o", label=name)
+        ax2.plot(
+            [p["tokens_per_s"] for p in pts], [p["p99_ms"] for p in pts], marker="o", label=name
+        )
+    ax1.set(
+        xscale="log", xlabel="concurrent clients", ylabel="tokens/s", title="Throughput vs load"
+    )
+    ax2.set(xlabel="tokens/s", ylabel="p99 ms", yscale="log", title="Latency vs throughput")
+    names = [r["target"] for r in rows]
+    ax3.barh(names, [r["tokens_per_s"] for r in rows])
+    ax3.set(xlabel="tokens/s at saturation", title="Saturation throughput (median)")
+    ax1.legend()
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save(out: Path, data: dict[str, Any], md: str, console: Console) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "embed.json").write_text(json.dumps(data, indent=2))
+    (out / "embed.md").write_text(md + "\n")
+    console.print(f"wrote {out / 'embed.json'}, {out / 'embed.md'} and {out / 'embed.png'}")

@@ -1,0 +1,166 @@
+"""What the benchmark compares: servers over HTTP and in-process backends."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class HttpTarget:
+    """A server started as a subprocess and driven through its OpenAI-style route."""
+
+    name: str
+    argv: list[str]
+    route: str
+    model: str
+    ready_path: str
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.route}"
+
+    def start(self, log_dir: Path, timeout: float = 300) -> None:
+        self.port = free_port()
+        argv = [a.replace("{port}", str(self.port)) for a in self.argv]
+        log = open(log_dir / f"{self.name}.log", "wb")  # noqa: SIM115 - lives with the process
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; see {log_dir / self.name}.log")
+            try:
+                r = httpx.get(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=2)
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} was not ready within {timeout:.0f}s")
+
+    def body(self, texts: list[str]) -> bytes:
+        return json.dumps(
+            {"model": self.model, "input": texts, "encoding_format": "base64"}
+        ).encode()
+
+    def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
+        r = httpx.post(
+            self.url,
+            content=self.body(texts),
+            headers={"content-type": "application/json"},
+            timeout=120,
+        )
+        r.raise_for_status()
+        rows = sorted(r.json()["data"], key=lambda d: d["index"])
+        return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in rows])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def fleetserve_target(
+    model: str, extra: list[str] | None = None, name: str = "fleetserve"
+) -> HttpTarget:
+    return HttpTarget(
+        name=name,
+        argv=[
+            sys.executable,
+            "-m",
+            "fleetserve",
+            "serve",
+            "--port",
+            "{port}",
+            "--models",
+            model,
+            "--log-level",
+            "warning",
+            *(extra or []),
+        ],
+        route="/v1/embeddings",
+        model=model,
+        ready_path="/readyz",
+    )
+
+
+def infinity_target(venv: Path, model_path: Path, dtype: str) -> HttpTarget:
+    return HttpTarget(
+        name=f"infinity-{dtype}",
+        argv=[
+            str(venv / "bin" / "infinity_emb"),
+            "v2",
+            "--model-id",
+            str(model_path),
+            "--port",
+            "{port}",
+            "--engine",
+            "torch",
+            "--device",
+            "cpu",
+            "--dtype",
+            dtype,
+            "--no-model-warmup",
+        ],
+        route="/embeddings",
+        model=str(model_path),
+        ready_path="/health",
+        env={
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+            "DO_NOT_TRACK": "1",
+        },
+    )
+
+
+class InProcess:
+    """sentence-transformers, or fleetserve's own runtime, called directly."""
+
+    def __init__(
+        self, name: str, model_path: Path, precision: str = "fp32", batch_size: int = 32
+    ) -> None:
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        self.name = name
+        self.batch_size = batch_size
+        self.model = SentenceTransformer(str(model_path), device="cpu")
+        self._ctx: Any = None
+        if precision != "fp32":
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+            self._ctx = lambda: torch.autocast("cpu", dtype=dtype)
+
+    def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
+        import contextlib
+
+        with self._ctx() if self._ctx else contextlib.nullcontext():
+            out: np.ndarray[Any, Any] = self.model.encode(
+                texts, batch_size=self.batch_size, normalize_embeddings=True
+            )
+        return out
