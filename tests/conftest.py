@@ -91,7 +91,11 @@ def tiny_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tiny_settings(catalog: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
-        "port": 0, "catalog": str(catalog), "models": TINY, "device": "cpu", "torch_threads": 1,
+        "port": 0,
+        "catalog": str(catalog),
+        "models": TINY,
+        "device": "cpu",
+        "torch_threads": 1,
     }
     base.update(overrides)
     return Settings.load(overrides=base)

@@ -31,7 +31,10 @@ def test_curl_example(real_server: ServerThread) -> None:
     (cmd,) = [b for b in blocks("bash") if b.lstrip().startswith("curl")]
     out = subprocess.run(
         ["bash", "-c", cmd.replace(DEFAULT_URL, real_server.url)],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     body = json.loads(out)
     assert len(body["embeddings"]) == 2 and len(body["embeddings"][0]) == 128

@@ -4,11 +4,57 @@ from __future__ import annotations
 
 from pathlib import Path
 
-WORDS = (
-    "the a an of to and in is was for on with as by at from it this that be are or not "
-    "hello world quick brown fox jumps over lazy dog cat sat mat model serve fleet small "
-    "open vector search query document river bank money finance water"
-).split()
+WORDS = [
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "this",
+    "that",
+    "be",
+    "are",
+    "or",
+    "not",
+    "hello",
+    "world",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "cat",
+    "sat",
+    "mat",
+    "model",
+    "serve",
+    "fleet",
+    "small",
+    "open",
+    "vector",
+    "search",
+    "query",
+    "document",
+    "river",
+    "bank",
+    "money",
+    "finance",
+    "water",
+]
 
 
 def build_tokenizer(path: Path) -> None:
@@ -42,8 +88,12 @@ def build_bert(path: Path, *, seed: int = 0, max_positions: int = 128) -> Path:
     vocab_size = len((path / "vocab.txt").read_text().split())
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=max_positions,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_positions,
     )
     BertModel(config).eval().save_pretrained(str(path))
     return path
@@ -54,10 +104,15 @@ def write_spec(catalog_dir: Path, model_id: str, source: Path, **extra: object) 
 
     catalog_dir.mkdir(parents=True, exist_ok=True)
     spec = {
-        "id": model_id, "family": "dense", "runtime": "torch", "sources": [str(source)],
-        "pooling": "mean", "normalize": True, "max_seq_len": 16, "dimensions": 32,
-        "profiles": {"cpu": {"precision": "fp32", "max_batch_tokens": 256,
-                             "max_batch_size": 8}},
+        "id": model_id,
+        "family": "dense",
+        "runtime": "torch",
+        "sources": [str(source)],
+        "pooling": "mean",
+        "normalize": True,
+        "max_seq_len": 16,
+        "dimensions": 32,
+        "profiles": {"cpu": {"precision": "fp32", "max_batch_tokens": 256, "max_batch_size": 8}},
     }
     spec.update(extra)
     f = catalog_dir / (model_id.replace("/", "__") + ".yaml")

@@ -58,9 +58,7 @@ def shipped_profiles() -> list[Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", shipped_profiles())
-def test_every_shipped_profile_keeps_quality(
-    profile: Any, reference: np.ndarray[Any, Any]
-) -> None:
+def test_every_shipped_profile_keeps_quality(profile: Any, reference: np.ndarray[Any, Any]) -> None:
     import torch
 
     device = "cuda" if profile.hardware == "cuda" else "cpu"

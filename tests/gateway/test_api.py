@@ -46,7 +46,8 @@ def test_encode_msgpack_arrays_and_options(tiny_server: ServerThread) -> None:
         {"inputs": ["hello world"], "output_dtype": "float16", "dimensions": 8}
     )
     r = httpx.post(
-        f"{tiny_server.url}/v1/encode/{TINY}", content=body,
+        f"{tiny_server.url}/v1/encode/{TINY}",
+        content=body,
         headers={"content-type": MP, "accept": MP},
     )
     assert r.status_code == 200
@@ -58,17 +59,20 @@ def test_encode_msgpack_arrays_and_options(tiny_server: ServerThread) -> None:
 
 
 def test_matryoshka_truncates_then_renormalizes(tiny_server: ServerThread) -> None:
-    full = post_json(tiny_server, f"/v1/encode/{TINY}",
-                     {"inputs": ["quick fox"], "normalize": False}).json()["embeddings"][0]
-    cut = post_json(tiny_server, f"/v1/encode/{TINY}",
-                    {"inputs": ["quick fox"], "dimensions": 5}).json()["embeddings"][0]
+    full = post_json(
+        tiny_server, f"/v1/encode/{TINY}", {"inputs": ["quick fox"], "normalize": False}
+    ).json()["embeddings"][0]
+    cut = post_json(
+        tiny_server, f"/v1/encode/{TINY}", {"inputs": ["quick fox"], "dimensions": 5}
+    ).json()["embeddings"][0]
     want = np.asarray(full[:5]) / np.linalg.norm(full[:5])
     np.testing.assert_allclose(cut, want, rtol=1e-4, atol=1e-6)
 
 
 def test_single_string_and_accept_json_from_msgpack(tiny_server: ServerThread) -> None:
     r = httpx.post(
-        f"{tiny_server.url}/v1/encode/{TINY}", content=msgspec.msgpack.encode({"inputs": "fox"}),
+        f"{tiny_server.url}/v1/encode/{TINY}",
+        content=msgspec.msgpack.encode({"inputs": "fox"}),
         headers={"content-type": MP, "accept": "application/json"},
     )
     assert r.status_code == 200 and len(r.json()["embeddings"]) == 1
@@ -81,8 +85,11 @@ def test_openai_embeddings_float_and_base64(tiny_server: ServerThread) -> None:
     assert body["object"] == "list" and len(body["data"]) == 2
     assert body["usage"] == {"prompt_tokens": 3 + 4, "total_tokens": 3 + 4}
     floats = np.asarray(body["data"][1]["embedding"], dtype=np.float32)
-    r2 = post_json(tiny_server, "/v1/embeddings",
-                   {"model": TINY, "input": ["hello", "world fox"], "encoding_format": "base64"})
+    r2 = post_json(
+        tiny_server,
+        "/v1/embeddings",
+        {"model": TINY, "input": ["hello", "world fox"], "encoding_format": "base64"},
+    )
     b64 = np.frombuffer(base64.b64decode(r2.json()["data"][1]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(b64, floats, rtol=1e-6)
     r3 = post_json(tiny_server, "/v1/embeddings", {"model": TINY, "input": "x", "dimensions": 4})
@@ -91,8 +98,10 @@ def test_openai_embeddings_float_and_base64(tiny_server: ServerThread) -> None:
 
 def test_batching_equals_one_by_one(tiny_server: ServerThread) -> None:
     texts = [" ".join(["fox"] * (i % 9 + 1)) for i in range(40)]
-    alone = [post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": [t]}).json()["embeddings"][0]
-             for t in texts[:6]]
+    alone = [
+        post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": [t]}).json()["embeddings"][0]
+        for t in texts[:6]
+    ]
     # one large request is split across several batches (max 8 items, 256 tokens)
     together = post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": texts}).json()
     np.testing.assert_allclose(np.asarray(together["embeddings"][:6]), alone, atol=1e-5)
@@ -109,9 +118,14 @@ def test_batching_equals_one_by_one(tiny_server: ServerThread) -> None:
 def test_metrics_exposes_stages_and_batches(tiny_server: ServerThread) -> None:
     post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": ["metric fox"]})
     text = httpx.get(tiny_server.url + "/metrics").text
-    for name in ("fleetserve_requests_total", "fleetserve_stage_latency_seconds_bucket",
-                 "fleetserve_batch_size_bucket", "fleetserve_batch_tokens_bucket",
-                 "fleetserve_queue_depth", "fleetserve_tokens_total"):
+    for name in (
+        "fleetserve_requests_total",
+        "fleetserve_stage_latency_seconds_bucket",
+        "fleetserve_batch_size_bucket",
+        "fleetserve_batch_tokens_bucket",
+        "fleetserve_queue_depth",
+        "fleetserve_tokens_total",
+    ):
         assert name in text
     assert 'stage="inference"' in text and 'stage="queue"' in text and 'stage="total"' in text
 
@@ -143,15 +157,21 @@ def test_bad_input_is_400_naming_the_field(
 
 @pytest.mark.parametrize("raw", [b"{not json", b"\x00\x01", b""])
 def test_malformed_json_is_400(tiny_server: ServerThread, raw: bytes) -> None:
-    r = httpx.post(f"{tiny_server.url}/v1/encode/{TINY}", content=raw,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{tiny_server.url}/v1/encode/{TINY}",
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400
     assert r.json()["error"]["field"] == "body"
 
 
 def test_malformed_msgpack_is_400(tiny_server: ServerThread) -> None:
-    r = httpx.post(f"{tiny_server.url}/v1/encode/{TINY}", content=b"\xc1\xc1",
-                   headers={"content-type": MP, "accept": MP})
+    r = httpx.post(
+        f"{tiny_server.url}/v1/encode/{TINY}",
+        content=b"\xc1\xc1",
+        headers={"content-type": MP, "accept": MP},
+    )
     assert r.status_code == 400
     assert msgspec.msgpack.decode(r.content)["error"]["code"] == "invalid_input"
 
@@ -169,8 +189,9 @@ def test_openai_route_without_model_is_400(tiny_server: ServerThread) -> None:
 
 
 def test_unsupported_content_type_is_415(tiny_server: ServerThread) -> None:
-    r = httpx.post(f"{tiny_server.url}/v1/encode/{TINY}", content=b"x",
-                   headers={"content-type": "text/plain"})
+    r = httpx.post(
+        f"{tiny_server.url}/v1/encode/{TINY}", content=b"x", headers={"content-type": "text/plain"}
+    )
     assert r.status_code == 415
 
 
@@ -182,30 +203,36 @@ def test_overlong_text_truncates_or_400(tiny_server: ServerThread) -> None:
     long = " ".join(["fox"] * 100)  # the tiny spec allows 16 tokens
     ok = post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": [long]})
     assert ok.status_code == 200 and ok.json()["usage"]["tokens"] == 16
-    bad = post_json(tiny_server, f"/v1/encode/{TINY}",
-                    {"inputs": ["fox", long], "truncate": False})
+    bad = post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": ["fox", long], "truncate": False})
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "inputs[1]"
 
 
 def test_bad_timeout_header_is_400(tiny_server: ServerThread) -> None:
     for v in ("soon", "-1", "0", "nan"):
-        r = post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": ["x"]},
-                      **{"x-request-timeout": v})
+        r = post_json(
+            tiny_server, f"/v1/encode/{TINY}", {"inputs": ["x"]}, **{"x-request-timeout": v}
+        )
         assert r.status_code == 400 and r.json()["error"]["field"] == "x-request-timeout"
 
 
 def test_huge_body_is_413_and_server_stays_healthy(tiny_server: ServerThread) -> None:
     limit = tiny_server.settings.max_body_bytes
-    r = httpx.post(f"{tiny_server.url}/v1/encode/{TINY}", content=b"x" * (limit + 1),
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{tiny_server.url}/v1/encode/{TINY}",
+        content=b"x" * (limit + 1),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
 
     def chunks() -> object:
         for _ in range(limit // 65536 + 2):
             yield b"y" * 65536
 
-    r = httpx.post(f"{tiny_server.url}/v1/encode/{TINY}", content=chunks(),
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{tiny_server.url}/v1/encode/{TINY}",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413
     assert httpx.get(tiny_server.url + "/readyz").status_code == 200
 

@@ -17,15 +17,16 @@ TEXT = "the quick brown fox jumps over the lazy dog"
 
 
 def encode(srv: ServerThread, **headers: str) -> httpx.Response:
-    return httpx.post(f"{srv.url}/v1/encode/{TINY}", json={"inputs": [TEXT]},
-                      headers=headers, timeout=30)
+    return httpx.post(
+        f"{srv.url}/v1/encode/{TINY}", json={"inputs": [TEXT]}, headers=headers, timeout=30
+    )
 
 
 @pytest.fixture
 def small_server(tiny_catalog: Path) -> Iterator[ServerThread]:
-    srv = ServerThread(tiny_settings(
-        tiny_catalog, max_queue_depth=2, max_batch_tokens=16, retry_after=2.0
-    )).start()
+    srv = ServerThread(
+        tiny_settings(tiny_catalog, max_queue_depth=2, max_batch_tokens=16, retry_after=2.0)
+    ).start()
     yield srv
     srv.stop()
 
@@ -62,8 +63,9 @@ def test_deadline_is_504_and_worker_skips_expired_work(small_server: ServerThrea
     # the first is taken into a batch behind the blocked forward; the rest wait in
     # the batch former and are skipped, not computed, once their deadline has passed
     with ThreadPoolExecutor(3) as pool:
-        rs = list(pool.map(lambda _: encode(small_server, **{"x-request-timeout": "0.3"}),
-                           range(3)))
+        rs = list(
+            pool.map(lambda _: encode(small_server, **{"x-request-timeout": "0.3"}), range(3))
+        )
     for r in rs:
         assert r.status_code == 504
         assert r.json()["error"]["code"] == "deadline_exceeded"

@@ -20,7 +20,8 @@ def resolve(model_id: str, sources: tuple[str, ...], hf_cache: Path) -> Path:
     for src in sources:
         path = _candidate(src, hf_cache)
         looked.append(f"{src} -> {path}" if path else f"{src} (not installed)")
-        if path is not None and path.is_dir() and any(path.iterdir()):
+        if _usable(path):
+            assert path is not None
             return path
     raise ModelNotFound(
         f"weights for {model_id!r} are not present locally; looked in: " + "; ".join(looked),
@@ -29,17 +30,20 @@ def resolve(model_id: str, sources: tuple[str, ...], hf_cache: Path) -> Path:
 
 
 def is_present(sources: tuple[str, ...], hf_cache: Path) -> bool:
-    for src in sources:
-        p = _candidate(src, hf_cache)
-        if p is not None and p.is_dir():
-            return True
-    return False
+    return any(_usable(_candidate(src, hf_cache)) for src in sources)
+
+
+def _usable(path: Path | None) -> bool:
+    return path is not None and path.is_dir() and any(path.iterdir())
 
 
 def _candidate(src: str, hf_cache: Path) -> Path | None:
     if src.startswith("package:"):
         module, _, sub = src[len("package:") :].partition("/")
-        spec = importlib.util.find_spec(module)
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
         if spec is None or not spec.submodule_search_locations:
             return None
         return Path(next(iter(spec.submodule_search_locations))) / sub

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import numpy as np
 
-from ..wire import Encoding, FleetError, InternalError, error_from_body
+from ..wire import (
+    DeadlineExceeded,
+    Encoding,
+    FleetError,
+    InternalError,
+    Unavailable,
+    error_from_body,
+)
 from ..wire.codec import array_from_wire, dumps, loads
 
 MSGPACK = Encoding.MSGPACK.value
@@ -63,3 +72,14 @@ def backoff(resp: httpx.Response, attempt: int, cap: float) -> float:
     if ra is not None:
         return min(ra, cap)
     return float(min(cap, 0.1 * 2**attempt) * (0.5 + random.random() / 2))
+
+
+@contextlib.contextmanager
+def network_errors(timeout: float) -> Iterator[None]:
+    """Raise transport failures as the same typed errors the server would send."""
+    try:
+        yield
+    except httpx.TimeoutException:
+        raise DeadlineExceeded(f"no response within {timeout:.3f}s") from None
+    except httpx.TransportError as exc:
+        raise Unavailable(f"cannot reach the server: {exc}") from None

@@ -14,7 +14,13 @@ from typing import Any, Self
 import httpx
 import numpy as np
 
-from ._common import RETRY_STATUSES, backoff, decode_encode_response, encode_request
+from ._common import (
+    RETRY_STATUSES,
+    backoff,
+    decode_encode_response,
+    encode_request,
+    network_errors,
+)
 
 
 class Client:
@@ -36,16 +42,17 @@ class Client:
         self, model: str, texts: str | list[str], *, timeout: float | None = None, **options: Any
     ) -> np.ndarray[Any, Any]:
         """Embeddings as a ``[n, dim]`` array (``output_dtype`` decides its dtype)."""
-        path, body, headers = encode_request(model, texts, options, timeout)
-        resp = self._post(path, body, headers, timeout)
+        t = self.timeout if timeout is None else timeout
+        path, body, headers = encode_request(model, texts, options, t)
+        resp = self._post(path, body, headers, t)
         return decode_encode_response(resp)
 
     def _post(
-        self, path: str, body: bytes, headers: dict[str, str], timeout: float | None
+        self, path: str, body: bytes, headers: dict[str, str], timeout: float
     ) -> httpx.Response:
-        t = timeout if timeout is not None else self.timeout
         for attempt in range(self.max_retries + 1):
-            resp = self._http.post(path, content=body, headers=headers, timeout=t + 1.0)
+            with network_errors(timeout):
+                resp = self._http.post(path, content=body, headers=headers, timeout=timeout + 1)
             if resp.status_code not in RETRY_STATUSES or attempt == self.max_retries:
                 return resp
             time.sleep(backoff(resp, attempt, self.max_backoff))
@@ -81,16 +88,19 @@ class AsyncClient:
     async def encode(
         self, model: str, texts: str | list[str], *, timeout: float | None = None, **options: Any
     ) -> np.ndarray[Any, Any]:
-        path, body, headers = encode_request(model, texts, options, timeout)
-        resp = await self._post(path, body, headers, timeout)
+        t = self.timeout if timeout is None else timeout
+        path, body, headers = encode_request(model, texts, options, t)
+        resp = await self._post(path, body, headers, t)
         return decode_encode_response(resp)
 
     async def _post(
-        self, path: str, body: bytes, headers: dict[str, str], timeout: float | None
+        self, path: str, body: bytes, headers: dict[str, str], timeout: float
     ) -> httpx.Response:
-        t = timeout if timeout is not None else self.timeout
         for attempt in range(self.max_retries + 1):
-            resp = await self._http.post(path, content=body, headers=headers, timeout=t + 1.0)
+            with network_errors(timeout):
+                resp = await self._http.post(
+                    path, content=body, headers=headers, timeout=timeout + 1
+                )
             if resp.status_code not in RETRY_STATUSES or attempt == self.max_retries:
                 return resp
             await asyncio.sleep(backoff(resp, attempt, self.max_backoff))

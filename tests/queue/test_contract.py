@@ -1,0 +1,252 @@
+"""The WorkQueue contract, run against every implementation.
+
+A new implementation (for example JetStream) joins by adding a param to ``IMPLS``;
+every test below then runs against it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from fleetserve.queue import MemoryQueue, PendingReply, WorkQueue
+from fleetserve.wire import DeadlineExceeded, Encoding, Envelope, Overloaded, Reply, Task
+
+MakeQueue = Callable[..., Awaitable[WorkQueue]]
+
+
+def _memory(max_depth: int, retry_after: float) -> WorkQueue:
+    return MemoryQueue(max_depth=max_depth, retry_after=retry_after)
+
+
+IMPLS = {"memory": _memory}
+
+_ids = itertools.count()
+
+
+def env(model: str = "m/a", cost: int = 1, rid: str | None = None) -> Envelope:
+    now = time.time()
+    return Envelope(
+        request_id=rid or f"req-{next(_ids)}",
+        model=model,
+        task=Task.ENCODE,
+        content_type=Encoding.JSON,
+        accept=Encoding.JSON,
+        cost_hint=cost,
+        deadline=now + 30,
+        enqueued_at=now,
+    )
+
+
+@pytest.fixture(params=sorted(IMPLS))
+async def make_queue(request: pytest.FixtureRequest) -> AsyncIterator[MakeQueue]:
+    made: list[WorkQueue] = []
+
+    async def make(max_depth: int = 100, retry_after: float = 1.5) -> WorkQueue:
+        q = IMPLS[request.param](max_depth, retry_after)
+        await q.start()
+        made.append(q)
+        return q
+
+    yield make
+    for q in made:
+        await q.close()
+
+
+@pytest.fixture
+async def queue(make_queue: MakeQueue) -> WorkQueue:
+    return await make_queue()
+
+
+async def test_implements_the_protocol(queue: WorkQueue) -> None:
+    assert isinstance(queue, WorkQueue)
+    assert queue.healthy
+    pending = await queue.publish(env(), b"x")
+    assert isinstance(pending, PendingReply)
+
+
+async def test_round_trip_delivers_the_reply(queue: WorkQueue) -> None:
+    e = env(cost=3)
+    pending = await queue.publish(e, b'{"inputs": ["x"]}')
+    [msg] = await queue.pull(["m/a"], budget=100, timeout=1)
+    assert msg.envelope == e and msg.body == b'{"inputs": ["x"]}' and msg.attempts == 1
+    reply = Reply(body=b"result", content_type=Encoding.MSGPACK, timings={"queue_ms": 1.0})
+    await queue.reply(msg, reply)
+    await queue.ack(msg)
+    got = await pending.wait(1)
+    assert got.body == b"result" and got.content_type is Encoding.MSGPACK and got.error is None
+    assert queue.depth("m/a") == 0
+
+
+async def test_each_reply_reaches_its_own_publisher(queue: WorkQueue) -> None:
+    p1 = await queue.publish(env(), b"one")
+    p2 = await queue.publish(env(), b"two")
+    msgs = await queue.pull(["m/a"], budget=100, timeout=1)
+    assert [m.body for m in msgs] == [b"one", b"two"]
+    for m in reversed(msgs):
+        await queue.reply(m, Reply(body=m.body.upper()))
+        await queue.ack(m)
+    assert (await p2.wait(1)).body == b"TWO"
+    assert (await p1.wait(1)).body == b"ONE"
+
+
+async def test_error_replies_arrive_as_error_bodies(queue: WorkQueue) -> None:
+    pending = await queue.publish(env(), b"x")
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    body = {"error": {"code": "invalid_input", "message": "bad", "field": "inputs"}}
+    await queue.reply(msg, Reply(error=body))
+    assert (await pending.wait(1)).error == body
+
+
+async def test_pull_respects_the_cost_budget(queue: WorkQueue) -> None:
+    for _ in range(4):
+        await queue.publish(env(cost=10), b"")
+    assert len(await queue.pull(["m/a"], budget=25, timeout=1)) == 2
+    assert len(await queue.pull(["m/a"], budget=10, timeout=1)) == 1
+    assert queue.depth("m/a") == 1
+
+
+async def test_pull_always_returns_at_least_one(queue: WorkQueue) -> None:
+    await queue.publish(env(cost=1000), b"big")
+    await queue.publish(env(cost=1000), b"big2")
+    msgs = await queue.pull(["m/a"], budget=1, timeout=1)
+    assert [m.body for m in msgs] == [b"big"]
+
+
+async def test_pull_times_out_empty(queue: WorkQueue) -> None:
+    t0 = time.monotonic()
+    assert await queue.pull(["m/a"], budget=10, timeout=0.05) == []
+    assert 0.04 <= time.monotonic() - t0 < 1.0
+
+
+async def test_pull_wakes_when_work_arrives(queue: WorkQueue) -> None:
+    task = asyncio.create_task(queue.pull(["m/a"], budget=10, timeout=5))
+    await asyncio.sleep(0.02)
+    assert not task.done()
+    t0 = time.monotonic()
+    await queue.publish(env(), b"late")
+    msgs = await asyncio.wait_for(task, 2)
+    assert [m.body for m in msgs] == [b"late"]
+    assert time.monotonic() - t0 < 1.0
+
+
+async def test_pull_only_returns_the_requested_models(queue: WorkQueue) -> None:
+    await queue.publish(env("m/a"), b"a")
+    await queue.publish(env("m/b"), b"b")
+    msgs = await queue.pull(["m/b", "m/c"], budget=100, timeout=1)
+    assert [(m.envelope.model, m.body) for m in msgs] == [("m/b", b"b")]
+    assert queue.depth("m/a") == 1
+    assert await queue.pull(["m/c"], budget=100, timeout=0.02) == []
+
+
+async def test_fifo_oldest_first_across_models(queue: WorkQueue) -> None:
+    order = [("m/a", b"1"), ("m/b", b"2"), ("m/b", b"3"), ("m/a", b"4"), ("m/c", b"5")]
+    for model, body in order:
+        await queue.publish(env(model), body)
+    msgs = await queue.pull(["m/a", "m/b", "m/c"], budget=100, timeout=1)
+    assert [m.body for m in msgs] == [b"1", b"2", b"3", b"4", b"5"]
+
+
+async def test_nak_returns_to_the_head_with_one_more_attempt(queue: WorkQueue) -> None:
+    await queue.publish(env(), b"first")
+    await queue.publish(env(), b"second")
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    assert msg.body == b"first" and queue.depth("m/a") == 1
+    await queue.nak(msg)
+    assert queue.depth("m/a") == 2
+    again = await queue.pull(["m/a"], budget=100, timeout=1)
+    assert [m.body for m in again] == [b"first", b"second"]
+    assert again[0].attempts == 2 and again[1].attempts == 1
+
+
+async def test_nak_wakes_a_waiting_puller(queue: WorkQueue) -> None:
+    pending = await queue.publish(env(), b"x")
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    other = asyncio.create_task(queue.pull(["m/a"], budget=1, timeout=5))
+    await asyncio.sleep(0.02)
+    assert not other.done()
+    await queue.nak(msg)
+    [got] = await asyncio.wait_for(other, 2)
+    assert got.body == b"x" and got.attempts == 2
+    await queue.reply(got, Reply(body=b"done"))
+    await queue.ack(got)
+    assert (await pending.wait(1)).body == b"done"
+
+
+async def test_acked_message_is_not_redelivered(queue: WorkQueue) -> None:
+    await queue.publish(env(), b"x")
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    await queue.ack(msg)
+    await queue.nak(msg)  # too late: already done
+    assert queue.depth("m/a") == 0
+    assert await queue.pull(["m/a"], budget=1, timeout=0.02) == []
+
+
+async def test_bounded_depth_is_overloaded_with_retry_after(make_queue: MakeQueue) -> None:
+    queue = await make_queue(max_depth=2, retry_after=2.5)
+    await queue.publish(env("m/a"), b"1")
+    await queue.publish(env("m/a"), b"2")
+    with pytest.raises(Overloaded) as info:
+        await queue.publish(env("m/a"), b"3")
+    assert info.value.retry_after == 2.5
+    assert "m/a" in info.value.message
+    assert queue.depth("m/a") == 2
+    await queue.publish(env("m/b"), b"other model has its own bound")
+    await queue.pull(["m/a"], budget=1, timeout=1)
+    await queue.publish(env("m/a"), b"room again")
+    assert queue.depth("m/a") == 2
+
+
+async def test_wait_past_timeout_is_deadline_exceeded(queue: WorkQueue) -> None:
+    pending = await queue.publish(env(), b"x")
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        await pending.wait(0.05)
+    assert time.monotonic() - t0 < 1.0
+    with pytest.raises(DeadlineExceeded):
+        await (await queue.publish(env(), b"y")).wait(-1)
+
+
+async def test_reply_after_cancel_is_dropped(queue: WorkQueue) -> None:
+    pending = await queue.publish(env(), b"x")
+    pending.cancel()
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    await queue.reply(msg, Reply(body=b"too late"))  # must not raise
+    await queue.ack(msg)
+    with pytest.raises(DeadlineExceeded):
+        await pending.wait(0.05)
+
+
+async def test_reply_after_wait_timed_out_is_dropped(queue: WorkQueue) -> None:
+    pending = await queue.publish(env(), b"x")
+    with pytest.raises(DeadlineExceeded):
+        await pending.wait(0.01)
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    await queue.reply(msg, Reply(body=b"too late"))
+    await queue.reply(msg, Reply(body=b"twice"))
+    await queue.ack(msg)
+
+
+async def test_depth_counts_waiting_not_in_flight(queue: WorkQueue) -> None:
+    assert queue.depth("never/seen") == 0
+    for _ in range(3):
+        await queue.publish(env(), b"")
+    assert queue.depth("m/a") == 3
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    assert queue.depth("m/a") == 2
+    await queue.ack(msg)
+    assert queue.depth("m/a") == 2
+    await queue.pull(["m/a"], budget=100, timeout=1)
+    assert queue.depth("m/a") == 0
+
+
+async def test_close_releases_pullers_and_marks_unhealthy(queue: WorkQueue) -> None:
+    task = asyncio.create_task(queue.pull(["m/a"], budget=1, timeout=10))
+    await asyncio.sleep(0.02)
+    await queue.close()
+    assert await asyncio.wait_for(task, 2) == []
+    assert not queue.healthy
