@@ -71,7 +71,8 @@ def _models(settings: Settings) -> int:
 
     catalog = build_catalog(settings)
     table = Table(title="fleetserve catalog")
-    for col in ("model", "family", "runtime", "pooling", "max_seq_len", "dims", "present"):
+    table.add_column("model", no_wrap=True)
+    for col in ("family", "runtime", "pooling", "max_seq_len", "dims", "present"):
         table.add_column(col)
     for s in catalog:
         present = "yes" if is_present(s.sources, HF_CACHE) else "no"

@@ -43,6 +43,18 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] = ()) -> int:
+    """``fleetserve bench [embed] ...`` or ``fleetserve bench http ...``."""
+    argv = list(argv)
+    if argv and argv[0] == "http":
+        from .http_stack import main as http_main
+
+        return http_main(argv[1:])
+    if argv and argv[0] == "embed":
+        argv = argv[1:]
+    return embed(argv)
+
+
+def embed(argv: Sequence[str]) -> int:
     args = _args(argv)
     console = Console()
     from ..catalog import Catalog

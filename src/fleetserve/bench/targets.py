@@ -32,6 +32,7 @@ class HttpTarget:
     route: str
     model: str
     ready_path: str
+    ready_method: str = "GET"
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
@@ -52,7 +53,9 @@ class HttpTarget:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited; see {log_dir / self.name}.log")
             try:
-                r = httpx.get(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=2)
+                r = httpx.request(
+                    self.ready_method, f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=2
+                )
                 if r.status_code == 200:
                     return
             except httpx.HTTPError:

@@ -1,0 +1,151 @@
+"""``fleetserve bench http``: choose the HTTP server and framework by measuring.
+
+Each stack serves the same fixed reply; one client measures single-request latency
+(1 connection) and throughput (many connections), rounds interleaved, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .loadgen import run_load
+from .targets import HttpTarget
+
+APP = "fleetserve.bench.echo"
+STACKS = {
+    "uvicorn+httptools+uvloop, raw ASGI": [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        f"{APP}:raw_app",
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--port",
+        "{port}",
+    ],
+    "uvicorn+httptools+uvloop, starlette": [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        f"{APP}:starlette_app",
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--port",
+        "{port}",
+    ],
+    "uvicorn+h11+asyncio, raw ASGI": [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        f"{APP}:raw_app",
+        "--http",
+        "h11",
+        "--loop",
+        "asyncio",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--port",
+        "{port}",
+    ],
+    "granian (1 worker, uvloop), raw ASGI": [
+        sys.executable,
+        "-m",
+        "granian",
+        "--interface",
+        "asgi",
+        f"{APP}:raw_app",
+        "--loop",
+        "uvloop",
+        "--workers",
+        "1",
+        "--log-level",
+        "warning",
+        "--port",
+        "{port}",
+    ],
+}
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    p = argparse.ArgumentParser(prog="fleetserve bench http", description=__doc__)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=3.0)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(list(argv))
+    console = Console()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    targets = []
+    for name, argv_ in STACKS.items():
+        t = HttpTarget(
+            name=name, argv=argv_, route="/x", model="", ready_path="/x", ready_method="POST"
+        )
+        try:
+            t.start(out, timeout=30)
+            targets.append(t)
+        except RuntimeError as exc:
+            console.print(f"[yellow]skipping {name}: {exc}[/]")
+    lat: dict[str, list[float]] = {}
+    rps: dict[str, list[float]] = {}
+    body = b'{"input": "' + b"x" * 300 + b'"}'
+    hdrs = {"content-type": "application/json"}
+    try:
+        for _ in range(args.rounds):
+            for t in targets:
+                one = asyncio.run(
+                    run_load(
+                        t.url,
+                        lambda i: body,
+                        hdrs,
+                        concurrency=1,
+                        batch=1,
+                        tokens_per_item=1,
+                        duration=args.duration,
+                    )
+                )
+                many = asyncio.run(
+                    run_load(
+                        t.url,
+                        lambda i: body,
+                        hdrs,
+                        concurrency=16,
+                        batch=1,
+                        tokens_per_item=1,
+                        duration=args.duration,
+                    )
+                )
+                lat.setdefault(t.name, []).append(one.p50_ms)
+                rps.setdefault(t.name, []).append(many.tokens_per_s)
+    finally:
+        for t in targets:
+            t.stop()
+    table = Table(title="HTTP stack: same reply, same client (medians)")
+    for c in ("stack", "p50 ms (1 connection)", "req/s (16 connections)"):
+        table.add_column(c)
+    lines = ["| stack | p50 ms, 1 connection | req/s, 16 connections |", "| --- | ---: | ---: |"]
+    for name in lat:
+        p50, r = statistics.median(lat[name]), statistics.median(rps[name])
+        table.add_row(name, f"{p50:.3f}", f"{r:,.0f}")
+        lines.append(f"| {name} | {p50:.3f} | {r:,.0f} |")
+    console.print(table)
+    (out / "http_stack.md").write_text("\n".join(lines) + "\n")
+    return 0
