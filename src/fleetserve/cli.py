@@ -22,18 +22,22 @@ def _parser() -> argparse.ArgumentParser:
     Settings.add_arguments(serve)
     models = sub.add_parser("models", help="List the model catalog.")
     Settings.add_arguments(models)
-    bench = sub.add_parser("bench", help="Benchmark fleetserve against in-process and peers.")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for bench/embed.py")
+    sub.add_parser(
+        "bench",
+        help="Benchmark fleetserve against in-process and peers (fleetserve bench [embed|http] "
+        "--help).",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    console = Console(stderr=True)
-    if args.command == "bench":
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # the bench has its own flags
         from .bench import main as bench_main
 
-        return bench_main(args.rest)
+        return bench_main(argv[1:])
+    args = _parser().parse_args(argv)
+    console = Console(stderr=True)
     cli = {k: v for k, v in vars(args).items() if k != "command"}
     try:
         settings = Settings.load(env=os.environ, cli=cli)

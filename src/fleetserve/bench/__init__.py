@@ -39,6 +39,8 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-infinity", action="store_true")
     p.add_argument("--fleetserve-args", default="", help="extra flags for fleetserve serve")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--catalog", default="", help="extra catalog directory (also passed to serve)")
+    p.add_argument("--device", default="cpu", help="device for the in-process baselines")
     return p.parse_args(list(argv))
 
 
@@ -61,7 +63,7 @@ def embed(argv: Sequence[str]) -> int:
     from ..catalog.sources import resolve
     from ..server import HF_CACHE
 
-    spec = Catalog.load().get(REAL)
+    spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(REAL)
     path = resolve(REAL, spec.sources, HF_CACHE)
     texts = sentences(path, 512, args.tokens)
     out = Path(args.out)
@@ -69,11 +71,15 @@ def embed(argv: Sequence[str]) -> int:
     console.rule(f"fleetserve bench: {REAL}, {args.tokens}-token sentences")
     console.print(machine())
 
-    inproc = [InProcess("in-process sentence-transformers fp32", path)]
-    inproc += [InProcess(f"in-process torch {p} autocast", path, p) for p in ("bf16", "fp16")]
+    dev = args.device
+    inproc = [InProcess("in-process sentence-transformers fp32", path, device=dev)]
+    inproc += [
+        InProcess(f"in-process torch {p} autocast", path, p, device=dev) for p in ("bf16", "fp16")
+    ]
     ref = inproc[0].embed(texts[:64])
 
-    servers: list[HttpTarget] = [fleetserve_target(REAL, args.fleetserve_args.split() or None)]
+    extra = args.fleetserve_args.split() + (["--catalog", args.catalog] if args.catalog else [])
+    servers: list[HttpTarget] = [fleetserve_target(REAL, extra or None)]
     venv = Path(args.infinity_venv)
     if not args.no_infinity:
         if (venv / "bin" / "infinity_emb").exists():

@@ -146,18 +146,24 @@ class InProcess:
     """sentence-transformers, or fleetserve's own runtime, called directly."""
 
     def __init__(
-        self, name: str, model_path: Path, precision: str = "fp32", batch_size: int = 32
+        self,
+        name: str,
+        model_path: Path,
+        precision: str = "fp32",
+        batch_size: int = 32,
+        device: str = "cpu",
     ) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
 
         self.name = name
         self.batch_size = batch_size
-        self.model = SentenceTransformer(str(model_path), device="cpu")
+        self.model = SentenceTransformer(str(model_path), device=device)
         self._ctx: Any = None
         if precision != "fp32":
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-            self._ctx = lambda: torch.autocast("cpu", dtype=dtype)
+            kind = "cuda" if device.startswith("cuda") else "cpu"
+            self._ctx = lambda: torch.autocast(kind, dtype=dtype)
 
     def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
         import contextlib
