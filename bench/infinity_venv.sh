@@ -53,7 +53,8 @@ PINS=(
 
 venv_works() {
   [ -x "$PY" ] || return 1
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 "$PY" - <<'EOF' >/dev/null 2>&1 || return 1
+  # INFINITY_HOME: importing infinity_emb creates $INFINITY_HOME/.infinity_cache (else ./.infinity_cache)
+  INFINITY_HOME="$VENV" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 "$PY" - <<'EOF' >/dev/null 2>&1 || return 1
 import importlib.metadata as md, os
 assert md.version("infinity_emb") == "0.0.78"
 assert md.version("torch").startswith("2.13.0")
@@ -71,6 +72,10 @@ if venv_works; then
   echo "infinity venv OK, reusing: $VENV" >&2
 else
   echo "creating infinity venv: $VENV" >&2
+  if [ -d "$VENV" ] && [ -n "$(ls -A "$VENV")" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
+    echo "refusing to replace $VENV: non-empty and not a virtualenv" >&2
+    exit 1
+  fi
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
   "${PYTHON:-python3}" -m venv "$VENV"
