@@ -19,7 +19,7 @@ from rich.console import Console
 
 from .loadgen import LoadResult, run_load
 from .report import machine, markdown, plot, save, table
-from .targets import HttpTarget, InProcess, fleetserve_target, infinity_target
+from .targets import HttpTarget, InProcess, InProcessRuntime, fleetserve_target, infinity_target
 from .workload import sentences
 
 REAL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -72,9 +72,19 @@ def embed(argv: Sequence[str]) -> int:
     console.print(machine())
 
     dev = args.device
-    inproc = [InProcess("in-process sentence-transformers fp32", path, device=dev)]
-    inproc += [
-        InProcess(f"in-process torch {p} autocast", path, p, device=dev) for p in ("bf16", "fp16")
+    hw = "cuda" if dev.startswith("cuda") else "cpu"
+    prof = spec.profile(hw)
+    inproc: list[InProcess | InProcessRuntime] = [
+        InProcess("in-process sentence-transformers fp32", path, device=dev),
+        InProcess("in-process sentence-transformers bf16 autocast", path, "bf16", device=dev),
+        InProcessRuntime(
+            f"in-process fleetserve runtime ({prof.precision}, batch {prof.max_batch_size})",
+            spec,
+            path,
+            prof.precision,
+            prof.max_batch_size,
+            device=dev,
+        ),
     ]
     ref = inproc[0].embed(texts[:64])
 
@@ -159,14 +169,16 @@ def _load(
     )
 
 
-def _inproc_throughput(ip: InProcess, texts: list[str], tokens: int) -> float:
+def _inproc_throughput(ip: InProcess | InProcessRuntime, texts: list[str], tokens: int) -> float:
     ip.embed(texts[:64])
     t0 = time.perf_counter()
     ip.embed(texts)
     return len(texts) * tokens / (time.perf_counter() - t0)
 
 
-def _inproc_latency(ip: InProcess, texts: list[str], duration: float) -> LoadResult:
+def _inproc_latency(
+    ip: InProcess | InProcessRuntime, texts: list[str], duration: float
+) -> LoadResult:
     from .loadgen import percentile
 
     xs: list[float] = []

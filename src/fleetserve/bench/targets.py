@@ -173,3 +173,35 @@ class InProcess:
                 texts, batch_size=self.batch_size, normalize_embeddings=True
             )
         return out
+
+
+class InProcessRuntime:
+    """fleetserve's own tokenizer, runtime and pooling, called directly: no server."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: Any,
+        model_path: Path,
+        precision: str,
+        batch_size: int,
+        device: str = "cpu",
+    ) -> None:
+        from ..families.dense import DenseAdapter
+        from ..runtimes import create_runtime
+
+        self.name = name
+        self.batch_size = batch_size
+        runtime = create_runtime(spec.runtime, device=device, precision=precision)
+        self.adapter = DenseAdapter(spec, runtime, model_path)
+        self.adapter.load()
+
+    def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
+        ids, _ = self.adapter.tokenizer.encode(texts, truncate=True)
+        outs = [
+            self.adapter.forward(ids[i : i + self.batch_size])
+            for i in range(0, len(ids), self.batch_size)
+        ]
+        emb: np.ndarray[Any, Any] = np.concatenate(outs)
+        out: np.ndarray[Any, Any] = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+        return out
