@@ -118,3 +118,26 @@ def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) ->
         assert "Traceback" not in body["message"]
     finally:
         srv.stop()
+
+
+def test_model_failure_is_500_without_traceback(tiny_catalog: Path) -> None:
+    srv = ServerThread(tiny_settings(tiny_catalog)).start()
+    try:
+        assert srv.server is not None
+        adapter = srv.server.runners[TINY].adapter
+        real_forward = adapter.forward
+
+        def broken(items: object) -> object:
+            raise RuntimeError("CUDA error: an illegal memory access (secret path /x/y)")
+
+        srv.call(lambda: setattr(adapter, "forward", broken))
+        r = encode(srv)
+        assert r.status_code == 500
+        err = r.json()["error"]
+        assert err["code"] == "internal_error"
+        assert "Traceback" not in err["message"] and "/x/y" not in err["message"]
+        srv.call(lambda: setattr(adapter, "forward", real_forward))
+        assert encode(srv).status_code == 200
+        assert httpx.get(srv.url + "/readyz").status_code == 200
+    finally:
+        srv.stop()

@@ -28,6 +28,11 @@ from .runner import ModelRunner
 
 log = logging.getLogger("fleetserve.worker")
 
+# Small requests are pre- and postprocessed on the event loop: a thread hop costs
+# more than tokenizing a sentence or encoding a few vectors.
+INLINE_BODY_BYTES = 2048
+INLINE_OUTPUT_VALUES = 4096
+
 
 class Worker:
     def __init__(
@@ -107,9 +112,12 @@ class Worker:
         pulled_at = time.time()
         loop = asyncio.get_running_loop()
         try:
-            prepared = await loop.run_in_executor(
-                self._cpu, runner.adapter.preprocess, env, msg.body
-            )
+            if len(msg.body) <= INLINE_BODY_BYTES:
+                prepared = runner.adapter.preprocess(env, msg.body)
+            else:
+                prepared = await loop.run_in_executor(
+                    self._cpu, runner.adapter.preprocess, env, msg.body
+                )
         except FleetError as err:
             await self._answer(msg, err)
             return
@@ -140,9 +148,12 @@ class Worker:
         if job.outputs is None:  # a job always has at least one item
             raise RuntimeError(f"job {env.request_id} finished without outputs")
         try:
-            body = await loop.run_in_executor(
-                self._cpu, runner.adapter.postprocess, env, job.prepared, job.outputs
-            )
+            if job.outputs.size <= INLINE_OUTPUT_VALUES:
+                body = runner.adapter.postprocess(env, job.prepared, job.outputs)
+            else:
+                body = await loop.run_in_executor(
+                    self._cpu, runner.adapter.postprocess, env, job.prepared, job.outputs
+                )
         except FleetError as err:
             await self._fail(job, err)
             return
