@@ -24,6 +24,7 @@ ALL = [
     "ModelNotFound",
     "Overloaded",
     "PayloadTooLarge",
+    "Unauthorized",
     "Unavailable",
     "__version__",
 ]

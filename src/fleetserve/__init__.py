@@ -9,6 +9,7 @@ from .wire import (
     ModelNotFound,
     Overloaded,
     PayloadTooLarge,
+    Unauthorized,
     Unavailable,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "ModelNotFound",
     "Overloaded",
     "PayloadTooLarge",
+    "Unauthorized",
     "Unavailable",
     "__version__",
 ]

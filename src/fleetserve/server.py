@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,7 @@ class EmbeddedServer:
 
 
 async def serve(settings: Settings) -> None:
+    sys.setswitchinterval(settings.gil_switch_interval)
     server = EmbeddedServer(settings)
     await server.start()
     try:

@@ -38,6 +38,11 @@ class Settings:
     retry_after: float = setting(1.0, "Retry-After seconds sent with 429 and 503.")
     max_batch_tokens: int = setting(0, "Override the profile's batch token budget (0: profile).")
     torch_threads: int = setting(0, "torch intra-op threads (0: one per core).")
+    gil_switch_interval: float = setting(
+        0.0005,
+        "Python's GIL switch interval (s). Short: the forward thread gets the GIL back "
+        "sooner between ops while other threads run Python.",
+    )
     log_level: str = setting("info", "Log level: debug, info, warning or error.")
     api_key: str = setting(
         "", "If set, clients must send 'Authorization: Bearer <key>'.", secret=True

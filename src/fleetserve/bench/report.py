@@ -110,7 +110,10 @@ def plot(knee: dict[str, list[dict[str, Any]]], rows: list[dict[str, Any]], path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig = plt.figure(figsize=(13, 8))
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 0.9])
+    ax1, ax2 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    ax3 = fig.add_subplot(grid[1, :])
     for name, pts in knee.items():
         cs = [p["concurrency"] for p in pts]
         ax1.plot(cs, [p["tokens_per_s"] for p in pts], marker="o", label=name)

@@ -131,14 +131,9 @@ class DenseAdapter:
         self, envelope: Envelope, prepared: Prepared, emb: np.ndarray[Any, Any]
     ) -> bytes:
         o: DenseOptions = prepared.options
-        data = []
-        for i, row in enumerate(emb):
-            vec: Any = (
-                base64.b64encode(row.astype("<f4").tobytes()).decode()
-                if o.openai_base64
-                else row.tolist()
-            )
-            data.append({"object": "embedding", "index": i, "embedding": vec})
+        vecs: list[Any]
+        vecs = _b64_rows(emb.astype("<f4", copy=False)) if o.openai_base64 else emb.tolist()
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]
         body = {
             "object": "list",
             "data": data,
@@ -146,3 +141,14 @@ class DenseAdapter:
             "usage": {"prompt_tokens": prepared.tokens, "total_tokens": prepared.tokens},
         }
         return dumps(body, envelope.accept)
+
+
+def _b64_rows(arr: np.ndarray[Any, Any]) -> list[str]:
+    """Base64 of each row. When a row is a multiple of 3 bytes, one encode of the whole
+    buffer sliced per row gives the same strings at a fraction of the cost."""
+    row_bytes = arr.shape[1] * arr.itemsize
+    if row_bytes % 3:
+        return [base64.b64encode(r.tobytes()).decode() for r in arr]
+    text = base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode()
+    step = row_bytes // 3 * 4
+    return [text[k : k + step] for k in range(0, len(text), step)]

@@ -7,6 +7,7 @@ encoding, its bytes go back untouched.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from ..wire import (
     InternalError,
     NotFound,
     Task,
+    Unauthorized,
     Unavailable,
     error_from_body,
 )
@@ -56,6 +58,7 @@ class Gateway:
         self.metrics = metrics
         self.ready = ready
         self.models_info = models_info or self._catalog_info
+        self._api_key = settings.api_key
         self._startup = on_startup
         self._shutdown = on_shutdown
 
@@ -83,6 +86,8 @@ class Gateway:
         method: str = scope["method"]
         accept = Encoding.JSON
         try:
+            if self._api_key and path.startswith("/v1/"):
+                self._authorize(scope)
             if method == "POST" and path.startswith("/v1/encode/"):
                 await self._infer(scope, receive, send, Task.ENCODE, unquote(path[11:]))
             elif method == "POST" and path == "/v1/embeddings":
@@ -159,6 +164,14 @@ class Gateway:
             (b"x-total-time-ms", f"{total * 1e3:.3f}".encode()),
         ]
         await respond(send, 200, headers, reply.body)
+
+    def _authorize(self, scope: Scope) -> None:
+        auth = header(scope, b"authorization") or ""
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token, self._api_key):
+            raise Unauthorized(
+                "missing or wrong API key (Authorization: Bearer <key>)", field="authorization"
+            )
 
     def _count(self, route: str, model: str | None, code: str) -> None:
         # unknown models are counted under one label to keep cardinality bounded

@@ -9,6 +9,7 @@ from ..wire.codec import dumps
 
 STATUS: dict[str, int] = {
     "invalid_input": 400,
+    "unauthorized": 401,
     "not_found": 404,
     "model_not_found": 404,
     "payload_too_large": 413,

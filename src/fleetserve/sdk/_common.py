@@ -25,6 +25,10 @@ MSGPACK = Encoding.MSGPACK.value
 RETRY_STATUSES = (429, 503)
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def encode_request(
     model: str, texts: str | list[str], options: dict[str, Any], timeout: float | None
 ) -> tuple[str, bytes, dict[str, str]]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ._common import (
     RETRY_STATUSES,
+    auth_headers,
     backoff,
     decode_encode_response,
     encode_request,
@@ -31,9 +32,12 @@ class Client:
         timeout: float = 30.0,
         max_retries: int = 3,
         max_backoff: float = 10.0,
+        api_key: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
+        self._http = httpx.Client(
+            base_url=base_url, timeout=timeout, transport=transport, headers=auth_headers(api_key)
+        )
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_backoff = max_backoff
@@ -78,9 +82,12 @@ class AsyncClient:
         timeout: float = 30.0,
         max_retries: int = 3,
         max_backoff: float = 10.0,
+        api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout, transport=transport, headers=auth_headers(api_key)
+        )
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_backoff = max_backoff

@@ -38,6 +38,12 @@ class InvalidInput(FleetError):
     code = "invalid_input"
 
 
+class Unauthorized(FleetError):
+    """The API key is missing or wrong."""
+
+    code = "unauthorized"
+
+
 class ModelNotFound(FleetError):
     """No model of that name is in the catalog."""
 
@@ -90,6 +96,7 @@ ERROR_TYPES: dict[str, type[FleetError]] = {
     cls.code: cls
     for cls in (
         InvalidInput,
+        Unauthorized,
         ModelNotFound,
         PayloadTooLarge,
         UnsupportedMediaType,

@@ -50,9 +50,9 @@ class Worker:
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
-        self._room = asyncio.Event()
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
         self._tg: asyncio.TaskGroup | None = None
+        self._room = asyncio.Event()
         budgets = [r.former.max_batch_tokens for r in self.runners.values()] or [1]
         self.pull_budget = max(budgets)
 
@@ -72,7 +72,9 @@ class Worker:
                 self.running = True
                 self.metrics.worker_up.set(1)
                 for r in self.runners.values():
-                    tg.create_task(r.run(self._schedule_finish, self._fail, self._expire))
+                    tg.create_task(
+                        r.run(self._schedule_finish, self._fail, self._expire, self._room)
+                    )
                 tg.create_task(self._pull_loop())
         except Exception as exc:  # TaskGroup wraps stage crashes in an ExceptionGroup
             self.failed = exc

@@ -51,12 +51,19 @@ class ModelRunner:
         await loop.run_in_executor(self._forward, self.adapter.warmup)
         self.loaded = True
 
-    async def run(self, finish: FinishFn, fail: FailFn, expire: FailFn) -> None:
-        """The batch loop; returns only by cancellation, raises if a stage breaks."""
+    async def run(
+        self, finish: FinishFn, fail: FailFn, expire: FailFn, room: asyncio.Event
+    ) -> None:
+        """The batch loop; returns only by cancellation, raises if a stage breaks.
+
+        ``room`` is set whenever a batch leaves the former, so that the pull loop
+        tops it up while this batch runs and the forward thread never waits on intake.
+        """
         loop = asyncio.get_running_loop()
         model = self.spec.id
         while True:
             batch = self.former.take()
+            room.set()
             if not batch:
                 self._wake.clear()
                 await self._wake.wait()
