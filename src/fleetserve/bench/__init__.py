@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from .loadgen import LoadResult, run_load
+from .loadgen import LoadResult, run_latency, run_load
 from .report import machine, markdown, plot, save, table
 from .targets import HttpTarget, InProcess, InProcessRuntime, fleetserve_target, infinity_target
 from .workload import sentences
@@ -115,7 +115,7 @@ def embed(argv: Sequence[str]) -> int:
                 res = _load(s, texts, args.concurrency, args.batch, args.tokens, args.duration)
                 sat.setdefault(s.name, []).append(res.tokens_per_s)
                 lat.setdefault(s.name, []).append(
-                    _load(s, texts, 1, 1, args.tokens, args.duration / 2)
+                    _latency(s, texts, args.tokens, args.duration / 2)
                 )
                 console.print(f"  {s.name}: {res.tokens_per_s:,.0f} tok/s")
         knee = {
@@ -167,6 +167,13 @@ def _load(
             duration=dur,
         )
     )
+
+
+def _latency(s: HttpTarget, texts: list[str], tokens: int, dur: float) -> LoadResult:
+    def body(i: int) -> bytes:
+        return s.body([texts[i % len(texts)]])
+
+    return run_latency(s.url, body, JSON_HEADERS, duration=dur, tokens_per_item=tokens)
 
 
 def _inproc_throughput(ip: InProcess | InProcessRuntime, texts: list[str], tokens: int) -> float:

@@ -77,3 +77,44 @@ async def run_load(
         p99_ms=percentile(lat, 0.99) * 1e3,
         errors=errors,
     )
+
+
+def run_latency(
+    url: str,
+    make_body: Callable[[int], bytes],
+    headers: dict[str, str],
+    *,
+    duration: float,
+    tokens_per_item: int,
+    warmup: int = 5,
+) -> LoadResult:
+    """One client, one request at a time, on a plain blocking httpx client: the least
+    client overhead Python offers, so the figure is mostly the server's."""
+    lat: list[float] = []
+    errors = 0
+    with httpx.Client(timeout=120) as client:
+        for i in range(warmup):
+            client.post(url, content=make_body(i), headers=headers).raise_for_status()
+        t_end = time.perf_counter() + duration
+        i = warmup
+        t_start = time.perf_counter()
+        while time.perf_counter() < t_end:
+            body = make_body(i)
+            i += 1
+            t0 = time.perf_counter()
+            r = client.post(url, content=body, headers=headers)
+            if r.status_code == 200:
+                lat.append(time.perf_counter() - t0)
+            else:
+                errors += 1
+        elapsed = time.perf_counter() - t_start
+    return LoadResult(
+        concurrency=1,
+        batch=1,
+        requests=len(lat),
+        seconds=elapsed,
+        tokens_per_s=len(lat) * tokens_per_item / elapsed,
+        p50_ms=statistics.median(lat) * 1e3 if lat else float("nan"),
+        p99_ms=percentile(lat, 0.99) * 1e3,
+        errors=errors,
+    )

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..wire import Encoding, Envelope, Task
+from ..wire import Envelope, Task
 
 
 @dataclass(slots=True)
@@ -62,7 +62,3 @@ def pad_batch(
         ids[i, : len(seq)] = seq
         mask[i, : len(seq)] = 1
     return ids, mask
-
-
-def reply_encoding(envelope: Envelope) -> Encoding:
-    return envelope.accept
