@@ -45,7 +45,7 @@ def table(rows: list[dict[str, Any]], title: str) -> Table:
     for r in rows:
         t.add_row(
             *[
-                _fmt(r.get(k))
+                _fmt(r.get(k), k)
                 for k in (
                     "target",
                     "tokens_per_s",
@@ -73,7 +73,7 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
         lines.append(
             "| "
             + " | ".join(
-                _fmt(r.get(k))
+                _fmt(r.get(k), k)
                 for k in (
                     "target",
                     "tokens_per_s",
@@ -90,17 +90,13 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     return "\n".join(lines)
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
+def _fmt(v: Any, key: str = "") -> str:
+    if v is None or (isinstance(v, float) and v != v):
         return "-"
+    if key == "min_cos":
+        return f"{v:.6f}"
     if isinstance(v, float):
-        if v != v:
-            return "-"
-        if abs(v) >= 100:
-            return f"{v:,.0f}"
-        if abs(v) >= 0.99 and abs(v) < 1.0:
-            return f"{v:.6f}"
-        return f"{v:.2f}"
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
     return str(v)
 
 

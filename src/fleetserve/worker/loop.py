@@ -60,10 +60,6 @@ class Worker:
     def ready(self) -> bool:
         return self.running and self.failed is None and all(r.loaded for r in self.runners.values())
 
-    async def load(self) -> None:
-        for r in self.runners.values():
-            await r.load()
-
     async def run(self) -> None:
         """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
         try:
