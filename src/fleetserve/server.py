@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
@@ -103,15 +104,15 @@ class EmbeddedServer:
             access_log=False,
             log_level="warning",
         )
+        sock = _bind(self.settings.host, self.settings.port)
+        self.port = int(sock.getsockname()[1])
         self._server = uvicorn.Server(config)
-        self._tasks.append(asyncio.create_task(self._server.serve(), name="http"))
+        self._tasks.append(asyncio.create_task(self._server.serve([sock]), name="http"))
         while not self._server.started:
             if self._tasks[0].done():
-                self._tasks[0].result()  # raises the bind error
-                raise RuntimeError("HTTP server stopped during start-up")
+                self._tasks[0].result()
+                raise RuntimeError("the HTTP server stopped during start-up")
             await asyncio.sleep(0.01)
-        sock = self._server.servers[0].sockets[0]
-        self.port = int(sock.getsockname()[1])
         self.console.print(
             f"[bold green]fleetserve[/] API listening on http://{self.settings.host}:{self.port}"
         )
@@ -150,6 +151,20 @@ class EmbeddedServer:
                 await t
         await self.queue.close()
         self.worker.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind here rather than in uvicorn, so a taken port is a clear error, not an exit."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 async def serve(settings: Settings) -> None:
