@@ -25,52 +25,30 @@ from .loadgen import run_load
 from .targets import HttpTarget
 
 APP = "fleetserve.bench.echo"
+
+
+def _uvicorn(app: str, http: str, loop: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        f"{APP}:{app}",
+        "--http",
+        http,
+        "--loop",
+        loop,
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--port",
+        "{port}",
+    ]
+
+
 STACKS = {
-    "uvicorn+httptools+uvloop, raw ASGI": [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        f"{APP}:raw_app",
-        "--http",
-        "httptools",
-        "--loop",
-        "uvloop",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-        "--port",
-        "{port}",
-    ],
-    "uvicorn+httptools+uvloop, starlette": [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        f"{APP}:starlette_app",
-        "--http",
-        "httptools",
-        "--loop",
-        "uvloop",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-        "--port",
-        "{port}",
-    ],
-    "uvicorn+h11+asyncio, raw ASGI": [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        f"{APP}:raw_app",
-        "--http",
-        "h11",
-        "--loop",
-        "asyncio",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-        "--port",
-        "{port}",
-    ],
+    "uvicorn+httptools+uvloop, raw ASGI": _uvicorn("raw_app", "httptools", "uvloop"),
+    "uvicorn+httptools+uvloop, starlette": _uvicorn("starlette_app", "httptools", "uvloop"),
+    "uvicorn+h11+asyncio, raw ASGI": _uvicorn("raw_app", "h11", "asyncio"),
     "granian (1 worker, uvloop), raw ASGI": [
         sys.executable,
         "-m",

@@ -28,36 +28,29 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {py}"
 
 
+# (row key, column title)
+COLUMNS = [
+    ("target", "target"),
+    ("tokens_per_s", "tokens/s (saturation)"),
+    ("vs_infinity_fp32", "x infinity fp32"),
+    ("vs_infinity_best", "x best infinity"),
+    ("vs_inprocess_best", "x best in-process"),
+    ("p50_ms", "p50 ms (1 client, 1 sentence)"),
+    ("p99_ms", "p99 ms"),
+    ("min_cos", "min cosine"),
+]
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    return [_fmt(row.get(key), key) for key, _ in COLUMNS]
+
+
 def table(rows: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=title)
-    cols = [
-        "target",
-        "tokens/s",
-        "x infinity fp32",
-        "x best infinity",
-        "x in-process",
-        "p50 ms",
-        "p99 ms",
-        "min cos",
-    ]
-    for c in cols:
-        t.add_column(c, justify="right" if c != "target" else "left")
+    for key, name in COLUMNS:
+        t.add_column(name, justify="left" if key == "target" else "right")
     for r in rows:
-        t.add_row(
-            *[
-                _fmt(r.get(k), k)
-                for k in (
-                    "target",
-                    "tokens_per_s",
-                    "vs_infinity_fp32",
-                    "vs_infinity_best",
-                    "vs_inprocess_best",
-                    "p50_ms",
-                    "p99_ms",
-                    "min_cos",
-                )
-            ]
-        )
+        t.add_row(*_cells(r))
     return t
 
 
@@ -65,28 +58,10 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     lines = [
         header,
         "",
-        "| target | tokens/s (saturation) | x infinity fp32 | x best infinity | "
-        "x best in-process | p50 ms (1 client, 1 sentence) | p99 ms | min cosine |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| " + " | ".join(name for _, name in COLUMNS) + " |",
+        "| --- |" + " ---: |" * (len(COLUMNS) - 1),
     ]
-    for r in rows:
-        lines.append(
-            "| "
-            + " | ".join(
-                _fmt(r.get(k), k)
-                for k in (
-                    "target",
-                    "tokens_per_s",
-                    "vs_infinity_fp32",
-                    "vs_infinity_best",
-                    "vs_inprocess_best",
-                    "p50_ms",
-                    "p99_ms",
-                    "min_cos",
-                )
-            )
-            + " |"
-        )
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
