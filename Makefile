@@ -28,7 +28,9 @@ check: $(STAMP)
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy src
 
+# infinity-emb pins transformers 4.x, so it gets its own venv (.bench/infinity-venv)
 bench: $(STAMP)
+	bash bench/infinity_venv.sh
 	$(BIN)/fleetserve bench $(ARGS)
 
 clean:
