@@ -23,7 +23,8 @@ class _Pending:
 
     async def wait(self, timeout: float) -> Reply:
         try:
-            return await asyncio.wait_for(asyncio.shield(self.future), max(timeout, 0.0))
+            async with asyncio.timeout(max(timeout, 0.0)):
+                return await self.future
         except TimeoutError:
             raise DeadlineExceeded(
                 f"no result within {timeout:.3f}s", field="x-request-timeout"
@@ -88,7 +89,8 @@ class MemoryQueue:
             if left <= 0:
                 return []
             try:
-                await asyncio.wait_for(self._arrived.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._arrived.wait()
             except TimeoutError:
                 return []
         return []
