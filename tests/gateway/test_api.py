@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import base64
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import msgspec
 import numpy as np
 import pytest
 
-from ..conftest import TINY, ServerThread
+from ..conftest import TINY, ServerThread, tiny_settings
 
 MP = "application/msgpack"
 
@@ -258,3 +259,24 @@ def test_bad_requests_do_not_harm_others_in_flight(tiny_server: ServerThread) ->
         else:
             assert status in (200, 400)
     assert httpx.get(tiny_server.url + "/readyz").status_code == 200
+
+
+def test_normalize_defaults_to_the_model_spec(tiny_catalog: Path) -> None:
+    import yaml
+
+    spec_file = next(tiny_catalog.glob("*.yaml"))
+    spec = yaml.safe_load(spec_file.read_text())
+    other = tiny_catalog.parent / "catalog-raw"
+    other.mkdir(exist_ok=True)
+    spec["normalize"] = False
+    (other / spec_file.name).write_text(yaml.safe_dump(spec))
+    srv = ServerThread(tiny_settings(other)).start()
+    try:
+        raw = post_json(srv, f"/v1/encode/{TINY}", {"inputs": ["quick fox"]}).json()
+        unit = post_json(
+            srv, f"/v1/encode/{TINY}", {"inputs": ["quick fox"], "normalize": True}
+        ).json()
+        assert abs(np.linalg.norm(raw["embeddings"][0]) - 1.0) > 1e-3
+        assert abs(np.linalg.norm(unit["embeddings"][0]) - 1.0) < 1e-5
+    finally:
+        srv.stop()

@@ -79,7 +79,8 @@ class DenseAdapter:
                     f"output_dtype must be one of {sorted(_DTYPES)}", field="output_dtype"
                 )
             texts, field, truncate = r.inputs, "inputs", r.truncate
-            opts = DenseOptions(r.normalize, r.output_dtype, r.dimensions)
+            normalize = self.spec.normalize if r.normalize is None else r.normalize
+            opts = DenseOptions(normalize, r.output_dtype, r.dimensions)
         if isinstance(texts, str):
             texts = [texts]
         if not texts:

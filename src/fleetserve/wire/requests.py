@@ -9,7 +9,7 @@ class EncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     """``POST /v1/encode/{model}``."""
 
     inputs: str | list[str]
-    normalize: bool = True
+    normalize: bool | None = None  # None: the model spec's default
     output_dtype: str = "float32"
     dimensions: int | None = None
     truncate: bool = True
