@@ -8,7 +8,7 @@
 # .gpu/catalog/minilm.yaml with the absolute model path, and runs fleetserve (HTTP,
 # --device cuda) against the in-process baselines, with an overall time limit.
 # Results: ${OUT:-bench/results}/gpu/{embed.json,embed.md,embed.png,fleetserve.log,
-# bench.log,env.txt}.
+# bench.log,env.txt,cost.txt}.
 #
 # Env:  PYTHON                 interpreter (default python3, else /opt/torch/.venv/bin/python3)
 #       GPU_SH_ALLOW_CPU=1     run on CPU (--device cpu) when CUDA is absent, instead of failing
@@ -168,5 +168,8 @@ fi
 for f in embed.json embed.md embed.png; do
   [ -s "$OUT_DIR/$f" ] || die "fleetserve bench did not write $OUT_DIR/$f"
 done
+# the cost coefficients for the cuda profile (catalog/models/*.yaml), fitted on this GPU
+timeout 120 "$PY" -m fleetserve bench cost --device "$DEVICE" --catalog "$WORK/catalog" \
+  2>&1 | tee "$OUT_DIR/cost.txt" || log "WARNING: the cost fit failed; see $OUT_DIR/cost.txt"
 cat "$OUT_DIR/embed.md"
 log "done: $(cd "$OUT_DIR" && ls | tr '\n' ' ')"

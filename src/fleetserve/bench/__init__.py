@@ -45,12 +45,16 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    """``fleetserve bench [embed] ...`` or ``fleetserve bench http ...``."""
+    """``fleetserve bench [embed] ...``, ``fleetserve bench http ...`` or ``... cost``."""
     argv = list(argv)
     if argv and argv[0] == "http":
         from .http_stack import main as http_main
 
         return http_main(argv[1:])
+    if argv and argv[0] == "cost":
+        from .costfit import main as cost_main
+
+        return cost_main(argv[1:])
     if argv and argv[0] == "embed":
         argv = argv[1:]
     return embed(argv)
