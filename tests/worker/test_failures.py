@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,13 +24,20 @@ def encode(srv: ServerThread, **headers: str) -> httpx.Response:
     )
 
 
+@contextlib.contextmanager
+def serving(catalog: Path, **overrides: Any) -> Iterator[ServerThread]:
+    """A fresh server of its own, for tests that break or block it."""
+    srv = ServerThread(tiny_settings(catalog, **overrides)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
 @pytest.fixture
 def small_server(tiny_catalog: Path) -> Iterator[ServerThread]:
-    srv = ServerThread(
-        tiny_settings(tiny_catalog, max_queue_depth=2, max_batch_tokens=16, retry_after=2.0)
-    ).start()
-    yield srv
-    srv.stop()
+    with serving(tiny_catalog, max_queue_depth=2, max_batch_tokens=16, retry_after=2.0) as srv:
+        yield srv
 
 
 def block_forward(srv: ServerThread) -> threading.Event:
@@ -78,20 +87,16 @@ def test_deadline_is_504_and_worker_skips_expired_work(small_server: ServerThrea
 
 
 def test_default_timeout_comes_from_settings(tiny_catalog: Path) -> None:
-    srv = ServerThread(tiny_settings(tiny_catalog, request_timeout=0.3)).start()
-    try:
+    with serving(tiny_catalog, request_timeout=0.3) as srv:
         gate = block_forward(srv)
         t0 = time.perf_counter()
         assert encode(srv).status_code == 504
         assert time.perf_counter() - t0 < 5
         gate.set()
-    finally:
-        srv.stop()
 
 
 def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) -> None:
-    srv = ServerThread(tiny_settings(tiny_catalog)).start()
-    try:
+    with serving(tiny_catalog) as srv:
         assert srv.server is not None
         runner = srv.server.runners[TINY]
         gate = block_forward(srv)
@@ -116,13 +121,10 @@ def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) ->
         assert after.status_code == 503 and "retry-after" in after.headers
         body = after.json()["error"]
         assert "Traceback" not in body["message"]
-    finally:
-        srv.stop()
 
 
 def test_model_failure_is_500_without_traceback(tiny_catalog: Path) -> None:
-    srv = ServerThread(tiny_settings(tiny_catalog)).start()
-    try:
+    with serving(tiny_catalog) as srv:
         assert srv.server is not None
         adapter = srv.server.runners[TINY].adapter
         real_forward = adapter.forward
@@ -139,5 +141,3 @@ def test_model_failure_is_500_without_traceback(tiny_catalog: Path) -> None:
         srv.call(lambda: setattr(adapter, "forward", real_forward))
         assert encode(srv).status_code == 200
         assert httpx.get(srv.url + "/readyz").status_code == 200
-    finally:
-        srv.stop()

@@ -19,7 +19,7 @@ from rich.console import Console
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    from ..catalog import Catalog
+    from ..catalog import Catalog, CostModel
     from ..catalog.sources import resolve
     from ..families.dense import DenseAdapter
     from ..runtimes import create_runtime, hardware_class
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] = ()) -> int:
     adapter = DenseAdapter(spec, runtime, resolve(spec.id, spec.sources, HF_CACHE))
     adapter.load()
     rng = random.Random(0)
-    rows: list[tuple[float, float, float]] = []
+    shapes: list[tuple[int, int, int]] = []  # real tokens, max length, batch size
     xs: list[float] = []
     with console.status("timing forward passes…"):
         for batch in (1, 4, 8, 16, 32):
@@ -55,14 +55,14 @@ def main(argv: Sequence[str] = ()) -> int:
                     t0 = time.perf_counter()
                     adapter.forward(items)
                     times.append((time.perf_counter() - t0) * 1e3)
-                tokens = sum(len(x) for x in items)
-                padded = max(len(x) for x in items) * batch
-                rows.append((1.0, float(tokens), float(padded)))
+                shapes.append((sum(len(x) for x in items), max(len(x) for x in items), batch))
                 xs.append(statistics.median(times))
-    a = np.asarray(rows)
+    a = np.asarray([(1.0, t, m * b) for t, m, b in shapes], dtype=np.float64)
     coef, *_ = np.linalg.lstsq(a, np.asarray(xs), rcond=None)
     fixed, per_token, per_padded = (max(float(c), 0.0) for c in coef)
-    pred = a @ np.asarray([fixed, per_token, per_padded])
+    # judge the fit with the profile's own formula (CostModel.predict_ms)
+    model = CostModel(fixed, per_token, per_padded)
+    pred = np.asarray([model.predict_ms(t, m, b) for t, m, b in shapes])
     err = float(np.median(np.abs(pred - xs) / np.asarray(xs)))
     console.print(
         f"{spec.id} on {args.device} ({profile.precision}), {len(xs)} points, "

@@ -41,35 +41,6 @@ class Envelope:
     adapter: str | None = None
     enqueued_at: float = 0.0
 
-    def to_headers(self) -> dict[str, str]:
-        return {
-            "request-id": self.request_id,
-            "model": self.model,
-            "task": self.task.value,
-            "content-type": self.content_type.value,
-            "accept": self.accept.value,
-            "cost-hint": str(self.cost_hint),
-            "deadline": repr(self.deadline),
-            "tenant": self.tenant,
-            "adapter": self.adapter or "",
-            "enqueued-at": repr(self.enqueued_at),
-        }
-
-    @classmethod
-    def from_headers(cls, h: dict[str, str]) -> Envelope:
-        return cls(
-            request_id=h["request-id"],
-            model=h["model"],
-            task=Task(h["task"]),
-            content_type=Encoding(h["content-type"]),
-            accept=Encoding(h["accept"]),
-            cost_hint=int(h["cost-hint"]),
-            deadline=float(h["deadline"]),
-            tenant=h.get("tenant", "default"),
-            adapter=h.get("adapter") or None,
-            enqueued_at=float(h.get("enqueued-at", "0")),
-        )
-
 
 @dataclass(slots=True)
 class Reply:
