@@ -1,6 +1,19 @@
-"""Central queue: the WorkQueue protocol and its implementations."""
+"""Central queue: the WorkQueue protocol and its implementations.
 
-from .base import Message, PendingReply, WorkQueue
+``memory`` is the embedded default; ``jetstream`` (NATS JetStream, the ``nats`` extra)
+joins gateways and workers in separate processes.
+"""
+
+from .base import Message, PendingReply, QueueStats, WorkQueue
+from .jetstream import JetStreamQueue, StreamOptions
 from .memory import MemoryQueue
 
-__all__ = ["MemoryQueue", "Message", "PendingReply", "WorkQueue"]
+__all__ = [
+    "JetStreamQueue",
+    "MemoryQueue",
+    "Message",
+    "PendingReply",
+    "QueueStats",
+    "StreamOptions",
+    "WorkQueue",
+]

@@ -4,12 +4,19 @@ Gateways ``publish`` an envelope and a raw body and get a :class:`PendingReply`.
 Workers ``pull`` messages for the models they serve, within a cost budget, then
 ``reply`` and only after that ``ack``. A worker that pulled more than it can batch
 ``nak``-s the surplus so that it goes back to the queue at once.
+
+Work that must never run again is ``term``-ed (its deadline passed) or
+``dead_letter``-ed (it failed ``max_deliver`` times, or its headers do not parse):
+the dead-letter store keeps the message with the reason.
+
+``depth`` is synchronous and, for a distributed queue, eventually consistent:
+``refresh`` brings it up to date for the given models.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ..wire import Envelope, Reply
@@ -23,6 +30,20 @@ class Message:
     body: bytes
     delivery_id: int
     attempts: int = 1
+    reply_to: str = ""  # where the publisher waits; empty for the in-process queue
+    payload: str | None = None  # a payload-store key when the body was offloaded
+
+
+@dataclass(slots=True)
+class QueueStats:
+    """Counters one queue instance keeps, per model; the worker exports them."""
+
+    put_backs: dict[str, int] = field(default_factory=dict)
+    redeliveries: dict[str, int] = field(default_factory=dict)
+    dead_letters: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, counter: dict[str, int], model: str, n: int = 1) -> None:
+        counter[model] = counter.get(model, 0) + n
 
 
 @runtime_checkable
@@ -44,8 +65,15 @@ class WorkQueue(Protocol):
 
     async def close(self) -> None: ...
 
-    async def publish(self, envelope: Envelope, body: bytes) -> PendingReply:
-        """Enqueue; raises ``Overloaded`` when the model's bounded queue is full."""
+    stats: QueueStats
+
+    async def publish(
+        self, envelope: Envelope, body: bytes, payload: str | None = None
+    ) -> PendingReply:
+        """Enqueue; raises ``Overloaded`` when the model's bounded queue is full.
+
+        ``payload`` is a payload-store key that stands in for an offloaded body.
+        """
         ...
 
     async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
@@ -59,8 +87,20 @@ class WorkQueue(Protocol):
         """The message is done; it will not be delivered again."""
         ...
 
-    async def nak(self, msg: Message) -> None:
-        """Put the message back at the head of its queue, at once, for any worker."""
+    async def nak(self, msg: Message, delay: float = 0.0) -> None:
+        """Put the message back at the head of its queue, for any worker, after ``delay``."""
+        ...
+
+    async def touch(self, msg: Message) -> None:
+        """Still working on it: push back the time after which it is redelivered."""
+        ...
+
+    async def term(self, msg: Message) -> None:
+        """Drop it for good without a result (for example, its deadline passed)."""
+        ...
+
+    async def dead_letter(self, msg: Message, reason: str) -> None:
+        """Keep it, with ``reason``, in the dead-letter store; it is not delivered again."""
         ...
 
     async def reply(self, msg: Message, reply: Reply) -> None:
@@ -68,7 +108,11 @@ class WorkQueue(Protocol):
         ...
 
     def depth(self, model: str) -> int:
-        """Messages waiting (not in flight) for ``model``."""
+        """Messages waiting (not in flight) for ``model``, as of the last ``refresh``."""
+        ...
+
+    async def refresh(self, models: Sequence[str]) -> None:
+        """Bring ``depth`` up to date for ``models``."""
         ...
 
     @property

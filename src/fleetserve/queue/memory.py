@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ..wire import DeadlineExceeded, Envelope, Overloaded, Reply
-from .base import Message
+from .base import Message, QueueStats
 
 
 class _Pending:
@@ -48,6 +48,8 @@ class MemoryQueue:
         self._ids = itertools.count(1)
         self._arrived = asyncio.Event()
         self._closed = False
+        self.stats = QueueStats()
+        self.dead: deque[tuple[Message, str]] = deque(maxlen=1000)
 
     async def start(self) -> None:
         self._closed = False
@@ -64,7 +66,12 @@ class MemoryQueue:
         q = self._queues.get(model)
         return len(q) if q else 0
 
-    async def publish(self, envelope: Envelope, body: bytes) -> _Pending:
+    async def refresh(self, models: Sequence[str]) -> None:
+        return None
+
+    async def publish(
+        self, envelope: Envelope, body: bytes, payload: str | None = None
+    ) -> _Pending:
         q = self._queues.setdefault(envelope.model, deque())
         if len(q) >= self._max_depth:
             raise Overloaded(
@@ -73,7 +80,7 @@ class MemoryQueue:
             )
         pending = _Pending(self, envelope.request_id)
         self._pending[envelope.request_id] = pending
-        q.append(Message(envelope, body, next(self._ids)))
+        q.append(Message(envelope, body, next(self._ids), payload=payload))
         self._arrived.set()
         return pending
 
@@ -119,12 +126,32 @@ class MemoryQueue:
     async def ack(self, msg: Message) -> None:
         self._inflight.pop(msg.delivery_id, None)
 
-    async def nak(self, msg: Message) -> None:
-        if self._inflight.pop(msg.delivery_id, None) is None:
+    async def nak(self, msg: Message, delay: float = 0.0) -> None:
+        if msg.delivery_id not in self._inflight:
             return
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self._requeue, msg)
+        else:
+            self._requeue(msg)
+
+    def _requeue(self, msg: Message) -> None:
+        if self._inflight.pop(msg.delivery_id, None) is None:
+            return  # finished meanwhile
         msg.attempts += 1
+        self.stats.bump(self.stats.redeliveries, msg.envelope.model)
         self._queues.setdefault(msg.envelope.model, deque()).appendleft(msg)
         self._arrived.set()
+
+    async def touch(self, msg: Message) -> None:
+        return None  # nothing here is redelivered by timeout
+
+    async def term(self, msg: Message) -> None:
+        self._inflight.pop(msg.delivery_id, None)
+
+    async def dead_letter(self, msg: Message, reason: str) -> None:
+        if self._inflight.pop(msg.delivery_id, None) is not None:
+            self.stats.bump(self.stats.dead_letters, msg.envelope.model)
+            self.dead.append((msg, reason))
 
     async def reply(self, msg: Message, reply: Reply) -> None:
         pending = self._pending.pop(msg.envelope.request_id, None)

@@ -1,0 +1,272 @@
+"""The distributed WorkQueue: NATS JetStream.
+
+- One work-queue stream, ``<PREFIX>_WORK``, with one subject per model
+  (``<prefix>.work.<model token>``). Its per-subject limit, with ``discard new``, is
+  the bounded queue: a full model answers ``Overloaded`` at publish.
+- One durable pull consumer per model, shared by every worker that serves it.
+- The envelope travels in headers (``wire.headers``); bodies are never decoded here.
+- Replies go over core NATS to ``<prefix>.reply.<node>``, one subject per gateway.
+- ``dead_letter`` copies the message, with the reason, to ``<PREFIX>_DLQ``.
+
+Pulling lives in ``js_pull.py``; the dead-letter stream in ``dlq.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..wire import DeadlineExceeded, Envelope, Overloaded, Reply, Unavailable
+from ..wire import headers as H
+from .base import Message, QueueStats
+from .dlq import DeadLetters
+from .js_pull import Puller
+from .nats_conn import connect
+
+log = logging.getLogger("fleetserve.queue")
+FULL = 10077  # JetStream: maximum messages per subject exceeded
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """What Settings decide about the streams and consumers."""
+
+    prefix: str = "fleetserve"
+    storage: str = "file"  # or "memory"
+    max_depth: int = 1024  # per model: waiting plus in flight
+    max_bytes: int = -1
+    max_age: float = 3600.0  # seconds a request may sit in the stream
+    max_deliver: int = 5
+    ack_wait: float = 5.0
+    dlq_max_age: float = 7 * 86400.0
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix.upper().replace('.', '_')}_WORK"
+
+    def subject(self, model: str) -> str:
+        return f"{self.prefix}.work.{H.subject_token(model)}"
+
+
+class _Pending:
+    def __init__(self, queue: JetStreamQueue, request_id: str) -> None:
+        self._queue = queue
+        self._id = request_id
+        self.future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.future.add_done_callback(_retrieved)  # failed while nobody waits: no warning
+
+    async def wait(self, timeout: float) -> Reply:
+        try:
+            async with asyncio.timeout(max(timeout, 0.0)):
+                return await self.future
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no result within {timeout:.3f}s", field="x-request-timeout"
+            ) from None
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        self._queue._pending.pop(self._id, None)
+
+
+def _retrieved(f: asyncio.Future[Reply]) -> None:
+    if not f.cancelled():
+        f.exception()
+
+
+class JetStreamQueue:
+    """WorkQueue over NATS JetStream, for gateways and workers in separate processes."""
+
+    def __init__(
+        self,
+        url: str,
+        options: StreamOptions | None = None,
+        *,
+        retry_after: float = 1.0,
+        node: str | None = None,
+        connect_for: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.options = options or StreamOptions()
+        self.retry_after = retry_after
+        self.node = node or uuid.uuid4().hex[:12]
+        self.connect_for = connect_for
+        self.stats = QueueStats()
+        self.nc: Any = None
+        self.js: Any = None
+        self._pending: dict[str, _Pending] = {}
+        self._closed = True
+        self._reply_subject = f"{self.options.prefix}.reply.{self.node}"
+        self.puller: Puller | None = None
+        self.dlq: DeadLetters | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def start(self) -> None:
+        self.nc = await connect(
+            self.url,
+            name=f"fleetserve-{self.node}",
+            retry_for=self.connect_for,
+            on_disconnect=self._on_disconnect,
+            on_reconnect=self._on_reconnect,
+            closing=lambda: self._closed,
+        )
+        self.js = self.nc.jetstream()
+        await self._ensure_stream()
+        self.dlq = DeadLetters(self.nc, self.js, self.options, self.stats)
+        await self.dlq.ensure()
+        await self.dlq.watch_max_deliveries()
+        self.puller = Puller(self.nc, self.js, self.options, self.stats, self.dlq)
+        await self.puller.start()
+        await self.nc.subscribe(self._reply_subject, cb=self._on_reply)
+        self._closed = False
+
+    async def _ensure_stream(self) -> None:
+        from nats.js import api
+
+        o = self.options
+        config = api.StreamConfig(
+            name=o.stream,
+            subjects=[f"{o.prefix}.work.>"],
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            storage=api.StorageType(o.storage),
+            max_msgs_per_subject=o.max_depth,
+            discard=api.DiscardPolicy.NEW,
+            discard_new_per_subject=True,
+            max_bytes=o.max_bytes,
+            max_age=o.max_age,
+            duplicate_window=min(120.0, o.max_age),
+        )
+        try:
+            await self.js.add_stream(config)
+        except Exception as exc:
+            if getattr(exc, "err_code", None) != 10058:  # exists with another config
+                raise
+            await self.js.update_stream(config)
+
+    async def close(self) -> None:
+        if self._closed and self.nc is None:
+            return
+        self._closed = True
+        if self.puller is not None:
+            await self.puller.close()
+        for p in list(self._pending.values()):
+            if not p.future.done():
+                p.future.set_exception(Unavailable("the gateway is shutting down", retry_after=1))
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        self.nc = None
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed and self.nc is not None and bool(self.nc.is_connected)
+
+    def _on_disconnect(self) -> None:
+        """Requests waiting on this connection cannot be answered reliably: 503, retry."""
+        if self._closed:
+            return
+        err = Unavailable("lost the connection to the queue; retry", retry_after=self.retry_after)
+        for p in list(self._pending.values()):
+            if not p.future.done():
+                p.future.set_exception(err)
+        self._pending.clear()
+        if self.puller is not None:
+            self.puller.reset()
+
+    def _on_reconnect(self) -> None:
+        if self.puller is not None:
+            self.puller.reset()
+
+    # -- gateway side -------------------------------------------------------------
+    async def publish(
+        self, envelope: Envelope, body: bytes, payload: str | None = None
+    ) -> _Pending:
+        if not self.healthy:
+            raise Unavailable("not connected to the queue", retry_after=self.retry_after)
+        pending = _Pending(self, envelope.request_id)
+        self._pending[envelope.request_id] = pending
+        headers = H.envelope_headers(envelope, self._reply_subject, payload)
+        try:
+            await self.js.publish(
+                self.options.subject(envelope.model), body, headers=headers, timeout=5
+            )
+        except Exception as exc:
+            pending.cancel()
+            if getattr(exc, "err_code", None) == FULL:
+                raise Overloaded(
+                    f"queue for {envelope.model!r} is full "
+                    f"({self.options.max_depth} waiting or in flight)",
+                    retry_after=self.retry_after,
+                ) from None
+            raise Unavailable(
+                f"could not enqueue: {type(exc).__name__} {exc}".strip(),
+                retry_after=self.retry_after,
+            ) from None
+        return pending
+
+    async def _on_reply(self, msg: Any) -> None:
+        rid = (msg.headers or {}).get(H.REQUEST_ID)
+        pending = self._pending.pop(rid, None) if rid else None
+        if pending is None or pending.future.done():
+            return  # late, duplicate, or cancelled: dropped
+        try:
+            pending.future.set_result(H.reply_from_headers(msg.headers, msg.data))
+        except Exception as exc:
+            pending.future.set_exception(exc)
+
+    # -- worker side --------------------------------------------------------------
+    def _puller(self) -> Puller:
+        if self.puller is None:
+            raise Unavailable("the queue is not started")
+        return self.puller
+
+    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+        if self._closed:
+            return []
+        return await self._puller().pull(models, budget, timeout)
+
+    async def ack(self, msg: Message) -> None:
+        await self._puller().settle(msg, "ack")
+
+    async def nak(self, msg: Message, delay: float = 0.0) -> None:
+        await self._puller().settle(msg, "nak", delay)
+
+    async def touch(self, msg: Message) -> None:
+        await self._puller().touch(msg)
+
+    async def term(self, msg: Message) -> None:
+        await self._puller().settle(msg, "term")
+
+    async def dead_letter(self, msg: Message, reason: str) -> None:
+        puller = self._puller()
+        raw = puller.held(msg)
+        if raw is None:
+            return
+        assert self.dlq is not None
+        await self.dlq.put(raw, reason, msg.attempts)
+        await puller.settle(msg, "term")
+
+    async def reply(self, msg: Message, reply: Reply) -> None:
+        if not msg.reply_to:
+            return
+        headers, body = H.reply_headers(reply)
+        headers[H.REQUEST_ID] = msg.envelope.request_id
+        try:
+            await self.nc.publish(msg.reply_to, body, headers=headers)
+        except Exception as exc:  # the message stays unacked and is redelivered
+            log.warning("reply to %s failed: %s", msg.envelope.request_id, exc)
+
+    def depth(self, model: str) -> int:
+        return self.puller.depth(model) if self.puller is not None else 0
+
+    async def refresh(self, models: Sequence[str]) -> None:
+        if self.puller is not None and self.healthy:
+            await self.puller.refresh(models)
