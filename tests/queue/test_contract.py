@@ -52,6 +52,16 @@ def env(model: str = "m/a", cost: int = 1, rid: str | None = None) -> Envelope:
     )
 
 
+async def settled(queue: WorkQueue, model: str, expect: int) -> bool:
+    """``depth`` is eventually consistent: refresh until it reads ``expect`` (or 2 s)."""
+    end = time.monotonic() + 2.0
+    while True:
+        await queue.refresh([model])
+        if queue.depth(model) == expect or time.monotonic() > end:
+            return queue.depth(model) == expect
+        await asyncio.sleep(0.01)
+
+
 @pytest.fixture(params=sorted(IMPLS))
 async def make_queue(request: pytest.FixtureRequest) -> AsyncIterator[MakeQueue]:
     made: list[WorkQueue] = []
@@ -89,8 +99,7 @@ async def test_round_trip_delivers_the_reply(queue: WorkQueue) -> None:
     await queue.ack(msg)
     got = await pending.wait(1)
     assert got.body == b"result" and got.content_type is Encoding.MSGPACK and got.error is None
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 0
+    assert await settled(queue, "m/a", 0)
 
 
 async def test_each_reply_reaches_its_own_publisher(queue: WorkQueue) -> None:
@@ -118,8 +127,7 @@ async def test_pull_respects_the_cost_budget(queue: WorkQueue) -> None:
         await queue.publish(env(cost=10), b"")
     assert len(await queue.pull(["m/a"], budget=25, timeout=1)) == 2
     assert len(await queue.pull(["m/a"], budget=10, timeout=1)) == 1
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 1
+    assert await settled(queue, "m/a", 1)
 
 
 async def test_pull_always_returns_at_least_one(queue: WorkQueue) -> None:
@@ -151,8 +159,7 @@ async def test_pull_only_returns_the_requested_models(queue: WorkQueue) -> None:
     await queue.publish(env("m/b"), b"b")
     msgs = await queue.pull(["m/b", "m/c"], budget=100, timeout=1)
     assert [(m.envelope.model, m.body) for m in msgs] == [("m/b", b"b")]
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 1
+    assert await settled(queue, "m/a", 1)
     assert await queue.pull(["m/c"], budget=100, timeout=0.02) == []
 
 
@@ -168,11 +175,9 @@ async def test_nak_returns_to_the_head_with_one_more_attempt(queue: WorkQueue) -
     await queue.publish(env(), b"first")
     await queue.publish(env(), b"second")
     [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
-    await queue.refresh(["m/a"])
-    assert msg.body == b"first" and queue.depth("m/a") == 1
+    assert msg.body == b"first" and await settled(queue, "m/a", 1)
     await queue.nak(msg)
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 2
+    assert await settled(queue, "m/a", 2)
     again = await queue.pull(["m/a"], budget=100, timeout=1)
     assert [m.body for m in again] == [b"first", b"second"]
     assert again[0].attempts == 2 and again[1].attempts == 1
@@ -197,8 +202,7 @@ async def test_acked_message_is_not_redelivered(queue: WorkQueue) -> None:
     [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
     await queue.ack(msg)
     await queue.nak(msg)  # too late: already done
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 0
+    assert await settled(queue, "m/a", 0)
     assert await queue.pull(["m/a"], budget=1, timeout=0.02) == []
 
 
@@ -210,14 +214,12 @@ async def test_bounded_depth_is_overloaded_with_retry_after(make_queue: MakeQueu
         await queue.publish(env("m/a"), b"3")
     assert info.value.retry_after == 2.5
     assert "m/a" in info.value.message
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 2
+    assert await settled(queue, "m/a", 2)
     await queue.publish(env("m/b"), b"other model has its own bound")
     [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
     await queue.ack(msg)  # the bound may count in-flight work too; a finished one frees room
     await queue.publish(env("m/a"), b"room again")
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 2
+    assert await settled(queue, "m/a", 2)
 
 
 async def test_wait_past_timeout_is_deadline_exceeded(queue: WorkQueue) -> None:
@@ -251,21 +253,16 @@ async def test_reply_after_wait_timed_out_is_dropped(queue: WorkQueue) -> None:
 
 
 async def test_depth_counts_waiting_not_in_flight(queue: WorkQueue) -> None:
-    await queue.refresh(["never/seen"])
-    assert queue.depth("never/seen") == 0
+    assert await settled(queue, "never/seen", 0)
     for _ in range(3):
         await queue.publish(env(), b"")
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 3
+    assert await settled(queue, "m/a", 3)
     [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 2
+    assert await settled(queue, "m/a", 2)
     await queue.ack(msg)
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 2
+    assert await settled(queue, "m/a", 2)
     await queue.pull(["m/a"], budget=100, timeout=1)
-    await queue.refresh(["m/a"])
-    assert queue.depth("m/a") == 0
+    assert await settled(queue, "m/a", 0)
 
 
 async def test_close_releases_pullers_and_marks_unhealthy(queue: WorkQueue) -> None:

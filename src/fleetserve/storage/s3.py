@@ -1,17 +1,21 @@
 """S3Store: payloads in an S3 (or S3-compatible: MinIO, R2, Ceph, moto) bucket via obstore.
 
 All configuration is passed in; fleetserve reads no environment variables here.
-obstore itself (the Rust ``object_store`` builder) does read ``AWS_*`` variables for
-any setting left unset, so:
+obstore itself (the Rust ``object_store`` builder) reads ``AWS_*`` variables for any
+setting left unset (``AWS_ENDPOINT_URL``, ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST``, ...),
+so this store pins what decides where requests go and how they are signed:
 
-- give ``access_key_id`` and ``secret_access_key`` to pin the credentials: they then
-  come from a static provider, and ``AWS_SESSION_TOKEN``, profile or instance-role
-  credentials from the environment are not mixed in;
-- leave them out to use obstore's credential chain (environment, web identity,
-  ECS/EC2 instance metadata), which is what a cloud deployment with an IAM role wants.
+- the region (default ``us-east-1``) and the endpoint (default
+  ``https://s3.<region>.amazonaws.com``; pass it for China regions), path-style
+  addressing, signing on, and
+  ``allow_http`` (on for an ``http://`` endpoint);
+- given ``access_key_id`` and ``secret_access_key``, a static credential provider, so
+  ``AWS_SESSION_TOKEN``, profile or instance-role credentials are not mixed in.
+  Leave them out to use obstore's own chain (environment, web identity, ECS/EC2
+  instance metadata), which is what a cloud deployment with an IAM role wants.
 
-The region is always passed (default ``us-east-1``), so ``AWS_REGION`` does not
-override it. An ``http://`` endpoint turns on ``allow_http``.
+Settings that only add to a request (server-side encryption, checksums, requester
+pays) may still come from the environment; that is the operator's choice.
 
 S3 reports last-modified times in whole seconds, so :meth:`S3Store.sweep` may remove
 an object up to a second before ``max_age``.
@@ -92,9 +96,13 @@ class S3Store:
         self.endpoint = endpoint
         if allow_http is None:
             allow_http = bool(endpoint) and urlsplit(endpoint or "").scheme == "http"
-        config: S3Config = {"region": region or DEFAULT_REGION}
-        if endpoint:
-            config["endpoint"] = endpoint
+        region = region or DEFAULT_REGION
+        config: S3Config = {
+            "region": region,
+            "endpoint": endpoint or f"https://s3.{region}.amazonaws.com",
+            "virtual_hosted_style_request": False,
+            "skip_signature": False,
+        }
         client: ClientConfig = {"allow_http": allow_http, "timeout": timedelta(seconds=timeout)}
         retry: RetryConfig = {
             "max_retries": max_retries,
@@ -145,7 +153,7 @@ class S3Store:
         try:
             result = await obstore.get_async(self._live(), check_key(key))
             return bytes(await result.bytes_async())
-        except NotFoundError:
+        except (FileNotFoundError, NotFoundError):  # obstore 0.12 raises the builtin
             raise PayloadMissing(key, self.url) from None
 
     async def delete(self, key: str) -> None:
@@ -153,7 +161,7 @@ class S3Store:
         from obstore.exceptions import NotFoundError
 
         # S3 answers 204 for a missing key; other S3-compatible servers may say 404
-        with contextlib.suppress(NotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotFoundError):
             await obstore.delete_async(self._live(), check_key(key))
 
     async def sweep(self, max_age: float) -> int:

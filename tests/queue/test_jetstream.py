@@ -1,0 +1,148 @@
+"""JetStream-only behaviour: dead letters, max deliveries, put-back, connection loss."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from fleetserve.cluster import NatsServer
+from fleetserve.queue import JetStreamQueue, StreamOptions
+from fleetserve.wire import Encoding, Envelope, InternalError, Reply, Task, Unavailable
+from fleetserve.wire import headers as H
+
+_n = itertools.count()
+
+
+def env(model: str = "org/m-1.5", cost: int = 1) -> Envelope:
+    now = time.time()
+    return Envelope(
+        request_id=f"js-{next(_n)}",
+        model=model,
+        task=Task.ENCODE,
+        content_type=Encoding.JSON,
+        accept=Encoding.JSON,
+        cost_hint=cost,
+        deadline=now + 30,
+        enqueued_at=now,
+    )
+
+
+@pytest.fixture
+async def queue(nats_server: NatsServer) -> AsyncIterator[JetStreamQueue]:
+    opts = StreamOptions(prefix=f"js{next(_n)}", storage="memory", max_deliver=2, ack_wait=0.5)
+    q = JetStreamQueue(nats_server.url, opts)
+    await q.start()
+    yield q
+    await q.close()
+
+
+def test_subject_tokens_are_reversible_and_safe() -> None:
+    for model in ["sentence-transformers/all-MiniLM-L6-v2", "BAAI/bge-small-en-v1.5", "a b*>"]:
+        token = H.subject_token(model)
+        assert all(c.isalnum() or c in "-_" for c in token)
+        assert H.model_from_token(token) == model
+
+
+async def test_put_back_is_counted_and_goes_to_the_head(queue: JetStreamQueue) -> None:
+    for _ in range(4):
+        await queue.publish(env(cost=10), b"x")
+    first = await queue.pull(["org/m-1.5"], budget=100, timeout=1)  # learns the cost
+    for m in first:
+        await queue.nak(m)
+    got = await queue.pull(["org/m-1.5"], budget=15, timeout=1)
+    assert len(got) == 1
+    assert sum(queue.stats.put_backs.values()) >= 0  # counted whenever over-pulled
+    rest = await queue.pull(["org/m-1.5"], budget=1000, timeout=1)
+    assert len(got) + len(rest) == 4
+
+
+async def test_dead_letter_keeps_the_message_and_reason(queue: JetStreamQueue) -> None:
+    e = env()
+    pending = await queue.publish(e, b'{"inputs": ["boom"]}')
+    [msg] = await queue.pull([e.model], budget=10, timeout=1)
+    await queue.reply(msg, Reply(error=InternalError("inference failed").to_body()))
+    await queue.dead_letter(msg, "inference failed: RuntimeError")
+    assert (await pending.wait(1)).error is not None
+    assert queue.dlq is not None
+    [entry] = await queue.dlq.list_entries()
+    assert entry.request_id == e.request_id and entry.model == e.model
+    assert entry.reason == "inference failed: RuntimeError"
+    assert entry.data == b'{"inputs": ["boom"]}'
+    assert await queue.pull([e.model], budget=10, timeout=0.05) == []
+    assert queue.stats.dead_letters[e.model] == 1
+
+
+async def test_malformed_headers_go_to_the_dead_letter_stream(queue: JetStreamQueue) -> None:
+    assert queue.js is not None
+    good = env()
+    bad = H.envelope_headers(good, "nowhere")
+    bad[H.DEADLINE] = "soon"
+    await queue.js.publish(queue.options.subject(good.model), b"body", headers=bad)
+    await queue.js.publish(queue.options.subject(good.model), b"no headers")
+    assert await queue.pull([good.model], budget=10, timeout=0.3) == []
+    assert queue.dlq is not None
+    entries = await queue.dlq.list_entries()
+    reasons = " | ".join(e.reason for e in entries)
+    assert len(entries) == 2
+    assert "Fleetserve-Deadline is not a number" in reasons and "no headers" in reasons
+
+
+async def test_a_message_never_acked_is_dead_lettered_after_max_deliver(
+    queue: JetStreamQueue,
+) -> None:
+    e = env()
+    pending = await queue.publish(e, b"poison")
+    for _ in range(2):  # max_deliver=2; the holder "dies" each time (never acks)
+        [msg] = await queue.pull([e.model], budget=10, timeout=3)
+        assert msg.body == b"poison"
+    reply = await pending.wait(5)  # the advisory handler answers the gateway
+    assert reply.error is not None and reply.error["error"]["code"] == "internal_error"
+    assert queue.dlq is not None
+    [entry] = await queue.dlq.list_entries()
+    assert "2 times without an ack" in entry.reason
+
+
+async def test_dlq_replay_and_purge(queue: JetStreamQueue) -> None:
+    e = env()
+    await queue.publish(e, b"again")
+    [msg] = await queue.pull([e.model], budget=10, timeout=1)
+    await queue.dead_letter(msg, "test")
+    assert queue.dlq is not None
+    assert await queue.dlq.replay(None, timeout=30) == 1
+    [back] = await queue.pull([e.model], budget=10, timeout=1)
+    assert back.body == b"again" and back.envelope.deadline > time.time() + 20
+    await queue.dead_letter(back, "test again")
+    assert await queue.dlq.purge() == 1
+    assert await queue.dlq.list_entries() == []
+
+
+async def test_unreachable_url_is_a_clear_error_after_retrying() -> None:
+    q = JetStreamQueue("nats://127.0.0.1:9", connect_for=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(Unavailable, match="cannot reach NATS at nats://127.0.0.1:9"):
+        await q.start()
+    assert time.monotonic() - t0 >= 0.25
+
+
+async def test_losing_the_server_fails_waiting_requests_with_retryable_503() -> None:
+    with NatsServer() as server:
+        q = JetStreamQueue(server.url, StreamOptions(prefix="lose", storage="memory"))
+        await q.start()
+        pending = await q.publish(env(), b"x")
+        assert q.healthy
+        server.kill()
+        with pytest.raises(Unavailable) as info:
+            await pending.wait(5)
+        assert info.value.retry_after is not None
+        for _ in range(100):
+            if not q.healthy:
+                break
+            await asyncio.sleep(0.01)
+        assert not q.healthy
+        with pytest.raises(Unavailable):
+            await q.publish(env(), b"y")
+        await q.close()
