@@ -1,0 +1,411 @@
+"""``fleetserve bench sim``: the pull-versus-push simulation, as tables, markdown, JSON, PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.table import Table
+
+from ..catalog import CostModel
+from .sim import (
+    DEFAULT_MIX,
+    DEFAULT_MODEL,
+    HOMOGENEOUS,
+    MIXED_FLEET,
+    POLICIES,
+    Params,
+    Point,
+    default_slo_ms,
+    isolated_latency,
+    sweep,
+)
+
+TARGET = 1.5  # the issue's target: pull >= 1.5x push throughput at equal p99, 64 workers
+PUSH = [p for p in POLICIES if p != "pull"]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _fleet(s: str) -> tuple[tuple[str, float, float], ...]:
+    if s == "mixed":
+        return MIXED_FLEET
+    if s == "homogeneous":
+        return HOMOGENEOUS
+    out = []
+    for part in s.split(","):
+        name, speed, share = part.split(":")
+        out.append((name, float(speed), float(share)))
+    return tuple(out)
+
+
+def _mix(s: str) -> tuple[tuple[float, int, int], ...]:
+    out = []
+    for part in s.split(","):
+        w, lo, hi = part.split(":")
+        out.append((float(w), int(lo), int(hi)))
+    return tuple(out)
+
+
+def _args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="fleetserve bench sim", description=__doc__)
+    p.add_argument("--workers", default="8,16,32,64,128,256", help="fleet sizes to sweep")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument(
+        "--slo-ms",
+        type=float,
+        default=None,
+        help="p99 SLO (default: 2x the p99 of requests served alone on the slowest worker)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="catalog model for the cost model")
+    p.add_argument("--hardware", default="cpu", help="its profile (cpu is the fitted one)")
+    p.add_argument("--cost", default="", help="override: fixed_ms,per_token_ms,per_padded_ms")
+    p.add_argument(
+        "--fleet",
+        default="mixed",
+        help="mixed, homogeneous, or name:speed:share,... (default L4:1:0.5,"
+        "A100:2.5:0.3,H100:4:0.2)",
+    )
+    p.add_argument(
+        "--no-scale-budget",
+        action="store_true",
+        help="same batch budget on every worker, whatever its speed",
+    )
+    p.add_argument(
+        "--mix",
+        default=",".join(f"{w}:{lo}:{hi}" for w, lo, hi in DEFAULT_MIX),
+        help="items per request: weight:fewest:most,...",
+    )
+    p.add_argument("--item-tokens", default="8,512", help="shortest,longest item in tokens")
+    p.add_argument("--requests", type=int, default=20_000, help="requests per run")
+    p.add_argument("--rtt-ms", type=float, default=0.3, help="pull round trip / push hop")
+    p.add_argument("--lag-ms", type=float, default=20.0, help="router state lag (push)")
+    p.add_argument("--routers", type=int, default=1, help="push routers (gateways)")
+    p.add_argument("--steps", type=int, default=7, help="bisection steps for the SLO search")
+    p.add_argument("--focus", type=int, default=64, help="fleet size for the p99-vs-load plot")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    return p.parse_args(list(argv))
+
+
+def params_from_args(args: argparse.Namespace) -> Params:
+    lo, hi = _ints(args.item_tokens)
+    p = Params.from_catalog(
+        args.model,
+        args.hardware,
+        fleet=_fleet(args.fleet),
+        scale_budget=not args.no_scale_budget,
+        mix=_mix(args.mix),
+        item_tokens=(lo, hi),
+        requests=args.requests,
+        rtt_ms=args.rtt_ms,
+        lag_ms=args.lag_ms,
+        routers=args.routers,
+        search_steps=args.steps,
+    )
+    if args.cost:
+        f, t, pad = (float(x) for x in args.cost.split(","))
+        p = replace(p, cost=CostModel(f, t, pad), cost_source="--cost")
+    return replace(p, slo_ms=args.slo_ms or default_slo_ms(p, args.seed))
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    args = _args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 150)
+    params = params_from_args(args)
+    workers = _ints(args.workers)
+    policies = [x for x in args.policies.split(",") if x]
+    console.rule("fleetserve bench sim: pull (central queue) vs push (router)")
+    for line in params.describe():
+        console.print(f"  - {line}")
+    iso = isolated_latency(params, args.seed)
+    t0 = time.perf_counter()
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("simulating", total=len(workers) * len(policies))
+
+        def step(pt: Point) -> None:
+            bar.update(task, advance=1, description=f"{pt.policy} x {pt.workers} workers")
+
+        points = sweep(workers, policies, params, args.seed, args.jobs, step)
+    runtime = time.perf_counter() - t0
+    rows = headline_rows(points, workers, policies)
+    console.print(headline_table(rows, policies, params))
+    console.print(detail_table(points))
+    verdict = target_verdict(rows, policies)
+    console.print(verdict)
+    console.print(f"{len(points)} points in {runtime:.1f} s ({args.jobs} processes)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "params": asdict(params),
+        "assumptions": params.describe(),
+        "isolated_latency": iso,
+        "seed": args.seed,
+        "runtime_s": runtime,
+        "headline": rows,
+        "target": verdict,
+        "points": [pt.to_dict() for pt in points],
+    }
+    (out / "sim.json").write_text(json.dumps(data, indent=2, default=_json_default))
+    (out / "sim.md").write_text(markdown(rows, points, policies, params, iso, verdict, runtime))
+    plot(points, rows, policies, params, args.focus, out / "sim.png")
+    console.print(f"wrote {out / 'sim.md'}, {out / 'sim.json'} and {out / 'sim.png'}")
+    return 0
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    raise TypeError(f"not serializable: {type(o).__name__}")
+
+
+def headline_rows(
+    points: list[Point], workers: Sequence[int], policies: Sequence[str]
+) -> list[dict[str, Any]]:
+    by = {(p.workers, p.policy): p for p in points}
+    rows = []
+    for w in workers:
+        row: dict[str, Any] = {"workers": w}
+        for pol in policies:
+            pt = by[(w, pol)]
+            row["capacity_rps"] = pt.capacity_rps
+            row[f"{pol}_slo_rps"] = pt.slo_rps
+            row[f"{pol}_sat_rps"] = pt.saturation.throughput_rps
+        if "pull" in policies:
+            for pol in policies:
+                if pol != "pull":
+                    push = row[f"{pol}_slo_rps"]
+                    row[f"pull_vs_{pol}"] = row["pull_slo_rps"] / push if push else math.inf
+        rows.append(row)
+    return rows
+
+
+def _f(v: Any, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def _headline_cells(
+    rows: list[dict[str, Any]], policies: Sequence[str]
+) -> tuple[list[str], list[list[str]]]:
+    push = [p for p in policies if p != "pull"]
+    cols = ["workers", "nominal cap req/s"]
+    cols += [f"{p} req/s" for p in policies]
+    if "pull" in policies:
+        cols += [f"pull / {p}" for p in push]
+    cells = []
+    for r in rows:
+        c = [str(r["workers"]), _f(r["capacity_rps"])]
+        c += [_f(r[f"{p}_slo_rps"]) for p in policies]
+        if "pull" in policies:
+            c += [_f(r[f"pull_vs_{p}"], 2) + "x" for p in push]
+        cells.append(c)
+    return cols, cells
+
+
+def headline_table(rows: list[dict[str, Any]], policies: Sequence[str], params: Params) -> Table:
+    cols, cells = _headline_cells(rows, policies)
+    t = Table(title=f"throughput at p99 <= {params.slo_ms:g} ms (simulated)")
+    for i, name in enumerate(cols):
+        t.add_column(name, justify="left" if i == 0 else "right")
+    for row in cells:
+        t.add_row(*row)
+    return t
+
+
+DETAIL = [
+    ("workers", "workers"),
+    ("policy", "policy"),
+    ("load", "load @SLO"),
+    ("throughput_rps", "req/s @SLO"),
+    ("items_per_s", "items/s"),
+    ("p50_ms", "p50 ms"),
+    ("p99_ms", "p99 ms"),
+    ("utilization", "util"),
+    ("batch_fill", "batch fill"),
+    ("put_backs", "put-backs/req"),
+    ("sat", "saturation req/s"),
+    ("sat_util", "util @sat"),
+]
+
+
+def _detail_cells(points: list[Point]) -> list[list[str]]:
+    out = []
+    for pt in points:
+        r = pt.at_slo
+        sat = pt.saturation
+        c = [str(pt.workers), pt.policy]
+        if r is None:
+            c += ["-"] * 8
+        else:
+            c += [
+                f"{r.load:.3f}",
+                _f(r.throughput_rps),
+                _f(r.items_per_s),
+                _f(r.p50_ms),
+                _f(r.p99_ms),
+                f"{r.utilization:.2f}",
+                f"{r.batch_fill:.2f}",
+                f"{r.put_backs / max(r.completed, 1):.2f}",
+            ]
+        c += [_f(sat.throughput_rps), f"{sat.utilization:.2f}"]
+        out.append(c)
+    return out
+
+
+def detail_table(points: list[Point]) -> Table:
+    t = Table(title="at the highest load within the SLO, and at saturation")
+    for key, name in DETAIL:
+        t.add_column(name, justify="left" if key == "policy" else "right")
+    for c in _detail_cells(points):
+        t.add_row(*c)
+    return t
+
+
+def target_verdict(rows: list[dict[str, Any]], policies: Sequence[str]) -> str:
+    row = next((r for r in rows if r["workers"] == 64), None)
+    if row is None or "pull" not in policies:
+        return "target (64 workers, pull >= 1.5x push at equal p99): not evaluated in this sweep"
+    parts = []
+    for p in policies:
+        if p != "pull":
+            ratio = row[f"pull_vs_{p}"]
+            parts.append(f"{p} {ratio:.2f}x ({'met' if ratio >= TARGET else 'missed'})")
+    return "target at 64 workers, pull >= 1.5x push throughput at equal p99: " + "; ".join(parts)
+
+
+def markdown(
+    rows: list[dict[str, Any]],
+    points: list[Point],
+    policies: Sequence[str],
+    params: Params,
+    iso: dict[str, float],
+    verdict: str,
+    runtime: float,
+) -> str:
+    cols, cells = _headline_cells(rows, policies)
+    lines = [
+        "# Pull vs push: discrete-event simulation",
+        "",
+        f"`fleetserve bench sim`, {time.strftime('%Y-%m-%d')}, {runtime:.0f} s. "
+        "A model, not a measurement: only the cost coefficients come from real runs.",
+        "",
+        "Assumptions:",
+        "",
+        *[f"- {line}" for line in params.describe()],
+        f"- served alone: p50/p99 {iso['p50_ms_slowest']:.0f}/{iso['p99_ms_slowest']:.0f} ms on "
+        f"the slowest worker, {iso['p50_ms_mean']:.0f}/{iso['p99_ms_mean']:.0f} ms at the "
+        "fleet's mean speed",
+        "",
+        f"## Throughput at p99 <= {params.slo_ms:g} ms (requests/s)",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "| ---: |" + " ---: |" * (len(cols) - 1),
+        *["| " + " | ".join(c) + " |" for c in cells],
+        "",
+        f"**{verdict}**",
+        "",
+        "## Detail",
+        "",
+        "| " + " | ".join(name for _, name in DETAIL) + " |",
+        "| ---: | --- |" + " ---: |" * (len(DETAIL) - 2),
+        *["| " + " | ".join(c) + " |" for c in _detail_cells(points)],
+        "",
+        "Load is offered load over nominal capacity (full batches, no padding); util is the "
+        "mean busy fraction of the workers; batch fill is padded slots over the batch budget.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(
+    points: list[Point],
+    rows: list[dict[str, Any]],
+    policies: Sequence[str],
+    params: Params,
+    focus: int,
+    path: Path,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 5.2))
+    colour = {pol: f"C{i}" for i, pol in enumerate(POLICIES)}
+    ws = [r["workers"] for r in rows]
+    for pol in policies:
+        ys = [r[f"{pol}_slo_rps"] or math.nan for r in rows]
+        ax1.plot(ws, ys, marker="o", color=colour.get(pol), label=pol)
+    ax1.plot(ws, [r["capacity_rps"] for r in rows], ls=":", color="grey", label="nominal cap")
+    ax1.set(
+        xscale="log",
+        yscale="log",
+        xlabel="workers",
+        ylabel="requests/s",
+        title=f"Throughput at p99 <= {params.slo_ms:g} ms",
+    )
+    if "pull" in policies:
+        for pol in policies:
+            if pol != "pull":
+                ys = [min(r[f"pull_vs_{pol}"], 10.0) for r in rows]
+                ax2.plot(ws, ys, marker="o", color=colour.get(pol), label=f"pull / {pol}")
+        ax2.axhline(TARGET, ls="--", color="red", label=f"target {TARGET}x")
+        ax2.axhline(1.0, ls=":", color="grey")
+    ax2.set(
+        xscale="log",
+        ylim=(0, None),
+        xlabel="workers",
+        ylabel="ratio (capped at 10)",
+        title="Pull over push, throughput at equal p99",
+    )
+    fw = focus if focus in ws else ws[len(ws) // 2]
+    for pt in points:
+        if pt.workers == fw:
+            runs = [*pt.tried, pt.saturation]
+            runs.sort(key=lambda r: r.load)
+            xs, ys = [r.load for r in runs], [r.p99_ms for r in runs]
+            ax3.plot(xs, ys, marker=".", color=colour.get(pt.policy), label=pt.policy)
+    ax3.axhline(params.slo_ms or math.nan, ls="--", color="red", label="SLO")
+    ax3.set(
+        yscale="log",
+        xlabel="offered load / nominal capacity",
+        ylabel="p99 ms",
+        title=f"p99 vs load at {fw} workers (search points)",
+    )
+    for ax in (ax1, ax2):
+        ax.set_xticks(ws, [str(w) for w in ws])
+        ax.minorticks_off()
+    for ax in (ax1, ax2, ax3):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle("fleetserve bench sim: " + params.cost_source, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
