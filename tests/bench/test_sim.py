@@ -14,7 +14,6 @@ from fleetserve.bench.sim import (
     MIXED_FLEET,
     POLICIES,
     Params,
-    _Sim,
     at_load,
     capacity_rps,
     fleet_speeds,
@@ -22,6 +21,7 @@ from fleetserve.bench.sim import (
     max_load_at_slo,
     simulate,
 )
+from fleetserve.bench.sim.policies import _Sim
 
 SMALL = Params.from_catalog(requests=800)
 

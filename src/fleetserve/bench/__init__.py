@@ -56,7 +56,7 @@ def main(argv: Sequence[str] = ()) -> int:
 
         return cost_main(argv[1:])
     if argv and argv[0] == "sim":
-        from .sim_report import main as sim_main
+        from .sim.cli import main as sim_main
 
         return sim_main(argv[1:])
     if argv and argv[0] == "embed":
