@@ -48,6 +48,41 @@ class Settings:
         "", "If set, clients must send 'Authorization: Bearer <key>'.", secret=True
     )
     config: str = setting("", "Optional YAML config file with any of these settings.")
+    # -- distributed mode: gateways and workers over NATS JetStream -----------------
+    nats: str = setting(
+        "", "NATS URL of the central queue, e.g. nats://127.0.0.1:4222.", secret=True
+    )
+    nats_connect_timeout: float = setting(
+        30.0, "Seconds to keep retrying an unreachable NATS URL at start."
+    )
+    queue_prefix: str = setting("fleetserve", "Subject and stream prefix: one per fleet.")
+    stream_storage: str = setting("file", "JetStream storage for the streams: file or memory.")
+    stream_max_bytes: int = setting(-1, "Work stream size limit in bytes (-1: none).")
+    stream_max_age: float = setting(3600.0, "Seconds a request may stay in the work stream.")
+    max_deliver: int = setting(
+        5, "Deliveries before a failing request goes to the dead-letter stream."
+    )
+    ack_wait: float = setting(
+        0.0, "Seconds before unacked work is redelivered (0: sized from the model profile)."
+    )
+    devices: str = setting(
+        "", "Worker devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1: one process per device."
+    )
+    worker_id: str = setting("", "This worker's name in /v1/models (empty: host-pid).")
+    worker_port: int = setting(0, "Port of a worker's /healthz, /readyz and /metrics (0: free).")
+    offload_threshold: int = setting(
+        1 << 20, "Bodies and results larger than this (bytes) go to the payload store."
+    )
+    payload_store: str = setting(
+        "",
+        "Payload store URL: nats://BUCKET, file:///DIR, memory:// or s3://BUCKET/PREFIX "
+        "(empty: nats://fleetserve-payloads in distributed mode).",
+    )
+    payload_ttl: float = setting(3600.0, "Seconds after which orphaned payloads are swept.")
+    s3_endpoint: str = setting("", "S3 endpoint URL for s3:// payload stores (e.g. MinIO).")
+    s3_region: str = setting("", "S3 region for s3:// payload stores.")
+    s3_access_key_id: str = setting("", "S3 access key id.", secret=True)
+    s3_secret_access_key: str = setting("", "S3 secret access key.", secret=True)
 
     def __repr__(self) -> str:
         parts = []
@@ -60,6 +95,9 @@ class Settings:
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
+
+    def device_list(self) -> list[str]:
+        return [d.strip() for d in self.devices.split(",") if d.strip()]
 
     @staticmethod
     def env_name(name: str) -> str:

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from fleetserve.queue import JetStreamQueue, MemoryQueue, PendingReply, StreamOptions, WorkQueue
+from fleetserve.queue.offload import OffloadingQueue
+from fleetserve.storage import MemoryStore, Offload
 from fleetserve.wire import DeadlineExceeded, Encoding, Envelope, Overloaded, Reply, Task
 
 MakeQueue = Callable[..., Awaitable[WorkQueue]]
@@ -33,7 +35,13 @@ def _jetstream(request: pytest.FixtureRequest, max_depth: int, retry_after: floa
     return JetStreamQueue(server.url, options, retry_after=retry_after)
 
 
-IMPLS = {"memory": _memory, "jetstream": _jetstream}
+def _offloaded(request: pytest.FixtureRequest, max_depth: int, retry_after: float) -> WorkQueue:
+    """JetStream with every non-empty body and result sent through a payload store."""
+    inner = _jetstream(request, max_depth, retry_after)
+    return OffloadingQueue(inner, Offload(MemoryStore(), threshold=0))
+
+
+IMPLS = {"memory": _memory, "jetstream": _jetstream, "jetstream+offload": _offloaded}
 
 _ids = itertools.count()
 

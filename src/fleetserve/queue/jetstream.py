@@ -160,9 +160,12 @@ class JetStreamQueue:
                 p.future.set_exception(Unavailable("the gateway is shutting down", retry_after=1))
         if self.nc is not None:
             with contextlib.suppress(Exception):
-                await self.nc.drain()
+                async with asyncio.timeout(2.0):
+                    if self.nc.is_connected:
+                        await self.nc.drain()
             with contextlib.suppress(Exception):
-                await self.nc.close()
+                async with asyncio.timeout(2.0):
+                    await self.nc.close()
         self.nc = None
 
     @property

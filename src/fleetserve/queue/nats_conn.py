@@ -46,7 +46,11 @@ async def connect(
     """Connect, retrying with backoff for ``retry_for`` seconds; raises ``Unavailable``."""
     nats = _nats()
 
+    connected = False
+
     async def error_cb(exc: Exception) -> None:
+        if closing() or not connected:  # the connect loop below reports its own attempts
+            return
         log.warning("nats: %s: %s", type(exc).__name__, exc)
 
     async def disconnected_cb() -> None:
@@ -68,18 +72,23 @@ async def connect(
     while True:
         attempt += 1
         try:
-            return await nats.connect(
+            # nats-py would retry the first connect forever by itself; connect once and
+            # retry here with backoff and a limit, then let it reconnect without end
+            nc = await nats.connect(
                 url,
                 name=name,
                 connect_timeout=2,
                 allow_reconnect=True,
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=1,  # 0 or allow_reconnect=False hang in nats-py 2.16
                 reconnect_time_wait=0.25,
                 error_cb=error_cb,
                 disconnected_cb=disconnected_cb,
                 reconnected_cb=reconnected_cb,
                 ping_interval=5,
             )
+            nc.options["max_reconnect_attempts"] = -1
+            connected = True
+            return nc
         except Exception as exc:  # NoServersError, OSError, TimeoutError, ...
             left = end - loop.time()
             why = str(exc) or type(exc).__name__

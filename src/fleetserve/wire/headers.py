@@ -145,6 +145,8 @@ def reply_headers(reply: Reply) -> tuple[dict[str, str], bytes]:
     if reply.error is not None:
         h[ERROR] = "1"
         return h, json.dumps(reply.error).encode()
+    if reply.payload is not None:
+        h[PAYLOAD] = reply.payload
     return h, reply.body
 
 
@@ -157,4 +159,4 @@ def reply_from_headers(h: Mapping[str, str] | None, body: bytes) -> Reply:
             return Reply(content_type=ctype, error=json.loads(body), timings=timings)
     except (ValueError, AttributeError) as exc:
         raise InvalidInput(f"malformed reply from the worker: {exc}", field="reply") from None
-    return Reply(body, ctype, timings=timings)
+    return Reply(body, ctype, timings=timings, payload=h.get(PAYLOAD) or None)

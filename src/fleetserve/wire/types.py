@@ -53,3 +53,4 @@ class Reply:
     content_type: Encoding = Encoding.JSON
     error: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # queue_ms, inference_ms
+    payload: str | None = None  # a payload-store key standing in for an offloaded body

@@ -1,0 +1,128 @@
+"""Payload offload as a WorkQueue wrapper: large bodies and results travel by reference.
+
+- The gateway's body over the threshold goes to the payload store; the message carries
+  its key (``Fleetserve-Payload``) and an empty body.
+- The worker reads it back at pull. A key that is gone sends the message to the
+  dead-letter stream with the reason, and the client gets a 500.
+- A result over the threshold goes the same way; the gateway reads it, then deletes
+  both objects when the request completes or times out. The TTL sweeper
+  (``storage.sweep_forever``) removes what a crashed process left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from ..storage import Offload, PayloadMissing
+from ..wire import Envelope, InternalError, Reply
+from .base import Message, PendingReply, QueueStats, WorkQueue
+
+log = logging.getLogger("fleetserve.offload")
+
+
+class _Pending:
+    def __init__(self, inner: PendingReply, offload: Offload, envelope: Envelope) -> None:
+        self._inner = inner
+        self._offload = offload
+        self._env = envelope
+
+    async def wait(self, timeout: float) -> Reply:
+        done = False
+        try:
+            reply = await self._inner.wait(timeout)
+            done = True
+            if reply.payload is not None:
+                reply.body = await self._offload.load(reply.payload)
+                reply.payload = None
+            return reply
+        finally:
+            # a caller that gives up before the deadline leaves the objects to the sweeper:
+            # the request may still be running, and its worker still needs the body
+            if done or time.time() >= self._env.deadline:
+                await self._offload.discard(self._env.request_id)
+
+    def cancel(self) -> None:
+        self._inner.cancel()
+
+
+class OffloadingQueue:
+    """Wraps any WorkQueue; everything but payloads passes straight through."""
+
+    def __init__(self, inner: WorkQueue, offload: Offload) -> None:
+        self.inner = inner
+        self.offload = offload
+
+    @property
+    def stats(self) -> QueueStats:
+        return self.inner.stats
+
+    @property
+    def healthy(self) -> bool:
+        return self.inner.healthy
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def publish(
+        self, envelope: Envelope, body: bytes, payload: str | None = None
+    ) -> _Pending:
+        key = await self.offload.stash(envelope.request_id, "in", body)
+        try:
+            if key is None:
+                pending = await self.inner.publish(envelope, body, payload)
+            else:
+                pending = await self.inner.publish(envelope, b"", key)
+        except BaseException:
+            await self.offload.discard(envelope.request_id)
+            raise
+        return _Pending(pending, self.offload, envelope)
+
+    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+        out = []
+        for msg in await self.inner.pull(models, budget, timeout):
+            if msg.payload is None or time.time() > msg.envelope.deadline:
+                out.append(msg)  # expired work is dropped unread by the worker
+                continue
+            try:
+                msg.body = await self.offload.load(msg.payload)
+            except PayloadMissing as exc:
+                err = InternalError("the request's offloaded body is missing", field="payload")
+                reply = Reply(content_type=msg.envelope.accept, error=err.to_body())
+                await self.inner.reply(msg, reply)
+                await self.inner.dead_letter(msg, f"payload missing: {exc}")
+                continue
+            out.append(msg)
+        return out
+
+    async def reply(self, msg: Message, reply: Reply) -> None:
+        if reply.error is None:
+            key = await self.offload.stash(msg.envelope.request_id, "out", reply.body)
+            if key is not None:
+                reply = Reply(b"", reply.content_type, timings=reply.timings, payload=key)
+        await self.inner.reply(msg, reply)
+
+    async def ack(self, msg: Message) -> None:
+        await self.inner.ack(msg)
+
+    async def nak(self, msg: Message, delay: float = 0.0) -> None:
+        await self.inner.nak(msg, delay)
+
+    async def touch(self, msg: Message) -> None:
+        await self.inner.touch(msg)
+
+    async def term(self, msg: Message) -> None:
+        await self.inner.term(msg)
+
+    async def dead_letter(self, msg: Message, reason: str) -> None:
+        await self.inner.dead_letter(msg, reason)
+
+    def depth(self, model: str) -> int:
+        return self.inner.depth(model)
+
+    async def refresh(self, models: Sequence[str]) -> None:
+        await self.inner.refresh(models)
