@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
 from .settings import Settings
+from .wire import FleetError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,12 +24,27 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="Gateway, in-process queue and a worker in one process.")
     Settings.add_arguments(serve)
+    gateway = sub.add_parser("gateway", help="The HTTP API in front of NATS (--nats URL).")
+    Settings.add_arguments(gateway)
+    worker = sub.add_parser("worker", help="Serve models from NATS (--nats URL [--devices …]).")
+    Settings.add_arguments(worker)
+    cluster = sub.add_parser(
+        "cluster", help="Local nats-server, one gateway and N workers, for trying it out."
+    )
+    cluster.add_argument("--workers", type=int, default=2, help="Worker processes [2].")
+    cluster.add_argument("--store-dir", default=None, help="JetStream store (default: temp).")
+    Settings.add_arguments(cluster)
+    dlq = sub.add_parser("dlq", help="The dead-letter stream: list, replay or purge.")
+    dlq.add_argument("action", choices=["list", "replay", "purge"])
+    dlq.add_argument("--seq", type=int, action="append", help="Only these entries (replay).")
+    dlq.add_argument("--limit", type=int, default=100, help="Entries to list [100].")
+    Settings.add_arguments(dlq)
     models = sub.add_parser("models", help="List the model catalog.")
     Settings.add_arguments(models)
     sub.add_parser(
         "bench",
-        help="Benchmark fleetserve against in-process and peers (fleetserve bench [embed|http] "
-        "--help).",
+        help="Benchmark fleetserve against in-process and peers "
+        "(fleetserve bench [embed|http|cost|sim] --help).",
     )
     return p
 
@@ -38,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = _parser().parse_args(argv)
     console = Console(stderr=True)
-    cli = {k: v for k, v in vars(args).items() if k != "command"}
+    extra = {"command", "workers", "store_dir", "action", "seq", "limit"}
+    cli = {k: v for k, v in vars(args).items() if k not in extra}
     try:
         settings = Settings.load(env=os.environ, cli=cli)
     except (ValueError, OSError) as exc:
@@ -49,24 +69,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "models":
         return _models(settings)
-    return _serve(settings, console)
+    if args.command == "cluster":
+        from .cluster.supervisor import run_cluster
 
+        try:
+            return run_cluster(settings, args.workers, os.environ, args.store_dir)
+        except (ValueError, OSError, FleetError) as exc:
+            console.print(f"[red]error:[/] {exc}")
+            return 1
+    if args.command == "dlq":
+        from .queue.dlq_cli import run_dlq
 
-def _serve(settings: Settings, console: Console) -> int:
+        return _run(run_dlq(settings, args.action, args.seq, args.limit), console)
+    if args.command == "gateway":
+        from .gateway.process import run_gateway
+
+        return _run(run_gateway(settings), console)
+    if args.command == "worker":
+        from .worker.process import run_worker
+
+        return _run(run_worker(settings), console)
     from .server import serve
 
-    try:
-        import uvloop
+    return _run(serve(settings), console)
 
-        uvloop.run(serve(settings))
+
+async def _until_signal(main: Coroutine[Any, Any, Any]) -> Any:
+    """Ctrl-C and SIGTERM cancel ``main``, so its ``finally`` blocks stop it cleanly."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await main
+    except asyncio.CancelledError:
+        return 0
+
+
+def _run(main: Coroutine[Any, Any, Any], console: Console) -> int:
+    import uvloop
+
+    try:
+        result = uvloop.run(_until_signal(main))
     except KeyboardInterrupt:
-        pass
-    except Exception as exc:
+        return 0
+    except (FleetError, ValueError, OSError, RuntimeError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 1
-    return 0
+    return int(result or 0)
 
 
 def _models(settings: Settings) -> int:

@@ -67,6 +67,49 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.batch_fill = Histogram(
+            "fleetserve_batch_fill",
+            "Padded tokens per batch as a fraction of the batch budget.",
+            ["model"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
+        self.queue_lag = Gauge(
+            "fleetserve_queue_lag_seconds",
+            "How long the last request pulled for a model had waited in the queue.",
+            ["model"],
+            registry=r,
+        )
+        self.put_backs = Gauge(
+            "fleetserve_put_backs",
+            "Messages pulled beyond the batch budget and put back (a running count).",
+            ["model"],
+            registry=r,
+        )
+        self.redeliveries = Gauge(
+            "fleetserve_redeliveries",
+            "Messages delivered again after a NAK or a missed ack (a running count).",
+            ["model"],
+            registry=r,
+        )
+        self.dead_letters = Gauge(
+            "fleetserve_dead_letters",
+            "Messages sent to the dead-letter stream (a running count).",
+            ["model"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "fleetserve_retries",
+            "Requests put back after their batch failed, to be tried again.",
+            ["model"],
+            registry=r,
+        )
+        self.utilization = Gauge(
+            "fleetserve_device_utilization",
+            "Fraction of recent wall time the model's forward thread was computing.",
+            ["model"],
+            registry=r,
+        )
         self.worker_up = Gauge(
             "fleetserve_worker_up", "1 while the worker's stages are running.", registry=r
         )

@@ -95,24 +95,10 @@ class EmbeddedServer:
         return out
 
     async def start(self) -> None:
-        config = uvicorn.Config(
-            self.gateway,
-            host=self.settings.host,
-            port=self.settings.port,
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
+        self._server, task, self.port = await start_http(
+            self.gateway, self.settings.host, self.settings.port
         )
-        sock = _bind(self.settings.host, self.settings.port)
-        self.port = int(sock.getsockname()[1])
-        self._server = uvicorn.Server(config)
-        self._tasks.append(asyncio.create_task(self._server.serve([sock]), name="http"))
-        while not self._server.started:
-            if self._tasks[0].done():
-                self._tasks[0].result()
-                raise RuntimeError("the HTTP server stopped during start-up")
-            await asyncio.sleep(0.01)
+        self._tasks.append(task)
         self.console.print(
             f"[bold green]fleetserve[/] API listening on http://{self.settings.host}:{self.port}"
         )
@@ -151,6 +137,30 @@ class EmbeddedServer:
                 await t
         await self.queue.close()
         self.worker.close()
+
+
+async def start_http(
+    app: Any, host: str, port: int
+) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    """Serve ``app`` with uvicorn (httptools) on ``host:port``; returns the bound port."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+    )
+    sock = _bind(host, port)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve([sock]), name="http")
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the HTTP server stopped during start-up")
+        await asyncio.sleep(0.01)
+    return server, task, int(sock.getsockname()[1])
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -99,6 +99,18 @@ class Settings:
     def device_list(self) -> list[str]:
         return [d.strip() for d in self.devices.split(",") if d.strip()]
 
+    def to_env(self) -> dict[str, str]:
+        """``FLEETSERVE_*`` variables for the fields that differ from their defaults,
+        so that child processes (``fleetserve cluster``) get the same settings."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "config" and v != f.default:
+                out[self.env_name(f.name)] = str(v)
+        if self.config:
+            out[self.env_name("config")] = self.config
+        return out
+
     @staticmethod
     def env_name(name: str) -> str:
         return ENV_PREFIX + name.upper()

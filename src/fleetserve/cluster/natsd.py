@@ -34,6 +34,15 @@ def server_binary() -> str:
     return found
 
 
+def die_with_parent() -> None:
+    """Linux: SIGTERM the server if its parent dies, so a killed test run leaks nothing."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class NatsServer:
     """A nats-server child process, stopped by PID.
 
@@ -75,7 +84,11 @@ class NatsServer:
             "--ports_file_dir", str(ports_dir),
         ]  # fmt: skip
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + timeout
         ports_file = ports_dir / f"nats-server_{self.proc.pid}.ports"

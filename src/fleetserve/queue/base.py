@@ -65,7 +65,8 @@ class WorkQueue(Protocol):
 
     async def close(self) -> None: ...
 
-    stats: QueueStats
+    @property
+    def stats(self) -> QueueStats: ...
 
     async def publish(
         self, envelope: Envelope, body: bytes, payload: str | None = None

@@ -159,11 +159,7 @@ class JetStreamQueue:
             if not p.future.done():
                 p.future.set_exception(Unavailable("the gateway is shutting down", retry_after=1))
         if self.nc is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2.0):
-                    if self.nc.is_connected:
-                        await self.nc.drain()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # unacked work is redelivered to others
                 async with asyncio.timeout(2.0):
                     await self.nc.close()
         self.nc = None

@@ -29,6 +29,7 @@ class Job:
     outputs: np.ndarray[Any, Any] | None = None
     infer_s: float = 0.0
     failed: bool = False
+    reason: str = ""  # why it failed, for the dead-letter stream (not for the client)
 
     def __post_init__(self) -> None:
         self.remaining = len(self.prepared.items)
@@ -68,6 +69,9 @@ class BatchFormer:
             self._drop(self._items.popleft())
         if not self._items:
             return []
+        head = self._items[0].job
+        if head.msg.attempts > 1:
+            return self._alone(head)
         window: list[WorkItem] = []
         window_tokens = 0
         for it in self._items:
@@ -82,6 +86,24 @@ class BatchFormer:
         for it in window:
             n = len(batch) + 1
             if batch and (len(it.ids) * n > self.max_batch_tokens or n > self.max_batch_size):
+                break
+            batch.append(it)
+        chosen = {id(it) for it in batch}
+        self._items = deque(it for it in self._items if id(it) not in chosen)
+        for it in batch:
+            self.pending_tokens -= len(it.ids)
+        return batch
+
+    def _alone(self, job: Job) -> list[WorkItem]:
+        """A retried request (its batch failed before) runs without others: if it is the
+        poison, it fails alone, and innocent requests are not retried with it."""
+        batch: list[WorkItem] = []
+        for it in self._items:
+            if it.job is not job:
+                continue
+            n = len(batch) + 1
+            width = max([len(it.ids), *(len(b.ids) for b in batch)])
+            if batch and (width * n > self.max_batch_tokens or n > self.max_batch_size):
                 break
             batch.append(it)
         chosen = {id(it) for it in batch}

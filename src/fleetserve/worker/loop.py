@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
 from ..wire import (
-    DeadlineExceeded,
     FleetError,
     InternalError,
     ModelNotFound,
@@ -42,11 +41,15 @@ class Worker:
         metrics: Metrics,
         *,
         pull_timeout: float = 0.25,
+        max_deliver: int = 1,
+        keepalive: float | None = None,
     ) -> None:
         self.queue = queue
         self.runners = dict(runners)
         self.metrics = metrics
         self.pull_timeout = pull_timeout
+        self.max_deliver = max_deliver  # 1: a failed batch is answered 500 at once
+        self.keepalive = keepalive  # seconds between in-progress acks for held work
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
@@ -69,9 +72,11 @@ class Worker:
                 self.metrics.worker_up.set(1)
                 for r in self.runners.values():
                     tg.create_task(
-                        r.run(self._schedule_finish, self._fail, self._expire, self._room)
+                        r.run(self._schedule_finish, self._crash, self._expire, self._room)
                     )
                 tg.create_task(self._pull_loop())
+                if self.keepalive:
+                    tg.create_task(self._keepalive_loop(self.keepalive))
         except Exception as exc:  # TaskGroup wraps stage crashes in an ExceptionGroup
             self.failed = exc
             log.error("worker stage crashed; failing the worker", exc_info=exc)
@@ -103,11 +108,12 @@ class Worker:
         if runner is None:
             await self._answer(msg, ModelNotFound(f"this worker does not serve {env.model!r}"))
             return
-        if time.time() > env.deadline:
-            self.metrics.expired.labels(env.model).inc()
-            await self._answer(msg, DeadlineExceeded("deadline passed while queued"))
-            return
         pulled_at = time.time()
+        self.metrics.queue_lag.labels(env.model).set(max(pulled_at - env.enqueued_at, 0.0))
+        if pulled_at > env.deadline:  # the gateway has answered 504: drop it, do not compute
+            self.metrics.expired.labels(env.model).inc()
+            await self.queue.term(msg)
+            return
         loop = asyncio.get_running_loop()
         try:
             if len(msg.body) <= INLINE_BODY_BYTES:
@@ -181,7 +187,36 @@ class Worker:
 
     async def _expire(self, job: Job, _err: FleetError) -> None:
         self.metrics.expired.labels(job.msg.envelope.model).inc()
-        await self._fail(job, DeadlineExceeded("deadline passed before inference"))
+        self._room.set()
+        if job.failed:
+            return
+        job.failed = True
+        self._jobs.discard(job)
+        await self.queue.term(job.msg)
+
+    async def _crash(self, job: Job, err: FleetError) -> None:
+        """The model raised on this job's batch: retry it (alone) or dead-letter it."""
+        self._room.set()
+        if job.failed:
+            return
+        job.failed = True
+        self._jobs.discard(job)
+        msg = job.msg
+        if msg.attempts < self.max_deliver:
+            self.metrics.retries.labels(msg.envelope.model).inc()
+            await self.queue.nak(msg, delay=min(0.05 * 2**msg.attempts, 2.0))
+            return
+        reply = Reply(content_type=msg.envelope.accept, error=err.to_body())
+        await self.queue.reply(msg, reply)
+        reason = job.reason or err.message
+        await self.queue.dead_letter(msg, f"{reason} (attempt {msg.attempts})")
+
+    async def _keepalive_loop(self, every: float) -> None:
+        """In-progress acks, so that held work is not redelivered while it waits here."""
+        while True:
+            await asyncio.sleep(every)
+            for job in list(self._jobs):
+                await self.queue.touch(job.msg)
 
     async def _answer(self, msg: Message, err: FleetError) -> None:
         """Reply with an error body, then ack: the request is finished."""

@@ -40,6 +40,7 @@ class ModelRunner:
         self._wake = asyncio.Event()
         self._forward = ThreadPoolExecutor(1, thread_name_prefix=f"forward-{spec.id}")
         self.loaded = False
+        self.busy_s = 0.0  # seconds the forward thread spent in forward passes
 
     def submit(self, job: Job) -> None:
         self.former.add(job)
@@ -52,12 +53,17 @@ class ModelRunner:
         self.loaded = True
 
     async def run(
-        self, finish: FinishFn, fail: FailFn, expire: FailFn, room: asyncio.Event
+        self,
+        finish: FinishFn,
+        crash: FailFn,
+        expire: FailFn,
+        room: asyncio.Event,
     ) -> None:
         """The batch loop; returns only by cancellation, raises if a stage breaks.
 
         ``room`` is set whenever a batch leaves the former, so that the pull loop
         tops it up while this batch runs and the forward thread never waits on intake.
+        A batch whose forward pass raises goes to ``crash``, job by job.
         """
         loop = asyncio.get_running_loop()
         model = self.spec.id
@@ -77,14 +83,20 @@ class ModelRunner:
                     self._forward, self.adapter.forward, [it.ids for it in batch]
                 )
             except Exception as exc:  # a model failure fails this batch's requests only
+                # the client sees the type only; the dead-letter reason keeps the text
                 err = InternalError(f"inference failed: {type(exc).__name__}")
                 for job in {id(it.job): it.job for it in batch}.values():
-                    await fail(job, err)
+                    job.reason = f"inference failed: {type(exc).__name__}: {exc}"[:300]
+                    await crash(job, err)
                 continue
             dt = time.perf_counter() - t0
+            self.busy_s += dt
             width = max(len(it.ids) for it in batch)
             self.metrics.batch_size.labels(model).observe(len(batch))
             self.metrics.batch_tokens.labels(model).observe(width * len(batch))
+            self.metrics.batch_fill.labels(model).observe(
+                width * len(batch) / self.former.max_batch_tokens
+            )
             self.metrics.tokens.labels(model).inc(sum(len(it.ids) for it in batch))
             self._route(batch, out, dt, finish)
 

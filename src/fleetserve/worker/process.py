@@ -1,0 +1,164 @@
+"""``fleetserve worker``: models and a Worker, pulling from NATS JetStream.
+
+It loads its models, sizes each consumer's ``ack_wait`` from the model's profile,
+connects (retrying with backoff), then runs the worker, a heartbeat that tells
+gateways which models it holds, a metrics refresher, and a small HTTP server for
+``/healthz``, ``/readyz`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from typing import Any
+
+from rich.console import Console
+
+from ..catalog import Catalog
+from ..cluster.presence import announce_forever
+from ..metrics import Metrics
+from ..queue.factory import open_distributed
+from ..server import build_catalog, build_runner, start_http
+from ..settings import Settings
+from .health import HealthApp
+from .loop import Worker
+from .runner import ModelRunner
+
+
+def ack_wait_for(runner: ModelRunner, settings: Settings) -> float:
+    """Seconds before unacked work is redelivered: 10 full batches, at least 2 s.
+
+    In-progress acks every third of it keep work that waits in the worker alive.
+    """
+    if settings.ack_wait > 0:
+        return settings.ack_wait
+    p = runner.profile
+    full = p.cost.predict_ms(
+        p.max_batch_tokens, max(1, p.max_batch_tokens // p.max_batch_size), p.max_batch_size
+    )
+    return max(2.0, 10 * full / 1e3)
+
+
+class WorkerProcess:
+    def __init__(
+        self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog if catalog is not None else build_catalog(settings)
+        self.console = console or Console(stderr=True)
+        self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.metrics = Metrics()
+        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in self.catalog}
+        self.worker: Worker | None = None
+        self.js: Any = None
+        self.port = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._http: Any = None
+        self._busy = {m: (time.monotonic(), 0.0) for m in self.runners}
+
+    @property
+    def ready(self) -> bool:
+        return self.worker is not None and self.worker.ready and bool(self.js and self.js.healthy)
+
+    def alive(self) -> bool:
+        return self.worker is None or self.worker.failed is None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.node,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "ready": self.ready,
+            "url": f"http://{self.settings.host}:{self.port}",
+            "device": self.settings.device,
+            "models": {
+                m: {"loaded": r.loaded, "precision": r.profile.precision,
+                    "hardware": r.profile.hardware}
+                for m, r in self.runners.items()
+            },
+        }  # fmt: skip
+
+    async def start(self) -> None:
+        app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
+        self._http, task, self.port = await start_http(
+            app, self.settings.host, self.settings.worker_port
+        )
+        self._tasks.append(task)
+        for m, r in self.runners.items():
+            t0 = time.perf_counter()
+            with self.console.status(f"Loading {m} ({r.profile.precision}, {r.profile.hardware})…"):
+                await r.load()
+            self.console.print(f"  loaded {m} in {time.perf_counter() - t0:.1f}s")
+        waits = {m: ack_wait_for(r, self.settings) for m, r in self.runners.items()}
+        self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
+        keepalive = min(waits.values(), default=5.0) / 3
+        self.worker = Worker(
+            queue,
+            self.runners,
+            self.metrics,
+            max_deliver=self.settings.max_deliver,
+            keepalive=keepalive,
+        )
+        self._tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
+        beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
+        self._tasks.append(asyncio.create_task(beat, name="heartbeat"))
+        self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
+        while not self.worker.running and not self._tasks[1].done():
+            await asyncio.sleep(0.001)
+        self.console.print(
+            f"[bold green]fleetserve worker[/] {self.node} ready: {', '.join(self.runners)}; "
+            f"health on http://{self.settings.host}:{self.port}"
+        )
+
+    async def _refresh_metrics(self) -> None:
+        models = list(self.runners)
+        m = self.metrics
+        assert self.worker is not None
+        queue = self.worker.queue
+        while True:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(Exception):
+                await queue.refresh(models)
+            stats = queue.stats
+            for model in models:
+                m.queue_depth.labels(model).set(queue.depth(model))
+                m.put_backs.labels(model).set(stats.put_backs.get(model, 0))
+                m.redeliveries.labels(model).set(stats.redeliveries.get(model, 0))
+                m.dead_letters.labels(model).set(stats.dead_letters.get(model, 0))
+                now, busy = time.monotonic(), self.runners[model].busy_s
+                t_prev, busy_prev = self._busy[model]
+                if now > t_prev:
+                    m.utilization.labels(model).set(min(1.0, (busy - busy_prev) / (now - t_prev)))
+                self._busy[model] = (now, busy)
+
+    async def wait(self) -> None:
+        """Until the worker stops or its HTTP server does."""
+        await asyncio.wait(self._tasks[:2], return_when=asyncio.FIRST_COMPLETED)
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            self._http.should_exit = True
+        for t in self._tasks[1:]:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.js is not None:
+            await self.js.close()
+        if self.worker is not None:
+            self.worker.close()
+
+
+async def run_worker(settings: Settings) -> None:
+    import sys
+
+    sys.setswitchinterval(settings.gil_switch_interval)
+    proc = WorkerProcess(settings)
+    try:
+        await proc.start()
+        await proc.wait()
+    finally:
+        await proc.stop()
