@@ -64,5 +64,8 @@ class Registry:
         for beat in self.workers():
             info = (beat.get("models") or {}).get(model)
             if info is not None:
-                out.append({"id": beat["id"], "ready": bool(beat.get("ready")), **info})
+                out.append(
+                    {"id": beat["id"], "ready": bool(beat.get("ready")), "url": beat.get("url"),
+                     **info}
+                )  # fmt: skip
         return out
