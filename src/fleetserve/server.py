@@ -61,7 +61,9 @@ class EmbeddedServer:
         self.metrics = Metrics()
         self.queue = MemoryQueue(settings.max_queue_depth, settings.retry_after)
         self.runners = {s.id: build_runner(s, settings, self.metrics) for s in self.catalog}
-        self.worker = Worker(self.queue, self.runners, self.metrics)
+        self.worker = Worker(
+            self.queue, self.runners, self.metrics, max_deliver=settings.max_deliver
+        )
         self.gateway = Gateway(
             settings,
             self.catalog,

@@ -184,3 +184,16 @@ def test_drain_returns_everything_left() -> None:
     left = bf.drain()
     assert [(it.job, it.index) for it in left] == [(j1, 1), (j2, 0)]
     assert len(bf) == 0 and bf.pending_tokens == 0 and bf.take() == []
+
+
+def test_a_retried_request_is_batched_alone() -> None:
+    bf = BatchFormer(max_batch_tokens=1000, max_batch_size=8)
+    retried = job(4, 4)
+    retried.msg.attempts = 2  # its batch failed before: it may be the poison
+    fresh = job(4, 4)
+    bf.add(retried)
+    bf.add(fresh)
+    first = bf.take()
+    assert {id(it.job) for it in first} == {id(retried)} and len(first) == 2
+    assert {id(it.job) for it in bf.take()} == {id(fresh)}
+    assert bf.pending_tokens == 0

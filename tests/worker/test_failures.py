@@ -141,3 +141,35 @@ def test_model_failure_is_500_without_traceback(tiny_catalog: Path) -> None:
         srv.call(lambda: setattr(adapter, "forward", real_forward))
         assert encode(srv).status_code == 200
         assert httpx.get(srv.url + "/readyz").status_code == 200
+
+
+def test_a_poison_request_fails_alone_and_its_batch_mates_succeed(tiny_catalog: Path) -> None:
+    with serving(tiny_catalog, max_deliver=3) as srv:
+        assert srv.server is not None
+        adapter = srv.server.runners[TINY].adapter
+        real_forward = adapter.forward
+
+        def picky(items: list[list[int]]) -> Any:
+            if any(len(ids) > 12 for ids in items):
+                raise RuntimeError("this model cannot take that input")
+            return real_forward(items)
+
+        srv.call(lambda: setattr(adapter, "forward", picky))
+        gate = block_forward(srv)  # queue them up so they share a first batch
+        long_text = " ".join(["word"] * 30)
+        with ThreadPoolExecutor(6) as pool:
+            bodies = [[long_text]] + [[f"short {i}"] for i in range(5)]
+            futs = [
+                pool.submit(
+                    httpx.post, f"{srv.url}/v1/encode/{TINY}", json={"inputs": b}, timeout=30
+                )
+                for b in bodies
+            ]
+            time.sleep(0.3)
+            gate.set()
+            codes = [f.result().status_code for f in futs]
+        assert codes == [500, 200, 200, 200, 200, 200]
+        queue = srv.server.queue
+        assert len(queue.dead) == 1
+        msg, reason = queue.dead[0]
+        assert "cannot take that input" in reason and msg.attempts == 3

@@ -46,6 +46,8 @@ class WorkerProcess:
     def __init__(
         self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
     ) -> None:
+        if not settings.nats:
+            raise ValueError("distributed mode needs a NATS URL: --nats nats://HOST:4222")
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)

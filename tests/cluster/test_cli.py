@@ -1,0 +1,88 @@
+"""`fleetserve cluster`: one command starts NATS, a gateway and workers; Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetserve.cli import main
+
+from ..conftest import TINY
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cluster_serves_and_ctrl_c_stops_everything(cluster_catalog: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "FLEETSERVE_CATALOG": str(cluster_catalog), "FLEETSERVE_MODELS": TINY,
+           "FLEETSERVE_DEVICE": "cpu"}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetserve", "cluster", "--workers", "2", "--port", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if "Ctrl-C stops everything" in line or not line:
+                break
+        out = "".join(lines)
+        assert "nats-server (JetStream) on nats://127.0.0.1:" in out
+        assert f"http://127.0.0.1:{port}" in out
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/encode/{TINY}", json={"inputs": ["hi"]})
+        assert r.status_code == 200
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+        assert {w["id"] for w in models[0]["workers"]} == {"worker-0", "worker-1"}
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(children) == 4  # nats-server, gateway, 2 workers
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        for pid in children:
+            deadline = time.monotonic() + 10
+            while _alive(int(pid)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(int(pid)), f"child {pid} outlived the cluster"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+@pytest.mark.parametrize("command", ["gateway", "worker", "dlq"])
+def test_distributed_commands_need_a_nats_url(
+    command: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    args = [command, "list"] if command == "dlq" else [command]
+    assert main([*args, "--port", "0"]) != 0
+    err = capfd.readouterr().err
+    assert "needs a NATS URL: --nats nats://HOST:4222" in err
+    assert "Traceback" not in err
