@@ -86,3 +86,9 @@ def test_distributed_commands_need_a_nats_url(
     err = capfd.readouterr().err
     assert "needs a NATS URL: --nats nats://HOST:4222" in err
     assert "Traceback" not in err
+
+
+def test_readme_shows_the_cluster_command_tested_above() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "fleetserve cluster --workers 2" in readme
+    assert "fleetserve gateway --nats" in readme and "fleetserve worker  --nats" in readme
