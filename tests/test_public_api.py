@@ -53,16 +53,16 @@ def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for cmd in ("serve", "models", "bench"):
+    for cmd in ("serve", "models", "bench", "gateway", "worker", "cluster", "dlq"):
         assert cmd in out
 
 
-@pytest.mark.parametrize("cmd", ["serve", "models"])
+@pytest.mark.parametrize("cmd", ["serve", "models", "gateway", "worker", "cluster", "dlq"])
 def test_subcommands_take_the_settings_flags(cmd: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main([cmd, "--help"])
     out = capsys.readouterr().out
-    for flag in ("--host", "--port", "--models", "--catalog", "--api-key", "--config"):
+    for flag in ("--host", "--port", "--models", "--catalog", "--api-key", "--config", "--nats"):
         assert flag in out
 
 
