@@ -173,3 +173,27 @@ def test_a_poison_request_fails_alone_and_its_batch_mates_succeed(tiny_catalog: 
         assert len(queue.dead) == 1
         msg, reason = queue.dead[0]
         assert "cannot take that input" in reason and msg.attempts == 3
+
+
+def test_a_crashed_worker_on_a_shared_queue_gives_its_work_back(tiny_catalog: Path) -> None:
+    with serving(tiny_catalog) as srv:
+        assert srv.server is not None
+        srv.server.worker.shared_queue = True  # as `fleetserve worker` runs it
+        runner = srv.server.runners[TINY]
+        gate = block_forward(srv)
+
+        def boom() -> list[object]:
+            raise RuntimeError("injected batch former bug")
+
+        with ThreadPoolExecutor(3) as pool:
+            futs = [pool.submit(encode, srv, **{"x-request-timeout": "3"}) for _ in range(3)]
+            time.sleep(0.3)
+            srv.call(lambda: setattr(runner.former, "take", boom))
+            gate.set()
+            srv.call(lambda: runner._wake.set())
+            time.sleep(0.5)
+            # nobody answered them 503: they are back in the queue for another worker
+            back = srv.call(lambda: srv.server.queue.depth(TINY))  # type: ignore[union-attr]
+            codes = sorted(f.result().status_code for f in futs)
+        assert back >= 1 and codes.count(504) == back  # no other worker here to take them
+        assert set(codes) <= {200, 504}

@@ -43,6 +43,7 @@ class Worker:
         pull_timeout: float = 0.25,
         max_deliver: int = 1,
         keepalive: float | None = None,
+        shared_queue: bool = False,
     ) -> None:
         self.queue = queue
         self.runners = dict(runners)
@@ -50,6 +51,7 @@ class Worker:
         self.pull_timeout = pull_timeout
         self.max_deliver = max_deliver  # 1: a failed batch is answered 500 at once
         self.keepalive = keepalive  # seconds between in-progress acks for held work
+        self.shared_queue = shared_queue  # other workers pull from the same queue
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
@@ -227,10 +229,18 @@ class Worker:
         await self.queue.ack(msg)
 
     async def _fail_all(self, err: FleetError) -> None:
-        for job in list(self._jobs):
-            await self._fail(job, err)
+        """A crashed worker gives back what it holds. On a shared queue other workers
+        take it (NAK); alone (embedded) it answers it, and what is queued, with 503."""
         for r in self.runners.values():
             r.former.drain()
+        if self.shared_queue:
+            for job in list(self._jobs):
+                job.failed = True
+                self._jobs.discard(job)
+                await self.queue.nak(job.msg)
+            return
+        for job in list(self._jobs):
+            await self._fail(job, err)
         while msgs := await self.queue.pull(list(self.runners), 1 << 30, 0.0):
             for msg in msgs:
                 await self._answer(msg, err)

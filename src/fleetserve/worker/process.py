@@ -103,6 +103,7 @@ class WorkerProcess:
             self.metrics,
             max_deliver=self.settings.max_deliver,
             keepalive=keepalive,
+            shared_queue=True,
         )
         self._tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
@@ -157,6 +158,10 @@ class WorkerProcess:
 async def run_worker(settings: Settings) -> None:
     import sys
 
+    if len(settings.device_list()) > 1:  # one puller, one process per device
+        from .devices import run_devices
+
+        return await run_devices(settings)
     sys.setswitchinterval(settings.gil_switch_interval)
     proc = WorkerProcess(settings)
     try:

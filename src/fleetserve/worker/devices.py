@@ -1,0 +1,444 @@
+"""``fleetserve worker --devices a,b``: one puller per machine, one process per device.
+
+The parent (:class:`DevicePool`) holds the one upstream WorkQueue (JetStream) and a
+:class:`~fleetserve.queue.local.LocalQueueServer` on a Unix socket; it loads no
+model. Each device gets a child process (:class:`DeviceProcess`, run as
+``python -m fleetserve.worker.devices``) with a normal Worker, its models built for
+that device, and a ``LocalQueueClient`` as its queue. Settings reach the child as
+``FLEETSERVE_*`` pairs (JSON) on its stdin, so no secret shows on a command line.
+
+- A child that exits (a crash, ``kill -9``) loses its socket: what it held goes to
+  the other devices at once, attempts + 1. It is restarted with backoff.
+- Children die with the parent (``PR_SET_PDEATHSIG``), and a child whose parent goes
+  away stops; upstream then redelivers after ``ack_wait``.
+- ``cpu:N`` devices share the cores: each child gets its slice (CPU affinity) and
+  ``torch_threads`` of cores / devices unless set. ``cuda:N`` is used as given.
+- The parent serves ``/healthz``, ``/readyz`` (upstream connected and at least one
+  device ready) and ``/metrics``; each child serves its own on a free port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter
+from rich.console import Console
+
+from ..catalog import Catalog, Profile
+from ..cluster.natsd import die_with_parent
+from ..cluster.presence import announce_forever
+from ..metrics import Metrics
+from ..queue.factory import open_distributed
+from ..queue.local import LocalQueueClient, LocalQueueServer
+from ..runtimes import hardware_class
+from ..server import build_catalog, build_runner, start_http
+from ..settings import Settings
+from .health import HealthApp
+from .loop import Worker
+from .process import ack_wait_for
+
+log = logging.getLogger("fleetserve.devices")
+MAX_BACKOFF = 30.0
+
+
+def runtime_device(device: str) -> str:
+    """``cpu:N`` runs on torch's one CPU device (the cores are split instead)."""
+    return "cpu" if device.split(":", 1)[0] == "cpu" else device
+
+
+def _cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def core_share(index: int, n: int, cores: list[int]) -> list[int]:
+    """The ``index``-th of ``n`` even slices of ``cores`` (one core each if too few)."""
+    share = cores[index * len(cores) // n : (index + 1) * len(cores) // n]
+    return share or [cores[index % len(cores)]]
+
+
+def child_settings(settings: Settings, device: str, n: int) -> Settings:
+    threads = settings.torch_threads or max(1, len(_cores()) // n)
+    return dataclasses.replace(
+        settings, device=runtime_device(device), devices="", worker_port=0, torch_threads=threads
+    )
+
+
+def profile_ack_wait(profile: Profile, settings: Settings) -> float:
+    """``ack_wait_for`` from the profile alone: the parent builds no runner."""
+    if settings.ack_wait > 0:
+        return settings.ack_wait
+    p = profile
+    full = p.cost.predict_ms(
+        p.max_batch_tokens, max(1, p.max_batch_tokens // p.max_batch_size), p.max_batch_size
+    )
+    return max(2.0, 10 * full / 1e3)
+
+
+@dataclass(eq=False)
+class _Child:
+    index: int
+    device: str
+    proc: subprocess.Popen[bytes] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    failures: int = 0  # exits since it was last ready
+    restart_at: float | None = None
+
+
+class DevicePool:
+    """The parent: upstream queue, local queue server, and one child per device."""
+
+    def __init__(
+        self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
+    ) -> None:
+        self.settings = settings
+        self.devices = settings.device_list()
+        self.catalog = catalog if catalog is not None else build_catalog(settings)
+        self.console = console or Console(stderr=True)
+        self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        hw = settings.hardware_class or hardware_class(runtime_device(self.devices[0]))
+        self.profiles = {s.id: s.profile(hw) for s in self.catalog}
+        self.metrics = Metrics()
+        self.restarts = Counter(
+            "fleetserve_device_restarts",
+            "Device processes restarted after they exited.",
+            ["device"],
+            registry=self.metrics.registry,
+        )
+        self.children = [_Child(i, d) for i, d in enumerate(self.devices)]
+        self.server: LocalQueueServer | None = None
+        self.js: Any = None
+        self.port = 0
+        self._dir = ""
+        self._http: Any = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._announced = False
+
+    # -- state ----------------------------------------------------------------------
+    def _live(self) -> list[dict[str, Any]]:
+        return self.server.clients if self.server is not None else []
+
+    @property
+    def ready(self) -> bool:
+        up = bool(self.js is not None and self.js.healthy)
+        return up and any(info.get("ready") for info in self._live())
+
+    def alive(self) -> bool:
+        return not any(t.done() for t in self._tasks[1:2])  # the supervisor
+
+    def describe(self) -> dict[str, Any]:
+        live = {info.get("index"): info for info in self._live()}
+        devices = []
+        for c in self.children:
+            info = live.get(c.index, {})
+            devices.append(
+                {
+                    "device": c.device,
+                    "pid": c.proc.pid if c.proc is not None else None,
+                    "ready": bool(info.get("ready")),
+                    "url": info.get("url"),
+                }
+            )
+        any_ready = any(d["ready"] for d in devices)
+        return {
+            "id": self.node,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "ready": self.ready,
+            "url": f"http://{self.settings.host}:{self.port}",
+            "device": ",".join(self.devices),
+            "devices": devices,
+            "models": {
+                m: {"loaded": any_ready, "precision": p.precision, "hardware": p.hardware}
+                for m, p in self.profiles.items()
+            },
+        }
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
+        self._http, task, self.port = await start_http(
+            app, self.settings.host, self.settings.worker_port
+        )
+        self._tasks.append(task)
+        waits = {m: profile_ack_wait(p, self.settings) for m, p in self.profiles.items()}
+        self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
+        self._dir = tempfile.mkdtemp(prefix="fleetserve-devices-")
+        self.server = LocalQueueServer(
+            queue,
+            os.path.join(self._dir, "queue.sock"),
+            touch_every=min(waits.values(), default=5.0) / 3,
+            max_deliver=self.settings.max_deliver,
+            on_hello=self._on_hello,
+            on_lost=self._on_lost,
+        )
+        await self.server.start()
+        self.console.print(
+            f"[bold]fleetserve worker[/] {self.node}: local queue on {self.server.path}; "
+            f"starting {len(self.children)} device processes ({', '.join(self.devices)})"
+        )
+        for c in self.children:
+            self._spawn(c)
+        self._tasks.append(asyncio.create_task(self._supervise(), name="supervisor"))
+        beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
+        self._tasks.append(asyncio.create_task(beat, name="heartbeat"))
+        self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
+
+    def _spawn(self, c: _Child) -> None:
+        assert self.server is not None
+        c.restart_at = None
+        c.info = {}
+        cmd = [sys.executable, "-m", __name__, "--socket", self.server.path]
+        cmd += ["--index", str(c.index), "--device", c.device, "--of", str(len(self.children))]
+        c.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent
+        )
+        env = child_settings(self.settings, c.device, len(self.children)).to_env()
+        assert c.proc.stdin is not None
+        with contextlib.suppress(OSError):  # it died at once: the supervisor sees it
+            c.proc.stdin.write(json.dumps(env).encode())
+        with contextlib.suppress(OSError):
+            c.proc.stdin.close()
+
+    def _on_hello(self, info: dict[str, Any]) -> None:
+        index = info.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(self.children):
+            return
+        c = self.children[index]
+        c.info = info
+        if not info.get("ready"):
+            return
+        c.failures = 0
+        self.console.print(
+            f"  device {c.device} ready: pid {info.get('pid')}, health on {info.get('url')}"
+        )
+        if not self._announced:
+            self._announced = True
+            self.console.print(
+                f"[bold green]fleetserve worker[/] {self.node} ready: "
+                f"{', '.join(self.profiles)} on {', '.join(self.devices)}; "
+                f"health on http://{self.settings.host}:{self.port}"
+            )
+
+    def _on_lost(self, info: dict[str, Any], held: int) -> None:
+        log.warning(
+            "device %s went away holding %d request(s); they go to the other devices",
+            info.get("device", "?"),
+            held,
+        )
+
+    async def _supervise(self) -> None:
+        """Restart children that exit: at once after a crash, backing off if they keep dying."""
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.monotonic()
+            for c in self.children:
+                if c.proc is not None and c.proc.poll() is not None:
+                    code, pid = c.proc.returncode, c.proc.pid
+                    c.proc = None
+                    c.failures += 1
+                    delay = min(MAX_BACKOFF, 0.5 * 2 ** (c.failures - 1))
+                    c.restart_at = now + delay
+                    self.restarts.labels(c.device).inc()
+                    self.console.print(
+                        f"[yellow]device {c.device} (pid {pid}) exited with {code}; "
+                        f"restarting in {delay:.1f}s[/]"
+                    )
+                if c.proc is None and c.restart_at is not None and now >= c.restart_at:
+                    self._spawn(c)
+
+    async def _refresh_metrics(self) -> None:
+        assert self.server is not None
+        server, m = self.server, self.metrics
+        models = list(self.profiles)
+        while True:
+            with contextlib.suppress(Exception):
+                await server.upstream.refresh(models)
+            up, here = server.upstream.stats, server.stats
+            for model in models:
+                m.queue_depth.labels(model).set(server.depth(model))
+                m.put_backs.labels(model).set(up.put_backs.get(model, 0))
+                redelivered = up.redeliveries.get(model, 0) + here.redeliveries.get(model, 0)
+                m.redeliveries.labels(model).set(redelivered)
+                m.dead_letters.labels(model).set(up.dead_letters.get(model, 0))
+            m.worker_up.set(1 if self.ready else 0)
+            await asyncio.sleep(1.0)
+
+    async def wait(self) -> None:
+        """Until the HTTP server or the supervisor stops."""
+        await asyncio.wait(self._tasks[:2], return_when=asyncio.FIRST_COMPLETED)
+
+    async def stop(self) -> None:
+        for t in self._tasks[1:]:
+            t.cancel()
+        for t in self._tasks[1:]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self._stop_children()
+        if self.server is not None:
+            await self.server.close()  # what is left goes back upstream
+        if self.js is not None:
+            await self.js.close()
+        if self._http is not None:
+            self._http.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._tasks[0]
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _stop_children(self, timeout: float = 10.0) -> None:
+        procs = [c.proc for c in self.children if c.proc is not None]
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+        end = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+async def run_devices(settings: Settings) -> None:
+    sys.setswitchinterval(settings.gil_switch_interval)
+    pool = DevicePool(settings)
+    try:
+        await pool.start()
+        await pool.wait()
+    finally:
+        await pool.stop()
+
+
+# -- the child: one device ---------------------------------------------------------------
+class DeviceProcess:
+    """A Worker for one device, fed by the parent's local queue."""
+
+    def __init__(
+        self, settings: Settings, path: str, index: int, device: str, console: Console
+    ) -> None:
+        self.settings = settings
+        self.index = index
+        self.device = device
+        self.console = console
+        self.metrics = Metrics()
+        catalog = build_catalog(settings)
+        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in catalog}
+        self.queue = LocalQueueClient(path)
+        self.worker: Worker | None = None
+        self.port = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.worker is not None and self.worker.ready and self.queue.healthy
+
+    def alive(self) -> bool:
+        return self.worker is None or self.worker.failed is None
+
+    async def run(self) -> int:
+        """Serve until the worker fails (1) or the parent goes away (0)."""
+        app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
+        http, http_task, self.port = await start_http(app, self.settings.host, 0)
+        work: asyncio.Task[None] | None = None
+        try:
+            for m, r in self.runners.items():
+                t0 = time.perf_counter()
+                await r.load()
+                self.console.print(
+                    f"  [{self.device}] loaded {m} in {time.perf_counter() - t0:.1f}s"
+                )
+            await self.queue.start()
+            waits = [ack_wait_for(r, self.settings) for r in self.runners.values()]
+            self.worker = Worker(
+                self.queue,
+                self.runners,
+                self.metrics,
+                max_deliver=self.settings.max_deliver,
+                keepalive=min(waits, default=5.0) / 3,
+            )
+            work = asyncio.create_task(self.worker.run(), name="worker")
+            while not self.worker.running and not work.done():
+                await asyncio.sleep(0.001)
+            self.queue.announce(
+                {
+                    "index": self.index,
+                    "device": self.device,
+                    "pid": os.getpid(),
+                    "ready": self.ready,
+                    "url": f"http://{self.settings.host}:{self.port}",
+                }
+            )
+            lost = asyncio.create_task(self.queue.lost.wait())
+            await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
+            lost.cancel()
+            return 1 if self.worker.failed is not None or work.done() else 0
+        finally:
+            if work is not None:
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+            await self.queue.close()
+            if self.worker is not None:
+                self.worker.close()
+            http.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await http_task
+
+
+async def _until_signal(proc: DeviceProcess) -> int:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await proc.run()
+    except asyncio.CancelledError:
+        return 0
+
+
+def child_main(argv: list[str] | None = None) -> int:
+    """A device process: settings as ``FLEETSERVE_*`` JSON on stdin."""
+    p = argparse.ArgumentParser(prog="fleetserve-device")
+    p.add_argument("--socket", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--of", type=int, default=1)
+    args = p.parse_args(argv)
+    settings = Settings.load(env=json.loads(sys.stdin.read() or "{}"))
+    console = Console(stderr=True)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format=f"[{args.device}] %(message)s", stream=sys.stderr
+    )
+    if args.device.split(":", 1)[0] == "cpu" and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, core_share(args.index, args.of, _cores()))
+    sys.setswitchinterval(settings.gil_switch_interval)
+    import uvloop
+
+    try:
+        proc = DeviceProcess(settings, args.socket, args.index, args.device, console)
+        return int(uvloop.run(_until_signal(proc)))
+    except (OSError, ValueError, RuntimeError) as exc:
+        console.print(f"[red]error:[/] device {args.device}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(child_main())
