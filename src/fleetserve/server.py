@@ -130,13 +130,7 @@ class EmbeddedServer:
             await self._tasks[0]
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        for t in self._tasks[1:]:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await shutdown(self._server, self._tasks)
         await self.queue.close()
         self.worker.close()
 
@@ -163,6 +157,17 @@ async def start_http(
             raise RuntimeError("the HTTP server stopped during start-up")
         await asyncio.sleep(0.01)
     return server, task, int(sock.getsockname()[1])
+
+
+async def shutdown(http: uvicorn.Server | None, tasks: list[asyncio.Task[Any]]) -> None:
+    """Stop the HTTP server (``tasks[0]``) gracefully and cancel the other tasks."""
+    if http is not None:
+        http.should_exit = True
+    for t in tasks[1:]:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
 
 
 def _bind(host: str, port: int) -> socket.socket:

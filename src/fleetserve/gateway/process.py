@@ -8,7 +8,6 @@ that crashed processes left in the store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -21,7 +20,7 @@ from ..catalog import Catalog
 from ..cluster.presence import Registry
 from ..metrics import Metrics
 from ..queue.factory import open_distributed
-from ..server import build_catalog, start_http
+from ..server import build_catalog, shutdown, start_http
 from ..settings import Settings
 from ..storage import sweep_forever
 from .app import Gateway
@@ -93,13 +92,7 @@ class GatewayProcess:
             await self._tasks[0]
 
     async def stop(self) -> None:
-        if self._http is not None:
-            self._http.should_exit = True
-        for t in self._tasks[1:]:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await shutdown(self._http, self._tasks)
         if self.js is not None:
             await self.js.close()
 

@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire import DeadlineExceeded, Envelope, Overloaded, Reply, Unavailable
+from ..wire import Envelope, Overloaded, Reply, Unavailable
 from ..wire import headers as H
 from .base import Message, QueueStats
 from .dlq import DeadLetters
 from .js_pull import Puller
 from .nats_conn import connect
+from .pending import Pending
 
 log = logging.getLogger("fleetserve.queue")
 FULL = 10077  # JetStream: maximum messages per subject exceeded
@@ -53,33 +54,6 @@ class StreamOptions:
         return f"{self.prefix}.work.{H.subject_token(model)}"
 
 
-class _Pending:
-    def __init__(self, queue: JetStreamQueue, request_id: str) -> None:
-        self._queue = queue
-        self._id = request_id
-        self.future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.future.add_done_callback(_retrieved)  # failed while nobody waits: no warning
-
-    async def wait(self, timeout: float) -> Reply:
-        try:
-            async with asyncio.timeout(max(timeout, 0.0)):
-                return await self.future
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"no result within {timeout:.3f}s", field="x-request-timeout"
-            ) from None
-        finally:
-            self.cancel()
-
-    def cancel(self) -> None:
-        self._queue._pending.pop(self._id, None)
-
-
-def _retrieved(f: asyncio.Future[Reply]) -> None:
-    if not f.cancelled():
-        f.exception()
-
-
 class JetStreamQueue:
     """WorkQueue over NATS JetStream, for gateways and workers in separate processes."""
 
@@ -100,7 +74,7 @@ class JetStreamQueue:
         self.stats = QueueStats()
         self.nc: Any = None
         self.js: Any = None
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, Pending] = {}
         self._closed = True
         self._reply_subject = f"{self.options.prefix}.reply.{self.node}"
         self.puller: Puller | None = None
@@ -156,8 +130,7 @@ class JetStreamQueue:
         if self.puller is not None:
             await self.puller.close()
         for p in list(self._pending.values()):
-            if not p.future.done():
-                p.future.set_exception(Unavailable("the gateway is shutting down", retry_after=1))
+            p.fail(Unavailable("the gateway is shutting down", retry_after=1))
         if self.nc is not None:
             with contextlib.suppress(Exception):  # unacked work is redelivered to others
                 async with asyncio.timeout(2.0):
@@ -174,8 +147,7 @@ class JetStreamQueue:
             return
         err = Unavailable("lost the connection to the queue; retry", retry_after=self.retry_after)
         for p in list(self._pending.values()):
-            if not p.future.done():
-                p.future.set_exception(err)
+            p.fail(err)
         self._pending.clear()
         if self.puller is not None:
             self.puller.reset()
@@ -185,12 +157,10 @@ class JetStreamQueue:
             self.puller.reset()
 
     # -- gateway side -------------------------------------------------------------
-    async def publish(
-        self, envelope: Envelope, body: bytes, payload: str | None = None
-    ) -> _Pending:
+    async def publish(self, envelope: Envelope, body: bytes, payload: str | None = None) -> Pending:
         if not self.healthy:
             raise Unavailable("not connected to the queue", retry_after=self.retry_after)
-        pending = _Pending(self, envelope.request_id)
+        pending = Pending(envelope.request_id, self._forget)
         self._pending[envelope.request_id] = pending
         headers = H.envelope_headers(envelope, self._reply_subject, payload)
         try:
@@ -214,12 +184,15 @@ class JetStreamQueue:
     async def _on_reply(self, msg: Any) -> None:
         rid = (msg.headers or {}).get(H.REQUEST_ID)
         pending = self._pending.pop(rid, None) if rid else None
-        if pending is None or pending.future.done():
+        if pending is None:
             return  # late, duplicate, or cancelled: dropped
         try:
-            pending.future.set_result(H.reply_from_headers(msg.headers, msg.data))
+            pending.resolve(H.reply_from_headers(msg.headers, msg.data))
         except Exception as exc:
-            pending.future.set_exception(exc)
+            pending.fail(exc)
+
+    def _forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
 
     # -- worker side --------------------------------------------------------------
     def _puller(self) -> Puller:

@@ -11,29 +11,9 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 
-from ..wire import DeadlineExceeded, Envelope, Overloaded, Reply
+from ..wire import Envelope, Overloaded, Reply
 from .base import Message, QueueStats
-
-
-class _Pending:
-    def __init__(self, queue: MemoryQueue, request_id: str) -> None:
-        self._queue = queue
-        self._id = request_id
-        self.future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-
-    async def wait(self, timeout: float) -> Reply:
-        try:
-            async with asyncio.timeout(max(timeout, 0.0)):
-                return await self.future
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"no result within {timeout:.3f}s", field="x-request-timeout"
-            ) from None
-        finally:
-            self.cancel()
-
-    def cancel(self) -> None:
-        self._queue._pending.pop(self._id, None)
+from .pending import Pending
 
 
 class MemoryQueue:
@@ -44,7 +24,7 @@ class MemoryQueue:
         self._retry_after = retry_after
         self._queues: dict[str, deque[Message]] = {}
         self._inflight: dict[int, Message] = {}
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, Pending] = {}
         self._ids = itertools.count(1)
         self._arrived = asyncio.Event()
         self._closed = False
@@ -69,16 +49,14 @@ class MemoryQueue:
     async def refresh(self, models: Sequence[str]) -> None:
         return None
 
-    async def publish(
-        self, envelope: Envelope, body: bytes, payload: str | None = None
-    ) -> _Pending:
+    async def publish(self, envelope: Envelope, body: bytes, payload: str | None = None) -> Pending:
         q = self._queues.setdefault(envelope.model, deque())
         if len(q) >= self._max_depth:
             raise Overloaded(
                 f"queue for {envelope.model!r} is full ({self._max_depth} waiting)",
                 retry_after=self._retry_after,
             )
-        pending = _Pending(self, envelope.request_id)
+        pending = Pending(envelope.request_id, self._forget)
         self._pending[envelope.request_id] = pending
         q.append(Message(envelope, body, next(self._ids), payload=payload))
         self._arrived.set()
@@ -155,5 +133,8 @@ class MemoryQueue:
 
     async def reply(self, msg: Message, reply: Reply) -> None:
         pending = self._pending.pop(msg.envelope.request_id, None)
-        if pending is not None and not pending.future.done():
-            pending.future.set_result(reply)
+        if pending is not None:
+            pending.resolve(reply)
+
+    def _forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)

@@ -88,11 +88,7 @@ class BatchFormer:
             if batch and (len(it.ids) * n > self.max_batch_tokens or n > self.max_batch_size):
                 break
             batch.append(it)
-        chosen = {id(it) for it in batch}
-        self._items = deque(it for it in self._items if id(it) not in chosen)
-        for it in batch:
-            self.pending_tokens -= len(it.ids)
-        return batch
+        return self._remove(batch)
 
     def _alone(self, job: Job) -> list[WorkItem]:
         """A retried request (its batch failed before) runs without others: if it is the
@@ -106,6 +102,9 @@ class BatchFormer:
             if batch and (width * n > self.max_batch_tokens or n > self.max_batch_size):
                 break
             batch.append(it)
+        return self._remove(batch)
+
+    def _remove(self, batch: list[WorkItem]) -> list[WorkItem]:
         chosen = {id(it) for it in batch}
         self._items = deque(it for it in self._items if id(it) not in chosen)
         for it in batch:

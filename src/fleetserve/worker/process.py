@@ -21,7 +21,7 @@ from ..catalog import Catalog
 from ..cluster.presence import announce_forever
 from ..metrics import Metrics
 from ..queue.factory import open_distributed
-from ..server import build_catalog, build_runner, start_http
+from ..server import build_catalog, build_runner, shutdown, start_http
 from ..settings import Settings
 from .health import HealthApp
 from .loop import Worker
@@ -142,13 +142,7 @@ class WorkerProcess:
         await asyncio.wait(self._tasks[:2], return_when=asyncio.FIRST_COMPLETED)
 
     async def stop(self) -> None:
-        if self._http is not None:
-            self._http.should_exit = True
-        for t in self._tasks[1:]:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await shutdown(self._http, self._tasks)
         if self.js is not None:
             await self.js.close()
         if self.worker is not None:
