@@ -18,6 +18,8 @@ from fleetserve.queue.offload import OffloadingQueue
 from fleetserve.storage import MemoryStore, Offload
 from fleetserve.wire import DeadlineExceeded, Encoding, Envelope, Overloaded, Reply, Task
 
+from .test_local import LocalStack
+
 MakeQueue = Callable[..., Awaitable[WorkQueue]]
 _prefixes = itertools.count()
 
@@ -41,7 +43,23 @@ def _offloaded(request: pytest.FixtureRequest, max_depth: int, retry_after: floa
     return OffloadingQueue(inner, Offload(MemoryStore(), threshold=0))
 
 
-IMPLS = {"memory": _memory, "jetstream": _jetstream, "jetstream+offload": _offloaded}
+def _local(request: pytest.FixtureRequest, max_depth: int, retry_after: float) -> WorkQueue:
+    """A device process's client, over a Unix socket, to a local queue on a memory queue."""
+    return LocalStack(MemoryQueue(max_depth=max_depth, retry_after=retry_after))
+
+
+def _local_js(request: pytest.FixtureRequest, max_depth: int, retry_after: float) -> WorkQueue:
+    """The same over JetStream, as ``fleetserve worker --devices`` runs it."""
+    return LocalStack(_jetstream(request, max_depth, retry_after))
+
+
+IMPLS = {
+    "memory": _memory,
+    "jetstream": _jetstream,
+    "jetstream+offload": _offloaded,
+    "local": _local,
+    "local+jetstream": _local_js,
+}
 
 _ids = itertools.count()
 

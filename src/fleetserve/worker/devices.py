@@ -2,10 +2,10 @@
 
 The parent (:class:`DevicePool`) holds the one upstream WorkQueue (JetStream) and a
 :class:`~fleetserve.queue.local.LocalQueueServer` on a Unix socket; it loads no
-model. Each device gets a child process (:class:`DeviceProcess`, run as
-``python -m fleetserve.worker.devices``) with a normal Worker, its models built for
-that device, and a ``LocalQueueClient`` as its queue. Settings reach the child as
-``FLEETSERVE_*`` pairs (JSON) on its stdin, so no secret shows on a command line.
+model. Each device gets a child process (``device_child.py``) with a normal Worker,
+its models built for that device, and a ``LocalQueueClient`` as its queue. Settings
+reach the child as ``FLEETSERVE_*`` pairs (JSON) on its stdin, so no secret shows on
+a command line.
 
 - A child that exits (a crash, ``kill -9``) loses its socket: what it held goes to
   the other devices at once, attempts + 1. It is restarted with backoff.
@@ -19,10 +19,10 @@ that device, and a ``LocalQueueClient`` as its queue. Settings reach the child a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -33,62 +33,35 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from rich.console import Console
 
-from ..catalog import Catalog, Profile
+from ..catalog import Catalog
 from ..cluster.natsd import die_with_parent
 from ..cluster.presence import announce_forever
 from ..metrics import Metrics
 from ..queue.factory import open_distributed
-from ..queue.local import LocalQueueClient, LocalQueueServer
+from ..queue.local import LocalQueueServer
 from ..runtimes import hardware_class
-from ..server import build_catalog, build_runner, start_http
+from ..server import build_catalog, shutdown, start_http
 from ..settings import Settings
+from .device_child import runtime_device, usable_cores
 from .health import HealthApp
-from .loop import Worker
 from .process import ack_wait_for
 
 log = logging.getLogger("fleetserve.devices")
 MAX_BACKOFF = 30.0
-
-
-def runtime_device(device: str) -> str:
-    """``cpu:N`` runs on torch's one CPU device (the cores are split instead)."""
-    return "cpu" if device.split(":", 1)[0] == "cpu" else device
-
-
-def _cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def core_share(index: int, n: int, cores: list[int]) -> list[int]:
-    """The ``index``-th of ``n`` even slices of ``cores`` (one core each if too few)."""
-    share = cores[index * len(cores) // n : (index + 1) * len(cores) // n]
-    return share or [cores[index % len(cores)]]
+CHILD = "fleetserve.worker.device_child"
 
 
 def child_settings(settings: Settings, device: str, n: int) -> Settings:
-    threads = settings.torch_threads or max(1, len(_cores()) // n)
+    threads = settings.torch_threads or max(1, len(usable_cores()) // n)
     return dataclasses.replace(
         settings, device=runtime_device(device), devices="", worker_port=0, torch_threads=threads
     )
-
-
-def profile_ack_wait(profile: Profile, settings: Settings) -> float:
-    """``ack_wait_for`` from the profile alone: the parent builds no runner."""
-    if settings.ack_wait > 0:
-        return settings.ack_wait
-    p = profile
-    full = p.cost.predict_ms(
-        p.max_batch_tokens, max(1, p.max_batch_tokens // p.max_batch_size), p.max_batch_size
-    )
-    return max(2.0, 10 * full / 1e3)
 
 
 @dataclass(eq=False)
@@ -96,7 +69,6 @@ class _Child:
     index: int
     device: str
     proc: subprocess.Popen[bytes] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
     failures: int = 0  # exits since it was last ready
     restart_at: float | None = None
 
@@ -122,6 +94,14 @@ class DevicePool:
             registry=self.metrics.registry,
         )
         self.children = [_Child(i, d) for i, d in enumerate(self.devices)]
+        held = Gauge(
+            "fleetserve_device_in_flight",
+            "Requests each device process holds now.",
+            ["device"],
+            registry=self.metrics.registry,
+        )
+        for c in self.children:
+            held.labels(c.device).set_function(functools.partial(self._holding, c.index))
         self.server: LocalQueueServer | None = None
         self.js: Any = None
         self.port = 0
@@ -133,6 +113,10 @@ class DevicePool:
     # -- state ----------------------------------------------------------------------
     def _live(self) -> list[dict[str, Any]]:
         return self.server.clients if self.server is not None else []
+
+    def _holding(self, index: int) -> int:
+        held = self.server.holding() if self.server is not None else []
+        return sum(n for info, n in held if info.get("index") == index)
 
     @property
     def ready(self) -> bool:
@@ -177,8 +161,8 @@ class DevicePool:
             app, self.settings.host, self.settings.worker_port
         )
         self._tasks.append(task)
-        waits = {m: profile_ack_wait(p, self.settings) for m, p in self.profiles.items()}
-        self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
+        waits = {m: ack_wait_for(p, self.settings) for m, p in self.profiles.items()}
+        self.js, queue, _ = await open_distributed(self.settings, self.node, waits)
         self._dir = tempfile.mkdtemp(prefix="fleetserve-devices-")
         self.server = LocalQueueServer(
             queue,
@@ -203,12 +187,17 @@ class DevicePool:
     def _spawn(self, c: _Child) -> None:
         assert self.server is not None
         c.restart_at = None
-        c.info = {}
-        cmd = [sys.executable, "-m", __name__, "--socket", self.server.path]
+        cmd = [sys.executable, "-m", CHILD, "--socket", self.server.path]
         cmd += ["--index", str(c.index), "--device", c.device, "--of", str(len(self.children))]
-        c.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent
-        )
+        try:
+            c.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent
+            )
+        except OSError as exc:
+            c.failures += 1
+            c.restart_at = time.monotonic() + min(MAX_BACKOFF, 0.5 * 2**c.failures)
+            log.error("could not start the process for device %s: %s", c.device, exc)
+            return
         env = child_settings(self.settings, c.device, len(self.children)).to_env()
         assert c.proc.stdin is not None
         with contextlib.suppress(OSError):  # it died at once: the supervisor sees it
@@ -221,7 +210,6 @@ class DevicePool:
         if not isinstance(index, int) or not 0 <= index < len(self.children):
             return
         c = self.children[index]
-        c.info = info
         if not info.get("ready"):
             return
         c.failures = 0
@@ -285,20 +273,12 @@ class DevicePool:
         await asyncio.wait(self._tasks[:2], return_when=asyncio.FIRST_COMPLETED)
 
     async def stop(self) -> None:
-        for t in self._tasks[1:]:
-            t.cancel()
-        for t in self._tasks[1:]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await shutdown(self._http, self._tasks)  # no restarts from here on
         await self._stop_children()
         if self.server is not None:
             await self.server.close()  # what is left goes back upstream
         if self.js is not None:
             await self.js.close()
-        if self._http is not None:
-            self._http.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._tasks[0]
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -324,121 +304,9 @@ async def run_devices(settings: Settings) -> None:
         await pool.start()
         await pool.wait()
     finally:
-        await pool.stop()
-
-
-# -- the child: one device ---------------------------------------------------------------
-class DeviceProcess:
-    """A Worker for one device, fed by the parent's local queue."""
-
-    def __init__(
-        self, settings: Settings, path: str, index: int, device: str, console: Console
-    ) -> None:
-        self.settings = settings
-        self.index = index
-        self.device = device
-        self.console = console
-        self.metrics = Metrics()
-        catalog = build_catalog(settings)
-        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in catalog}
-        self.queue = LocalQueueClient(path)
-        self.worker: Worker | None = None
-        self.port = 0
-
-    @property
-    def ready(self) -> bool:
-        return self.worker is not None and self.worker.ready and self.queue.healthy
-
-    def alive(self) -> bool:
-        return self.worker is None or self.worker.failed is None
-
-    async def run(self) -> int:
-        """Serve until the worker fails (1) or the parent goes away (0)."""
-        app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
-        http, http_task, self.port = await start_http(app, self.settings.host, 0)
-        work: asyncio.Task[None] | None = None
-        try:
-            for m, r in self.runners.items():
-                t0 = time.perf_counter()
-                await r.load()
-                self.console.print(
-                    f"  [{self.device}] loaded {m} in {time.perf_counter() - t0:.1f}s"
-                )
-            await self.queue.start()
-            waits = [ack_wait_for(r, self.settings) for r in self.runners.values()]
-            self.worker = Worker(
-                self.queue,
-                self.runners,
-                self.metrics,
-                max_deliver=self.settings.max_deliver,
-                keepalive=min(waits, default=5.0) / 3,
-            )
-            work = asyncio.create_task(self.worker.run(), name="worker")
-            while not self.worker.running and not work.done():
-                await asyncio.sleep(0.001)
-            self.queue.announce(
-                {
-                    "index": self.index,
-                    "device": self.device,
-                    "pid": os.getpid(),
-                    "ready": self.ready,
-                    "url": f"http://{self.settings.host}:{self.port}",
-                }
-            )
-            lost = asyncio.create_task(self.queue.lost.wait())
-            await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
-            lost.cancel()
-            return 1 if self.worker.failed is not None or work.done() else 0
-        finally:
-            if work is not None:
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-            await self.queue.close()
-            if self.worker is not None:
-                self.worker.close()
-            http.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await http_task
-
-
-async def _until_signal(proc: DeviceProcess) -> int:
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
-    try:
-        return await proc.run()
-    except asyncio.CancelledError:
-        return 0
-
-
-def child_main(argv: list[str] | None = None) -> int:
-    """A device process: settings as ``FLEETSERVE_*`` JSON on stdin."""
-    p = argparse.ArgumentParser(prog="fleetserve-device")
-    p.add_argument("--socket", required=True)
-    p.add_argument("--index", type=int, required=True)
-    p.add_argument("--device", required=True)
-    p.add_argument("--of", type=int, default=1)
-    args = p.parse_args(argv)
-    settings = Settings.load(env=json.loads(sys.stdin.read() or "{}"))
-    console = Console(stderr=True)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format=f"[{args.device}] %(message)s", stream=sys.stderr
-    )
-    if args.device.split(":", 1)[0] == "cpu" and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, core_share(args.index, args.of, _cores()))
-    sys.setswitchinterval(settings.gil_switch_interval)
-    import uvloop
-
-    try:
-        proc = DeviceProcess(settings, args.socket, args.index, args.device, console)
-        return int(uvloop.run(_until_signal(proc)))
-    except (OSError, ValueError, RuntimeError) as exc:
-        console.print(f"[red]error:[/] device {args.device}: {exc}")
-        return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(child_main())
+        # uvicorn re-raises the SIGTERM it caught, which cancels us again: stop regardless
+        stopping = asyncio.ensure_future(pool.stop())
+        while not stopping.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(stopping)
+        stopping.result()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..catalog import Catalog
+from ..catalog import Catalog, Profile
 from ..cluster.presence import announce_forever
 from ..metrics import Metrics
 from ..queue.factory import open_distributed
@@ -25,17 +26,16 @@ from ..server import build_catalog, build_runner, shutdown, start_http
 from ..settings import Settings
 from .health import HealthApp
 from .loop import Worker
-from .runner import ModelRunner
 
 
-def ack_wait_for(runner: ModelRunner, settings: Settings) -> float:
+def ack_wait_for(profile: Profile, settings: Settings) -> float:
     """Seconds before unacked work is redelivered: 10 full batches, at least 2 s.
 
     In-progress acks every third of it keep work that waits in the worker alive.
     """
     if settings.ack_wait > 0:
         return settings.ack_wait
-    p = runner.profile
+    p = profile
     full = p.cost.predict_ms(
         p.max_batch_tokens, max(1, p.max_batch_tokens // p.max_batch_size), p.max_batch_size
     )
@@ -94,7 +94,7 @@ class WorkerProcess:
             with self.console.status(f"Loading {m} ({r.profile.precision}, {r.profile.hardware})…"):
                 await r.load()
             self.console.print(f"  loaded {m} in {time.perf_counter() - t0:.1f}s")
-        waits = {m: ack_wait_for(r, self.settings) for m, r in self.runners.items()}
+        waits = {m: ack_wait_for(r.profile, self.settings) for m, r in self.runners.items()}
         self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
         keepalive = min(waits.values(), default=5.0) / 3
         self.worker = Worker(
@@ -152,10 +152,13 @@ class WorkerProcess:
 async def run_worker(settings: Settings) -> None:
     import sys
 
-    if len(settings.device_list()) > 1:  # one puller, one process per device
+    devices = settings.device_list()
+    if len(devices) > 1:  # one puller, one process per device
         from .devices import run_devices
 
         return await run_devices(settings)
+    if devices:  # one device: this process is its worker
+        settings = dataclasses.replace(settings, device=devices[0].replace("cpu:0", "cpu"))
     sys.setswitchinterval(settings.gil_switch_interval)
     proc = WorkerProcess(settings)
     try:

@@ -1,0 +1,161 @@
+"""A device process of ``fleetserve worker --devices``: one Worker on one device.
+
+Started by :class:`~fleetserve.worker.devices.DevicePool` as
+``python -m fleetserve.worker.device_child --socket PATH --index I --device D --of N``
+with the settings as ``FLEETSERVE_*`` pairs (JSON) on stdin. Its queue is a
+``LocalQueueClient`` on the parent's socket; it announces itself once its models are
+loaded, serves its own ``/healthz``, ``/readyz`` and ``/metrics`` on a free port, and
+stops when its worker fails (exit 1, the parent restarts it) or the parent goes away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from rich.console import Console
+
+from ..metrics import Metrics
+from ..queue.local import LocalQueueClient
+from ..server import build_catalog, build_runner, shutdown, start_http
+from ..settings import Settings
+from ..wire import FleetError
+from .health import HealthApp
+from .loop import Worker
+from .process import ack_wait_for
+
+
+def runtime_device(device: str) -> str:
+    """``cpu:N`` runs on torch's one CPU device (the cores are split instead)."""
+    return "cpu" if device.split(":", 1)[0] == "cpu" else device
+
+
+def usable_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def core_share(index: int, n: int, cores: list[int]) -> list[int]:
+    """The ``index``-th of ``n`` even slices of ``cores`` (one core each if too few)."""
+    if n > len(cores):
+        return [cores[index % len(cores)]]
+    return cores[index * len(cores) // n : (index + 1) * len(cores) // n]
+
+
+class DeviceProcess:
+    """A Worker for one device, fed by the parent's local queue."""
+
+    def __init__(
+        self, settings: Settings, path: str, index: int, device: str, console: Console
+    ) -> None:
+        self.settings = settings
+        self.index = index
+        self.device = device
+        self.console = console
+        self.metrics = Metrics()
+        catalog = build_catalog(settings)
+        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in catalog}
+        self.queue = LocalQueueClient(path)
+        self.worker: Worker | None = None
+        self.port = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.worker is not None and self.worker.ready and self.queue.healthy
+
+    def alive(self) -> bool:
+        return self.worker is None or self.worker.failed is None
+
+    async def run(self) -> int:
+        """Serve until the worker fails (1) or the parent goes away (0)."""
+        app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
+        http, http_task, self.port = await start_http(app, self.settings.host, 0)
+        work: asyncio.Task[None] | None = None
+        try:
+            for m, r in self.runners.items():
+                t0 = time.perf_counter()
+                await r.load()
+                took = time.perf_counter() - t0
+                self.console.print(f"  {self.device}: loaded {m} in {took:.1f}s", markup=False)
+            await self.queue.start()
+            waits = [ack_wait_for(r.profile, self.settings) for r in self.runners.values()]
+            self.worker = Worker(
+                self.queue,
+                self.runners,
+                self.metrics,
+                max_deliver=self.settings.max_deliver,
+                keepalive=min(waits, default=5.0) / 3,
+                shared_queue=True,  # the other devices take what it holds if it fails
+            )
+            work = asyncio.create_task(self.worker.run(), name="worker")
+            while not self.worker.running and not work.done():
+                await asyncio.sleep(0.001)
+            self.queue.announce(
+                {
+                    "index": self.index,
+                    "device": self.device,
+                    "pid": os.getpid(),
+                    "ready": self.ready,
+                    "url": f"http://{self.settings.host}:{self.port}",
+                }
+            )
+            lost = asyncio.create_task(self.queue.lost.wait())
+            await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
+            lost.cancel()
+            return 1 if self.worker.failed is not None or work.done() else 0
+        finally:
+            await shutdown(http, [http_task, *([work] if work is not None else [])])
+            await self.queue.close()
+            if self.worker is not None:
+                self.worker.close()
+
+
+async def _until_signal(proc: DeviceProcess) -> int:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await proc.run()
+    except asyncio.CancelledError:
+        return 0
+
+
+def child_main(argv: list[str] | None = None) -> int:
+    """A device process: settings as ``FLEETSERVE_*`` JSON on stdin."""
+    p = argparse.ArgumentParser(prog="fleetserve-device")
+    p.add_argument("--socket", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--of", type=int, default=1)
+    args = p.parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        settings = Settings.load(env=json.loads(sys.stdin.read() or "{}"))
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format=f"[{args.device}] %(message)s",
+            stream=sys.stderr,
+        )
+        if args.device.split(":", 1)[0] == "cpu" and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, core_share(args.index, args.of, usable_cores()))
+        sys.setswitchinterval(settings.gil_switch_interval)
+        import uvloop
+
+        proc = DeviceProcess(settings, args.socket, args.index, args.device, console)
+        return int(uvloop.run(_until_signal(proc)))
+    except (OSError, ValueError, RuntimeError, FleetError) as exc:
+        console.print(f"[red]error:[/] device {args.device}: {exc}", highlight=False)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(child_main())
