@@ -102,8 +102,16 @@ async def _until_signal(main: Coroutine[Any, Any, Any]) -> Any:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
+    stopping = False
+
+    def stop() -> None:  # once: a second signal (uvicorn re-raises the one it caught)
+        nonlocal stopping  # must not cut the clean-up in ``finally`` blocks short
+        if not stopping:
+            stopping = True
+            task.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop)
     try:
         return await main
     except asyncio.CancelledError:
