@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "bench",
         help="Benchmark fleetserve against in-process and peers "
-        "(fleetserve bench [embed|http|cost|sim] --help).",
+        "(fleetserve bench [embed|http|cost|sim|dist] --help).",
     )
     return p
 

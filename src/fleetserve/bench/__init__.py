@@ -45,7 +45,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    """``fleetserve bench [embed] ...``, ``fleetserve bench http|cost|sim ...``."""
+    """``fleetserve bench [embed] ...``, ``fleetserve bench http|cost|sim|dist ...``."""
     argv = list(argv)
     if argv and argv[0] == "http":
         from .http_stack import main as http_main
@@ -55,6 +55,10 @@ def main(argv: Sequence[str] = ()) -> int:
         from .costfit import main as cost_main
 
         return cost_main(argv[1:])
+    if argv and argv[0] == "dist":
+        from .dist import main as dist_main
+
+        return dist_main(argv[1:])
     if argv and argv[0] == "sim":
         from .sim.cli import main as sim_main
 
