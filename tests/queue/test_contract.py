@@ -16,8 +16,9 @@ import pytest
 from fleetserve.queue import JetStreamQueue, MemoryQueue, PendingReply, StreamOptions, WorkQueue
 from fleetserve.queue.offload import OffloadingQueue
 from fleetserve.storage import MemoryStore, Offload
-from fleetserve.wire import DeadlineExceeded, Encoding, Envelope, Overloaded, Reply, Task
+from fleetserve.wire import DeadlineExceeded, Encoding, Overloaded, Reply
 
+from .envelopes import env
 from .test_local import LocalStack
 
 MakeQueue = Callable[..., Awaitable[WorkQueue]]
@@ -62,20 +63,6 @@ IMPLS = {
 }
 
 _ids = itertools.count()
-
-
-def env(model: str = "m/a", cost: int = 1, rid: str | None = None) -> Envelope:
-    now = time.time()
-    return Envelope(
-        request_id=rid or f"req-{next(_ids)}",
-        model=model,
-        task=Task.ENCODE,
-        content_type=Encoding.JSON,
-        accept=Encoding.JSON,
-        cost_hint=cost,
-        deadline=now + 30,
-        enqueued_at=now,
-    )
 
 
 async def settled(queue: WorkQueue, model: str, expect: int) -> bool:

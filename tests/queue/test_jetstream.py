@@ -11,24 +11,16 @@ import pytest
 
 from fleetserve.cluster import NatsServer
 from fleetserve.queue import JetStreamQueue, StreamOptions
-from fleetserve.wire import Encoding, Envelope, InternalError, Reply, Task, Unavailable
+from fleetserve.wire import Envelope, InternalError, Reply, Unavailable
 from fleetserve.wire import headers as H
+
+from .envelopes import env as make_env
 
 _n = itertools.count()
 
 
 def env(model: str = "org/m-1.5", cost: int = 1) -> Envelope:
-    now = time.time()
-    return Envelope(
-        request_id=f"js-{next(_n)}",
-        model=model,
-        task=Task.ENCODE,
-        content_type=Encoding.JSON,
-        accept=Encoding.JSON,
-        cost_hint=cost,
-        deadline=now + 30,
-        enqueued_at=now,
-    )
+    return make_env(model, cost)
 
 
 @pytest.fixture

@@ -20,7 +20,9 @@ import pytest
 
 from fleetserve.queue import MemoryQueue, Message, WorkQueue
 from fleetserve.queue.local import LocalQueueClient, LocalQueueServer
-from fleetserve.wire import Encoding, Envelope, Reply, Task
+from fleetserve.wire import Reply
+
+from .envelopes import env
 
 _ids = itertools.count()
 
@@ -96,20 +98,6 @@ class Recording(MemoryQueue):
 
     def total(self, what: str) -> int:
         return sum(n for (w, _), n in self.calls.items() if w == what)
-
-
-def env(model: str = "m/a", cost: int = 1) -> Envelope:
-    now = time.time()
-    return Envelope(
-        request_id=f"loc-{next(_ids)}",
-        model=model,
-        task=Task.ENCODE,
-        content_type=Encoding.JSON,
-        accept=Encoding.JSON,
-        cost_hint=cost,
-        deadline=now + 30,
-        enqueued_at=now,
-    )
 
 
 @pytest.fixture
