@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from rich.console import Console
@@ -184,11 +184,31 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(settings: Settings) -> None:
+class Process(Protocol):
+    async def start(self) -> None: ...
+
+    async def wait(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def run_process(proc: Process, settings: Settings) -> None:
+    """Start ``proc``, wait until it ends or is cancelled, then stop it to the end.
+
+    uvicorn re-raises the SIGTERM it caught, which may cancel us again while stopping:
+    the stop is shielded so that its clean-up always completes.
+    """
     sys.setswitchinterval(settings.gil_switch_interval)
-    server = EmbeddedServer(settings)
-    await server.start()
     try:
-        await server.wait()
+        await proc.start()
+        await proc.wait()
     finally:
-        await server.stop()
+        stopping = asyncio.ensure_future(proc.stop())
+        while not stopping.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(stopping)
+        stopping.result()
+
+
+async def serve(settings: Settings) -> None:
+    await run_process(EmbeddedServer(settings), settings)

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 from typing import Any
 
 from rich.console import Console
@@ -19,8 +18,8 @@ from rich.console import Console
 from ..catalog import Catalog
 from ..cluster.presence import Registry
 from ..metrics import Metrics
-from ..queue.factory import open_distributed
-from ..server import build_catalog, shutdown, start_http
+from ..queue.factory import open_distributed, require_nats
+from ..server import build_catalog, run_process, shutdown, start_http
 from ..settings import Settings
 from ..storage import sweep_forever
 from .app import Gateway
@@ -32,8 +31,7 @@ class GatewayProcess:
     def __init__(
         self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
     ) -> None:
-        if not settings.nats:
-            raise ValueError("distributed mode needs a NATS URL: --nats nats://HOST:4222")
+        require_nats(settings)
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
@@ -98,10 +96,4 @@ class GatewayProcess:
 
 
 async def run_gateway(settings: Settings) -> None:
-    sys.setswitchinterval(settings.gil_switch_interval)
-    proc = GatewayProcess(settings)
-    try:
-        await proc.start()
-        await proc.wait()
-    finally:
-        await proc.stop()
+    await run_process(GatewayProcess(settings), settings)

@@ -6,13 +6,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ..settings import Settings
-from .factory import stream_options
+from .factory import require_nats, stream_options
 from .jetstream import JetStreamQueue
 
 
 async def run_dlq(settings: Settings, action: str, seqs: list[int] | None, limit: int) -> int:
-    if not settings.nats:
-        raise ValueError("fleetserve dlq needs a NATS URL: --nats nats://HOST:4222")
+    require_nats(settings)
     queue = JetStreamQueue(
         settings.nats, stream_options(settings), connect_for=settings.nats_connect_timeout
     )

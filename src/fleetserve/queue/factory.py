@@ -13,6 +13,11 @@ DEFAULT_STORE = "nats://fleetserve-payloads"
 HEADROOM = 64 * 1024  # NATS max_payload counts headers too
 
 
+def require_nats(settings: Settings) -> None:
+    if not settings.nats:
+        raise ValueError("distributed mode needs a NATS URL: --nats nats://HOST:4222")
+
+
 def stream_options(settings: Settings) -> StreamOptions:
     if settings.stream_storage not in ("file", "memory"):
         raise ValueError(f"stream_storage must be file or memory, not {settings.stream_storage!r}")
@@ -35,8 +40,7 @@ async def open_distributed(
     Returns the JetStream queue itself (for its connection and dead letters), the
     offloading wrapper to use as the WorkQueue, and the payload store.
     """
-    if not settings.nats:
-        raise ValueError("distributed mode needs a NATS URL: --nats nats://HOST:4222")
+    require_nats(settings)
     js = JetStreamQueue(
         settings.nats,
         stream_options(settings),

@@ -46,7 +46,7 @@ from ..metrics import Metrics
 from ..queue.factory import open_distributed
 from ..queue.local import LocalQueueServer
 from ..runtimes import hardware_class
-from ..server import build_catalog, shutdown, start_http
+from ..server import build_catalog, run_process, shutdown, start_http
 from ..settings import Settings
 from .device_child import runtime_device, usable_cores
 from .health import HealthApp
@@ -298,15 +298,4 @@ class DevicePool:
 
 
 async def run_devices(settings: Settings) -> None:
-    sys.setswitchinterval(settings.gil_switch_interval)
-    pool = DevicePool(settings)
-    try:
-        await pool.start()
-        await pool.wait()
-    finally:
-        # uvicorn re-raises the SIGTERM it caught, which cancels us again: stop regardless
-        stopping = asyncio.ensure_future(pool.stop())
-        while not stopping.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(stopping)
-        stopping.result()
+    await run_process(DevicePool(settings), settings)

@@ -21,8 +21,8 @@ from rich.console import Console
 from ..catalog import Catalog, Profile
 from ..cluster.presence import announce_forever
 from ..metrics import Metrics
-from ..queue.factory import open_distributed
-from ..server import build_catalog, build_runner, shutdown, start_http
+from ..queue.factory import open_distributed, require_nats
+from ..server import build_catalog, build_runner, run_process, shutdown, start_http
 from ..settings import Settings
 from .health import HealthApp
 from .loop import Worker
@@ -46,8 +46,7 @@ class WorkerProcess:
     def __init__(
         self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
     ) -> None:
-        if not settings.nats:
-            raise ValueError("distributed mode needs a NATS URL: --nats nats://HOST:4222")
+        require_nats(settings)
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
@@ -150,8 +149,6 @@ class WorkerProcess:
 
 
 async def run_worker(settings: Settings) -> None:
-    import sys
-
     devices = settings.device_list()
     if len(devices) > 1:  # one puller, one process per device
         from .devices import run_devices
@@ -159,10 +156,4 @@ async def run_worker(settings: Settings) -> None:
         return await run_devices(settings)
     if devices:  # one device: this process is its worker
         settings = dataclasses.replace(settings, device=devices[0].replace("cpu:0", "cpu"))
-    sys.setswitchinterval(settings.gil_switch_interval)
-    proc = WorkerProcess(settings)
-    try:
-        await proc.start()
-        await proc.wait()
-    finally:
-        await proc.stop()
+    await run_process(WorkerProcess(settings), settings)
