@@ -32,7 +32,7 @@ def job(*lengths: int, deadline_in: float = 30.0) -> Job:
 
 
 def lens(batch: list[WorkItem]) -> list[int]:
-    return [len(it.ids) for it in batch]
+    return [it.length for it in batch]
 
 
 def padded(batch: list[WorkItem]) -> int:
@@ -126,7 +126,7 @@ def test_one_large_job_is_split_across_batches() -> None:
     indices = sorted(it.index for b in batches for it in b)
     assert indices == list(range(10))
     assert all(it.job is j for b in batches for it in b)
-    assert all(it.ids == j.prepared.items[it.index] for b in batches for it in b)
+    assert all(it.item == j.prepared.items[it.index] for b in batches for it in b)
 
 
 def test_always_takes_at_least_one_over_budget_item() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # int8: ONNX Runtime, behind a quality guard
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class ModelSpec:
     pinned: bool = False
     profiles: dict[str, Profile] = field(default_factory=dict)
     description: str = ""
+    options: dict[str, Any] = field(default_factory=dict)  # family-specific settings
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
@@ -72,8 +73,8 @@ class ModelSpec:
             if not sources:
                 raise ValueError("needs a source")
             pooling = str(d.get("pooling", "mean"))
-            if pooling not in ("mean", "cls"):
-                raise ValueError(f"pooling must be mean or cls, not {pooling!r}")
+            if pooling not in ("mean", "cls", "none"):
+                raise ValueError(f"pooling must be mean, cls or none, not {pooling!r}")
             profiles = {
                 str(hw): Profile.from_dict(str(hw), p or {})
                 for hw, p in (d.get("profiles") or {}).items()
@@ -90,6 +91,7 @@ class ModelSpec:
                 pinned=bool(d.get("pinned", False)),
                 profiles=profiles,
                 description=str(d.get("description", "")),
+                options=dict(d.get("options") or {}),
             )
         except KeyError as exc:
             raise ValueError(f"model spec is missing {exc.args[0]!r}") from None

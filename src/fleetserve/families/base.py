@@ -9,7 +9,7 @@ dedicated forward thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -19,11 +19,24 @@ from ..wire import Envelope, Task
 
 @dataclass(slots=True)
 class Prepared:
-    """A decoded, validated, tokenized request, split into independent items."""
+    """A decoded, validated, tokenized request, split into independent items.
 
-    items: list[list[int]]  # token ids per item; the batch former packs these
+    An item is whatever ``forward`` takes for one row: usually a list of token ids,
+    or a tuple of ids and extra inputs (an image, a label set). ``lengths`` is each
+    item's cost in tokens, which the batch former packs by (max length x batch size);
+    it defaults to ``len(item)``.
+    """
+
+    items: list[Any]
     options: Any
     tokens: int  # real tokens after truncation (reported as usage)
+    lengths: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            self.lengths = [len(x) for x in self.items]
+        elif len(self.lengths) != len(self.items):
+            raise ValueError("Prepared.lengths must have one entry per item")
 
 
 @runtime_checkable
@@ -38,14 +51,14 @@ class FamilyAdapter(Protocol):
         """Decode and validate the body; raise ``InvalidInput`` naming the field."""
         ...
 
-    def forward(self, items: Sequence[list[int]]) -> np.ndarray[Any, Any]:
-        """One batch; returns one output row per item, in order."""
+    def forward(self, items: Sequence[Any]) -> Sequence[Any]:
+        """One batch of items (from any requests); returns one output per item, in order.
+
+        An ``np.ndarray`` whose first axis is the batch is a sequence of rows."""
         ...
 
-    def postprocess(
-        self, envelope: Envelope, prepared: Prepared, outputs: np.ndarray[Any, Any]
-    ) -> bytes:
-        """Encode the reply body in ``envelope.accept``."""
+    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
+        """Encode the reply body in ``envelope.accept``; ``outputs[i]`` is item i's output."""
         ...
 
     def memory_bytes(self) -> int: ...

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..catalog import ModelSpec
-from ..runtimes import Runtime
+from ..runtimes import Head, Output, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
 from ..wire.requests import EmbeddingsRequest, EncodeRequest
@@ -46,7 +46,7 @@ class DenseAdapter:
 
     def load(self) -> None:
         self._tok = TextTokenizer(self.path, self.spec.max_seq_len)
-        self.runtime.load_encoder(self.path)
+        self.runtime.load(self.path, Head.BASE)
 
     def warmup(self) -> None:
         out = self.forward([self.tokenizer.encode(["warm up"], truncate=True)[0][0]] * 2)
@@ -100,16 +100,14 @@ class DenseAdapter:
         return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
 
     # -- forward ----------------------------------------------------------------
-    def forward(self, items: Sequence[list[int]]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
         ids, mask = pad_batch(items, self.tokenizer.pad_id)
-        return self.runtime.encode(ids, mask, self.spec.pooling)
+        return self.runtime.run(ids, mask, Output(self.spec.pooling))
 
     # -- postprocess ------------------------------------------------------------
-    def postprocess(
-        self, envelope: Envelope, prepared: Prepared, outputs: np.ndarray[Any, Any]
-    ) -> bytes:
+    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
         o: DenseOptions = prepared.options
-        emb = outputs
+        emb = np.stack(outputs)
         if o.dimensions is not None:
             emb = emb[:, : o.dimensions]
         if o.normalize:

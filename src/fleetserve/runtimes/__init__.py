@@ -3,7 +3,7 @@ imports its heavy dependency behind a clear "install the extra" error."""
 
 from __future__ import annotations
 
-from .base import Runtime
+from .base import Head, Output, Runtime
 
 
 def create_runtime(name: str, *, device: str, precision: str, threads: int = 0) -> Runtime:
@@ -25,4 +25,4 @@ def hardware_class(device: str) -> str:
     return torch_hw(device)
 
 
-__all__ = ["Runtime", "create_runtime", "hardware_class"]
+__all__ = ["Head", "Output", "Runtime", "create_runtime", "hardware_class"]

@@ -1,29 +1,62 @@
-"""The Runtime protocol: what a model family needs from an inference engine."""
+"""The Runtime protocol: what a model family needs from an inference engine.
+
+A runtime loads a transformer checkpoint with one *head* and runs padded batches,
+returning one named *output*. Families own pre- and postprocessing; runtimes own
+weights, device, precision and the reductions that are best done on the device
+(pooling, SPLADE's max over tokens), so that only small arrays cross to numpy.
+"""
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 
+class Head(enum.StrEnum):
+    """Which transformers model class a checkpoint is loaded as."""
+
+    BASE = "base"  # AutoModel: last_hidden_state
+    MASKED_LM = "masked_lm"  # AutoModelForMaskedLM: vocabulary logits (SPLADE)
+    SEQUENCE_CLASSIFICATION = "sequence_classification"  # cross-encoders, NLI
+    TOKEN_CLASSIFICATION = "token_classification"  # BIO NER
+
+
+class Output(enum.StrEnum):
+    """What ``Runtime.run`` returns, always float32."""
+
+    MEAN = "mean"  # [batch, dim]: masked mean of the last hidden state
+    CLS = "cls"  # [batch, dim]: the first token's hidden state
+    HIDDEN = "hidden"  # [batch, seq, dim]: the last hidden state
+    LOGITS = "logits"  # the head's logits: [batch, classes] or [batch, seq, classes]
+    SPLADE = "splade"  # [batch, vocab]: max over tokens of log(1 + relu(logits)) * mask
+
+
 @runtime_checkable
 class Runtime(Protocol):
-    """Loads weights and runs forward passes. One instance per (model, device)."""
+    """Loads weights and runs forward passes. One instance per (model, device).
+
+    Call ``run`` from one dedicated thread (the worker's forward thread).
+    """
 
     name: str
     device: str
     precision: str
 
-    def load_encoder(self, path: Path) -> None:
-        """Load an encoder (BERT-like) model from a local directory."""
+    def load(self, path: Path, head: Head = Head.BASE) -> None:
+        """Load a checkpoint from a local directory with the given head."""
         ...
 
-    def encode(
-        self, input_ids: np.ndarray[Any, Any], attention_mask: np.ndarray[Any, Any], pooling: str
+    def run(
+        self,
+        input_ids: np.ndarray[Any, Any],
+        attention_mask: np.ndarray[Any, Any],
+        output: Output,
+        token_type_ids: np.ndarray[Any, Any] | None = None,
     ) -> np.ndarray[Any, Any]:
-        """Pooled float32 embeddings ``[batch, dim]`` for a padded batch."""
+        """One padded batch (int64 ``[batch, seq]`` arrays); returns ``output`` as float32."""
         ...
 
     def memory_bytes(self) -> int:

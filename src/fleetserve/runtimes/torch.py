@@ -17,13 +17,26 @@ import numpy as np
 
 try:
     import torch
-    from transformers import AutoModel
+    from transformers import (
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "the torch runtime needs torch and transformers: pip install 'fleetserve[torch]' "
         "-c requirements/constraints.txt"
     ) from exc
 
+from .base import Head, Output
+
+_CLASSES: dict[Head, Any] = {
+    Head.BASE: AutoModel,
+    Head.MASKED_LM: AutoModelForMaskedLM,
+    Head.SEQUENCE_CLASSIFICATION: AutoModelForSequenceClassification,
+    Head.TOKEN_CLASSIFICATION: AutoModelForTokenClassification,
+}
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -49,38 +62,64 @@ class TorchRuntime:
         if threads > 0:
             torch.set_num_threads(threads)
         self._model: Any = None
+        self.head = Head.BASE
 
-    def load_encoder(self, path: Path) -> None:
+    def load(self, path: Path, head: Head = Head.BASE) -> None:
         on_cuda = self.device.startswith("cuda")
         cast = self.precision == "fp16" or (on_cuda and self.precision == "bf16")
         dtype = _DTYPES[self.precision] if cast else torch.float32
-        model = AutoModel.from_pretrained(str(path), dtype=dtype)
+        model = _CLASSES[Head(head)].from_pretrained(str(path), dtype=dtype)
         self._model = model.to(self.device).eval()
+        self.head = Head(head)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    @property
+    def model(self) -> Any:
+        """The loaded ``torch.nn.Module`` (for families that need more than ``run``)."""
+        if self._model is None:
+            raise RuntimeError("model is not loaded")
+        return self._model
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.precision != "bf16" or self.device.startswith("cuda"):
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=_DTYPES[self.precision])
 
-    def encode(
-        self, input_ids: np.ndarray[Any, Any], attention_mask: np.ndarray[Any, Any], pooling: str
+    def run(
+        self,
+        input_ids: np.ndarray[Any, Any],
+        attention_mask: np.ndarray[Any, Any],
+        output: Output,
+        token_type_ids: np.ndarray[Any, Any] | None = None,
     ) -> np.ndarray[Any, Any]:
-        if self._model is None:
-            raise RuntimeError("model is not loaded")
+        model = self.model
         ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
         mask = torch.from_numpy(attention_mask).to(self.device, non_blocking=True)
-        with torch.inference_mode(), self._autocast():
-            hidden = self._model(input_ids=ids, attention_mask=mask).last_hidden_state
-            hidden = hidden.float()
-            if pooling == "cls":
-                pooled = hidden[:, 0]
-            else:
-                m = mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-        out: np.ndarray[Any, Any] = pooled.cpu().numpy()
-        return out
+        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = torch.from_numpy(token_type_ids).to(self.device)
+        with torch.inference_mode(), self.autocast():
+            result = model(**kwargs)
+            out = _reduce(result, mask, Output(output))
+        arr: np.ndarray[Any, Any] = out.float().cpu().numpy()
+        return arr
 
     def memory_bytes(self) -> int:
         if self._model is None:
             return 0
         return int(sum(p.numel() * p.element_size() for p in self._model.parameters()))
+
+
+def _reduce(result: Any, mask: Any, output: Output) -> Any:
+    if output is Output.LOGITS:
+        return result.logits
+    if output is Output.SPLADE:
+        logits = result.logits.float()
+        act = torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1).to(logits.dtype)
+        return act.amax(dim=1)
+    hidden = result.last_hidden_state.float()
+    if output is Output.HIDDEN:
+        return hidden
+    if output is Output.CLS:
+        return hidden[:, 0]
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)

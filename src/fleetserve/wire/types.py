@@ -10,8 +10,13 @@ from typing import Any
 class Task(enum.StrEnum):
     """What a request asks of a model; each task has its own request body shape."""
 
-    ENCODE = "encode"
-    EMBEDDINGS = "embeddings"  # the OpenAI-compatible route
+    ENCODE = "encode"  # POST /v1/encode/{model}
+    EMBEDDINGS = "embeddings"  # POST /v1/embeddings (OpenAI)
+    SCORE = "score"  # POST /v1/score/{model}: a query against items
+    RERANK = "rerank"  # POST /v1/rerank (Cohere/Jina)
+    EXTRACT = "extract"  # POST /v1/extract/{model}: entities, labels
+    GENERATE = "generate"  # POST /v1/generate/{model}
+    CHAT = "chat"  # POST /v1/chat/completions (OpenAI)
 
 
 class Encoding(enum.StrEnum):
@@ -24,6 +29,8 @@ class Encoding(enum.StrEnum):
 class OutputDtype(enum.StrEnum):
     FLOAT32 = "float32"
     FLOAT16 = "float16"
+    INT8 = "int8"  # scaled per vector: round(x / max|x| * 127)
+    BINARY = "binary"  # sign bits packed 8 per byte (numpy packbits, big-endian bit order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +61,4 @@ class Reply:
     error: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # queue_ms, inference_ms
     payload: str | None = None  # a payload-store key standing in for an offloaded body
+    final: bool = True  # False: one chunk of a streamed reply; more follow, then a final one

@@ -12,8 +12,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ..families import Prepared
 from ..queue import Message
 
@@ -26,7 +24,7 @@ class Job:
     prepared: Prepared
     pulled_at: float
     remaining: int = 0
-    outputs: np.ndarray[Any, Any] | None = None
+    outputs: list[Any] | None = None
     infer_s: float = 0.0
     failed: bool = False
     reason: str = ""  # why it failed, for the dead-letter stream (not for the client)
@@ -43,7 +41,8 @@ class Job:
 class WorkItem:
     job: Job
     index: int
-    ids: list[int] = field(repr=False)
+    item: Any = field(repr=False)  # what the adapter's forward takes for this row
+    length: int = 0  # its cost in tokens
 
 
 class BatchFormer:
@@ -59,9 +58,10 @@ class BatchFormer:
         return len(self._items)
 
     def add(self, job: Job) -> None:
-        for i, ids in enumerate(job.prepared.items):
-            self._items.append(WorkItem(job, i, ids))
-            self.pending_tokens += len(ids)
+        p = job.prepared
+        for i, (item, length) in enumerate(zip(p.items, p.lengths, strict=True)):
+            self._items.append(WorkItem(job, i, item, length))
+            self.pending_tokens += length
 
     def take(self) -> list[WorkItem]:
         """The next batch (empty when nothing is pending). Items of failed jobs are dropped."""
@@ -78,14 +78,14 @@ class BatchFormer:
             if it.job.failed:
                 continue
             window.append(it)
-            window_tokens += len(it.ids)
+            window_tokens += it.length
             if window_tokens >= 2 * self.max_batch_tokens or len(window) >= 2 * self.max_batch_size:
                 break
-        window.sort(key=lambda it: len(it.ids))
+        window.sort(key=lambda it: it.length)
         batch: list[WorkItem] = []
         for it in window:
             n = len(batch) + 1
-            if batch and (len(it.ids) * n > self.max_batch_tokens or n > self.max_batch_size):
+            if batch and (it.length * n > self.max_batch_tokens or n > self.max_batch_size):
                 break
             batch.append(it)
         return self._remove(batch)
@@ -98,7 +98,7 @@ class BatchFormer:
             if it.job is not job:
                 continue
             n = len(batch) + 1
-            width = max([len(it.ids), *(len(b.ids) for b in batch)])
+            width = max([it.length, *(b.length for b in batch)])
             if batch and (width * n > self.max_batch_tokens or n > self.max_batch_size):
                 break
             batch.append(it)
@@ -108,11 +108,11 @@ class BatchFormer:
         chosen = {id(it) for it in batch}
         self._items = deque(it for it in self._items if id(it) not in chosen)
         for it in batch:
-            self.pending_tokens -= len(it.ids)
+            self.pending_tokens -= it.length
         return batch
 
     def _drop(self, it: WorkItem) -> None:
-        self.pending_tokens -= len(it.ids)
+        self.pending_tokens -= it.length
 
     def drain(self) -> list[WorkItem]:
         items = list(self._items)

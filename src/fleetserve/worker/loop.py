@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
@@ -154,7 +155,7 @@ class Worker:
         if job.outputs is None:  # a job always has at least one item
             raise RuntimeError(f"job {env.request_id} finished without outputs")
         try:
-            if job.outputs.size <= INLINE_OUTPUT_VALUES:
+            if _values(job.outputs) <= INLINE_OUTPUT_VALUES:
                 body = runner.adapter.postprocess(env, job.prepared, job.outputs)
             else:
                 body = await loop.run_in_executor(
@@ -249,3 +250,8 @@ class Worker:
         for r in self.runners.values():
             r.close()
         self._cpu.shutdown(wait=False, cancel_futures=True)
+
+
+def _values(outputs: list[Any]) -> int:
+    """Roughly how many numbers the outputs hold (decides inline or thread postprocess)."""
+    return sum(int(getattr(o, "size", 1)) for o in outputs)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
+from typing import Any
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter
@@ -80,7 +79,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             try:
                 out = await loop.run_in_executor(
-                    self._forward, self.adapter.forward, [it.ids for it in batch]
+                    self._forward, self.adapter.forward, [it.item for it in batch]
                 )
             except Exception as exc:  # a model failure fails this batch's requests only
                 # the client sees the type only; the dead-letter reason keeps the text
@@ -91,16 +90,18 @@ class ModelRunner:
                 continue
             dt = time.perf_counter() - t0
             self.busy_s += dt
-            width = max(len(it.ids) for it in batch)
+            width = max(it.length for it in batch)
             self.metrics.batch_size.labels(model).observe(len(batch))
             self.metrics.batch_tokens.labels(model).observe(width * len(batch))
             self.metrics.batch_fill.labels(model).observe(
                 width * len(batch) / self.former.max_batch_tokens
             )
-            self.metrics.tokens.labels(model).inc(sum(len(it.ids) for it in batch))
+            self.metrics.tokens.labels(model).inc(sum(it.length for it in batch))
             self._route(batch, out, dt, finish)
 
-    def _route(self, batch: list[WorkItem], out: np.ndarray, dt: float, finish: FinishFn) -> None:
+    def _route(
+        self, batch: list[WorkItem], out: Sequence[Any], dt: float, finish: FinishFn
+    ) -> None:
         seen: set[int] = set()
         for it, row in zip(batch, out, strict=True):
             job = it.job
@@ -110,7 +111,7 @@ class ModelRunner:
                 seen.add(id(job))
                 job.infer_s += dt
             if job.outputs is None:
-                job.outputs = np.empty((len(job.prepared.items), *row.shape), dtype=out.dtype)
+                job.outputs = [None] * len(job.prepared.items)
             job.outputs[it.index] = row
             job.remaining -= 1
             if job.remaining == 0:
