@@ -38,6 +38,13 @@ class Settings:
     retry_after: float = setting(1.0, "Retry-After seconds sent with 429 and 503.")
     max_batch_tokens: int = setting(0, "Override the profile's batch token budget (0: profile).")
     torch_threads: int = setting(0, "torch intra-op threads (0: one per core).")
+    cache_dir: str = setting(
+        "~/.cache/fleetserve",
+        "Where converted models (GGUF to safetensors) and ONNX exports are cached.",
+    )
+    hf_cache: str = setting(
+        "~/.cache/huggingface/hub", "The Hugging Face cache searched for hf: model sources."
+    )
     gil_switch_interval: float = setting(
         0.0005,
         "Python's GIL switch interval (s). Short: the forward thread gets the GIL back "

@@ -64,6 +64,7 @@ class ModelSpec:
     profiles: dict[str, Profile] = field(default_factory=dict)
     description: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # family-specific settings
+    runtime_options: dict[str, Any] = field(default_factory=dict)  # e.g. an external URL
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
@@ -92,6 +93,7 @@ class ModelSpec:
                 profiles=profiles,
                 description=str(d.get("description", "")),
                 options=dict(d.get("options") or {}),
+                runtime_options=dict(d.get("runtime_options") or {}),
             )
         except KeyError as exc:
             raise ValueError(f"model spec is missing {exc.args[0]!r}") from None

@@ -3,15 +3,42 @@ imports its heavy dependency behind a clear "install the extra" error."""
 
 from __future__ import annotations
 
-from .base import Head, Output, Runtime
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import Generation, Head, Output, Runtime, SamplingParams
+
+DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
 
 
-def create_runtime(name: str, *, device: str, precision: str, threads: int = 0) -> Runtime:
+RUNTIMES = ("torch", "onnx", "external")
+
+
+def create_runtime(
+    name: str,
+    *,
+    device: str,
+    precision: str,
+    threads: int = 0,
+    cache_dir: Path = DEFAULT_CACHE,
+    options: Mapping[str, Any] | None = None,
+) -> Runtime:
+    """A runtime by name. ``cache_dir`` holds exports (ONNX); ``options`` are the model
+    spec's ``runtime_options`` (an external server's URL, for example)."""
     if name == "torch":
         from .torch import TorchRuntime
 
         return TorchRuntime(device=device, precision=precision, threads=threads)
-    raise ValueError(f"unknown runtime {name!r}; available: torch")
+    if name == "onnx":
+        from .onnx import OnnxRuntime
+
+        return OnnxRuntime(device=device, precision=precision, threads=threads, cache_dir=cache_dir)
+    if name == "external":
+        from .external import ExternalRuntime
+
+        return ExternalRuntime(device=device, precision=precision, options=dict(options or {}))
+    raise ValueError(f"unknown runtime {name!r}; available: {', '.join(RUNTIMES)}")
 
 
 def hardware_class(device: str) -> str:
@@ -25,4 +52,13 @@ def hardware_class(device: str) -> str:
     return torch_hw(device)
 
 
-__all__ = ["Head", "Output", "Runtime", "create_runtime", "hardware_class"]
+__all__ = [
+    "RUNTIMES",
+    "Generation",
+    "Head",
+    "Output",
+    "Runtime",
+    "SamplingParams",
+    "create_runtime",
+    "hardware_class",
+]

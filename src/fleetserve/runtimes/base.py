@@ -9,6 +9,7 @@ weights, device, precision and the reductions that are best done on the device
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,3 +63,25 @@ class Runtime(Protocol):
     def memory_bytes(self) -> int:
         """Bytes held by the loaded weights."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one sequence (the generation family's and the external runtime's)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    json_schema: dict[str, Any] | None = None  # constrain the output to this JSON schema
+
+
+@dataclass(slots=True)
+class Generation:
+    """One finished sequence."""
+
+    text: str
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
