@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -132,27 +133,28 @@ def _run(main: Coroutine[Any, Any, Any], console: Console) -> int:
 
 
 def _models(settings: Settings) -> int:
-    from .catalog.sources import is_present
-    from .server import HF_CACHE, build_catalog
+    from .catalog.sources import locate
+    from .server import build_catalog
 
     catalog = build_catalog(settings)
+    hf_cache = Path(settings.hf_cache).expanduser()
     table = Table(title="fleetserve catalog")
     table.add_column("model", no_wrap=True)
-    for col in ("family", "runtime", "pooling", "max_seq_len", "dims", "present"):
+    for col in ("family", "runtime", "size", "present", "where"):
         table.add_column(col)
     for s in catalog:
-        present = "yes" if is_present(s.sources, HF_CACHE) else "no"
-        table.add_row(
-            s.id,
-            s.family,
-            s.runtime,
-            s.pooling,
-            str(s.max_seq_len),
-            str(s.dimensions or "?"),
-            present,
-        )
+        found = locate(s.sources, hf_cache)
+        size = _disk_size(found) if found is not None else (s.size or "?")
+        where = str(found) if found is not None else ", ".join(s.sources)
+        present = "[green]yes[/]" if found is not None else "[red]no[/]"
+        table.add_row(s.id, s.family, s.runtime, size, present, where)
     Console().print(table)
     return 0
+
+
+def _disk_size(path: Path) -> str:
+    n = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,8 +15,8 @@ import uvicorn
 from rich.console import Console
 
 from .catalog import Catalog, ModelSpec
-from .catalog.sources import resolve
-from .families import create_adapter
+from .catalog.sources import is_present, resolve
+from .families import FamilyAdapter, create_adapter
 from .gateway import Gateway
 from .metrics import Metrics
 from .queue import MemoryQueue
@@ -25,7 +25,7 @@ from .settings import Settings
 from .worker import ModelRunner, Worker
 
 log = logging.getLogger("fleetserve")
-HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()
+HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()  # Settings.hf_cache's default
 
 
 def build_catalog(settings: Settings) -> Catalog:
@@ -36,17 +36,32 @@ def build_catalog(settings: Settings) -> Catalog:
 
 
 def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> ModelRunner:
+    """A runner for ``spec``. Nothing is resolved or loaded here: the weights are found
+    and loaded on first use (at start for pinned models and those named in --models)."""
     hw = settings.hardware_class or hardware_class(settings.device)
     profile = spec.profile(hw)
-    path = resolve(spec.id, spec.sources, HF_CACHE)
-    runtime = create_runtime(
-        spec.runtime,
-        device=settings.device,
-        precision=profile.precision,
-        threads=settings.torch_threads,
-    )
-    adapter = create_adapter(spec, runtime, path)
-    return ModelRunner(spec, profile, adapter, metrics, settings.max_batch_tokens)
+
+    def make_adapter() -> FamilyAdapter:
+        path = resolve(spec.id, spec.sources, Path(settings.hf_cache).expanduser())
+        runtime = create_runtime(
+            spec.runtime,
+            device=settings.device,
+            precision=profile.precision,
+            threads=settings.torch_threads,
+            cache_dir=Path(settings.cache_dir).expanduser(),
+            options=spec.runtime_options,
+        )
+        return create_adapter(spec, runtime, path)
+
+    eager = spec.pinned or spec.id in settings.model_list()
+    if spec.family == "generate":
+        from .worker.gen_runner import GenerationRunner
+
+        runner: ModelRunner = GenerationRunner(
+            spec, profile, make_adapter, metrics, settings.max_batch_tokens, eager=eager
+        )
+        return runner
+    return ModelRunner(spec, profile, make_adapter, metrics, settings.max_batch_tokens, eager=eager)
 
 
 class EmbeddedServer:
@@ -78,6 +93,7 @@ class EmbeddedServer:
 
     def models_info(self) -> list[dict[str, Any]]:
         out = []
+        hf_cache = Path(self.settings.hf_cache).expanduser()
         for spec in self.catalog:
             r = self.runners[spec.id]
             out.append(
@@ -90,7 +106,9 @@ class EmbeddedServer:
                     "precision": r.profile.precision,
                     "hardware": r.profile.hardware,
                     "loaded": r.loaded,
-                    "dimensions": getattr(r.adapter, "dim", None),
+                    "present": is_present(spec.sources, hf_cache),
+                    "tasks": sorted(t.value for t in r.tasks),
+                    "dimensions": getattr(r.adapter_or_none, "dim", None) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,
                 }
             )
@@ -112,8 +130,11 @@ class EmbeddedServer:
         self.console.print(f"[bold green]fleetserve[/] ready: {len(self.runners)} model(s)")
 
     async def _load_models(self) -> None:
+        """The eager models now; the others on first use."""
         for spec in self.catalog:
             r = self.runners[spec.id]
+            if not r.eager:
+                continue
             t0 = time.perf_counter()
             with self.console.status(
                 f"Loading {spec.id} ({spec.runtime}, {r.profile.precision}, {r.profile.hardware})…"

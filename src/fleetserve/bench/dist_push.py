@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from ..queue import Message, PendingReply, QueueStats, WorkQueue
@@ -40,6 +40,13 @@ class _Tracked:
     async def wait(self, timeout: float) -> Reply:
         try:
             return await self._inner.wait(timeout)
+        finally:
+            self._done()
+
+    async def stream(self, timeout: float) -> AsyncGenerator[Reply, None]:
+        try:
+            async for reply in self._inner.stream(timeout):
+                yield reply
         finally:
             self._done()
 

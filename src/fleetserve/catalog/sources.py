@@ -30,7 +30,16 @@ def resolve(model_id: str, sources: tuple[str, ...], hf_cache: Path) -> Path:
 
 
 def is_present(sources: tuple[str, ...], hf_cache: Path) -> bool:
-    return any(_usable(_candidate(src, hf_cache)) for src in sources)
+    return locate(sources, hf_cache) is not None
+
+
+def locate(sources: tuple[str, ...], hf_cache: Path) -> Path | None:
+    """The first source present locally, without converting or downloading anything."""
+    for src in sources:
+        path = _candidate(src, hf_cache)
+        if _usable(path):
+            return path
+    return None
 
 
 def _usable(path: Path | None) -> bool:

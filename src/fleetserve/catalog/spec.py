@@ -65,6 +65,7 @@ class ModelSpec:
     description: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # family-specific settings
     runtime_options: dict[str, Any] = field(default_factory=dict)  # e.g. an external URL
+    size: str = ""  # declared size for `fleetserve models` when the weights are absent
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
@@ -94,6 +95,7 @@ class ModelSpec:
                 description=str(d.get("description", "")),
                 options=dict(d.get("options") or {}),
                 runtime_options=dict(d.get("runtime_options") or {}),
+                size=str(d.get("size", "")),
             )
         except KeyError as exc:
             raise ValueError(f"model spec is missing {exc.args[0]!r}") from None

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 from ..catalog import ModelSpec
 from ..runtimes import Runtime
+from ..wire import Task
 from .base import FamilyAdapter, Prepared
 
 # family name -> "module:Class", relative to this package
@@ -28,18 +30,34 @@ FAMILIES: dict[str, str] = {
 }
 
 
-def create_adapter(spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapter:
-    target = FAMILIES.get(spec.family)
+def adapter_class(family: str) -> Any:
+    """The adapter class of a family, imported on demand (its heavy imports are not)."""
+    target = FAMILIES.get(family)
     if target is None:
-        raise ValueError(
-            f"model {spec.id}: unknown family {spec.family!r}; available: "
-            + ", ".join(sorted(FAMILIES))
-        )
+        raise ValueError(f"unknown family {family!r}; available: " + ", ".join(sorted(FAMILIES)))
     module, _, cls = target.partition(":")
-    adapter: FamilyAdapter = getattr(importlib.import_module(f"{__name__}.{module}"), cls)(
-        spec, runtime, path
-    )
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+
+
+def family_tasks(family: str) -> frozenset[Task]:
+    tasks: frozenset[Task] = adapter_class(family).tasks
+    return tasks
+
+
+def create_adapter(spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapter:
+    try:
+        cls = adapter_class(spec.family)
+    except ValueError as exc:
+        raise ValueError(f"model {spec.id}: {exc}") from None
+    adapter: FamilyAdapter = cls(spec, runtime, path)
     return adapter
 
 
-__all__ = ["FAMILIES", "FamilyAdapter", "Prepared", "create_adapter"]
+__all__ = [
+    "FAMILIES",
+    "FamilyAdapter",
+    "Prepared",
+    "adapter_class",
+    "create_adapter",
+    "family_tasks",
+]

@@ -8,6 +8,7 @@ encoding, its bytes go back untouched.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,11 +18,14 @@ from urllib.parse import unquote
 from ..catalog import Catalog
 from ..metrics import Metrics
 from ..queue import WorkQueue
+from ..queue.base import PendingReply
 from ..settings import Settings
 from ..wire import (
     Encoding,
+    Envelope,
     FleetError,
     InternalError,
+    InvalidInput,
     NotFound,
     Task,
     Unauthorized,
@@ -88,10 +92,9 @@ class Gateway:
         try:
             if self._api_key and path.startswith("/v1/"):
                 self._authorize(scope)
-            if method == "POST" and path.startswith("/v1/encode/"):
-                await self._infer(scope, receive, send, Task.ENCODE, unquote(path[11:]))
-            elif method == "POST" and path == "/v1/embeddings":
-                await self._infer(scope, receive, send, Task.EMBEDDINGS, None)
+            route = _route(method, path)
+            if route is not None:
+                await self._infer(scope, receive, send, *route)
             elif method == "GET" and path == "/healthz":
                 await respond(send, *body_response(200, {"status": "ok"}, accept))
             elif method == "GET" and path == "/readyz":
@@ -118,8 +121,13 @@ class Gateway:
             content_type = encoding_of(header(scope, b"content-type"))
             accept = accept_of(header(scope, b"accept"), content_type)
             body = await read_body(scope, receive, self.settings.max_body_bytes)
+            stream = False
             if model is None:
-                model = env_mod.model_from_body(body, content_type)
+                model, stream = env_mod.model_from_body(body, content_type)
+            elif task is Task.GENERATE:
+                stream = env_mod.stream_flag(body, content_type)
+            if not model:
+                raise InvalidInput("the model id in the path is empty", field="path")
             self.catalog.get(model)
             if not self.ready():
                 raise Unavailable(
@@ -140,6 +148,9 @@ class Gateway:
                 tenant=header(scope, b"x-tenant"),
             )
             pending = await self.queue.publish(env, body)
+            if stream:
+                await self._stream(send, pending, env, route, t0)
+                return
             reply = await pending.wait(env.deadline - time.time())
             if reply.error is not None:
                 raise error_from_body(reply.error, retry_after=reply.timings.get("retry_after"))
@@ -165,6 +176,51 @@ class Gateway:
         ]
         await respond(send, 200, headers, reply.body)
 
+    async def _stream(
+        self, send: Send, pending: PendingReply, env: Envelope, route: str, t0: float
+    ) -> None:
+        """Server-sent events: each chunk's bytes (SSE lines the worker wrote) as they come.
+
+        Errors before the first chunk are plain HTTP errors; after it, the status is sent
+        already, so an error becomes an SSE ``error`` event and the stream ends."""
+        chunks = pending.stream(env.deadline - time.time())
+        first = await anext(chunks)  # errors here propagate as HTTP errors
+        if first.error is not None:
+            raise error_from_body(first.error, retry_after=first.timings.get("retry_after"))
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", env.request_id.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        code = "ok"
+        try:
+            await send({"type": "http.response.body", "body": first.body, "more_body": True})
+            if not first.final:
+                async for reply in chunks:
+                    if reply.error is not None:
+                        code = str(reply.error.get("error", {}).get("code", "internal"))
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": sse_error(reply.error),
+                                "more_body": True,
+                            }
+                        )
+                        break
+                    await send(
+                        {"type": "http.response.body", "body": reply.body, "more_body": True}
+                    )
+        except FleetError as err:
+            code = err.code
+            body = sse_error(err.to_body())
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            await chunks.aclose()
+            await send({"type": "http.response.body", "body": b""})
+            self._count(route, env.model, code)
+            self.metrics.stage_latency.labels(env.model, "total").observe(time.perf_counter() - t0)
+
     def _authorize(self, scope: Scope) -> None:
         auth = header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")
@@ -183,3 +239,33 @@ class Gateway:
             {"id": s.id, "object": "model", "owned_by": "fleetserve", "family": s.family}
             for s in self.catalog
         ]
+
+
+def _route(method: str, path: str) -> tuple[Task, str | None] | None:
+    """The task and model id (``None``: in the body) of an inference route."""
+    if method != "POST":
+        return None
+    if path in _BODY_MODEL_ROUTES:
+        return _BODY_MODEL_ROUTES[path], None
+    for prefix, task in _PATH_MODEL_ROUTES:
+        if path.startswith(prefix):
+            return task, unquote(path[len(prefix) :])
+    return None
+
+
+_BODY_MODEL_ROUTES = {
+    "/v1/embeddings": Task.EMBEDDINGS,
+    "/v1/rerank": Task.RERANK,
+    "/v1/chat/completions": Task.CHAT,
+}
+_PATH_MODEL_ROUTES = (
+    ("/v1/encode/", Task.ENCODE),
+    ("/v1/score/", Task.SCORE),
+    ("/v1/extract/", Task.EXTRACT),
+    ("/v1/generate/", Task.GENERATE),
+)
+
+
+def sse_error(error: dict[str, Any]) -> bytes:
+    """An error after the stream started: one SSE ``error`` event (OpenAI's shape)."""
+    return b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"

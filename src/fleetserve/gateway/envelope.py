@@ -7,17 +7,24 @@ import uuid
 
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder
-from ..wire.requests import ModelOnly
+from ..wire.requests import ModelOnly, StreamOnly
 
 _MODEL_ONLY = TypedDecoder(ModelOnly)
+_STREAM_ONLY = TypedDecoder(StreamOnly)
 
 
-def model_from_body(body: bytes, encoding: Encoding) -> str:
-    """The ``model`` field of an OpenAI-style body; the items are skipped, not built."""
-    model: str = _MODEL_ONLY.decode(body, encoding).model
-    if not model:
+def model_from_body(body: bytes, encoding: Encoding) -> tuple[str, bool]:
+    """The ``model`` and ``stream`` fields of an OpenAI-style body; the items are
+    skipped, not built."""
+    head = _MODEL_ONLY.decode(body, encoding)
+    if not head.model:
         raise InvalidInput("model must not be empty", field="model")
-    return model
+    return head.model, head.stream
+
+
+def stream_flag(body: bytes, encoding: Encoding) -> bool:
+    """The ``stream`` field of a native generate body."""
+    return bool(_STREAM_ONLY.decode(body, encoding).stream)
 
 
 def parse_timeout(raw: str | None, default: float) -> float:

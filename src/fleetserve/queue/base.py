@@ -15,7 +15,7 @@ the dead-letter store keeps the message with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -52,6 +52,10 @@ class PendingReply(Protocol):
 
     async def wait(self, timeout: float) -> Reply:
         """The worker's reply; raises ``DeadlineExceeded`` after ``timeout`` seconds."""
+        ...
+
+    def stream(self, timeout: float) -> AsyncGenerator[Reply, None]:
+        """A streamed reply: its chunks (``final=False``) in order, then the final reply."""
         ...
 
     def cancel(self) -> None:

@@ -183,13 +183,18 @@ class JetStreamQueue:
 
     async def _on_reply(self, msg: Any) -> None:
         rid = (msg.headers or {}).get(H.REQUEST_ID)
-        pending = self._pending.pop(rid, None) if rid else None
+        pending = self._pending.get(rid) if rid else None
         if pending is None:
             return  # late, duplicate, or cancelled: dropped
         try:
-            pending.resolve(H.reply_from_headers(msg.headers, msg.data))
+            reply = H.reply_from_headers(msg.headers, msg.data)
         except Exception as exc:
+            self._pending.pop(rid or "", None)
             pending.fail(exc)
+            return
+        if reply.final:
+            self._pending.pop(rid or "", None)
+        pending.resolve(reply)
 
     def _forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)

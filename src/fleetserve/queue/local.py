@@ -181,7 +181,7 @@ class LocalQueueServer:
             if e is None or e.replied:  # settled, or answered already: dropped
                 conn.send(Done(f.rid))
                 return
-            e.replied = True
+            e.replied = f.reply.final  # chunks of a streamed reply pass on, in order
             self._chain(conn, f.rid, e, lambda: self._reply(e, f.reply))
         elif isinstance(f, Publish):
             self._op(self._publish(conn, f))

@@ -132,7 +132,8 @@ class MemoryQueue:
             self.dead.append((msg, reason))
 
     async def reply(self, msg: Message, reply: Reply) -> None:
-        pending = self._pending.pop(msg.envelope.request_id, None)
+        rid = msg.envelope.request_id
+        pending = self._pending.pop(rid, None) if reply.final else self._pending.get(rid)
         if pending is not None:
             pending.resolve(reply)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from ..storage import Offload, PayloadMissing
 from ..wire import Envelope, InternalError, Reply
@@ -40,6 +40,20 @@ class _Pending:
         finally:
             # a caller that gives up before the deadline leaves the objects to the sweeper:
             # the request may still be running, and its worker still needs the body
+            if done or time.time() >= self._env.deadline:
+                await self._offload.discard(self._env.request_id)
+
+    async def stream(self, timeout: float) -> AsyncGenerator[Reply, None]:
+        """Chunks pass through; only the final reply may be offloaded."""
+        done = False
+        try:
+            async for reply in self._inner.stream(timeout):
+                if reply.payload is not None:
+                    reply.body = await self._offload.load(reply.payload)
+                    reply.payload = None
+                done = reply.final
+                yield reply
+        finally:
             if done or time.time() >= self._env.deadline:
                 await self._offload.discard(self._env.request_id)
 
@@ -100,7 +114,7 @@ class OffloadingQueue:
         return out
 
     async def reply(self, msg: Message, reply: Reply) -> None:
-        if reply.error is None:
+        if reply.error is None and reply.final:
             key = await self.offload.stash(msg.envelope.request_id, "out", reply.body)
             if key is not None:
                 reply = Reply(b"", reply.content_type, timings=reply.timings, payload=key)

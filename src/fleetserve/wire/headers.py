@@ -29,6 +29,7 @@ REPLY_TO = "Fleetserve-Reply-To"
 PAYLOAD = "Fleetserve-Payload"  # a payload-store key; the body is then empty
 ERROR = "Fleetserve-Error"  # on replies: "1" when the body is an error body (JSON)
 TIMINGS = "Fleetserve-Timings"  # on replies: JSON object of floats
+MORE = "Fleetserve-More"  # on replies: "1" on a chunk of a streamed reply; more follow
 DLQ_REASON = "Fleetserve-Dlq-Reason"
 DLQ_SUBJECT = "Fleetserve-Dlq-Subject"
 DLQ_ATTEMPTS = "Fleetserve-Dlq-Attempts"
@@ -147,6 +148,8 @@ def reply_headers(reply: Reply) -> tuple[dict[str, str], bytes]:
         return h, json.dumps(reply.error).encode()
     if reply.payload is not None:
         h[PAYLOAD] = reply.payload
+    if not reply.final:
+        h[MORE] = "1"
     return h, reply.body
 
 
@@ -159,4 +162,6 @@ def reply_from_headers(h: Mapping[str, str] | None, body: bytes) -> Reply:
             return Reply(content_type=ctype, error=json.loads(body), timings=timings)
     except (ValueError, AttributeError) as exc:
         raise InvalidInput(f"malformed reply from the worker: {exc}", field="reply") from None
-    return Reply(body, ctype, timings=timings, payload=h.get(PAYLOAD) or None)
+    return Reply(
+        body, ctype, timings=timings, payload=h.get(PAYLOAD) or None, final=h.get(MORE) != "1"
+    )

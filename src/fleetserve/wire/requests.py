@@ -25,9 +25,16 @@ class EmbeddingsRequest(msgspec.Struct):
 
 
 class ModelOnly(msgspec.Struct):
-    """What the gateway extracts from an OpenAI body: the model name and nothing else."""
+    """What the gateway extracts from an OpenAI body: the model name and the stream flag."""
 
     model: str
+    stream: bool = False
+
+
+class StreamOnly(msgspec.Struct):
+    """What the gateway extracts from a native generate body: the stream flag."""
+
+    stream: bool = False
 
 
 class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -19,12 +19,15 @@ from ..queue import Message, WorkQueue
 from ..wire import (
     FleetError,
     InternalError,
+    InvalidInput,
     ModelNotFound,
     Reply,
     Unavailable,
 )
 from .batcher import Job
 from .runner import ModelRunner
+
+Runner = ModelRunner  # a GenerationRunner has the same surface
 
 log = logging.getLogger("fleetserve.worker")
 
@@ -56,6 +59,8 @@ class Worker:
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
+        self._loading: set[Message] = set()  # waiting for their model to load
+        self._tails: dict[int, asyncio.Task[None]] = {}  # last chunk sent, per streamed job
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
         self._tg: asyncio.TaskGroup | None = None
         self._room = asyncio.Event()
@@ -64,7 +69,12 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        return self.running and self.failed is None and all(r.loaded for r in self.runners.values())
+        """Running, not failed, and the eager (pinned or named) models are loaded."""
+        return (
+            self.running
+            and self.failed is None
+            and all(r.loaded for r in self.runners.values() if r.eager)
+        )
 
     async def run(self) -> None:
         """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
@@ -75,7 +85,13 @@ class Worker:
                 self.metrics.worker_up.set(1)
                 for r in self.runners.values():
                     tg.create_task(
-                        r.run(self._schedule_finish, self._crash, self._expire, self._room)
+                        r.run(
+                            self._schedule_finish,
+                            self._crash,
+                            self._expire,
+                            self._room,
+                            self._schedule_chunk,
+                        )
                     )
                 tg.create_task(self._pull_loop())
                 if self.keepalive:
@@ -111,6 +127,49 @@ class Worker:
         if runner is None:
             await self._answer(msg, ModelNotFound(f"this worker does not serve {env.model!r}"))
             return
+        if env.task not in runner.tasks:
+            serves = ", ".join(sorted(t.value for t in runner.tasks))
+            await self._answer(
+                msg,
+                InvalidInput(
+                    f"model {env.model!r} ({runner.spec.family}) does not serve the "
+                    f"{env.task.value} route; it serves: {serves}",
+                    field="model",
+                ),
+            )
+            return
+        if not runner.loaded:  # lazy: load on first use, without holding up the pull loop
+            if self._tg is None:
+                raise RuntimeError("worker is not running")
+            self._loading.add(msg)
+            self._tg.create_task(self._admit_after_load(msg, runner))
+            return
+        await self._prepare(msg, runner)
+
+    async def _admit_after_load(self, msg: Message, runner: Runner) -> None:
+        try:
+            t0 = time.perf_counter()
+            await runner.load()
+            if time.perf_counter() - t0 > 0.01:
+                log.info("loaded %s in %.1fs", runner.spec.id, time.perf_counter() - t0)
+        except FleetError as err:
+            self._loading.discard(msg)
+            await self._answer(msg, err)
+            return
+        except Exception as exc:
+            self._loading.discard(msg)
+            log.exception("loading %s failed", runner.spec.id)
+            failed = Unavailable(
+                f"model {runner.spec.id!r} failed to load: {type(exc).__name__}: {exc}"[:400],
+                retry_after=5.0,
+            )
+            await self._answer(msg, failed)
+            return
+        self._loading.discard(msg)
+        await self._prepare(msg, runner)
+
+    async def _prepare(self, msg: Message, runner: Runner) -> None:
+        env = msg.envelope
         pulled_at = time.time()
         self.metrics.queue_lag.labels(env.model).set(max(pulled_at - env.enqueued_at, 0.0))
         if pulled_at > env.deadline:  # the gateway has answered 504: drop it, do not compute
@@ -146,8 +205,28 @@ class Worker:
             raise RuntimeError("worker is not running")
         self._tg.create_task(self._finish(job))
 
+    def _schedule_chunk(self, job: Job, body: bytes) -> None:
+        """Send one chunk of a streamed reply, after the job's previous chunk."""
+        if self._tg is None:
+            raise RuntimeError("worker is not running")
+        prev = self._tails.get(id(job))
+        self._tails[id(job)] = self._tg.create_task(self._send_chunk(job, body, prev))
+
+    async def _send_chunk(self, job: Job, body: bytes, prev: asyncio.Task[None] | None) -> None:
+        if prev is not None:
+            await prev
+        if not job.failed:
+            reply = Reply(body, job.msg.envelope.accept, final=False)
+            await self.queue.reply(job.msg, reply)
+
+    async def _chunks_sent(self, job: Job) -> None:
+        tail = self._tails.pop(id(job), None)
+        if tail is not None:
+            await tail
+
     async def _finish(self, job: Job) -> None:
         # the job stays in ``_jobs`` until answered, so a crash still answers it
+        await self._chunks_sent(job)
         env = job.msg.envelope
         runner = self.runners[env.model]
         loop = asyncio.get_running_loop()
@@ -186,6 +265,7 @@ class Worker:
             return
         job.failed = True
         self._jobs.discard(job)
+        await self._chunks_sent(job)
         await self._answer(job.msg, err)
 
     async def _expire(self, job: Job, _err: FleetError) -> None:
@@ -218,8 +298,8 @@ class Worker:
         """In-progress acks, so that held work is not redelivered while it waits here."""
         while True:
             await asyncio.sleep(every)
-            for job in list(self._jobs):
-                await self.queue.touch(job.msg)
+            for msg in [*(job.msg for job in self._jobs), *self._loading]:
+                await self.queue.touch(msg)
 
     async def _answer(self, msg: Message, err: FleetError) -> None:
         """Reply with an error body, then ack: the request is finished."""

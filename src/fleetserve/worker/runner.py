@@ -9,29 +9,87 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..catalog import ModelSpec, Profile
-from ..families import FamilyAdapter
+from ..families import FamilyAdapter, family_tasks
 from ..metrics import Metrics
-from ..wire import FleetError, InternalError
+from ..wire import FleetError, InternalError, Task
 from .batcher import BatchFormer, Job, WorkItem
 
 FinishFn = Callable[[Job], None]  # schedules the reply; must not block
 FailFn = Callable[[Job, FleetError], Awaitable[None]]
+ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
+AdapterFactory = Callable[[], FamilyAdapter]
 
 
-class ModelRunner:
+class Loadable:
+    """Lazy loading shared by runners: the adapter is built and loaded on first use.
+
+    ``eager`` runners load at start and gate readiness; the others load when their
+    first request arrives. A failed load (weights missing) is not remembered: the next
+    request tries again, so weights installed later are picked up.
+    """
+
+    spec: ModelSpec
+    eager: bool
+    loaded: bool
+    _adapter: FamilyAdapter | None
+    _factory: AdapterFactory
+    _load_lock: asyncio.Lock | None
+    _forward: ThreadPoolExecutor
+
+    @property
+    def adapter(self) -> FamilyAdapter:
+        if self._adapter is None:
+            raise RuntimeError(f"model {self.spec.id} is not loaded")
+        return self._adapter
+
+    @property
+    def adapter_or_none(self) -> FamilyAdapter | None:
+        return self._adapter
+
+    @property
+    def tasks(self) -> frozenset[Task]:
+        """What this model serves, known before it is loaded."""
+        if self._adapter is not None:
+            return self._adapter.tasks
+        return family_tasks(self.spec.family)
+
+    async def load(self) -> None:
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
+        async with self._load_lock:
+            if self.loaded:
+                return
+            loop = asyncio.get_running_loop()
+            adapter = self._adapter
+            if adapter is None:
+                adapter = await loop.run_in_executor(self._forward, self._factory)
+            await loop.run_in_executor(self._forward, adapter.load)
+            await loop.run_in_executor(self._forward, adapter.warmup)
+            self._adapter = adapter
+            self.loaded = True
+
+
+class ModelRunner(Loadable):
     """Runs the batch loop for one model: take a batch, forward it, route the rows."""
 
     def __init__(
         self,
         spec: ModelSpec,
         profile: Profile,
-        adapter: FamilyAdapter,
+        adapter: FamilyAdapter | AdapterFactory,
         metrics: Metrics,
         max_batch_tokens: int = 0,
+        *,
+        eager: bool = True,
     ) -> None:
         self.spec = spec
         self.profile = profile
-        self.adapter = adapter
+        if isinstance(adapter, FamilyAdapter):
+            self._adapter, self._factory = adapter, lambda: adapter
+        else:
+            self._adapter, self._factory = None, adapter
+        self.eager = eager
+        self._load_lock = None
         self.metrics = metrics
         self.former = BatchFormer(
             max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size
@@ -45,18 +103,13 @@ class ModelRunner:
         self.former.add(job)
         self._wake.set()
 
-    async def load(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._forward, self.adapter.load)
-        await loop.run_in_executor(self._forward, self.adapter.warmup)
-        self.loaded = True
-
     async def run(
         self,
         finish: FinishFn,
         crash: FailFn,
         expire: FailFn,
         room: asyncio.Event,
+        chunk: ChunkFn | None = None,
     ) -> None:
         """The batch loop; returns only by cancellation, raises if a stage breaks.
 
