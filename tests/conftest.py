@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fleetserve.catalog import Catalog
 from fleetserve.cluster import NatsServer
 from fleetserve.server import EmbeddedServer
 from fleetserve.settings import Settings
@@ -21,8 +22,9 @@ REAL = "sentence-transformers/all-MiniLM-L6-v2"
 class ServerThread:
     """A real fleetserve on loopback port 0, in a thread with its own event loop."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, catalog: Catalog | None = None) -> None:
         self.settings = settings
+        self.catalog = catalog
         self.server: EmbeddedServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
@@ -39,7 +41,9 @@ class ServerThread:
         try:
             from rich.console import Console
 
-            self.server = EmbeddedServer(self.settings, console=Console(quiet=True))
+            self.server = EmbeddedServer(
+                self.settings, catalog=self.catalog, console=Console(quiet=True)
+            )
             await self.server.start()
         except BaseException as exc:
             self._error = exc

@@ -115,6 +115,17 @@ async def test_round_trip_delivers_the_reply(queue: WorkQueue) -> None:
     assert await settled(queue, "m/a", 0)
 
 
+async def test_a_streamed_reply_arrives_chunk_by_chunk_in_order(queue: WorkQueue) -> None:
+    pending = await queue.publish(env(), b"x")
+    [msg] = await queue.pull(["m/a"], budget=100, timeout=1)
+    for i in range(5):
+        await queue.reply(msg, Reply(body=b"chunk%d" % i, final=False))
+    await queue.reply(msg, Reply(body=b"end"))
+    await queue.ack(msg)
+    got = [(r.body, r.final) async for r in pending.stream(2)]
+    assert got == [(b"chunk%d" % i, False) for i in range(5)] + [(b"end", True)]
+
+
 async def test_each_reply_reaches_its_own_publisher(queue: WorkQueue) -> None:
     p1 = await queue.publish(env(), b"one")
     p2 = await queue.publish(env(), b"two")

@@ -312,12 +312,12 @@ class LocalQueueServer:
         conn.send(Done(f.rid))
 
     async def _watch(self, conn: _Conn, rid: int, pending: PendingReply, timeout: float) -> None:
+        """Pass the reply (each chunk of a streamed one) back to the publishing device."""
         try:
-            reply = await pending.wait(timeout)
+            async for reply in pending.stream(timeout):
+                conn.send(Replied(rid, reply=reply))
         except Exception as exc:
             conn.send(Replied(rid, error=WireError.of(exc)))
-        else:
-            conn.send(Replied(rid, reply=reply))
         finally:
             conn.watchers.pop(rid, None)
 

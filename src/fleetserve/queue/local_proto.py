@@ -233,7 +233,10 @@ class LocalQueueClient:
                     log.error("the local queue sent a bad frame: %s", exc)
                     break
                 if isinstance(f, Replied):
-                    pending = self._pending.pop(f.rid, None)
+                    final = f.reply is None or f.reply.final
+                    pending = (
+                        self._pending.pop(f.rid, None) if final else self._pending.get(f.rid)
+                    )
                     if pending is None:
                         continue  # cancelled, or waited too long: dropped
                     if f.reply is not None:

@@ -59,7 +59,7 @@ class Worker:
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
-        self._loading: set[Message] = set()  # waiting for their model to load
+        self._loading: dict[int, Message] = {}  # waiting for their model to load
         self._tails: dict[int, asyncio.Task[None]] = {}  # last chunk sent, per streamed job
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
         self._tg: asyncio.TaskGroup | None = None
@@ -141,7 +141,7 @@ class Worker:
         if not runner.loaded:  # lazy: load on first use, without holding up the pull loop
             if self._tg is None:
                 raise RuntimeError("worker is not running")
-            self._loading.add(msg)
+            self._loading[id(msg)] = msg
             self._tg.create_task(self._admit_after_load(msg, runner))
             return
         await self._prepare(msg, runner)
@@ -153,11 +153,11 @@ class Worker:
             if time.perf_counter() - t0 > 0.01:
                 log.info("loaded %s in %.1fs", runner.spec.id, time.perf_counter() - t0)
         except FleetError as err:
-            self._loading.discard(msg)
+            self._loading.pop(id(msg), None)
             await self._answer(msg, err)
             return
         except Exception as exc:
-            self._loading.discard(msg)
+            self._loading.pop(id(msg), None)
             log.exception("loading %s failed", runner.spec.id)
             failed = Unavailable(
                 f"model {runner.spec.id!r} failed to load: {type(exc).__name__}: {exc}"[:400],
@@ -165,7 +165,7 @@ class Worker:
             )
             await self._answer(msg, failed)
             return
-        self._loading.discard(msg)
+        self._loading.pop(id(msg), None)
         await self._prepare(msg, runner)
 
     async def _prepare(self, msg: Message, runner: Runner) -> None:
@@ -298,7 +298,7 @@ class Worker:
         """In-progress acks, so that held work is not redelivered while it waits here."""
         while True:
             await asyncio.sleep(every)
-            for msg in [*(job.msg for job in self._jobs), *self._loading]:
+            for msg in [*(job.msg for job in self._jobs), *self._loading.values()]:
                 await self.queue.touch(msg)
 
     async def _answer(self, msg: Message, err: FleetError) -> None:
