@@ -143,7 +143,7 @@ def _models(settings: Settings) -> int:
     for col in ("family", "runtime", "size", "present", "where"):
         table.add_column(col)
     for s in catalog:
-        found = locate(s.sources, hf_cache)
+        found = locate(s.sources, hf_cache, Path(settings.cache_dir).expanduser())
         size = _disk_size(found) if found is not None else (s.size or "?")
         where = str(found) if found is not None else ", ".join(s.sources)
         present = "[green]yes[/]" if found is not None else "[red]no[/]"

@@ -15,6 +15,7 @@ import uvicorn
 from rich.console import Console
 
 from .catalog import Catalog, ModelSpec
+from .catalog.fetch import ObjectStoreConfig
 from .catalog.sources import is_present, resolve
 from .families import FamilyAdapter, create_adapter
 from .gateway import Gateway
@@ -42,7 +43,18 @@ def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> Model
     profile = spec.profile(hw)
 
     def make_adapter() -> FamilyAdapter:
-        path = resolve(spec.id, spec.sources, Path(settings.hf_cache).expanduser())
+        path = resolve(
+            spec.id,
+            spec.sources,
+            Path(settings.hf_cache).expanduser(),
+            cache_dir=Path(settings.cache_dir).expanduser(),
+            objects=ObjectStoreConfig(
+                settings.s3_endpoint,
+                settings.s3_region,
+                settings.s3_access_key_id,
+                settings.s3_secret_access_key,
+            ),
+        )
         runtime = create_runtime(
             spec.runtime,
             device=settings.device,
@@ -106,7 +118,9 @@ class EmbeddedServer:
                     "precision": r.profile.precision,
                     "hardware": r.profile.hardware,
                     "loaded": r.loaded,
-                    "present": is_present(spec.sources, hf_cache),
+                    "present": is_present(
+                        spec.sources, hf_cache, Path(self.settings.cache_dir).expanduser()
+                    ),
                     "tasks": sorted(t.value for t in r.tasks),
                     "dimensions": getattr(r.adapter_or_none, "dim", None) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,

@@ -45,7 +45,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    """``fleetserve bench [embed] ...``, ``fleetserve bench http|cost|sim|dist ...``."""
+    """``fleetserve bench [embed] ...``, ``fleetserve bench http|cost|sim|dist|families ...``."""
     argv = list(argv)
     if argv and argv[0] == "http":
         from .http_stack import main as http_main
@@ -59,6 +59,10 @@ def main(argv: Sequence[str] = ()) -> int:
         from .dist import main as dist_main
 
         return dist_main(argv[1:])
+    if argv and argv[0] == "families":
+        from .families import main as families_main
+
+        return families_main(argv[1:])
     if argv and argv[0] == "sim":
         from .sim.cli import main as sim_main
 

