@@ -170,6 +170,66 @@ def _derive_head(kind: str, num_labels: int) -> Callable[[Path, Path], dict[str,
     return derive
 
 
+def _derive_clip(minilm: Path, out: Path) -> dict[str, Any]:
+    """A CLIP with ViT-B/32's vision tower (88M parameters) and random weights, and a
+    small text tower on MiniLM's WordPiece vocabulary: the compute of a real CLIP image."""
+    if not (out / "config.json").is_file():
+        import torch
+        from transformers import CLIPConfig, CLIPModel
+
+        vocab = json.loads((minilm / "tokenizer.json").read_text())["model"]["vocab"]
+        text = {"vocab_size": len(vocab), "hidden_size": 256, "intermediate_size": 1024,
+                "num_hidden_layers": 2, "num_attention_heads": 4,
+                "pad_token_id": vocab["[PAD]"], "bos_token_id": vocab["[CLS]"],
+                "eos_token_id": vocab["[SEP]"]}  # fmt: skip
+        vision = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                  "num_attention_heads": 12, "image_size": 224, "patch_size": 32}  # fmt: skip
+        torch.manual_seed(0)
+        model: Any = CLIPModel(
+            CLIPConfig(text_config=text, vision_config=vision, projection_dim=512)
+        )
+        tmp = out.with_suffix(".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.eval().save_pretrained(str(tmp))
+        shutil.copy(minilm / "tokenizer.json", tmp / "tokenizer.json")
+        pre = {"do_resize": True, "size": {"shortest_edge": 224}, "do_center_crop": True,
+               "crop_size": {"height": 224, "width": 224}, "resample": 3, "do_rescale": True,
+               "rescale_factor": 1 / 255, "do_normalize": True,
+               "image_mean": [0.48145466, 0.4578275, 0.40821073],
+               "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
+        (tmp / "preprocessor_config.json").write_text(json.dumps(pre))
+        tmp.rename(out)
+    return {"family": "image", "sources": [str(out)], "max_seq_len": 64}
+
+
+def _png_images(k: int = 8) -> list[str]:
+    """``k`` distinct 256x256 PNG photos-like gradients, base64 (as JSON carries them)."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(k):
+        base = np.linspace(0, 255, 256, dtype=np.float32)
+        img = (base[None, :, None] + rng.normal(0, 20, (256, 256, 3))).clip(0, 255)
+        buf = io.BytesIO()
+        Image.fromarray(img.astype(np.uint8)).save(buf, format="PNG")
+        out.append(base64.b64encode(buf.getvalue()).decode())
+    return out
+
+
+_IMAGES: list[str] = []
+
+
+def _images(texts: list[str], n: int, i: int) -> dict[str, Any]:
+    if not _IMAGES:
+        _IMAGES.extend(_png_images())
+    return {"inputs": [{"image": _IMAGES[(i + j) % len(_IMAGES)]} for j in range(n)]}
+
+
 CASES: dict[str, Case] = {
     c.name: c
     for c in [
@@ -205,6 +265,16 @@ CASES: dict[str, Case] = {
             "/v1/extract/{model}",
             Task.EXTRACT,
             _labels,
+        ),
+        Case(
+            "image",
+            "bench/clip-vit-b32-random",
+            "/v1/encode/{model}",
+            Task.ENCODE,
+            _images,
+            batch=16,
+            unit="images",
+            derive=_derive_clip,
         ),
     ]
 }
