@@ -113,9 +113,11 @@ def _reduce(result: Any, mask: Any, output: Output) -> Any:
     if output is Output.LOGITS:
         return result.logits
     if output is Output.SPLADE:
+        # log1p(relu(x)) never decreases in x, so the max over tokens can come first:
+        # one [batch, vocab] activation instead of three [batch, seq, vocab] temporaries
         logits = result.logits.float()
-        act = torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1).to(logits.dtype)
-        return act.amax(dim=1)
+        logits = logits.masked_fill(~mask.bool().unsqueeze(-1), float("-inf"))
+        return torch.log1p(torch.relu(logits.amax(dim=1)))
     hidden = result.last_hidden_state.float()
     if output is Output.HIDDEN:
         return hidden

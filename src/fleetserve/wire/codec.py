@@ -83,6 +83,9 @@ class TypedDecoder:
             msg = str(exc)
             m = _PATH.search(msg)
             field = m.group(1) if m and m.group(1) else None
+            if field is None and "unknown field" in msg:
+                um = re.search(r"unknown field `([^`]+)`", msg)
+                field = um.group(1) if um else None
             if field is None and "missing required field" in msg:
                 fm = re.search(r"`([^`]+)`", msg)
                 field = fm.group(1) if fm else None
