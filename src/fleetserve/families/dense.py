@@ -1,6 +1,13 @@
 """Dense embeddings: mean or CLS pooling, normalize, Matryoshka dimensions, dtypes.
 
-Serves ``/v1/encode/{model}`` (native) and ``/v1/embeddings`` (OpenAI).
+Serves ``/v1/encode/{model}`` (native: float32, float16, int8 and binary, see
+:mod:`.quantize`), ``/v1/embeddings`` (OpenAI: float or base64 float32), and
+``/v1/score/{model}`` and ``/v1/rerank`` by cosine similarity: the query and the
+documents are items of one request, so they share batches.
+
+Spec options: ``query_prefix`` and ``document_prefix`` (for example E5's ``"query: "``
+and ``"passage: "``) are prepended to the texts when scoring; encode clients add
+their own.
 """
 
 from __future__ import annotations
@@ -15,15 +22,16 @@ import numpy as np
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
-from ..wire import Encoding, Envelope, InvalidInput, Task
-from ..wire.codec import TypedDecoder, array_to_wire, dumps
+from ..wire import Envelope, InvalidInput, Task
+from ..wire.codec import TypedDecoder, dumps
 from ..wire.requests import EmbeddingsRequest, EncodeRequest
+from . import scoring
 from .base import Prepared, pad_batch
+from .quantize import check_output_dtype, vectors_body
 from .tokenize import TextTokenizer
 
 _ENCODE = TypedDecoder(EncodeRequest)
 _EMBEDDINGS = TypedDecoder(EmbeddingsRequest)
-_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +43,7 @@ class DenseOptions:
 
 
 class DenseAdapter:
-    tasks = frozenset({Task.ENCODE, Task.EMBEDDINGS})
+    tasks = frozenset({Task.ENCODE, Task.EMBEDDINGS, Task.SCORE, Task.RERANK})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
         self.spec = spec
@@ -43,6 +51,8 @@ class DenseAdapter:
         self.path = path
         self._tok: TextTokenizer | None = None
         self.dim = spec.dimensions or 0
+        self.query_prefix = str(spec.options.get("query_prefix", ""))
+        self.document_prefix = str(spec.options.get("document_prefix", ""))
 
     def load(self) -> None:
         self._tok = TextTokenizer(self.path, self.spec.max_seq_len)
@@ -63,6 +73,8 @@ class DenseAdapter:
 
     # -- preprocess -------------------------------------------------------------
     def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+        if envelope.task in scoring.SCORE_TASKS:
+            return self._prepare_score(envelope, body)
         if envelope.task is Task.EMBEDDINGS:
             req = _EMBEDDINGS.decode(body, envelope.content_type)
             if req.encoding_format not in ("float", "base64"):
@@ -74,10 +86,7 @@ class DenseAdapter:
             truncate = True
         else:
             r = _ENCODE.decode(body, envelope.content_type)
-            if r.output_dtype not in _DTYPES:
-                raise InvalidInput(
-                    f"output_dtype must be one of {sorted(_DTYPES)}", field="output_dtype"
-                )
+            check_output_dtype(r.output_dtype)
             texts, field, truncate = r.inputs, "inputs", r.truncate
             normalize = self.spec.normalize if r.normalize is None else r.normalize
             opts = DenseOptions(normalize, r.output_dtype, r.dimensions)
@@ -90,14 +99,26 @@ class DenseAdapter:
                 raise InvalidInput(f"{field}[{i}] is an empty string", field=f"{field}[{i}]")
         if opts.dimensions is not None and not (0 < opts.dimensions <= self.dim):
             raise InvalidInput(f"dimensions must be between 1 and {self.dim}", field="dimensions")
+        ids = self._tokenize(texts, truncate, [f"{field}[{i}]" for i in range(len(texts))])
+        return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
+
+    def _prepare_score(self, envelope: Envelope, body: bytes) -> Prepared:
+        q = scoring.parse(envelope, body)
+        texts = [self.query_prefix + q.query] + [self.document_prefix + d for d in q.documents]
+        docs = "documents" if envelope.task is Task.RERANK else "items"
+        fields = ["query"] + [f"{docs}[{i}]" for i in range(len(q.documents))]
+        ids = self._tokenize(texts, q.truncate, fields)
+        return Prepared(items=ids, options=q, tokens=sum(len(x) for x in ids))
+
+    def _tokenize(self, texts: list[str], truncate: bool, fields: list[str]) -> list[list[int]]:
         ids, truncated = self.tokenizer.encode(texts, truncate=truncate)
         if truncated is not None:
             raise InvalidInput(
-                f"{field}[{truncated}] is longer than the model's limit of "
+                f"{fields[truncated]} is longer than the model's limit of "
                 f"{self.spec.max_seq_len} tokens and truncate is false",
-                field=f"{field}[{truncated}]",
+                field=fields[truncated],
             )
-        return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
+        return ids
 
     # -- forward ----------------------------------------------------------------
     def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
@@ -106,24 +127,22 @@ class DenseAdapter:
 
     # -- postprocess ------------------------------------------------------------
     def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        o: DenseOptions = prepared.options
         emb = np.stack(outputs)
+        if envelope.task in scoring.SCORE_TASKS:
+            unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+            scores = unit[1:] @ unit[0]
+            q: scoring.ScoreQuery = prepared.options
+            return scoring.reply(envelope, self.spec.id, q, scores, prepared.tokens)
+        o: DenseOptions = prepared.options
         if o.dimensions is not None:
             emb = emb[:, : o.dimensions]
         if o.normalize:
             norms = np.linalg.norm(emb, axis=1, keepdims=True)
             emb = emb / np.maximum(norms, 1e-12)
-        emb = np.ascontiguousarray(emb, dtype=_DTYPES[o.output_dtype])
         if envelope.task is Task.EMBEDDINGS:
-            return self._openai_body(envelope, prepared, emb)
-        body: dict[str, Any] = {
-            "model": self.spec.id,
-            "usage": {"tokens": prepared.tokens},
-        }
-        if envelope.accept is Encoding.MSGPACK:
-            body["embeddings"] = array_to_wire(emb)
-        else:
-            body["embeddings"] = emb.tolist()
+            return self._openai_body(envelope, prepared, np.ascontiguousarray(emb, np.float32))
+        body: dict[str, Any] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
+        body.update(vectors_body(emb, o.output_dtype, envelope.accept))
         return dumps(body, envelope.accept)
 
     def _openai_body(

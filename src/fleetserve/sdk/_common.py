@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -20,8 +21,28 @@ from ..wire import (
     error_from_body,
 )
 from ..wire.codec import array_from_wire, dumps, loads
+from .results import Quantized, RerankResult, SparseVector
 
 MSGPACK = Encoding.MSGPACK.value
+T = TypeVar("T")
+Opts = dict[str, Any]
+Array = np.ndarray[Any, Any]
+Texts = str | list[str]
+
+
+class BaseClient:
+    """What the sync and async clients hold: the server and the retry policy."""
+
+    def __init__(self, base_url: str, timeout: float, max_retries: int, max_backoff: float) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.max_backoff = max_backoff
+
+    def _t(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+
 RETRY_STATUSES = (429, 503)
 
 
@@ -29,20 +50,126 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def encode_request(
-    model: str, texts: str | list[str], options: dict[str, Any], timeout: float | None
-) -> tuple[str, bytes, dict[str, str]]:
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request: where it goes, its msgpack body, and how to read the reply body."""
+
+    path: str
+    body: bytes
+    decode: Callable[[Any], T]
+
+    def headers(self, timeout: float | None) -> dict[str, str]:
+        headers = {"content-type": MSGPACK, "accept": MSGPACK}
+        if timeout is not None:
+            headers["x-request-timeout"] = repr(float(timeout))
+        return headers
+
+    def result(self, resp: httpx.Response) -> T:
+        raise_for_error(resp)
+        return self.decode(loads(resp.content, Encoding.MSGPACK))
+
+
+def _call(path: str, body: dict[str, Any], decode: Callable[[Any], T]) -> Call[T]:
+    clean = {k: v for k, v in body.items() if v is not None}
+    return Call(path, dumps(clean, Encoding.MSGPACK), decode)
+
+
+def _model_path(route: str, model: str) -> str:
+    return f"/v1/{route}/{quote(model, safe='/')}"
+
+
+def encode_call(
+    model: str, texts: str | list[str], output_dtype: str, dequantize: bool, options: Opts
+) -> Call[Any]:
     body = {"inputs": texts, **options}
-    headers = {"content-type": MSGPACK, "accept": MSGPACK}
-    if timeout is not None:
-        headers["x-request-timeout"] = repr(float(timeout))
-    return f"/v1/encode/{quote(model, safe='/')}", dumps(body, Encoding.MSGPACK), headers
+    if output_dtype != "float32":
+        body["output_dtype"] = output_dtype
+
+    def decode(reply: Any) -> Any:
+        scales = reply.get("scales")
+        return _vectors(reply, array_from_wire(reply["embeddings"]), scales, dequantize)
+
+    return _call(_model_path("encode", model), body, decode)
 
 
-def decode_encode_response(resp: httpx.Response) -> np.ndarray[Any, Any]:
-    raise_for_error(resp)
-    body = loads(resp.content, Encoding.MSGPACK)
-    return array_from_wire(body["embeddings"])
+def multivector_call(
+    model: str, texts: str | list[str], output_dtype: str, dequantize: bool, options: Opts
+) -> Call[list[Any]]:
+    body = {"inputs": texts, **options}
+    if output_dtype != "float32":
+        body["output_dtype"] = output_dtype
+
+    def decode(reply: Any) -> list[Any]:
+        mats = [array_from_wire(m) for m in reply["embeddings"]]
+        scales = reply.get("scales") or [None] * len(mats)
+        return [_vectors(reply, m, s, dequantize) for m, s in zip(mats, scales, strict=True)]
+
+    return _call(_model_path("encode", model), body, decode)
+
+
+def _vectors(reply: Any, values: Any, scales: Any, dequantize: bool) -> Any:
+    """A float array as sent, or the :class:`Quantized` form of int8 and binary vectors."""
+    dtype = reply.get("output_dtype")
+    if dtype not in ("int8", "binary"):
+        return values
+    scale_arr = None if scales is None else np.asarray(array_from_wire(scales), np.float32)
+    dims = int(reply.get("dimensions") or values.shape[-1])
+    q = Quantized(dtype, values, scale_arr, dims)
+    return q.dequantize() if dequantize else q
+
+
+def sparse_call(model: str, texts: str | list[str], options: Opts) -> Call[list[SparseVector]]:
+    def decode(reply: Any) -> list[SparseVector]:
+        return [
+            SparseVector(
+                np.asarray(array_from_wire(e["indices"]), np.uint32),
+                np.asarray(array_from_wire(e["values"]), np.float32),
+                e.get("tokens"),
+            )
+            for e in reply["embeddings"]
+        ]
+
+    return _call(_model_path("encode", model), {"inputs": texts, **options}, decode)
+
+
+def score_call(model: str, query: str, items: list[str], truncate: bool) -> Call[list[float]]:
+    body = {"query": query, "items": items, "truncate": truncate}
+    return _call(_model_path("score", model), body, lambda r: [float(s) for s in r["scores"]])
+
+
+def rerank_call(
+    model: str, query: str, documents: list[str], top_n: int | None, return_documents: bool
+) -> Call[list[RerankResult]]:
+    body = {
+        "model": model,
+        "query": query,
+        "documents": documents,
+        "top_n": top_n,
+        "return_documents": return_documents,
+    }
+
+    def decode(reply: Any) -> list[RerankResult]:
+        return [
+            RerankResult(
+                int(r["index"]),
+                float(r["relevance_score"]),
+                (r.get("document") or {}).get("text"),
+            )
+            for r in reply["results"]
+        ]
+
+    return _call("/v1/rerank", body, decode)
+
+
+def extract_call(
+    model: str,
+    inputs: str | list[str],
+    labels: list[str] | None,
+    threshold: float | None,
+    options: Opts,
+) -> Call[list[Any]]:
+    body = {"inputs": inputs, "labels": labels, "threshold": threshold, **options}
+    return _call(_model_path("extract", model), body, lambda r: list(r["results"]))
 
 
 def raise_for_error(resp: httpx.Response) -> None:

@@ -2,29 +2,46 @@
 
 Both retry 429 and 503 (honouring Retry-After) up to ``max_retries`` times and
 raise the same typed errors as the server's hierarchy (``fleetserve.InvalidInput``...).
+``timeout`` (per client or per call) is also the server-side deadline.
+
+Methods (the async client's are coroutines with the same arguments):
+
+- ``encode(model, texts, output_dtype=..., dequantize=False, **options)``: dense
+  embeddings. ``"float32"`` (default) and ``"float16"`` give a ``[n, dim]`` array of that
+  dtype. ``"int8"`` and ``"binary"`` give a :class:`Quantized` (``.values`` and
+  ``.scales`` for int8; packed sign bits and ``.dimensions`` for binary, with
+  ``.unpack()`` and :func:`unpack_bits`); ``dequantize=True`` gives the float32
+  ``[n, dim]`` approximation instead (``values * scales``, or +1/-1 per bit). Options:
+  ``normalize``, ``dimensions``, ``truncate``.
+- ``encode_multivector(model, texts, is_query=False, max_tokens=None, ...)``: one
+  ``[tokens, dim]`` array (or :class:`Quantized`) per input.
+- ``encode_sparse(model, texts, **options)``: one :class:`SparseVector` per input.
+- ``score(model, query, items)``: one float per item, in input order.
+- ``rerank(model, query, documents, top_n=None, return_documents=False)``: Cohere's
+  ``/v1/rerank``; :class:`RerankResult` list, best first.
+- ``extract(model, inputs, labels=None, threshold=None, **options)``: the ``results``
+  of ``/v1/extract``, one entry per input (entities for NER, labels and scores for
+  zero-shot classification).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self, TypeVar, overload
 
 import httpx
-import numpy as np
 
-from ._common import (
-    RETRY_STATUSES,
-    auth_headers,
-    backoff,
-    decode_encode_response,
-    encode_request,
-    network_errors,
-)
+from . import _common as c
+from .async_client import AsyncClient
+from .results import Quantized, RerankResult, SparseVector
+
+T = TypeVar("T")
+Array = c.Array
+Texts = c.Texts
 
 
-class Client:
+class Client(c.BaseClient):
     def __init__(
         self,
         base_url: str = "http://127.0.0.1:8080",
@@ -35,31 +52,140 @@ class Client:
         api_key: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        super().__init__(base_url, timeout, max_retries, max_backoff)
         self._http = httpx.Client(
-            base_url=base_url, timeout=timeout, transport=transport, headers=auth_headers(api_key)
+            base_url=base_url, timeout=timeout, transport=transport, headers=c.auth_headers(api_key)
         )
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.max_backoff = max_backoff
 
+    @overload
     def encode(
-        self, model: str, texts: str | list[str], *, timeout: float | None = None, **options: Any
-    ) -> np.ndarray[Any, Any]:
-        """Embeddings as a ``[n, dim]`` array (``output_dtype`` decides its dtype)."""
-        t = self.timeout if timeout is None else timeout
-        path, body, headers = encode_request(model, texts, options, t)
-        resp = self._post(path, body, headers, t)
-        return decode_encode_response(resp)
+        self,
+        model: str,
+        texts: Texts,
+        *,
+        output_dtype: Literal["float32", "float16"] = ...,
+        dequantize: bool = ...,
+        timeout: float | None = ...,
+        **options: Any,
+    ) -> Array: ...
+    @overload
+    def encode(
+        self,
+        model: str,
+        texts: Texts,
+        *,
+        output_dtype: Literal["int8", "binary"],
+        dequantize: Literal[True],
+        timeout: float | None = ...,
+        **options: Any,
+    ) -> Array: ...
+    @overload
+    def encode(
+        self,
+        model: str,
+        texts: Texts,
+        *,
+        output_dtype: Literal["int8", "binary"],
+        dequantize: Literal[False] = ...,
+        timeout: float | None = ...,
+        **options: Any,
+    ) -> Quantized: ...
+    @overload
+    def encode(
+        self,
+        model: str,
+        texts: Texts,
+        *,
+        output_dtype: str,
+        dequantize: bool = ...,
+        timeout: float | None = ...,
+        **options: Any,
+    ) -> Array | Quantized: ...
+    def encode(
+        self,
+        model: str,
+        texts: Texts,
+        *,
+        output_dtype: str = "float32",
+        dequantize: bool = False,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Array | Quantized:
+        """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
+        result: Array | Quantized
+        result = self._run(c.encode_call(model, texts, output_dtype, dequantize, options), timeout)
+        return result
 
-    def _post(
-        self, path: str, body: bytes, headers: dict[str, str], timeout: float
-    ) -> httpx.Response:
+    def encode_multivector(
+        self,
+        model: str,
+        texts: Texts,
+        *,
+        is_query: bool = False,
+        max_tokens: int | None = None,
+        output_dtype: str = "float32",
+        dequantize: bool = False,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
+        opts = {"is_query": is_query, "max_tokens": max_tokens, **options}
+        return self._run(c.multivector_call(model, texts, output_dtype, dequantize, opts), timeout)
+
+    def encode_sparse(
+        self, model: str, texts: Texts, *, timeout: float | None = None, **options: Any
+    ) -> list[SparseVector]:
+        """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
+        return self._run(c.sparse_call(model, texts, options), timeout)
+
+    def score(
+        self,
+        model: str,
+        query: str,
+        items: list[str],
+        *,
+        truncate: bool = True,
+        timeout: float | None = None,
+    ) -> list[float]:
+        """The score of each item against the query, in input order."""
+        return self._run(c.score_call(model, query, items, truncate), timeout)
+
+    def rerank(
+        self,
+        model: str,
+        query: str,
+        documents: list[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        timeout: float | None = None,
+    ) -> list[RerankResult]:
+        """The documents ranked against the query, best first (``top_n`` of them)."""
+        call = c.rerank_call(model, query, documents, top_n, return_documents)
+        return self._run(call, timeout)
+
+    def extract(
+        self,
+        model: str,
+        inputs: Texts,
+        *,
+        labels: list[str] | None = None,
+        threshold: float | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """Entities or labels, one result per input."""
+        return self._run(c.extract_call(model, inputs, labels, threshold, options), timeout)
+
+    def _run(self, call: c.Call[T], timeout: float | None) -> T:
+        t = self._t(timeout)
+        headers = call.headers(t)
         for attempt in range(self.max_retries + 1):
-            with network_errors(timeout):
-                resp = self._http.post(path, content=body, headers=headers, timeout=timeout + 1)
-            if resp.status_code not in RETRY_STATUSES or attempt == self.max_retries:
-                return resp
-            time.sleep(backoff(resp, attempt, self.max_backoff))
+            with c.network_errors(t):
+                resp = self._http.post(call.path, content=call.body, headers=headers, timeout=t + 1)
+            if resp.status_code not in c.RETRY_STATUSES or attempt == self.max_retries:
+                return call.result(resp)
+            time.sleep(c.backoff(resp, attempt, self.max_backoff))
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -74,52 +200,4 @@ class Client:
         self.close()
 
 
-class AsyncClient:
-    def __init__(
-        self,
-        base_url: str = "http://127.0.0.1:8080",
-        *,
-        timeout: float = 30.0,
-        max_retries: int = 3,
-        max_backoff: float = 10.0,
-        api_key: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout, transport=transport, headers=auth_headers(api_key)
-        )
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.max_backoff = max_backoff
-
-    async def encode(
-        self, model: str, texts: str | list[str], *, timeout: float | None = None, **options: Any
-    ) -> np.ndarray[Any, Any]:
-        t = self.timeout if timeout is None else timeout
-        path, body, headers = encode_request(model, texts, options, t)
-        resp = await self._post(path, body, headers, t)
-        return decode_encode_response(resp)
-
-    async def _post(
-        self, path: str, body: bytes, headers: dict[str, str], timeout: float
-    ) -> httpx.Response:
-        for attempt in range(self.max_retries + 1):
-            with network_errors(timeout):
-                resp = await self._http.post(
-                    path, content=body, headers=headers, timeout=timeout + 1
-                )
-            if resp.status_code not in RETRY_STATUSES or attempt == self.max_retries:
-                return resp
-            await asyncio.sleep(backoff(resp, attempt, self.max_backoff))
-        raise AssertionError("unreachable")
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
+__all__ = ["AsyncClient", "Client"]
