@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import yaml
 from ..catalog import DEFAULT_MODEL, Catalog, ModelSpec
 from ..catalog.sources import resolve
 from ..wire import Encoding, Envelope, Task
+from .family_models import derive_clip, derive_gliner, derive_head
 from .workload import sentences
 
 HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()
@@ -138,68 +138,8 @@ def _labels(texts: list[str], n: int, i: int) -> dict[str, Any]:
     return {"inputs": _texts(texts, n, i), "labels": ["sports", "finance", "cooking", "travel"]}
 
 
-def _derive_head(kind: str, num_labels: int) -> Callable[[Path, Path], dict[str, Any]]:
-    """MiniLM's encoder with a fresh classification head, saved as a checkpoint."""
-
-    def derive(minilm: Path, out: Path) -> dict[str, Any]:
-        if not (out / "config.json").is_file():
-            import transformers
-
-            cls = getattr(transformers, f"BertFor{kind}")
-            labels = (
-                ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
-                if kind == "TokenClassification"
-                else [f"LABEL_{k}" for k in range(num_labels)]
-            )
-            model = cls.from_pretrained(
-                str(minilm),
-                num_labels=len(labels),
-                id2label=dict(enumerate(labels)),
-                label2id={lab: k for k, lab in enumerate(labels)},
-            )
-            tmp = out.with_suffix(".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(str(tmp))
-            for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
-                if (minilm / f).is_file():
-                    shutil.copy(minilm / f, tmp / f)
-            tmp.rename(out)
-        family = "ner" if kind == "TokenClassification" else "cross_encoder"
-        return {"family": family, "sources": [str(out)], "max_seq_len": 256}
-
-    return derive
-
-
-def _derive_clip(minilm: Path, out: Path) -> dict[str, Any]:
-    """A CLIP with ViT-B/32's vision tower (88M parameters) and random weights, and a
-    small text tower on MiniLM's WordPiece vocabulary: the compute of a real CLIP image."""
-    if not (out / "config.json").is_file():
-        import torch
-        from transformers import CLIPConfig, CLIPModel
-
-        vocab = json.loads((minilm / "tokenizer.json").read_text())["model"]["vocab"]
-        text = {"vocab_size": len(vocab), "hidden_size": 256, "intermediate_size": 1024,
-                "num_hidden_layers": 2, "num_attention_heads": 4,
-                "pad_token_id": vocab["[PAD]"], "bos_token_id": vocab["[CLS]"],
-                "eos_token_id": vocab["[SEP]"]}  # fmt: skip
-        vision = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                  "num_attention_heads": 12, "image_size": 224, "patch_size": 32}  # fmt: skip
-        torch.manual_seed(0)
-        model: Any = CLIPModel(
-            CLIPConfig(text_config=text, vision_config=vision, projection_dim=512)
-        )
-        tmp = out.with_suffix(".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.eval().save_pretrained(str(tmp))
-        shutil.copy(minilm / "tokenizer.json", tmp / "tokenizer.json")
-        pre = {"do_resize": True, "size": {"shortest_edge": 224}, "do_center_crop": True,
-               "crop_size": {"height": 224, "width": 224}, "resample": 3, "do_rescale": True,
-               "rescale_factor": 1 / 255, "do_normalize": True,
-               "image_mean": [0.48145466, 0.4578275, 0.40821073],
-               "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
-        (tmp / "preprocessor_config.json").write_text(json.dumps(pre))
-        tmp.rename(out)
-    return {"family": "image", "sources": [str(out)], "max_seq_len": 64}
+def _entities(texts: list[str], n: int, i: int) -> dict[str, Any]:
+    return {"inputs": _texts(texts, n, i), "labels": ["person", "organization", "location"]}
 
 
 def _png_images(k: int = 8) -> list[str]:
@@ -249,7 +189,7 @@ CASES: dict[str, Case] = {
             Task.SCORE,
             _score,
             unit="pairs",
-            derive=_derive_head("SequenceClassification", 1),
+            derive=derive_head("SequenceClassification", 1),
         ),
         Case(
             "ner",
@@ -257,7 +197,7 @@ CASES: dict[str, Case] = {
             "/v1/extract/{model}",
             Task.EXTRACT,
             _encode,
-            derive=_derive_head("TokenClassification", 9),
+            derive=derive_head("TokenClassification", 9),
         ),
         Case(
             "zero_shot",
@@ -267,6 +207,14 @@ CASES: dict[str, Case] = {
             _labels,
         ),
         Case(
+            "span_ner",
+            "bench/gliner-minilm",
+            "/v1/extract/{model}",
+            Task.EXTRACT,
+            _entities,
+            derive=derive_gliner,
+        ),
+        Case(
             "image",
             "bench/clip-vit-b32-random",
             "/v1/encode/{model}",
@@ -274,7 +222,7 @@ CASES: dict[str, Case] = {
             _images,
             batch=16,
             unit="images",
-            derive=_derive_clip,
+            derive=derive_clip,
         ),
     ]
 }

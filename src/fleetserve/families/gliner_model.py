@@ -56,6 +56,13 @@ class GlinerConfig:
     @classmethod
     def read(cls, path: Path) -> GlinerConfig:
         d: dict[str, Any] = json.loads((path / "gliner_config.json").read_text())
+        try:
+            return cls.read_dict(d)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    @classmethod
+    def read_dict(cls, d: dict[str, Any]) -> GlinerConfig:
         unsupported = {
             "span_mode": d.get("span_mode", "markerV0") != "markerV0",
             "labels_encoder": bool(d.get("labels_encoder")),
@@ -71,7 +78,7 @@ class GlinerConfig:
         bad = [f"{k}={d.get(k)!r}" for k, v in unsupported.items() if v]
         if bad:
             raise ValueError(
-                f"{path}: only uni-encoder markerV0 GLiNER span models are supported; "
+                "only uni-encoder markerV0 GLiNER span models are supported; "
                 "this checkpoint has " + ", ".join(bad)
             )
         return cls(
