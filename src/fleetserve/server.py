@@ -56,7 +56,7 @@ def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> Model
             ),
         )
         runtime = create_runtime(
-            spec.runtime,
+            profile.runtime or spec.runtime,
             device=settings.device,
             precision=profile.precision,
             threads=settings.torch_threads,
@@ -114,7 +114,7 @@ class EmbeddedServer:
                     "object": "model",
                     "owned_by": "fleetserve",
                     "family": spec.family,
-                    "runtime": spec.runtime,
+                    "runtime": r.profile.runtime or spec.runtime,
                     "precision": r.profile.precision,
                     "hardware": r.profile.hardware,
                     "loaded": r.loaded,
@@ -151,7 +151,7 @@ class EmbeddedServer:
                 continue
             t0 = time.perf_counter()
             with self.console.status(
-                f"Loading {spec.id} ({spec.runtime}, {r.profile.precision}, {r.profile.hardware})…"
+                f"Loading {spec.id} ({r.profile.runtime or spec.runtime}, {r.profile.precision}, {r.profile.hardware})…"
             ):
                 await r.load()
             self.console.print(

@@ -63,7 +63,9 @@ class InProcessFamily:
         self.case = case
         self.spec = spec
         self.profile = spec.profile("cpu")
-        runtime = create_runtime(spec.runtime, device="cpu", precision=self.profile.precision)
+        runtime = create_runtime(
+            self.profile.runtime or spec.runtime, device="cpu", precision=self.profile.precision
+        )
         self.adapter = create_adapter(spec, runtime, resolve(spec.id, spec.sources, HF_CACHE))
         self.adapter.load()
         self.adapter.warmup()

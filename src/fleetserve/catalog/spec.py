@@ -30,6 +30,7 @@ class Profile:
 
     hardware: str
     precision: str = "fp32"
+    runtime: str = ""  # the runtime on this hardware ("": the spec's runtime)
     max_batch_tokens: int = 2048
     max_batch_size: int = 64
     cost: CostModel = field(default_factory=CostModel)
@@ -42,6 +43,7 @@ class Profile:
         return cls(
             hardware=hardware,
             precision=precision,
+            runtime=str(d.get("runtime", "")),
             max_batch_tokens=int(d.get("max_batch_tokens", 2048)),
             max_batch_size=int(d.get("max_batch_size", 64)),
             cost=CostModel(**{k: float(v) for k, v in (d.get("cost") or {}).items()}),
