@@ -221,3 +221,57 @@ def test_missing_model_lists_where_it_looked(tmp_path: Path) -> None:
     assert str(tmp_path / "hub" / "models--org--absent" / "snapshots") in msg
     assert str(tmp_path / "local") in msg
     assert not is_present(sources, tmp_path / "hub")
+
+
+def test_every_bundled_spec_names_a_known_family_and_runtime() -> None:
+    from fleetserve.families import FAMILIES
+    from fleetserve.runtimes import RUNTIMES
+
+    cat = Catalog.load()
+    families = {s.family for s in cat}
+    assert families <= set(FAMILIES)
+    assert {s.runtime for s in cat} <= set(RUNTIMES)
+    # the bundled real models and documented hub entries are all listed
+    for model in (
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "BAAI/bge-small-en-v1.5",
+        "intfloat/e5-small-v2",
+        "thenlper/gte-small",
+        "BAAI/bge-reranker-base",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "HuggingFaceTB/SmolLM2-360M-Instruct",
+    ):
+        assert model in cat, model  # fmt: skip
+    for family in (
+        "dense",
+        "sparse",
+        "multivector",
+        "cross_encoder",
+        "ner",
+        "span_ner",
+        "zero_shot",
+        "image",
+        "generate",
+    ):
+        assert family in families, family  # fmt: skip
+    # only the embedded default loads at start; every other model loads on first use
+    assert [s.id for s in cat if s.pinned] == ["sentence-transformers/all-MiniLM-L6-v2"]
+
+
+def test_fleetserve_models_shows_family_runtime_size_and_presence(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetserve", "models", "--hf-cache", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 0, r.stderr
+    lines = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if "│" in line}
+    minilm = lines["sentence-transformers/all-MiniLM-L6-v2"]
+    assert "dense" in minilm and "torch" in minilm and "yes" in minilm and "MiB" in minilm
+    bge = lines["BAAI/bge-small-en-v1.5"]
+    assert "no" in bge and "33M params" in bge and "hf:BAAI/bge-small-en-v1.5" in bge

@@ -234,9 +234,7 @@ class LocalQueueClient:
                     break
                 if isinstance(f, Replied):
                     final = f.reply is None or f.reply.final
-                    pending = (
-                        self._pending.pop(f.rid, None) if final else self._pending.get(f.rid)
-                    )
+                    pending = self._pending.pop(f.rid, None) if final else self._pending.get(f.rid)
                     if pending is None:
                         continue  # cancelled, or waited too long: dropped
                     if f.reply is not None:
