@@ -33,7 +33,14 @@ def create_runtime(
     if name == "onnx":
         from .onnx import OnnxRuntime
 
-        return OnnxRuntime(device=device, precision=precision, threads=threads, cache_dir=cache_dir)
+        guard = float((options or {}).get("int8_min_cosine", 0.999))
+        return OnnxRuntime(
+            device=device,
+            precision=precision,
+            threads=threads,
+            cache_dir=cache_dir,
+            min_cosine=guard,
+        )
     if name == "external":
         from .external import ExternalRuntime
 

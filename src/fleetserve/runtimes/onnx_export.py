@@ -1,0 +1,305 @@
+"""Export a checkpoint to ONNX once, cache it, and quantize it to int8 behind a guard.
+
+One graph per (checkpoint, head) carries every output of that head (``OUTPUTS``), with
+the reductions (pooling, SPLADE) baked in. A cache entry is
+``cache_dir/onnx/<key>/`` holding ``model.onnx``, ``meta.json`` and, once int8 was
+asked for, ``model.int8.onnx`` and ``guard.json``. torch is imported only to export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from . import DEFAULT_CACHE
+from .base import Head, Output
+from .onnx import DEFAULT_MIN_COSINE, Feed, calibration_feeds, compare, session
+
+log = logging.getLogger("fleetserve.runtimes.onnx")
+
+FORMAT = 1  # bump when the exported graph changes shape or meaning
+OPSET = 17
+OUTPUTS: dict[Head, tuple[Output, ...]] = {
+    Head.BASE: (Output.MEAN, Output.CLS, Output.HIDDEN),
+    Head.MASKED_LM: (Output.LOGITS, Output.SPLADE),
+    Head.SEQUENCE_CLASSIFICATION: (Output.LOGITS,),
+    Head.TOKEN_CLASSIFICATION: (Output.LOGITS,),
+}
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """The int8 graph measured against fp32 on the calibration set."""
+
+    min_cosine: float
+    mean_cosine: float
+    samples: int
+    per_output: dict[str, float]  # the minimum for each output
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """A ready cache entry: the graph to load and the precision it runs at."""
+
+    entry: Path
+    model: Path
+    precision: str
+    guard: Guard | None = None
+
+
+def cache_key(path: Path, head: Head) -> str:
+    """Hash of config.json, the weight files' names, sizes and mtimes, the head and the
+    export format. Exporter versions are recorded in meta.json, not keyed, so that an
+    entry made at install time still loads where torch is not installed."""
+    h = hashlib.sha256(f"format={FORMAT};opset={OPSET};head={head}".encode())
+    h.update((path / "config.json").read_bytes())
+    for f in sorted(p for p in path.iterdir() if p.suffix in _WEIGHTS and p.is_file()):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def export_model(
+    path: Path,
+    head: Head = Head.BASE,
+    outputs: Sequence[Output] | None = None,
+    cache_dir: Path = DEFAULT_CACHE,
+    precision: str = "fp32",
+    *,
+    min_cosine: float = DEFAULT_MIN_COSINE,
+    console: Console | None = None,
+) -> Export:
+    """Export ``path`` with ``head`` (if not cached) and, for int8, quantize and guard it.
+
+    ``outputs`` is only checked: the head's graph carries all its outputs. Returns the
+    graph to load: int8 when its minimum cosine to fp32 is at least ``min_cosine``,
+    else fp32 with a logged warning saying why."""
+    head = Head(head)
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"the onnx runtime runs fp32 or int8, not {precision!r}")
+    wrong = [o for o in outputs or () if Output(o) not in OUTPUTS[head]]
+    if wrong:
+        have = ", ".join(OUTPUTS[head])
+        raise ValueError(f"the {head} head gives {have}, not {', '.join(wrong)}")
+    console = console or Console(stderr=True)
+    entry = _ensure_fp32(Path(path), head, Path(cache_dir), console)
+    if precision == "fp32":
+        return Export(entry, entry / "model.onnx", "fp32")
+    guard = _read_guard(entry)
+    int8 = entry / "model.int8.onnx"
+    if guard is None or not int8.is_file():
+        with _status(console, f"Quantizing {path} to int8 and checking it against fp32…"):
+            guard = _quantize_and_measure(Path(path), head, entry)
+    if guard.min_cosine >= min_cosine:
+        log.info("int8 kept for %s: min cosine %.6f >= %.6f", path, guard.min_cosine, min_cosine)
+        return Export(entry, int8, "int8", guard)
+    log.warning(
+        "int8 rejected for %s: min cosine to fp32 %.6f < %.6f on %d calibration items; "
+        "running fp32",
+        path,
+        guard.min_cosine,
+        min_cosine,
+        guard.samples,
+    )
+    return Export(entry, entry / "model.onnx", "fp32", guard)
+
+
+# -- the fp32 graph -------------------------------------------------------------------
+def _ensure_fp32(path: Path, head: Head, cache_dir: Path, console: Console) -> Path:
+    root = cache_dir / "onnx"
+    entry = root / cache_key(path, head)
+    if (entry / "meta.json").is_file() and (entry / "model.onnx").is_file():
+        return entry
+    if entry.exists():
+        log.warning("cache entry %s is incomplete; rebuilding it", entry)
+        shutil.rmtree(entry, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        t0 = time.perf_counter()
+        with _status(console, f"Exporting {path} ({head}) to ONNX…"):
+            _export_graph(path, head, tmp / "model.onnx")
+        meta = {
+            "source": str(path),
+            "head": str(head),
+            "outputs": [str(o) for o in OUTPUTS[head]],
+            "opset": OPSET,
+            "format": FORMAT,
+            "export_seconds": round(time.perf_counter() - t0, 3),
+            "versions": {p: _version(p) for p in ("torch", "transformers", "onnxruntime")},
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            tmp.rename(entry)
+        except OSError:  # another process finished the same export first
+            if not (entry / "meta.json").is_file():
+                raise
+        log.info("exported %s (%s) to %s in %.1fs", path, head, entry, meta["export_seconds"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
+def _export_graph(path: Path, head: Head, dest: Path) -> None:
+    try:
+        import torch
+
+        from .torch import _CLASSES, _reduce
+    except ImportError as exc:
+        raise ImportError(
+            f"{path} has no ONNX export in the cache, and exporting needs torch: "
+            "pip install 'fleetserve[torch]', or pre-export it where torch is installed"
+        ) from exc
+    import inspect
+
+    model = _CLASSES[head].from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    with_types = "token_type_ids" in inspect.signature(model.forward).parameters
+    outputs = OUTPUTS[head]
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            kw = dict(zip(("input_ids", "attention_mask", "token_type_ids"), args, strict=False))
+            result = self.model(**kw)
+            return tuple(_reduce(result, args[1], o).float() for o in outputs)
+
+    graph = Graph().eval()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if with_types else [])
+    dummy = _dummy(2, 8, int(model.config.vocab_size), with_types)
+    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in names}
+    for o in outputs:
+        per_token = o is Output.HIDDEN or (
+            o is Output.LOGITS and head is not Head.SEQUENCE_CLASSIFICATION
+        )
+        axes[str(o)] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+        torch.onnx.export(
+            graph,
+            tuple(torch.from_numpy(a) for a in dummy.values()),
+            str(dest),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=names,
+            output_names=[str(o) for o in outputs],
+            dynamic_axes=axes,
+        )
+        check = _dummy(3, 11, int(model.config.vocab_size), with_types, seed=1)
+        want = graph(*(torch.from_numpy(a) for a in check.values()))
+    got = session(dest).run(None, check)
+    for o, w, g in zip(outputs, want, got, strict=True):
+        w = w.numpy()
+        if not np.allclose(g, w, rtol=1e-3, atol=1e-4 * (1.0 + float(np.abs(w).max()))):
+            raise RuntimeError(f"the ONNX export of {path} disagrees with torch on {o}")
+
+
+def _dummy(batch: int, seq: int, vocab: int, types: bool, seed: int = 0) -> Feed:
+    """Token ids with the last row padded, so the trace keeps the attention mask."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(min(5, vocab - 1), vocab, (batch, seq), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[-1, seq // 2 :] = 0
+    feed = {"input_ids": ids * mask, "attention_mask": mask}
+    if types:
+        feed["token_type_ids"] = np.zeros_like(ids)
+    return feed
+
+
+# -- int8 and its guard -------------------------------------------------------------------
+def _quantize_and_measure(path: Path, head: Head, entry: Path) -> Guard:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = entry / f".model.int8.{uuid.uuid4().hex[:8]}.onnx"
+    try:
+        with warnings.catch_warnings(), _quiet_quantizer():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(
+                entry / "model.onnx",
+                tmp,
+                op_types_to_quantize=["MatMul", "Gather"],
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+            )
+        fp32 = session(entry / "model.onnx")
+        feeds = calibration_feeds(path, head, {i.name for i in fp32.get_inputs()})
+        got = compare(fp32, session(tmp), feeds)
+        every = [c for cs in got.values() for c in cs]
+        per_output = {n: min(cs) for n, cs in got.items()}
+        n = sum(len(f["input_ids"]) for f in feeds)
+        guard = Guard(min(every), float(np.mean(every)), n, per_output)
+        os.replace(tmp, entry / "model.int8.onnx")
+    finally:
+        tmp.unlink(missing_ok=True)
+    _write_json(entry / "guard.json", {**asdict(guard), "per_channel": True, "weights": "QInt8"})
+    return guard
+
+
+def _read_guard(entry: Path) -> Guard | None:
+    try:
+        d = json.loads((entry / "guard.json").read_text())
+        per_output = {str(k): float(v) for k, v in d["per_output"].items()}
+        return Guard(float(d["min_cosine"]), float(d["mean_cosine"]), int(d["samples"]), per_output)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+# -- small helpers ----------------------------------------------------------------------
+def _write_json(file: Path, data: dict[str, Any]) -> None:
+    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, file)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@contextmanager
+def _status(console: Console, message: str) -> Iterator[None]:
+    if console.is_terminal:
+        with console.status(message):
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """Hide the quantizer's chatter on the root logger while it runs."""
+    where = os.path.join("onnxruntime", "quantization")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return where not in record.pathname
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
