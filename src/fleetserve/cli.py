@@ -9,12 +9,10 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.table import Table
 
 from .settings import Settings
 from .wire import FleetError
@@ -40,7 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     dlq.add_argument("--seq", type=int, action="append", help="Only these entries (replay).")
     dlq.add_argument("--limit", type=int, default=100, help="Entries to list [100].")
     Settings.add_arguments(dlq)
-    models = sub.add_parser("models", help="List the model catalog.")
+    models = sub.add_parser(
+        "models",
+        help="List the catalog; prepare models (convert, fetch, export) ahead of serving.",
+    )
+    models.add_argument("action", nargs="?", default="list", choices=["list", "prepare"])
+    models.add_argument("ids", nargs="*", help="Models to prepare (prepare).")
+    models.add_argument(
+        "--runtime", dest="prepare_runtime", default="", help="Prepare for this runtime (onnx)."
+    )
+    models.add_argument(
+        "--precision", dest="prepare_precision", default="", help="Precision, e.g. int8 (onnx)."
+    )
     Settings.add_arguments(models)
     sub.add_parser(
         "bench",
@@ -58,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = _parser().parse_args(argv)
     console = Console(stderr=True)
-    extra = {"command", "workers", "store_dir", "action", "seq", "limit"}
+    extra = {"command", "workers", "store_dir", "action", "seq", "limit", "ids"}
+    extra |= {"prepare_runtime", "prepare_precision"}
     cli = {k: v for k, v in vars(args).items() if k not in extra}
     try:
         settings = Settings.load(env=os.environ, cli=cli)
@@ -72,7 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "models":
-        return _models(settings)
+        from .cli_models import list_models, prepare_models
+
+        if args.action == "prepare":
+            return prepare_models(
+                settings, args.ids, args.prepare_runtime, args.prepare_precision, console
+            )
+        return list_models(settings)
     if args.command == "cluster":
         from .cluster.supervisor import run_cluster
 
@@ -130,31 +146,6 @@ def _run(main: Coroutine[Any, Any, Any], console: Console) -> int:
         console.print(f"[red]error:[/] {exc}")
         return 1
     return int(result or 0)
-
-
-def _models(settings: Settings) -> int:
-    from .catalog.sources import locate
-    from .server import build_catalog
-
-    catalog = build_catalog(settings)
-    hf_cache = Path(settings.hf_cache).expanduser()
-    table = Table(title="fleetserve catalog")
-    table.add_column("model", no_wrap=True)
-    for col in ("family", "runtime", "size", "present", "where"):
-        table.add_column(col)
-    for s in catalog:
-        found = locate(s.sources, hf_cache, Path(settings.cache_dir).expanduser())
-        size = _disk_size(found) if found is not None else (s.size or "?")
-        where = str(found) if found is not None else ", ".join(s.sources)
-        present = "[green]yes[/]" if found is not None else "[red]no[/]"
-        table.add_row(s.id, s.family, s.runtime, size, present, where)
-    Console().print(table)
-    return 0
-
-
-def _disk_size(path: Path) -> str:
-    n = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,6 +24,7 @@ from .queue import MemoryQueue
 from .runtimes import create_runtime, hardware_class
 from .settings import Settings
 from .worker import ModelRunner, Worker
+from .worker.runner import Runner
 
 log = logging.getLogger("fleetserve")
 HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()  # Settings.hf_cache's default
@@ -36,7 +37,7 @@ def build_catalog(settings: Settings) -> Catalog:
     return catalog.restrict(wanted) if wanted else catalog
 
 
-def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> ModelRunner:
+def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> Runner:
     """A runner for ``spec``. Nothing is resolved or loaded here: the weights are found
     and loaded on first use (at start for pinned models and those named in --models)."""
     hw = settings.hardware_class or hardware_class(settings.device)
@@ -69,10 +70,9 @@ def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> Model
     if spec.family == "generate":
         from .worker.gen_runner import GenerationRunner
 
-        runner: ModelRunner = GenerationRunner(
+        return GenerationRunner(
             spec, profile, make_adapter, metrics, settings.max_batch_tokens, eager=eager
         )
-        return runner
     return ModelRunner(spec, profile, make_adapter, metrics, settings.max_batch_tokens, eager=eager)
 
 
@@ -151,7 +151,8 @@ class EmbeddedServer:
                 continue
             t0 = time.perf_counter()
             with self.console.status(
-                f"Loading {spec.id} ({r.profile.runtime or spec.runtime}, {r.profile.precision}, {r.profile.hardware})…"
+                f"Loading {spec.id} ({r.profile.runtime or spec.runtime}, "
+                f"{r.profile.precision}, {r.profile.hardware})…"
             ):
                 await r.load()
             self.console.print(

@@ -33,6 +33,9 @@ class Settings:
     device: str = setting("auto", "Device for the runtime: auto, cpu, cuda or cuda:N.")
     hardware_class: str = setting("", "Profile to use (empty: detect, e.g. cpu-avx512, gpu).")
     request_timeout: float = setting(30.0, "Default request deadline in seconds.")
+    generation_timeout: float = setting(
+        300.0, "Default deadline in seconds for chat and generate requests (long outputs)."
+    )
     max_body_bytes: int = setting(16 * 1024 * 1024, "Largest accepted request body (bytes).")
     max_queue_depth: int = setting(1024, "Bounded queue size per model; beyond it: 429.")
     retry_after: float = setting(1.0, "Retry-After seconds sent with 429 and 503.")

@@ -6,7 +6,10 @@ Supported forms (tried in order, the first that exists wins):
 - ``hf:<org>/<name>``: the Hugging Face cache layout (``models--org--name/snapshots``);
 - ``s3://bucket/prefix``: a model directory in an object store, downloaded once into
   ``<cache_dir>/objects/`` (see :mod:`.fetch`);
-- a local path (absolute, or ``~``-relative), also ``file://``.
+- a local path (absolute, or ``~``-relative), also ``file://``;
+- ``gguf:<any of the above, naming a .gguf file>``: a GGUF checkpoint, converted once
+  into ``<cache_dir>/gguf/`` as a safetensors directory (see
+  :mod:`fleetserve.families.generate.convert`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ..wire import ModelNotFound
 from .fetch import ObjectStoreConfig, cached_path, fetch, is_object_uri
 
 DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
+GGUF = "gguf:"
 
 
 def resolve(
@@ -31,6 +35,16 @@ def resolve(
     """The first source present locally; object-store sources are downloaded here."""
     looked: list[str] = []
     for src in sources:
+        if src.startswith(GGUF):
+            gguf = _candidate(src[len(GGUF) :], hf_cache, cache_dir)
+            if gguf is None or not gguf.is_file():
+                looked.append(
+                    f"{src} -> {gguf} (no such file)" if gguf else f"{src} (not installed)"
+                )
+                continue
+            from ..families.generate.convert import convert_gguf
+
+            return convert_gguf(gguf, cache_dir)
         if is_object_uri(src):
             try:
                 return fetch(src, cache_dir, objects or ObjectStoreConfig())
@@ -68,6 +82,8 @@ def _usable(path: Path | None) -> bool:
 
 
 def _candidate(src: str, hf_cache: Path, cache_dir: Path = DEFAULT_CACHE) -> Path | None:
+    if src.startswith(GGUF):
+        return _gguf_candidate(src[len(GGUF) :], hf_cache, cache_dir)
     if is_object_uri(src):
         return cached_path(src, cache_dir)
     if src.startswith("package:"):
@@ -90,3 +106,15 @@ def _candidate(src: str, hf_cache: Path, cache_dir: Path = DEFAULT_CACHE) -> Pat
     if src.startswith("file://"):
         src = src[len("file://") :]
     return Path(src).expanduser()
+
+
+def _gguf_candidate(src: str, hf_cache: Path, cache_dir: Path) -> Path | None:
+    """The converted directory once converted; before that, the folder holding the GGUF
+    file (present, and converted on first load)."""
+    gguf = _candidate(src, hf_cache, cache_dir)
+    if gguf is None or not gguf.is_file():
+        return None
+    from ..families.generate.convert import converted_path, is_converted
+
+    dest = converted_path(gguf, cache_dir)
+    return dest if is_converted(dest) else gguf.parent

@@ -134,9 +134,12 @@ class Gateway:
                     "not ready: models are loading or the worker failed",
                     retry_after=self.settings.retry_after,
                 )
-            timeout = env_mod.parse_timeout(
-                header(scope, b"x-request-timeout"), self.settings.request_timeout
+            default = (
+                self.settings.generation_timeout
+                if task in (Task.CHAT, Task.GENERATE)
+                else self.settings.request_timeout
             )
+            timeout = env_mod.parse_timeout(header(scope, b"x-request-timeout"), default)
             env = env_mod.build(
                 model=model,
                 task=task,

@@ -80,3 +80,75 @@ class ExtractRequest(msgspec.Struct, forbid_unknown_fields=True):
     threshold: float | None = None  # None: the model spec's default
     multi_label: bool = False  # zero-shot classification: independent labels
     flat_ner: bool = True  # span NER: no overlapping spans
+
+
+# -- generation (families/generate) -------------------------------------------------------
+
+
+class ChatContentPart(msgspec.Struct):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is served."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ChatContentPart] | None = None
+    name: str | None = None
+
+
+class JsonSchemaFormat(msgspec.Struct):
+    name: str = "response"
+    schema: dict[str, object] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
+
+    type: str = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(msgspec.Struct):
+    """``POST /v1/chat/completions`` (OpenAI-compatible; unknown fields pass).
+
+    The reply is a ``chat.completion`` object, or with ``stream`` server-sent events
+    of ``chat.completion.chunk`` objects ending with ``data: [DONE]``.
+    """
+
+    messages: list[ChatMessage]
+    model: str
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # the newer name; wins over max_tokens
+    temperature: float | None = None  # None: the model spec's default (else 1.0)
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    n: int = 1
+
+
+class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/generate/{model}``: a raw prompt (no chat template) to text.
+
+    The reply is ``{"id", "model", "text", "finish_reason", "usage"}``, or with
+    ``stream`` server-sent events ``{"id", "model", "text"}`` then ``data: [DONE]``.
+    """
+
+    prompt: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    response_format: ResponseFormat | None = None

@@ -25,9 +25,7 @@ from ..wire import (
     Unavailable,
 )
 from .batcher import Job
-from .runner import ModelRunner
-
-Runner = ModelRunner  # a GenerationRunner has the same surface
+from .runner import Runner
 
 log = logging.getLogger("fleetserve.worker")
 
@@ -41,7 +39,7 @@ class Worker:
     def __init__(
         self,
         queue: WorkQueue,
-        runners: Mapping[str, ModelRunner],
+        runners: Mapping[str, Runner],
         metrics: Metrics,
         *,
         pull_timeout: float = 0.25,
@@ -285,7 +283,9 @@ class Worker:
         job.failed = True
         self._jobs.discard(job)
         msg = job.msg
-        if msg.attempts < self.max_deliver:
+        streamed = id(job) in self._tails  # the client has chunks: a retry would repeat them
+        await self._chunks_sent(job)
+        if msg.attempts < self.max_deliver and not streamed:
             self.metrics.retries.labels(msg.envelope.model).inc()
             await self.queue.nak(msg, delay=min(0.05 * 2**msg.attempts, 2.0))
             return

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter, family_tasks
@@ -18,6 +18,58 @@ FinishFn = Callable[[Job], None]  # schedules the reply; must not block
 FailFn = Callable[[Job, FleetError], Awaitable[None]]
 ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
 AdapterFactory = Callable[[], FamilyAdapter]
+
+
+class Former(Protocol):
+    """What the worker reads of a runner's intake: its budget and what waits in it."""
+
+    @property
+    def max_batch_tokens(self) -> int: ...
+
+    @property
+    def pending_tokens(self) -> int: ...
+
+    def drain(self) -> list[Any]: ...
+
+    def __len__(self) -> int: ...
+
+
+class Runner(Protocol):
+    """One served model in a worker: a ModelRunner (batches) or a GenerationRunner
+    (continuous batching). The worker drives every runner through this surface."""
+
+    spec: ModelSpec
+    profile: Profile
+    eager: bool
+    loaded: bool
+    busy_s: float
+
+    @property
+    def former(self) -> Former: ...
+
+    @property
+    def adapter(self) -> FamilyAdapter: ...
+
+    @property
+    def adapter_or_none(self) -> FamilyAdapter | None: ...
+
+    @property
+    def tasks(self) -> frozenset[Task]: ...
+
+    def submit(self, job: Job) -> None: ...
+
+    async def load(self) -> None: ...
+
+    async def run(
+        self,
+        finish: FinishFn,
+        crash: FailFn,
+        expire: FailFn,
+        room: asyncio.Event,
+        chunk: ChunkFn | None = None,
+    ) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Loadable:

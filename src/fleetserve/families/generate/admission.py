@@ -1,0 +1,75 @@
+"""What the generation runner queues and reports: waiting jobs and thread events.
+
+Kept apart from the worker's batch former: generation admits whole requests (one
+sequence each) into a running batch, by a budget of prompt + max_tokens tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Event:
+    """One thing the generation thread tells the event loop.
+
+    ``kind``: ``text`` (a chunk; ``text`` None opens the stream), ``done`` (``output``
+    is the Generation), ``expire``, ``crash`` (``error``), ``room`` (capacity freed) or
+    ``fatal`` (the thread itself failed: the runner raises, which fails the worker).
+    """
+
+    kind: str
+    job: Any = None
+    text: str | None = None
+    output: Any = None
+    error: BaseException | None = None
+
+
+def cost(job: Any) -> int:
+    """Tokens a job may hold in the cache: its prompt plus max_tokens."""
+    return int(sum(job.prepared.lengths))
+
+
+class WaitQueue:
+    """Jobs waiting to start, oldest first; thread-safe.
+
+    ``pending_tokens`` and ``max_batch_tokens`` pace the worker's pulls, as the batch
+    former's do."""
+
+    def __init__(self, max_batch_tokens: int) -> None:
+        if max_batch_tokens < 1:
+            raise ValueError("max_batch_tokens must be positive")
+        self.max_batch_tokens = max_batch_tokens
+        self.pending_tokens = 0
+        self._jobs: deque[Any] = deque()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def add(self, job: Any) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            self.pending_tokens += cost(job)
+
+    def pop_if(self, fits: Callable[[int], bool]) -> Any | None:
+        """The oldest job if ``fits(its cost)``; jobs already failed are dropped."""
+        with self._lock:
+            while self._jobs and self._jobs[0].failed:
+                self.pending_tokens -= cost(self._jobs.popleft())
+            if not self._jobs or not fits(cost(self._jobs[0])):
+                return None
+            job = self._jobs.popleft()
+            self.pending_tokens -= cost(job)
+            return job
+
+    def drain(self) -> list[Any]:
+        with self._lock:
+            jobs = list(self._jobs)
+            self._jobs.clear()
+            self.pending_tokens = 0
+            return jobs

@@ -1,0 +1,143 @@
+"""GGUF to safetensors, once: a cached model directory that transformers loads fast.
+
+transformers reads GGUF itself (``from_pretrained(dir, gguf_file=...)``, which
+dequantizes to fp32 and rebuilds the tokenizer and chat template), but slowly: about
+40 s for SmolLM2-135M on two cores. So a GGUF source is converted once into
+``<cache_dir>/gguf/<name>-<digest>/`` (config, fp32 safetensors, tokenizer, chat
+template, generation config). The directory is written under a temporary name and
+renamed into place, so a crash never leaves half a cache; later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+MARKER = "fleetserve-gguf.json"  # written last: its presence means the directory is whole
+_PROBE = 1 << 20
+
+
+def converted_path(gguf: Path, cache_dir: Path) -> Path:
+    """Where ``gguf`` is converted to (whether or not it is there yet).
+
+    The digest covers the file's size, first and last MiB, so a changed file converts
+    again and the same file installed elsewhere reuses the conversion."""
+    st = gguf.stat()
+    return cache_dir / "gguf" / f"{gguf.stem}-{_digest(gguf, st.st_size, st.st_mtime_ns)}"
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(gguf: Path, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256(str(size).encode())
+    with gguf.open("rb") as f:
+        h.update(f.read(_PROBE))
+        f.seek(max(size - _PROBE, 0))
+        h.update(f.read(_PROBE))
+    return h.hexdigest()[:16]
+
+
+def is_converted(dest: Path) -> bool:
+    return (dest / MARKER).is_file()
+
+
+def convert_gguf(gguf: Path, cache_dir: Path, *, console: Console | None = None) -> Path:
+    """The converted directory for ``gguf``, converting it the first time."""
+    if not gguf.is_file():
+        raise FileNotFoundError(f"no GGUF file at {gguf}")
+    dest = converted_path(gguf, cache_dir)
+    if is_converted(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        _convert(gguf, tmp, console or Console(stderr=True))
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        if dest.exists() and not is_converted(dest):  # a leftover from an older layout
+            shutil.rmtree(dest)
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if not is_converted(dest):  # not another process finishing first
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _convert(gguf: Path, out: Path, console: Console) -> None:
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "converting GGUF needs transformers, gguf and accelerate: "
+            "pip install 'fleetserve[torch,generate]' -c requirements/constraints.txt"
+        ) from exc
+    t0 = time.perf_counter()
+    with _steps(console, f"converting {gguf.name} to safetensors (once)") as step:
+        step("reading the tokenizer and chat template")
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        step("dequantizing the weights")
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name
+        )
+        _drop_quantizer(model)
+        step("writing safetensors")
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        step("done")
+    info = {
+        "source": str(gguf),
+        "size": gguf.stat().st_size,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "transformers": transformers.__version__,
+    }
+    (out / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+    console.print(f"[green]converted[/] {gguf.name} in {info['seconds']} s -> {out.parent}")
+
+
+def _drop_quantizer(model: Any) -> None:
+    """The loaded weights are already dequantized: save them as a plain checkpoint."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+@contextmanager
+def _steps(console: Console, title: str) -> Iterator[Any]:
+    """A progress bar over the conversion's steps (one line on a terminal)."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    total = 3
+    with progress:
+        task = progress.add_task(title, total=total)
+        count = 0
+
+        def step(name: str) -> None:
+            nonlocal count
+            if count:
+                progress.advance(task)
+            count += 1
+            progress.update(task, description=f"{title}: {name}")
+
+        yield step

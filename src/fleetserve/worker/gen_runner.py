@@ -1,0 +1,285 @@
+"""The generation runner: continuous batching for one causal LM inside a worker.
+
+It has the surface of :class:`~.runner.ModelRunner`, so the worker drives it the
+same way, but it batches sequences, not requests: a dedicated thread runs the
+family's engine step by step, admits waiting jobs between steps (the newcomer is
+prefilled, then decodes with the others), and lets finished ones leave at once.
+Cancelled and expired jobs stop generating at the next step. Events cross to the
+event loop with ``call_soon_threadsafe``: text chunks of streamed requests, finished
+jobs, failures. With ``runtime: external`` the thread hands each admitted sequence to
+a pool that calls ``runtime.generate`` (SGLang or vLLM batch them there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..catalog import ModelSpec, Profile
+from ..families import FamilyAdapter
+from ..families.generate.admission import Event, WaitQueue, cost
+from ..metrics import Metrics
+from ..wire import FleetError, InternalError
+from .batcher import Job
+from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable
+
+log = logging.getLogger("fleetserve.worker")
+IDLE_WAIT_S = 0.5  # the thread re-checks deadlines at least this often
+
+
+class _Cancelled(Exception):
+    """Raised from an external stream's callback to stop a cancelled sequence."""
+
+
+class GenerationRunner(Loadable):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        profile: Profile,
+        adapter: FamilyAdapter | AdapterFactory,
+        metrics: Metrics,
+        max_batch_tokens: int = 0,
+        *,
+        eager: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.profile = profile
+        if isinstance(adapter, FamilyAdapter):
+            self._adapter, self._factory = adapter, lambda: adapter
+        else:
+            self._adapter, self._factory = None, adapter
+        self.eager = eager
+        self._load_lock = None
+        self.metrics = metrics
+        # max_batch_tokens: prompt + max_tokens summed over the running sequences
+        self.former = WaitQueue(max_batch_tokens or profile.max_batch_tokens)
+        self.max_sequences = profile.max_batch_size
+        self._forward = ThreadPoolExecutor(1, thread_name_prefix=f"load-{spec.id}")
+        self.loaded = False
+        self.busy_s = 0.0  # seconds spent in engine steps
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: asyncio.Queue[list[Event]] | None = None
+        self._thread: threading.Thread | None = None
+        self._signal = threading.Event()
+        self._closed = False
+        self._live: dict[int, Job] = {}  # admitted jobs, by id
+        self._cost = 0  # tokens reserved by the admitted jobs
+        self._lock = threading.Lock()  # _live and _cost (external mode ends jobs in a pool)
+
+    def submit(self, job: Job) -> None:
+        self.former.add(job)
+        self._start()
+        self._signal.set()
+
+    async def run(
+        self,
+        finish: FinishFn,
+        crash: FailFn,
+        expire: FailFn,
+        room: asyncio.Event,
+        chunk: ChunkFn | None = None,
+    ) -> None:
+        """Apply the thread's events on the event loop; returns only by cancellation."""
+        self._loop = asyncio.get_running_loop()
+        self._events = asyncio.Queue()
+        if len(self.former):
+            self._start()
+        try:
+            while True:
+                for ev in await self._events.get():
+                    await self._apply(ev, finish, crash, expire, room, chunk)
+        finally:
+            self.close()
+
+    async def _apply(
+        self,
+        ev: Event,
+        finish: FinishFn,
+        crash: FailFn,
+        expire: FailFn,
+        room: asyncio.Event,
+        chunk: ChunkFn | None,
+    ) -> None:
+        job = ev.job
+        if ev.kind == "room":
+            room.set()
+        elif ev.kind == "fatal":
+            raise RuntimeError(f"the generation thread for {self.spec.id} failed") from ev.error
+        elif job is None or job.failed:
+            return
+        elif ev.kind == "text" and chunk is not None:
+            adapter: Any = self.adapter
+            if ev.text is None:
+                body = adapter.stream_open(job.prepared)
+            else:
+                body = adapter.stream_text(job.prepared, ev.text)
+            if body:
+                chunk(job, body)
+        elif ev.kind == "done":
+            from ..families.generate.chat import GenOutput
+
+            streamed = chunk is not None and job.prepared.options.stream
+            job.outputs = [GenOutput(ev.output, streamed=streamed)]
+            job.remaining = 0
+            finish(job)
+        elif ev.kind == "expire":
+            await expire(job, InternalError("expired"))
+        elif ev.kind == "crash":
+            exc = ev.error
+            err = exc if isinstance(exc, FleetError) else None
+            job.reason = f"inference failed: {type(exc).__name__}: {exc}"[:300]
+            await crash(job, err or InternalError(f"inference failed: {type(exc).__name__}"))
+
+    def _post(self, events: list[Event]) -> None:
+        if events and self._loop is not None and self._events is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._events.put_nowait, events)
+            except RuntimeError:  # the loop closed under us (shutdown)
+                self._closed = True
+
+    # -- the generation thread --------------------------------------------------------------
+    def _start(self) -> None:
+        if self._thread is not None or self._loop is None or self._closed:
+            return
+        self._thread = threading.Thread(
+            target=self._serve, name=f"generate-{self.spec.id}", daemon=True
+        )
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            if getattr(self.adapter, "external", False):
+                self._serve_external()
+            else:
+                self._serve_local()
+        except BaseException as exc:  # a bug here fails the worker, not silently
+            log.exception("generation thread for %s failed", self.spec.id)
+            self._post([Event("fatal", error=exc)])
+
+    def _admit(self, on_job: Any) -> None:
+        """Start waiting jobs while sequences and token budget allow (oldest first)."""
+        while len(self._live) < self.max_sequences:
+            job = self.former.pop_if(self._fits)
+            if job is None:
+                return
+            events = [Event("room")]
+            if job.expired and not job.failed:
+                events.append(Event("expire", job))
+            if job.failed or job.expired:
+                self._post(events)
+                continue
+            with self._lock:
+                self._live[id(job)] = job
+                self._cost += cost(job)
+            if job.prepared.options.stream:
+                events.append(Event("text", job))  # the stream's opening event
+            self._post(events)  # before on_job: an external sequence may stream at once
+            try:
+                on_job(job)
+            except Exception as exc:  # e.g. a grammar that fails to load
+                self._leave(job)
+                self._post([Event("crash", job, error=exc)])
+
+    def _fits(self, tokens: int) -> bool:
+        with self._lock:
+            return not self._live or self._cost + tokens <= self.former.max_batch_tokens
+
+    def _leave(self, job: Job) -> None:
+        with self._lock:
+            if self._live.pop(id(job), None) is not None:
+                self._cost -= cost(job)
+
+    def _serve_local(self) -> None:
+        adapter: Any = self.adapter
+        engine = adapter.engine()
+        seqs: dict[int, Any] = {}
+
+        def start(job: Job) -> None:
+            seq = adapter.sequence(job.prepared.items[0], tag=job)
+            seqs[id(job)] = seq
+            engine.add(seq)
+
+        model = self.spec.id
+        while not self._closed:
+            self._signal.clear()
+            self._admit(start)
+            events: list[Event] = []
+            for job in list(self._live.values()):
+                if job.failed or job.expired:
+                    seqs.pop(id(job)).cancelled = True
+                    self._leave(job)
+                    if not job.failed:
+                        events.append(Event("expire", job))
+            if engine.idle:
+                self._post(events)
+                self._signal.wait(IDLE_WAIT_S)
+                continue
+            width, t0 = len(engine.running) + len(engine.waiting), time.perf_counter()
+            try:
+                changed = engine.step()
+            except Exception as exc:
+                log.exception("generation step failed for %s", model)
+                for s in engine.reset():
+                    seqs.pop(id(s.tag), None)
+                    self._leave(s.tag)
+                    events.append(Event("crash", s.tag, error=exc))
+                self._post(events)
+                continue
+            dt = time.perf_counter() - t0
+            self.busy_s += dt
+            self.metrics.batch_size.labels(model).observe(width)
+            for job in self._live.values():
+                job.infer_s += dt
+            for s in changed:
+                job = s.tag
+                if s.delta and job.prepared.options.stream:
+                    events.append(Event("text", job, text=s.delta))
+                if s.finish_reason is not None:
+                    self.metrics.tokens.labels(model).inc(len(s.prompt) + len(s.out))
+                    seqs.pop(id(job), None)
+                    self._leave(job)
+                    events.append(Event("done", job, output=adapter.generation(s)))
+            self._post(events)
+
+    def _serve_external(self) -> None:
+        pool = ThreadPoolExecutor(self.max_sequences, thread_name_prefix=f"external-{self.spec.id}")
+        try:
+            while not self._closed:
+                self._signal.clear()
+                self._admit(lambda job: pool.submit(self._external_one, job))
+                self._signal.wait(IDLE_WAIT_S)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _external_one(self, job: Job) -> None:
+        item = job.prepared.items[0]
+        stream = job.prepared.options.stream
+
+        def on_text(text: str) -> None:
+            if job.failed or job.expired or self._closed:
+                raise _Cancelled
+            self._post([Event("text", job, text=text)])
+
+        t0 = time.perf_counter()
+        try:
+            runtime: Any = self.adapter.runtime  # type: ignore[attr-defined]
+            gen = runtime.generate(item.prompt, item.params, on_text if stream else None)
+            event = Event("done", job, output=gen)
+        except _Cancelled:
+            event = Event("expire", job) if not job.failed else Event("room")
+        except Exception as exc:
+            event = Event("crash", job, error=exc)
+        dt = time.perf_counter() - t0
+        job.infer_s += dt
+        self._leave(job)
+        self._post([event, Event("room")])
+        self._signal.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._signal.set()
+        self._forward.shutdown(wait=False, cancel_futures=True)
