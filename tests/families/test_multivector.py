@@ -220,7 +220,7 @@ def test_invalid_requests_and_options(colbert: Path, tiny: MultiVectorAdapter) -
     for body, field in [
         ({"inputs": []}, "inputs"),
         ({"inputs": ["x", ""]}, "inputs[1]"),
-        ({"inputs": "x", "pooling": "mean"}, "body"),
+        ({"inputs": "x", "pooling": "mean"}, "pooling"),
     ]:
         with pytest.raises(InvalidInput) as info:
             call(a, Task.ENCODE, body)

@@ -130,7 +130,7 @@ def test_typed_decoder_decodes_struct(enc: Encoding) -> None:
         ({"inputs": "x", "normalize": "yes"}, "normalize"),
         ({"inputs": "x", "dimensions": "four"}, "dimensions"),
         ({"normalize": True}, "inputs"),
-        ({"inputs": "x", "surprise": 1}, "body"),
+        ({"inputs": "x", "surprise": 1}, "surprise"),
         ([1, 2], "body"),
     ],
 )
