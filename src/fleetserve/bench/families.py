@@ -103,7 +103,7 @@ def main(argv: Sequence[str] = ()) -> int:
 
 def _http(c: Case, base: str, concurrency: int, duration: float) -> tuple[float, float]:
     url = base + c.url_path
-    headers = {"content-type": "application/json"}
+    headers = c.headers
     sat = asyncio.run(
         run_load(
             url,

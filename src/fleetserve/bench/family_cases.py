@@ -7,7 +7,6 @@ token classifier), so the compute per item is that of a real small model.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import yaml
 from ..catalog import DEFAULT_MODEL, Catalog, ModelSpec
 from ..catalog.sources import resolve
 from ..wire import Encoding, Envelope, Task
+from ..wire.codec import dumps
 from .family_models import derive_clip, derive_gliner, derive_head
 from .workload import sentences
 
@@ -38,6 +38,8 @@ class Case:
     unit: str = "items"
     units: float = 1.0  # report units per item (e.g. pairs per request item)
     tokens: int = 32  # tokens per sentence
+    group: int = 1  # in-process: requests whose items are forwarded together
+    encoding: Encoding = Encoding.MSGPACK  # the native clients' wire format; OpenAI: JSON
     derive: Callable[[Path, Path], dict[str, Any]] | None = None  # (minilm, out) -> spec
     texts: list[str] = field(default_factory=list)
 
@@ -46,7 +48,11 @@ class Case:
         return self.route.format(model=self.model)
 
     def body(self, n: int, i: int) -> bytes:
-        return json.dumps(self.make(self.texts, n, i)).encode()
+        return dumps(self.make(self.texts, n, i), self.encoding)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"content-type": self.encoding.value, "accept": self.encoding.value}
 
     def in_process(self, catalog: Path) -> InProcessFamily:
         return InProcessFamily(self, Catalog.load([catalog]).get(self.model))
@@ -70,44 +76,50 @@ class InProcessFamily:
         self.adapter.load()
         self.adapter.warmup()
 
-    def request(self, n: int, i: int) -> bytes:
-        env = Envelope(
-            request_id=str(i),
-            model=self.spec.id,
-            task=self.case.task,
-            content_type=Encoding.JSON,
-            accept=Encoding.JSON,
-            cost_hint=1,
-            deadline=math.inf,
-        )
-        prepared = self.adapter.preprocess(env, self.case.body(n, i))
-        order = sorted(range(len(prepared.items)), key=lambda k: prepared.lengths[k])
-        outputs: list[Any] = [None] * len(order)
-        p = self.profile
+    def requests(self, n: int, i: int, group: int = 1) -> list[bytes]:
+        """``group`` requests of ``n`` items, their items forwarded together in batches
+        of the profile's size, length-sorted as the worker's batch former does."""
+        envs, preps = [], []
+        for g in range(group):
+            env = Envelope(
+                request_id=str(i + g),
+                model=self.spec.id,
+                task=self.case.task,
+                content_type=self.case.encoding,
+                accept=self.case.encoding,
+                cost_hint=1,
+                deadline=math.inf,
+            )
+            envs.append(env)
+            preps.append(self.adapter.preprocess(env, self.case.body(n, i + g)))
+        refs = [(r, k) for r, p in enumerate(preps) for k in range(len(p.items))]
+        refs.sort(key=lambda rk: preps[rk[0]].lengths[rk[1]])
+        outputs: list[list[Any]] = [[None] * len(p.items) for p in preps]
+        budget, most = self.profile.max_batch_tokens, self.profile.max_batch_size
         start = 0
-        while start < len(order):
+        while start < len(refs):
             end = start + 1
-            while end < len(order):
-                width = prepared.lengths[order[end]]
-                if (
-                    end - start + 1
-                ) * width > p.max_batch_tokens or end - start >= p.max_batch_size:
+            while end < len(refs) and end - start < most:
+                r, k = refs[end]
+                if (end - start + 1) * preps[r].lengths[k] > budget:
                     break
                 end += 1
-            chunk = order[start:end]
-            rows = self.adapter.forward([prepared.items[k] for k in chunk])
-            for k, out in zip(chunk, rows, strict=True):
-                outputs[k] = out
+            chunk = refs[start:end]
+            rows = self.adapter.forward([preps[r].items[k] for r, k in chunk])
+            for (r, k), out in zip(chunk, rows, strict=True):
+                outputs[r][k] = out
             start = end
-        return self.adapter.postprocess(env, prepared, outputs)
+        return [
+            self.adapter.postprocess(e, p, o) for e, p, o in zip(envs, preps, outputs, strict=True)
+        ]
 
     def throughput(self, duration: float) -> float:
-        n, done, i = self.case.batch, 0, 0
+        n, g, done, i = self.case.batch, self.case.group, 0, 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < duration:
-            self.request(n, i)
-            i += 1
-            done += n
+            self.requests(n, i, g)
+            i += g
+            done += n * g
         return done * self.case.units / (time.perf_counter() - t0)
 
     def latency(self, duration: float) -> float:
@@ -116,7 +128,7 @@ class InProcessFamily:
         i = 0
         while time.perf_counter() < t_end:
             t0 = time.perf_counter()
-            self.request(1, i)
+            self.requests(1, i)
             lat.append(time.perf_counter() - t0)
             i += 1
         lat.sort()
@@ -140,13 +152,23 @@ def _labels(texts: list[str], n: int, i: int) -> dict[str, Any]:
     return {"inputs": _texts(texts, n, i), "labels": ["sports", "finance", "cooking", "travel"]}
 
 
+def _chat(texts: list[str], n: int, i: int) -> dict[str, Any]:
+    """One short chat turn, greedy, a fixed budget of new tokens."""
+    prompt = "Summarize in one sentence: " + texts[i % len(texts)]
+    return {
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 32,
+        "temperature": 0,
+    }
+
+
 def _entities(texts: list[str], n: int, i: int) -> dict[str, Any]:
     return {"inputs": _texts(texts, n, i), "labels": ["person", "organization", "location"]}
 
 
-def _png_images(k: int = 8) -> list[str]:
-    """``k`` distinct 256x256 PNG photos-like gradients, base64 (as JSON carries them)."""
-    import base64
+def _png_images(k: int = 8) -> list[bytes]:
+    """``k`` distinct 256x256 PNG photo-like gradients (msgpack carries them as bin)."""
     import io
 
     import numpy as np
@@ -159,11 +181,11 @@ def _png_images(k: int = 8) -> list[str]:
         img = (base[None, :, None] + rng.normal(0, 20, (256, 256, 3))).clip(0, 255)
         buf = io.BytesIO()
         Image.fromarray(img.astype(np.uint8)).save(buf, format="PNG")
-        out.append(base64.b64encode(buf.getvalue()).decode())
+        out.append(buf.getvalue())
     return out
 
 
-_IMAGES: list[str] = []
+_IMAGES: list[bytes] = []
 
 
 def _images(texts: list[str], n: int, i: int) -> dict[str, Any]:
@@ -215,6 +237,17 @@ CASES: dict[str, Case] = {
             Task.EXTRACT,
             _entities,
             derive=derive_gliner,
+        ),
+        Case(
+            "generate",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "/v1/chat/completions",
+            Task.CHAT,
+            _chat,
+            batch=1,
+            unit="chats of <=32 tokens",
+            group=4,  # the HTTP side has 4 clients, which the server batches continuously
+            encoding=Encoding.JSON,  # the OpenAI route, as OpenAI clients send it
         ),
         Case(
             "image",

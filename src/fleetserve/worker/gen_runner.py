@@ -25,6 +25,7 @@ from ..families.generate.admission import Event, WaitQueue, cost
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError
 from .batcher import Job
+from .compute import compute_executor
 from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable
 
 log = logging.getLogger("fleetserve.worker")
@@ -58,7 +59,7 @@ class GenerationRunner(Loadable):
         # max_batch_tokens: prompt + max_tokens summed over the running sequences
         self.former = WaitQueue(max_batch_tokens or profile.max_batch_tokens)
         self.max_sequences = profile.max_batch_size
-        self._forward = ThreadPoolExecutor(1, thread_name_prefix=f"load-{spec.id}")
+        self._forward = compute_executor()  # loads and engine steps: one OpenMP pool
         self.loaded = False
         self.busy_s = 0.0  # seconds spent in engine steps
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -220,7 +221,7 @@ class GenerationRunner(Loadable):
                 continue
             width, t0 = len(engine.running) + len(engine.waiting), time.perf_counter()
             try:
-                changed = engine.step()
+                changed = self._forward.submit(engine.step).result()
             except Exception as exc:
                 log.exception("generation step failed for %s", model)
                 for s in engine.reset():
@@ -280,6 +281,6 @@ class GenerationRunner(Loadable):
         self._signal.set()
 
     def close(self) -> None:
+        """Stop the engine loop; the compute thread is shared and outlives runners."""
         self._closed = True
         self._signal.set()
-        self._forward.shutdown(wait=False, cancel_futures=True)

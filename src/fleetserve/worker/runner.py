@@ -13,6 +13,7 @@ from ..families import FamilyAdapter, family_tasks
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError, Task
 from .batcher import BatchFormer, Job, WorkItem
+from .compute import compute_executor
 
 FinishFn = Callable[[Job], None]  # schedules the reply; must not block
 FailFn = Callable[[Job, FleetError], Awaitable[None]]
@@ -147,7 +148,7 @@ class ModelRunner(Loadable):
             max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size
         )
         self._wake = asyncio.Event()
-        self._forward = ThreadPoolExecutor(1, thread_name_prefix=f"forward-{spec.id}")
+        self._forward = compute_executor()  # shared: one OpenMP pool per process
         self.loaded = False
         self.busy_s = 0.0  # seconds the forward thread spent in forward passes
 
@@ -234,4 +235,4 @@ class ModelRunner(Loadable):
         return keep
 
     def close(self) -> None:
-        self._forward.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: the compute thread is shared and outlives runners."""
