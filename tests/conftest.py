@@ -123,6 +123,24 @@ def real_server() -> Iterator[ServerThread]:
 
 
 @pytest.fixture(scope="session")
+def model_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fleetserve's cache_dir for tests: converted GGUF models and ONNX exports. In
+    pytest's cache when there is one, so the ~20 s SmolLM2 conversion happens once."""
+    cache = getattr(request.config, "cache", None)
+    return Path(cache.mkdir("fleetserve-models")) if cache else tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def fleet_server(model_cache: Path) -> Iterator[ServerThread]:
+    """The whole bundled catalog, as `make serve` runs it: the default model pinned, the
+    others loaded on first use."""
+    overrides = {"port": 0, "device": "cpu", "cache_dir": str(model_cache)}
+    srv = ServerThread(Settings.load(overrides=overrides)).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
 def nats_server() -> Iterator[NatsServer]:
     """One real nats-server with JetStream for the session (port 0, temporary store).
 

@@ -49,3 +49,12 @@ def test_python_examples(real_server: ServerThread, index: int) -> None:
         exec(compile(code, f"README.md python block {index}", "exec"), {})
     printed = out.getvalue()
     assert ("384 " in printed) if index == 0 else ("(2, 384) float16" in printed)
+
+
+@pytest.mark.slow
+def test_families_example(fleet_server: ServerThread) -> None:
+    code = blocks("python")[2].replace(DEFAULT_URL, fleet_server.url)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md python block 2", "exec"), {})
+    assert out.getvalue().splitlines() == ["1 8 sports", "['color', 'fruit']"]

