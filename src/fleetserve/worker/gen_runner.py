@@ -25,7 +25,6 @@ from ..families.generate.admission import Event, WaitQueue, cost
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError
 from .batcher import Job
-from .compute import compute_executor
 from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable
 
 log = logging.getLogger("fleetserve.worker")
@@ -47,19 +46,11 @@ class GenerationRunner(Loadable):
         *,
         eager: bool = True,
     ) -> None:
-        self.spec = spec
-        self.profile = profile
-        if isinstance(adapter, FamilyAdapter):
-            self._adapter, self._factory = adapter, lambda: adapter
-        else:
-            self._adapter, self._factory = None, adapter
-        self.eager = eager
-        self._load_lock = None
+        self._init_loadable(spec, profile, adapter, eager)
         self.metrics = metrics
         # max_batch_tokens: prompt + max_tokens summed over the running sequences
         self.former = WaitQueue(max_batch_tokens or profile.max_batch_tokens)
         self.max_sequences = profile.max_batch_size
-        self._forward = compute_executor()  # loads and engine steps: one OpenMP pool
         self.loaded = False
         self.busy_s = 0.0  # seconds spent in engine steps
         self._loop: asyncio.AbstractEventLoop | None = None

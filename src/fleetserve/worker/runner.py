@@ -82,12 +82,31 @@ class Loadable:
     """
 
     spec: ModelSpec
+    profile: Profile
     eager: bool
     loaded: bool
     _adapter: FamilyAdapter | None
     _factory: AdapterFactory
     _load_lock: asyncio.Lock | None
     _forward: ThreadPoolExecutor
+
+    def _init_loadable(
+        self,
+        spec: ModelSpec,
+        profile: Profile,
+        adapter: FamilyAdapter | AdapterFactory,
+        eager: bool,
+    ) -> None:
+        """``adapter`` is a loaded-on-demand adapter, or a factory that builds one."""
+        self.spec = spec
+        self.profile = profile
+        if isinstance(adapter, FamilyAdapter):
+            self._adapter, self._factory = adapter, lambda: adapter
+        else:
+            self._adapter, self._factory = None, adapter
+        self.eager = eager
+        self._load_lock = None
+        self._forward = compute_executor()  # shared: one OpenMP pool per process
 
     @property
     def adapter(self) -> FamilyAdapter:
@@ -135,20 +154,12 @@ class ModelRunner(Loadable):
         *,
         eager: bool = True,
     ) -> None:
-        self.spec = spec
-        self.profile = profile
-        if isinstance(adapter, FamilyAdapter):
-            self._adapter, self._factory = adapter, lambda: adapter
-        else:
-            self._adapter, self._factory = None, adapter
-        self.eager = eager
-        self._load_lock = None
+        self._init_loadable(spec, profile, adapter, eager)
         self.metrics = metrics
         self.former = BatchFormer(
             max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size
         )
         self._wake = asyncio.Event()
-        self._forward = compute_executor()  # shared: one OpenMP pool per process
         self.loaded = False
         self.busy_s = 0.0  # seconds the forward thread spent in forward passes
 
