@@ -273,6 +273,7 @@ class Worker:
             return
         job.failed = True
         self._jobs.discard(job)
+        await self._chunks_sent(job)  # chunks still queued see job.failed and are dropped
         await self.queue.term(job.msg)
 
     async def _crash(self, job: Job, err: FleetError) -> None:
