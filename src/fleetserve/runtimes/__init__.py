@@ -54,8 +54,10 @@ def hardware_class(device: str) -> str:
         return "cuda"
     if device == "cpu":
         return "cpu"
-    from .torch import hardware_class as torch_hw
-
+    try:
+        from .torch import hardware_class as torch_hw
+    except ImportError:  # an ONNX-only install: no torch, so no CUDA to detect
+        return "cpu"
     return torch_hw(device)
 
 
