@@ -80,6 +80,8 @@ class DeviceProcess:
         work: asyncio.Task[None] | None = None
         try:
             for m, r in self.runners.items():
+                if not r.eager:  # loaded on its first request
+                    continue
                 t0 = time.perf_counter()
                 await r.load()
                 took = time.perf_counter() - t0

@@ -89,6 +89,8 @@ class WorkerProcess:
         )
         self._tasks.append(task)
         for m, r in self.runners.items():
+            if not r.eager:  # loaded on its first request
+                continue
             t0 = time.perf_counter()
             with self.console.status(f"Loading {m} ({r.profile.precision}, {r.profile.hardware})…"):
                 await r.load()
