@@ -13,7 +13,7 @@ import json
 import string
 from pathlib import Path
 
-from .tinymodels import WORDS
+from .tinymodels import save_tokenizer, wordpiece
 
 QUERY_LENGTH = 8
 DOC_LENGTH = 12
@@ -23,27 +23,13 @@ PUNCT = [",", ".", "!", "?"]
 def build_tokenizer(path: Path, added: tuple[str, ...] = ()) -> int:
     """A BERT WordPiece tokenizer with ColBERT's unused markers and some punctuation;
     returns the vocabulary size (added tokens included)."""
-    from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordPiece
+    from tokenizers import AddedToken
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]"]
-    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    vocab_list = specials + PUNCT + letters + ["##" + ch for ch in letters] + WORDS
-    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(vocab_list))}
-    tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    tok.add_special_tokens(specials[:5])
+    tok, vocab = wordpiece(["[unused0]", "[unused1]", *PUNCT])
+    tok.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     if added:
         tok.add_tokens([AddedToken(a, normalized=False) for a in added])
-    path.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    save_tokenizer(tok, vocab, path)
     return int(tok.get_vocab_size())
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 WORDS = [
     "the",
@@ -57,13 +59,15 @@ WORDS = [
 ]
 
 
-def build_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+def wordpiece(extra: Sequence[str] = ()) -> tuple[Any, dict[str, int]]:
+    """A lowercasing BERT WordPiece tokenizer over a tiny vocabulary: the specials, then
+    ``extra``, letters and words; returns it and its vocabulary."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    vocab_list = specials + letters + ["##" + ch for ch in letters] + WORDS
+    vocab_list = specials + list(extra) + letters + ["##" + ch for ch in letters] + WORDS
     vocab = {tok: i for i, tok in enumerate(dict.fromkeys(vocab_list))}
     tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -73,10 +77,21 @@ def build_tokenizer(path: Path) -> None:
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
     )
-    tok.decoder = decoders.WordPiece()
+    return tok, vocab
+
+
+def save_tokenizer(tok: Any, vocab: dict[str, int], path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+
+
+def build_tokenizer(path: Path) -> None:
+    from tokenizers import decoders
+
+    tok, vocab = wordpiece()
+    tok.decoder = decoders.WordPiece()
+    save_tokenizer(tok, vocab, path)
 
 
 def build_bert(path: Path, *, seed: int = 0, max_positions: int = 128) -> Path:

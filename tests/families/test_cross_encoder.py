@@ -17,6 +17,7 @@ from fleetserve.runtimes import create_runtime
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 
 from ..tiny_rerank import build_cross_encoder
+from .worker_like import run_like_worker
 
 MAX_LEN = 24
 QUERY = "the quick brown fox"
@@ -62,16 +63,7 @@ def envelope(task: Task, enc: Encoding = Encoding.JSON) -> Envelope:
 def call(a: CrossEncoderAdapter, task: Task, body: dict[str, Any], enc: Encoding = Encoding.JSON):
     env = envelope(task, enc)
     raw = msgspec.msgpack.encode(body) if enc is Encoding.MSGPACK else json.dumps(body).encode()
-    prepared = a.preprocess(env, raw)
-    # like the worker: items in two batches, in reverse order, padded together
-    n = len(prepared.items)
-    order = list(reversed(range(n)))
-    outs: dict[int, Any] = {}
-    for part in (order[: n // 2], order[n // 2 :]):
-        if part:
-            for i, row in zip(part, a.forward([prepared.items[i] for i in part]), strict=True):
-                outs[i] = row
-    reply = a.postprocess(env, prepared, [outs[i] for i in range(n)])
+    reply, prepared = run_like_worker(a, env, raw)
     dec = msgspec.msgpack.decode(reply) if enc is Encoding.MSGPACK else json.loads(reply)
     return dec, prepared
 

@@ -22,6 +22,7 @@ from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 from fleetserve.wire.codec import array_from_wire
 
 from ..tiny_image import build_clip, build_siglip
+from .worker_like import run_like_worker
 
 KINDS = ("clip", "siglip")
 RNG = np.random.default_rng(7)
@@ -65,16 +66,7 @@ def call(
 ) -> tuple[Any, Any]:
     env = Envelope("r1", "tiny/image", task, enc, enc, 1, time.time() + 60)
     raw = msgspec.msgpack.encode(body) if enc is Encoding.MSGPACK else msgspec.json.encode(body)
-    prepared = a.preprocess(env, raw)
-    # like the worker: two batches, in reverse order
-    n = len(prepared.items)
-    order = list(reversed(range(n)))
-    outs: dict[int, Any] = {}
-    for part in (order[: n // 2], order[n // 2 :]):
-        if part:
-            for i, row in zip(part, a.forward([prepared.items[i] for i in part]), strict=True):
-                outs[i] = row
-    reply = a.postprocess(env, prepared, [outs[i] for i in range(n)])
+    reply, prepared = run_like_worker(a, env, raw)
     dec = msgspec.msgpack.decode(reply) if enc is Encoding.MSGPACK else json.loads(reply)
     return dec, prepared
 
