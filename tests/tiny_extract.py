@@ -128,3 +128,10 @@ def onnx_runtime(cache_dir: Path) -> Any:
     from fleetserve.runtimes import create_runtime
 
     return create_runtime("onnx", device="cpu", precision="fp32", cache_dir=cache_dir)
+
+
+def openvino_runtime(cache_dir: Path) -> Any:
+    """The OpenVINO runtime on CPU, fp32."""
+    from fleetserve.runtimes import create_runtime
+
+    return create_runtime("openvino", device="cpu", precision="fp32", cache_dir=cache_dir)

@@ -95,7 +95,7 @@ def test_scores_equal_sentence_transformers(model_dir: Path, activation: str) ->
     assert np.ptp(want) > 1e-2  # the documents really score differently
 
 
-@pytest.mark.parametrize("runtime", ["torch", "onnx"])
+@pytest.mark.parametrize("runtime", ["torch", "onnx", "openvino"])
 def test_each_runtime_equals_sentence_transformers(model_dir: Path, runtime: str) -> None:
     if runtime == "onnx":
         pytest.importorskip("fleetserve.runtimes.onnx", reason="runtimes/onnx.py is not there yet")

@@ -39,8 +39,9 @@ def matrices(reply: Any) -> list[np.ndarray[Any, Any]]:
     return [np.asarray(array_from_wire(m), dtype=np.float32) for m in reply["embeddings"]]
 
 
-def adapter(spec: ModelSpec, path: Path) -> MultiVectorAdapter:
-    a = MultiVectorAdapter(spec, create_runtime("torch", device="cpu", precision="fp32"), path)
+def adapter(spec: ModelSpec, path: Path, runtime: str = "torch") -> MultiVectorAdapter:
+    rt = create_runtime(runtime, device="cpu", precision="fp32", cache_dir=path.parent / "cache")
+    a = MultiVectorAdapter(spec, rt, path)
     a.load()
     a.warmup()
     return a
@@ -167,6 +168,22 @@ def test_tiny_colbert_loads_its_projection_and_markers(
     assert len(keep) == DOC_LENGTH - 2
     np.testing.assert_allclose(got, unit(reference(colbert, ids, len(ids))[keep]), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_openvino_gives_the_vectors_and_scores_of_torch(
+    colbert: Path, tiny: MultiVectorAdapter
+) -> None:
+    a = adapter(tiny_spec(colbert), colbert, "openvino")
+    assert a.runtime.name == "openvino"
+    docs = ["the quick brown fox", "money in the river bank, and a cat", "water"]
+    for body in ({"inputs": docs}, {"inputs": ["brown fox"], "is_query": True}):
+        got, want = matrices(call(a, Task.ENCODE, body)), matrices(call(tiny, Task.ENCODE, body))
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+    score = {"query": "brown fox", "items": docs}
+    np.testing.assert_allclose(
+        call(a, Task.SCORE, score)["scores"], call(tiny, Task.SCORE, score)["scores"], rtol=1e-5
+    )
 
 
 def test_max_tokens_truncates_per_request(colbert: Path) -> None:

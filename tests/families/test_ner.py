@@ -17,6 +17,7 @@ from ..tiny_extract import (
     call_together,
     make_adapter,
     onnx_runtime,
+    openvino_runtime,
 )
 
 TEXTS = [
@@ -163,10 +164,13 @@ def test_a_model_without_tokenizer_json_gets_a_converted_one(model: Path, tmp_pa
     )
 
 
-def test_onnx_runtime_gives_the_same_spans(model: Path, adapter: Any, tmp_path: Path) -> None:
-    onnx = make_adapter("ner", model, runtime=onnx_runtime(tmp_path))
+@pytest.mark.parametrize("runtime", [onnx_runtime, openvino_runtime], ids=["onnx", "openvino"])
+def test_onnx_and_openvino_runtimes_give_the_same_spans(
+    runtime: Any, model: Path, adapter: Any, tmp_path: Path
+) -> None:
+    other = make_adapter("ner", model, runtime=runtime(tmp_path))
     assert_close(
-        call(onnx, {"inputs": TEXTS})["results"], call(adapter, {"inputs": TEXTS})["results"]
+        call(other, {"inputs": TEXTS})["results"], call(adapter, {"inputs": TEXTS})["results"]
     )
 
 

@@ -114,7 +114,7 @@ def test_relevant_document_scores_highest(
     assert got["usage"]["tokens"] == enc["usage"]["tokens"]
 
 
-@pytest.mark.parametrize("runtime", ["torch", "onnx"])
+@pytest.mark.parametrize("runtime", ["torch", "onnx", "openvino"])
 def test_each_runtime_equals_the_reference(
     adapter: SparseAdapter, runtime: str, tmp_path: Path
 ) -> None:

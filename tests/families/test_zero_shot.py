@@ -20,6 +20,7 @@ from ..tiny_extract import (
     call_together,
     make_adapter,
     onnx_runtime,
+    openvino_runtime,
 )
 from ..tinymodels import build_bert
 
@@ -200,16 +201,19 @@ def _json(body: dict[str, Any]) -> bytes:
     return msgspec.json.encode(body)
 
 
+@pytest.mark.parametrize("runtime", [onnx_runtime, openvino_runtime], ids=["onnx", "openvino"])
 @pytest.mark.parametrize("method", ["nli", "embedding"])
-def test_onnx_runtime_gives_the_same_scores(
-    method: str, tmp_path: Path, request: pytest.FixtureRequest
+def test_onnx_and_openvino_runtimes_give_the_same_scores(
+    method: str, runtime: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     torch_adapter = request.getfixturevalue("nli" if method == "nli" else "embedder")
-    onnx = make_adapter(
-        "zero_shot", torch_adapter.path, runtime=onnx_runtime(tmp_path), options={"method": method}
+    other = make_adapter(
+        "zero_shot", torch_adapter.path, runtime=runtime(tmp_path), options={"method": method}
     )
     body = {"inputs": TEXTS, "labels": LABELS}
-    for a, b in zip(call(onnx, body)["results"], call(torch_adapter, body)["results"], strict=True):
+    for a, b in zip(
+        call(other, body)["results"], call(torch_adapter, body)["results"], strict=True
+    ):
         assert a["labels"] == b["labels"]
         np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-4)
 

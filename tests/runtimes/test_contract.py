@@ -14,7 +14,7 @@ from fleetserve.runtimes import RUNTIMES, Head, Output, Runtime, create_runtime
 
 from ..tiny_onnx import NUM_LABELS, batch, build_head, model_class
 
-RUNTIME_NAMES = ["torch", "onnx"]
+RUNTIME_NAMES = ["torch", "onnx", "openvino"]
 CASES = [
     (Head.BASE, Output.MEAN),
     (Head.BASE, Output.CLS),

