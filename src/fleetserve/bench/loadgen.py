@@ -37,7 +37,7 @@ async def run_load(
     *,
     concurrency: int,
     batch: int,
-    tokens_per_item: int,
+    tokens_per_item: float,
     duration: float,
     warmup: int = 2,
 ) -> LoadResult:
@@ -85,7 +85,7 @@ def run_latency(
     headers: dict[str, str],
     *,
     duration: float,
-    tokens_per_item: int,
+    tokens_per_item: float,
     warmup: int = 5,
 ) -> LoadResult:
     """One client, one request at a time, on a plain blocking httpx client: the least

@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 import httpx
 from rich.console import Console
 
+from fleetserve.bench.loadgen import LoadResult, percentile, run_latency, run_load
+
 from . import dist_mixed as mixed
 from .dist_cpu import CpuMeter
 from .dist_fleet import WorkerInfo, scrape, scrape_async
-from .loadgen import LoadResult, percentile, run_latency, run_load
 from .targets import HttpTarget
 
 JSON_HEADERS = {"content-type": "application/json"}
@@ -57,7 +58,7 @@ class Noise:
 
 
 def _uniform(f: HttpTarget, texts: list[str], a: argparse.Namespace) -> tuple[float, LoadResult]:
-    """Saturation and single-sentence latency, as ``fleetserve bench embed`` measures them."""
+    """Saturation and single-sentence latency, as ``python -m benchmarks embed`` measures them."""
 
     def batch_body(i: int) -> bytes:
         start = (i * a.batch) % (len(texts) - a.batch + 1)

@@ -1,16 +1,16 @@
-"""``fleetserve bench dist``: the distributed mode against the embedded one, and pull
+"""``python -m benchmarks dist``: the distributed mode against the embedded one, and pull
 against push, with the real model on this machine.
 
 1. Embedded ``fleetserve serve`` against nats-server + gateway + 1 worker, and + 2
    workers splitting the cores: the same client and 64-token sentences as
-   ``fleetserve bench embed`` (saturation: 4 clients x 32 sentences; latency: 1 client
+   ``python -m benchmarks embed`` (saturation: 4 clients x 32 sentences; latency: 1 client
    x 1 sentence); interleaved rounds, medians.
 2. Pull (workers share one stream) against push (each worker its own stream; a router
    picks round-robin or least-outstanding) over the same 2 workers and a seeded mix of
    request sizes, swept over client counts to find the knee.
 3. Put-backs and redeliveries per 1000 requests, from the workers' ``/metrics``.
 
-``fleetserve bench dist router ...`` is the push router process the run starts.
+``python -m benchmarks dist router ...`` is the push router process the run starts.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ REAL = "sentence-transformers/all-MiniLM-L6-v2"
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="fleetserve bench dist",
+        prog="python -m benchmarks dist",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> int:
 
     a = _args(argv)
     console = Console()
-    console.rule(f"fleetserve bench dist: {a.model}")
+    console.rule(f"python -m benchmarks dist: {a.model}")
     info = machine_info()
     console.print(info["summary"])
     result = run(a, env, console)

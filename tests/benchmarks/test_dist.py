@@ -1,4 +1,4 @@
-"""``fleetserve bench dist``: the push router's policies, the mixed workload, the report.
+"""``python -m benchmarks dist``: the push router's policies, the mixed workload, the report.
 
 The benchmark itself (real model, nats-server, many processes) is not run here.
 """
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from fleetserve.bench import dist_mixed as mixed
-from fleetserve.bench.dist_fleet import flags, scrape_async
-from fleetserve.bench.dist_measure import knees, put_back_rows
-from fleetserve.bench.dist_push import PushQueue
-from fleetserve.bench.dist_report import markdown, write
+from benchmarks import dist_mixed as mixed
+from benchmarks.dist_fleet import flags, scrape_async
+from benchmarks.dist_measure import knees, put_back_rows
+from benchmarks.dist_push import PushQueue
+from benchmarks.dist_report import markdown, write
 from fleetserve.queue import MemoryQueue, PendingReply
 from fleetserve.wire import Encoding, Envelope, Reply, Task
 
@@ -213,7 +213,7 @@ def test_report_writes_markdown_json_and_png(tmp_path: Path) -> None:
 def test_cpu_meter_reads_proc_or_stays_inert() -> None:
     import os
 
-    from fleetserve.bench.dist_cpu import CpuMeter
+    from benchmarks.dist_cpu import CpuMeter
 
     meter = CpuMeter(lambda: [os.getpid()])
     a = meter.sample()

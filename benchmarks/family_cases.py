@@ -1,4 +1,4 @@
-"""The cases of ``fleetserve bench families``: one model, one route, one body per family.
+"""The cases of ``python -m benchmarks families``: one model, one route, one body per family.
 
 Where no real weights of a family exist on these machines, the case derives a model of
 realistic size from all-MiniLM-L6-v2's encoder with a fresh head (a cross-encoder, a
@@ -16,12 +16,13 @@ from typing import Any
 
 import yaml
 
-from ..catalog import DEFAULT_MODEL, Catalog, ModelSpec
-from ..catalog.sources import resolve
-from ..wire import Encoding, Envelope, Task
-from ..wire.codec import dumps
+from fleetserve.bench.workload import sentences
+from fleetserve.catalog import DEFAULT_MODEL, Catalog, ModelSpec
+from fleetserve.catalog.sources import resolve
+from fleetserve.wire import Encoding, Envelope, Task
+from fleetserve.wire.codec import dumps
+
 from .family_models import derive_clip, derive_gliner, derive_head
-from .workload import sentences
 
 HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()
 Body = Callable[[list[str], int, int], dict[str, Any]]  # (texts, n items, i) -> JSON body
@@ -63,12 +64,15 @@ class InProcessFamily:
     batches (length-sorted, as the worker's batch former does), postprocess."""
 
     def __init__(self, case: Case, spec: ModelSpec) -> None:
-        from ..families import create_adapter
-        from ..runtimes import create_runtime
+        from fleetserve.families import create_adapter
+        from fleetserve.runtimes import create_runtime
 
         self.case = case
         self.spec = spec
-        self.profile = spec.profile("cpu")
+        from fleetserve.server import build_profiles
+        from fleetserve.settings import Settings
+
+        self.profile = build_profiles(Settings(device="cpu")).choose(spec).profile
         runtime = create_runtime(
             self.profile.runtime or spec.runtime, device="cpu", precision=self.profile.precision
         )

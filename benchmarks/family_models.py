@@ -1,4 +1,4 @@
-"""Models derived for ``fleetserve bench families`` where no real weights of a family exist:
+"""Models derived for ``python -m benchmarks families`` where no real weights of a family exist:
 all-MiniLM-L6-v2's encoder under a fresh head, or a random model of a real model's shape,
 so that the compute per item is that of a real small model. Written atomically."""
 
@@ -83,7 +83,7 @@ def derive_gliner(minilm: Path, out: Path) -> dict[str, Any]:
         from tokenizers import Tokenizer
         from transformers import BertModel
 
-        from ..families.gliner_model import GlinerConfig, GlinerSpanModel
+        from fleetserve.families.gliner_model import GlinerConfig, GlinerSpanModel
 
         tok = Tokenizer.from_file(str(minilm / "tokenizer.json"))
         tok.add_special_tokens(["[FLERT]", "<<ENT>>", "<<SEP>>"])

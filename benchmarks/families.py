@@ -1,4 +1,4 @@
-"""``fleetserve bench families``: every family through the HTTP API beside in-process.
+"""``python -m benchmarks families``: every family through the HTTP API beside in-process.
 
 For each family the same model is measured two ways in one run, round after round:
 
@@ -26,14 +26,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fleetserve.bench.loadgen import run_latency, run_load
+from fleetserve.bench.report import machine
+
 from .family_cases import CASES, Case, build_catalog
-from .loadgen import run_latency, run_load
-from .report import machine
 from .targets import fleetserve_target
 
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="fleetserve bench families", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks families", description=__doc__)
     p.add_argument("--families", default=",".join(CASES), help="comma-separated cases")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] = ()) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
-    console.rule("fleetserve bench families")
+    console.rule("python -m benchmarks families")
     console.print(machine())
     with console.status("building the bench catalog (derived models)…"):
         catalog = build_catalog(cases, work)

@@ -1,4 +1,4 @@
-"""``fleetserve bench http``: choose the HTTP server and framework by measuring.
+"""``python -m benchmarks http``: choose the HTTP server and framework by measuring.
 
 Each stack serves the same fixed reply. httpx measures single-request latency (one
 connection, as the SDK sees it); wrk (``apt-get install wrk``), when present, measures
@@ -21,10 +21,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .loadgen import run_load
+from fleetserve.bench.loadgen import run_load
+
 from .targets import HttpTarget
 
-APP = "fleetserve.bench.echo"
+APP = "benchmarks.echo"
+ROOT = Path(__file__).resolve().parent.parent  # the servers import APP from here
 
 
 def _uvicorn(app: str, http: str, loop: str) -> list[str]:
@@ -69,7 +71,7 @@ STACKS = {
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    p = argparse.ArgumentParser(prog="fleetserve bench http", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks http", description=__doc__)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--out", default="bench/results")
@@ -80,7 +82,13 @@ def main(argv: Sequence[str] = ()) -> int:
     targets = []
     for name, argv_ in STACKS.items():
         t = HttpTarget(
-            name=name, argv=argv_, route="/x", model="", ready_path="/x", ready_method="POST"
+            name=name,
+            argv=argv_,
+            route="/x",
+            model="",
+            ready_path="/x",
+            ready_method="POST",
+            cwd=ROOT,
         )
         try:
             t.start(out, timeout=30)

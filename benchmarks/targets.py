@@ -36,6 +36,7 @@ class HttpTarget:
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None  # the server's working directory (default: this one)
 
     @property
     def url(self) -> str:
@@ -46,7 +47,11 @@ class HttpTarget:
         argv = [a.replace("{port}", str(self.port)) for a in self.argv]
         log = open(log_dir / f"{self.name}.log", "wb")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            cwd=self.cwd,
         )
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -176,32 +181,45 @@ class InProcess:
 
 
 class InProcessRuntime:
-    """fleetserve's own tokenizer, runtime and pooling, called directly: no server."""
+    """fleetserve's own tokenizer, runtime and pooling with a profile (the one serving
+    would use), called directly: no server. Batches as the worker forms them: sorted
+    by length, within the profile's batch size and padded-token budget."""
 
     def __init__(
-        self,
-        name: str,
-        spec: Any,
-        model_path: Path,
-        precision: str,
-        batch_size: int,
-        device: str = "cpu",
+        self, name: str, spec: Any, model_path: Path, profile: Any, device: str = "cpu"
     ) -> None:
-        from ..families.dense import DenseAdapter
-        from ..runtimes import create_runtime
+        from fleetserve.families.dense import DenseAdapter
+        from fleetserve.runtimes import create_runtime
 
         self.name = name
-        self.batch_size = batch_size
-        runtime = create_runtime(spec.runtime, device=device, precision=precision)
+        self.profile = profile
+        runtime = create_runtime(
+            profile.runtime or spec.runtime,
+            device=device,
+            precision=profile.precision,
+            threads=profile.threads,
+        )
         self.adapter = DenseAdapter(spec, runtime, model_path)
         self.adapter.load()
+        self.adapter.warmup()
 
     def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
         ids, _ = self.adapter.tokenizer.encode(texts, truncate=True)
-        outs = [
-            self.adapter.forward(ids[i : i + self.batch_size])
-            for i in range(0, len(ids), self.batch_size)
-        ]
-        emb: np.ndarray[Any, Any] = np.concatenate(outs)
-        out: np.ndarray[Any, Any] = emb / np.linalg.norm(emb, axis=1, keepdims=True)
-        return out
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: np.ndarray[Any, Any] | None = None
+        k = 0
+        while k < len(order):
+            batch = [order[k]]
+            while k + len(batch) < len(order) and len(batch) < self.profile.max_batch_size:
+                nxt = order[k + len(batch)]
+                if len(ids[nxt]) * (len(batch) + 1) > self.profile.max_batch_tokens:
+                    break
+                batch.append(nxt)
+            rows = self.adapter.forward([ids[i] for i in batch])
+            if out is None:
+                out = np.empty((len(ids), rows.shape[1]), np.float32)
+            out[batch] = rows
+            k += len(batch)
+        assert out is not None
+        unit: np.ndarray[Any, Any] = out / np.linalg.norm(out, axis=1, keepdims=True)
+        return unit

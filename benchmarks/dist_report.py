@@ -1,4 +1,4 @@
-"""Reports of ``fleetserve bench dist``: rich tables, ``<name>.md``, ``.json``, ``.png``."""
+"""Reports of ``python -m benchmarks dist``: rich tables, ``<name>.md``, ``.json``, ``.png``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .report import machine
+from fleetserve.bench.report import machine
 
 P50_BUDGET_MS = 3.0  # NATS p50 may exceed embedded p50 by this much
 THROUGHPUT_SHARE = 0.90  # of embedded, at saturation

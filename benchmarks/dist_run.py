@@ -1,4 +1,4 @@
-"""The measurements of ``fleetserve bench dist``, on one fleet of processes kept up
+"""The measurements of ``python -m benchmarks dist``, on one fleet of processes kept up
 for the whole run so that every comparison is interleaved on the same machine."""
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def start_fleet(
 
 
 def run(a: argparse.Namespace, env: Mapping[str, str] | None, console: Console) -> dict[str, Any]:
-    from ..catalog import Catalog
-    from ..catalog.sources import resolve
-    from ..server import HF_CACHE
-    from .workload import sentences
+    from fleetserve.bench.workload import sentences
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import resolve
+    from fleetserve.server import HF_CACHE
 
     t_start = time.perf_counter()
     spec = Catalog.load().get(a.model)

@@ -1,6 +1,6 @@
 """The mixed workload and its closed-loop client.
 
-Request sizes follow the simulation's mix (``bench sim``): most requests are one
+Request sizes follow the simulation's mix (``fleetserve bench sim``): most requests are one
 item, a quarter 2-32, a twentieth 33-256; item lengths are log-uniform over 8-512
 tokens and the model truncates them at its ``max_seq_len``. Everything is drawn from
 one seed, so every mode at a given concurrency gets the same sequence of requests.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from .sim.params import DEFAULT_MIX
-from .workload import _WORDS
+from fleetserve.bench.sim.params import DEFAULT_MIX
+from fleetserve.bench.workload import _WORDS
 
 ITEM_TOKENS = (8, 512)
 MIX = DEFAULT_MIX  # (weight, fewest items, most items)
@@ -64,7 +64,7 @@ def texts(lengths: Sequence[Sequence[int]], words: Sequence[str], seed: int = 0)
 
 
 def bodies(model: str, items: Sequence[Sequence[str]]) -> list[bytes]:
-    """The OpenAI-style bodies ``fleetserve bench`` sends (``encoding_format: base64``)."""
+    """The OpenAI-style bodies ``python -m benchmarks embed`` sends (base64 encoding)."""
     return [
         json.dumps({"model": model, "input": list(x), "encoding_format": "base64"}).encode()
         for x in items

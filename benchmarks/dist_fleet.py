@@ -1,4 +1,4 @@
-"""The processes of a ``fleetserve bench dist`` run, all on loopback.
+"""The processes of a ``python -m benchmarks dist`` run, all on loopback.
 
 One nats-server, the embedded server, gateways, workers and push routers, each a
 child process. Settings go to them as command-line flags built through
@@ -20,9 +20,12 @@ from typing import IO, Any
 
 import httpx
 
-from ..cluster.natsd import NatsServer, die_with_parent
-from ..settings import Settings
+from fleetserve.cluster.natsd import NatsServer, die_with_parent
+from fleetserve.settings import Settings
+
 from .targets import HttpTarget, free_port
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository root
 
 
 def flags(values: Mapping[str, Any]) -> list[str]:
@@ -62,14 +65,22 @@ class Fleet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return self.nats.start()
 
-    def _spawn(self, name: str, args: Sequence[str], values: Mapping[str, Any], ready: str) -> None:
-        argv = [sys.executable, "-m", "fleetserve", *args, *flags(values)]
+    def _spawn(
+        self,
+        name: str,
+        args: Sequence[str],
+        values: Mapping[str, Any],
+        ready: str,
+        module: str = "fleetserve",
+    ) -> None:
+        argv = [sys.executable, "-m", module, *args, *flags(values)]
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the child
         proc = subprocess.Popen(
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
+            cwd=ROOT,  # where ``python -m benchmarks`` finds this package
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
@@ -108,9 +119,9 @@ class Fleet:
 
     def router(self, name: str, prefixes: Sequence[str], policy: str) -> HttpTarget:
         port = free_port()
-        args = ["bench", "dist", "router", "--prefixes", ",".join(prefixes), "--policy", policy]
+        args = ["dist", "router", "--prefixes", ",".join(prefixes), "--policy", policy]
         values = self._common(port=port, nats=self.nats.url)
-        self._spawn(name, args, values, f"http://127.0.0.1:{port}/readyz")
+        self._spawn(name, args, values, f"http://127.0.0.1:{port}/readyz", module="benchmarks")
         return self._front(name, port)
 
     def pids(self) -> list[int]:

@@ -5,7 +5,7 @@ what the router sent it. :class:`PushQueue` is the gateway's WorkQueue: ``publis
 picks one worker's queue (round-robin, or the fewest requests this router has in
 flight there) and delegates to it. Transport, envelope and offload are the gateway's.
 
-``fleetserve bench dist router --prefixes push-w0,push-w1 --policy lor --nats URL``
+``python -m benchmarks dist router --prefixes push-w0,push-w1 --policy lor --nats URL``
 runs it as a process with the gateway's HTTP API.
 """
 
@@ -22,9 +22,9 @@ import sys
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
-from ..queue import Message, PendingReply, QueueStats, WorkQueue
-from ..settings import Settings
-from ..wire import Envelope, Reply
+from fleetserve.queue import Message, PendingReply, QueueStats, WorkQueue
+from fleetserve.settings import Settings
+from fleetserve.wire import Envelope, Reply
 
 POLICIES = {"rr": "round-robin", "lor": "least outstanding requests"}
 
@@ -145,10 +145,10 @@ class PushQueue:
 
 async def serve_router(settings: Settings, prefixes: Sequence[str], policy: str) -> None:
     """The gateway's HTTP API over a PushQueue: one JetStream queue per worker prefix."""
-    from ..gateway import Gateway
-    from ..metrics import Metrics
-    from ..queue.factory import open_distributed
-    from ..server import build_catalog, start_http
+    from fleetserve.gateway import Gateway
+    from fleetserve.metrics import Metrics
+    from fleetserve.queue.factory import open_distributed
+    from fleetserve.server import build_catalog, start_http
 
     sys.setswitchinterval(settings.gil_switch_interval)
     conns: list[Any] = []
@@ -177,7 +177,7 @@ async def serve_router(settings: Settings, prefixes: Sequence[str], policy: str)
 
 
 def router_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="fleetserve bench dist router", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks dist router", description=__doc__)
     p.add_argument("--prefixes", required=True, help="comma-separated worker queue prefixes")
     p.add_argument("--policy", choices=sorted(POLICIES), default="rr")
     Settings.add_arguments(p)
