@@ -65,6 +65,11 @@ class Gateway:
         self._api_key = settings.api_key
         self._startup = on_startup
         self._shutdown = on_shutdown
+        # imported here: the dashboard reuses this package's HTTP helpers
+        from ..dashboard import Dashboard
+
+        auth = self._authorize if self._api_key else None
+        self.dashboard = Dashboard.from_settings(settings, authorize=auth)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -92,6 +97,9 @@ class Gateway:
         try:
             if self._api_key and path.startswith("/v1/"):
                 self._authorize(scope)
+            if self.dashboard.handles(path):  # the page, its events and /v1/tuning/
+                await self.dashboard(scope, receive, send)
+                return
             route = _route(method, path)
             if route is not None:
                 await self._infer(scope, receive, send, *route)

@@ -90,6 +90,8 @@ class GatewayProcess:
             await self._tasks[0]
 
     async def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.dashboard.close()  # end open event streams, or uvicorn waits
         await shutdown(self._http, self._tasks)
         if self.js is not None:
             await self.js.close()
