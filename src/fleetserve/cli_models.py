@@ -21,20 +21,23 @@ from .settings import Settings
 
 def list_models(settings: Settings) -> int:
     from .catalog.sources import locate
-    from .server import build_catalog
+    from .server import build_catalog, build_profiles
 
     catalog = build_catalog(settings)
+    profiles = build_profiles(settings)
     hf_cache = Path(settings.hf_cache).expanduser()
     table = Table(title="fleetserve catalog")
     table.add_column("model", no_wrap=True)
-    for col in ("family", "runtime", "size", "present", "where"):
+    for col in ("family", "runs on", "size", "present", "where"):
         table.add_column(col)
     for s in catalog:
         found = locate(s.sources, hf_cache, Path(settings.cache_dir).expanduser())
         size = disk_size(found) if found is not None else (s.size or "?")
         where = str(found) if found is not None else ", ".join(s.sources)
         present = "[green]yes[/]" if found is not None else "[red]no[/]"
-        table.add_row(s.id, s.family, s.runtime, size, present, where)
+        c = profiles.choose(s)
+        runs = f"{c.profile.runtime or s.runtime} {c.profile.precision} ({c.how})"
+        table.add_row(s.id, s.family, runs, size, present, where)
     Console().print(table)
     return 0
 
@@ -42,8 +45,9 @@ def list_models(settings: Settings) -> int:
 def prepare_models(
     settings: Settings, ids: list[str], runtime: str, precision: str, console: Console
 ) -> int:
+    from .catalog.profiles import Choice
     from .metrics import Metrics
-    from .server import build_catalog, build_runner
+    from .server import build_catalog, build_profiles, build_runner
     from .wire import FleetError
 
     if not ids:
@@ -54,22 +58,20 @@ def prepare_models(
     for model_id in ids:
         try:
             spec = catalog.get(model_id)
+            choice = build_profiles(settings).choose(spec)
             if runtime or precision:
-                hw = settings.hardware_class or "cpu"
-                prof = spec.profile(hw)
                 prof = dataclasses.replace(
-                    prof,
-                    runtime=runtime or prof.runtime,
-                    precision=precision or prof.precision,
+                    choice.profile,
+                    runtime=runtime or choice.profile.runtime,
+                    precision=precision or choice.profile.precision,
                 )
-                spec = dataclasses.replace(spec, profiles={**spec.profiles, hw: prof})
-            runner = build_runner(spec, settings, Metrics())
+                choice = Choice(prof, "catalog", "asked for on the command line")
+            runner = build_runner(spec, settings, Metrics(), choice)
             t0 = time.perf_counter()
             with console.status(f"preparing {model_id}…"):
                 asyncio.run(runner.load())
             adapter = runner.adapter
-            rt = getattr(adapter, "runtime", None)
-            done = getattr(rt, "name", "?"), getattr(rt, "precision", "?")
+            done = adapter.runtime.name, adapter.runtime.precision
             console.print(
                 f"[green]ready[/] {model_id} ({done[0]}, {done[1]}) "
                 f"in {time.perf_counter() - t0:.1f}s"
@@ -78,7 +80,7 @@ def prepare_models(
         except (FleetError, ValueError, OSError) as exc:
             failed += 1
             message = exc.message if isinstance(exc, FleetError) else str(exc)
-            console.print(f"[red]error:[/] {model_id}: {message}")
+            console.print(f"[red]error:[/] {model_id}: {message}", soft_wrap=True)
     return 1 if failed else 0
 
 

@@ -16,13 +16,17 @@ from rich.console import Console
 
 from .catalog import Catalog, ModelSpec
 from .catalog.fetch import ObjectStoreConfig
+from .catalog.hardware import detect
+from .catalog.profiles import Choice, Profiles
 from .catalog.sources import is_present, resolve
 from .families import FamilyAdapter, create_adapter
 from .gateway import Gateway
 from .metrics import Metrics
 from .queue import MemoryQueue
-from .runtimes import create_runtime, hardware_class
+from .runtimes import create_runtime
 from .settings import Settings
+from .tune.quick import wanted as quick_wanted
+from .wire import FleetError
 from .worker import ModelRunner, Worker
 from .worker.runner import Runner
 
@@ -37,13 +41,24 @@ def build_catalog(settings: Settings) -> Catalog:
     return catalog.restrict(wanted) if wanted else catalog
 
 
-def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> Runner:
-    """A runner for ``spec``. Nothing is resolved or loaded here: the weights are found
-    and loaded on first use (at start for pinned models and those named in --models)."""
-    hw = settings.hardware_class or hardware_class(settings.device)
-    profile = spec.profile(hw)
+def build_profiles(settings: Settings) -> Profiles:
+    """This machine's profiles: its hardware class (or the one asked for), the tuned
+    files for it (yours, then bundled), its fallbacks. A broken file is a ValueError
+    naming the file and the field."""
+    device = "cpu" if settings.device.startswith("cpu") else settings.device
+    return Profiles(detect(device), settings.hardware_class, Path(settings.profile_dir))
 
-    def make_adapter() -> FamilyAdapter:
+
+def build_runner(
+    spec: ModelSpec, settings: Settings, metrics: Metrics, choice: Choice | None = None
+) -> Runner:
+    """A runner for ``spec``. Nothing is resolved or loaded here: the weights are found
+    and loaded on first use (at start for pinned models and those named in --models).
+    A profile chosen by rules is held to the quality gate when it loads."""
+    choice = choice or build_profiles(settings).choose(spec)
+    profile = choice.profile
+
+    def make_adapter(precision: str = profile.precision) -> FamilyAdapter:
         path = resolve(
             spec.id,
             spec.sources,
@@ -59,21 +74,52 @@ def build_runner(spec: ModelSpec, settings: Settings, metrics: Metrics) -> Runne
         runtime = create_runtime(
             profile.runtime or spec.runtime,
             device=settings.device,
-            precision=profile.precision,
-            threads=settings.torch_threads,
+            precision=precision,
+            threads=settings.torch_threads or profile.threads,
             cache_dir=Path(settings.cache_dir).expanduser(),
             options=spec.runtime_options,
         )
         return create_adapter(spec, runtime, path)
 
+    verify = None
+    if choice.how == "rule" and profile.precision != "fp32" and spec.runtime != "external":
+        from .tune.gate import gate_at_load
+
+        verify = gate_at_load(spec, profile.precision, make_adapter)
     eager = spec.pinned or spec.id in settings.model_list()
     if spec.family == "generate":
         from .worker.gen_runner import GenerationRunner
 
         return GenerationRunner(
-            spec, profile, make_adapter, metrics, settings.max_batch_tokens, eager=eager
+            spec,
+            profile,
+            make_adapter,
+            metrics,
+            settings.max_batch_tokens,
+            eager=eager,
+            verify=verify,
         )
-    return ModelRunner(spec, profile, make_adapter, metrics, settings.max_batch_tokens, eager=eager)
+    return ModelRunner(
+        spec,
+        profile,
+        make_adapter,
+        metrics,
+        settings.max_batch_tokens,
+        eager=eager,
+        verify=verify,
+    )
+
+
+def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) -> None:
+    """One line per model at start: what it runs with, and why."""
+    for spec in catalog:
+        c = choices[spec.id]
+        p = c.profile
+        console.print(
+            f"  {spec.id}: {p.runtime or spec.runtime} {p.precision}, batch "
+            f"{p.max_batch_size}/{p.max_batch_tokens} tokens [dim]({c.reason})[/]",
+            highlight=False,
+        )
 
 
 class EmbeddedServer:
@@ -87,16 +133,19 @@ class EmbeddedServer:
         self.console = console or Console(stderr=True)
         self.metrics = Metrics()
         self.queue = MemoryQueue(settings.max_queue_depth, settings.retry_after)
-        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in self.catalog}
-        self.worker = Worker(
-            self.queue, self.runners, self.metrics, max_deliver=settings.max_deliver
-        )
+        self.profiles = build_profiles(settings)
+        self.choices = {s.id: self.profiles.choose(s) for s in self.catalog}
+        self.runners = {
+            s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
+        }
+        self.tuning = quick_wanted(settings, self.catalog, self.choices)  # --tune quick
+        self.worker = self._new_worker()
         self.gateway = Gateway(
             settings,
             self.catalog,
             self.queue,
             self.metrics,
-            ready=lambda: self.worker.ready,
+            ready=lambda: self.worker.ready and not self.tuning,
             models_info=self.models_info,
         )
         self._server: uvicorn.Server | None = None
@@ -117,6 +166,7 @@ class EmbeddedServer:
                     "runtime": r.profile.runtime or spec.runtime,
                     "precision": r.profile.precision,
                     "hardware": r.profile.hardware,
+                    "profile": self.choices[spec.id].describe(),
                     "loaded": r.loaded,
                     "present": is_present(
                         spec.sources, hf_cache, Path(self.settings.cache_dir).expanduser()
@@ -136,12 +186,40 @@ class EmbeddedServer:
         self.console.print(
             f"[bold green]fleetserve[/] API listening on http://{self.settings.host}:{self.port}"
         )
+        self.console.print(f"hardware: {self.profiles.hw.summary()}", highlight=False)
+        log_choices(self.choices, self.catalog, self.console)
+        if self.tuning:
+            await self._quick_tune()
         await self._load_models()
         await self.queue.start()
         self._tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
         while not self.worker.running and not self._tasks[-1].done():
             await asyncio.sleep(0.001)
         self.console.print(f"[bold green]fleetserve[/] ready: {len(self.runners)} model(s)")
+
+    def _new_worker(self) -> Worker:
+        return Worker(self.queue, self.runners, self.metrics, max_deliver=self.settings.max_deliver)
+
+    async def _quick_tune(self) -> None:
+        """Tune the untuned pinned models briefly, then serve them with what won."""
+        from .tune.quick import quick_tune
+
+        tuned = await quick_tune(
+            self.settings, self.catalog, self.profiles, self.tuning, self.console
+        )
+        if tuned:
+            self.profiles = build_profiles(self.settings)
+            for model in tuned:
+                spec = self.catalog.get(model)
+                self.choices[model] = self.profiles.choose(spec)
+                self.runners[model] = build_runner(
+                    spec, self.settings, self.metrics, self.choices[model]
+                )
+            self.worker = self._new_worker()
+            log_choices(
+                {m: self.choices[m] for m in tuned}, self.catalog.restrict(tuned), self.console
+            )
+        self.tuning = []
 
     async def _load_models(self) -> None:
         """The eager models now; the others on first use."""
@@ -154,7 +232,8 @@ class EmbeddedServer:
                 f"Loading {spec.id} ({r.profile.runtime or spec.runtime}, "
                 f"{r.profile.precision}, {r.profile.hardware})…"
             ):
-                await r.load()
+                if not await load_or_report(r, self.console):
+                    continue
             self.console.print(
                 f"  loaded {spec.id} in {time.perf_counter() - t0:.1f}s "
                 f"({r.adapter.memory_bytes() / 2**20:.0f} MiB)"
@@ -166,9 +245,27 @@ class EmbeddedServer:
             await self._tasks[0]
 
     async def stop(self) -> None:
+        self.gateway.dashboard.close()  # end open event streams, or uvicorn waits for them
         await shutdown(self._server, self._tasks)
         await self.queue.close()
         self.worker.close()
+
+
+async def load_or_report(runner: Runner, console: Console) -> bool:
+    """Load a pinned model at start. One that fails (weights absent, an extra not
+    installed) is reported and left to load on first use: the others still serve."""
+    try:
+        await runner.load()
+    except Exception as exc:
+        message = exc.message if isinstance(exc, FleetError) else f"{type(exc).__name__}: {exc}"
+        console.print(
+            f"[red]error:[/] {runner.spec.id} failed to load: {message}; serving the other "
+            "models, and its requests will try again",
+            highlight=False,
+        )
+        runner.eager = False  # not required for readiness any more
+        return False
+    return True
 
 
 async def start_http(

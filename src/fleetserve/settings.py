@@ -31,7 +31,23 @@ class Settings:
     models: str = setting("", "Comma-separated model ids to serve (empty: the whole catalog).")
     catalog: str = setting("", "Extra catalog directory of model spec YAML files.")
     device: str = setting("auto", "Device for the runtime: auto, cpu, cuda or cuda:N.")
-    hardware_class: str = setting("", "Profile to use (empty: detect, e.g. cpu-avx512, gpu).")
+    hardware_class: str = setting(
+        "", "Hardware class whose profiles to use (empty: detect; see `fleetserve hardware`)."
+    )
+    profile_dir: str = setting(
+        "~/.config/fleetserve/profiles",
+        "Your tuned profiles (written by `fleetserve tune`); they override the bundled ones.",
+    )
+    tune_dir: str = setting(
+        "~/.cache/fleetserve/tune",
+        "Where tuning runs keep their state and reports (shown on /dashboard).",
+    )
+    tune: str = setting(
+        "off",
+        "quick: on a hardware class with no tuned profile, tune each pinned model briefly "
+        "at first start and keep the result; off: use the rules.",
+    )
+    tune_budget: float = setting(90.0, "Seconds per pinned model for --tune quick.")
     request_timeout: float = setting(30.0, "Default request deadline in seconds.")
     generation_timeout: float = setting(
         300.0, "Default deadline in seconds for chat and generate requests (long outputs)."

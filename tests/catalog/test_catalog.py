@@ -9,22 +9,22 @@ import pytest
 import yaml
 
 from fleetserve.catalog import DEFAULT_MODEL, Catalog, ModelSpec, Profile, is_present, resolve
-from fleetserve.catalog.spec import PRECISIONS, CostModel
+from fleetserve.catalog.spec import CostModel
 from fleetserve.wire import ModelNotFound
 
 MINIMAL: dict[str, Any] = {"id": "org/m", "sources": ["/nowhere"]}
 
 
-def test_bundled_catalog_has_minilm_with_a_cpu_profile() -> None:
+def test_bundled_catalog_has_minilm_with_cpu_budgets() -> None:
     cat = Catalog.load()
     assert DEFAULT_MODEL == "sentence-transformers/all-MiniLM-L6-v2"
     assert DEFAULT_MODEL in cat
     spec = cat.get(DEFAULT_MODEL)
     assert (spec.family, spec.runtime, spec.pooling) == ("dense", "torch", "mean")
     assert spec.dimensions == 384 and spec.normalize is True
-    assert "cpu" in spec.profiles
-    cpu = spec.profile("cpu")
-    assert cpu.hardware == "cpu" and cpu.precision in PRECISIONS
+    assert spec.profiles == {}  # bundled specs declare no profile: tuned files and rules do
+    cpu = Profile.from_dict("cpu", spec.budgets["cpu"])
+    assert "precision" not in spec.budgets["cpu"]  # the rules choose it
     assert cpu.max_batch_tokens > 0 and cpu.max_batch_size > 0
     assert any(s.startswith("package:") for s in spec.sources)
 
@@ -51,7 +51,7 @@ def test_from_dict_reads_profiles_and_cost() -> None:
                     "precision": "bf16",
                     "max_batch_tokens": 4096,
                     "max_batch_size": 128,
-                    "cost": {"fixed_ms": 2, "per_token_ms": "0.5"},
+                    "cost": {"fixed_ms": 2, "per_token_ms": 0.5},
                 },
                 "cpu": None,
             },
@@ -72,6 +72,11 @@ def test_from_dict_reads_profiles_and_cost() -> None:
         ({"id": "x", "sources": []}, "source"),
         ({**MINIMAL, "pooling": "max"}, "pooling"),
         ({**MINIMAL, "profiles": {"cpu": {"precision": "int4"}}}, "precision"),
+        ({**MINIMAL, "profiles": {"cpu": {"max_batch_size": 0}}}, "max_batch_size"),
+        ({**MINIMAL, "profiles": {"cpu": {"max_batch_size": "8"}}}, "max_batch_size"),
+        ({**MINIMAL, "profiles": {"cpu": {"pooing": "mean"}}}, "unknown field 'pooing'"),
+        ({**MINIMAL, "profiles": {"cpu": {"cost": {"fixed": 1}}}}, "cost"),
+        ({**MINIMAL, "budgets": {"cpu": {"precision": "fp8"}}}, "budgets.cpu"),
     ],
 )
 def test_from_dict_validation(data: dict[str, Any], match: str) -> None:
@@ -82,24 +87,6 @@ def test_from_dict_validation(data: dict[str, Any], match: str) -> None:
 def test_cost_model_predicts_padding() -> None:
     c = CostModel(fixed_ms=1.0, per_token_ms=0.5, per_padded_token_ms=0.25)
     assert c.predict_ms(tokens=10, max_len=8, batch_size=2) == 1.0 + 5.0 + 4.0
-
-
-def test_profile_fallback() -> None:
-    spec = ModelSpec.from_dict(
-        {
-            **MINIMAL,
-            "profiles": {
-                "cpu": {"max_batch_tokens": 100},
-                "cuda": {"max_batch_tokens": 200},
-            },
-        }
-    )
-    assert spec.profile("cpu").max_batch_tokens == 100
-    assert spec.profile("cpu-avx512").max_batch_tokens == 100  # same family
-    assert spec.profile("cuda-h100").max_batch_tokens == 200
-    other = spec.profile("rocm")
-    assert other == Profile(hardware="rocm")  # no match: defaults
-    assert ModelSpec.from_dict(MINIMAL).profile("cpu") == Profile(hardware="cpu")
 
 
 def write(d: Path, data: dict[str, Any], name: str | None = None) -> Path:
@@ -272,6 +259,7 @@ def test_fleetserve_models_shows_family_runtime_size_and_presence(tmp_path: Path
     assert r.returncode == 0, r.stderr
     lines = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if "│" in line}
     minilm = lines["sentence-transformers/all-MiniLM-L6-v2"]
-    assert "dense" in minilm and "torch" in minilm and "yes" in minilm and "MiB" in minilm
+    assert "dense" in minilm and "yes" in minilm and "MiB" in minilm
+    assert any(f"{rt} " in minilm for rt in ("torch", "onnx", "openvino"))  # what it runs on
     bge = lines["BAAI/bge-small-en-v1.5"]
     assert "no" in bge and "33M params" in bge and "hf:BAAI/bge-small-en-v1.5" in bge

@@ -16,7 +16,7 @@ import pytest
 from fleetserve.cluster.supervisor import Cluster
 from fleetserve.settings import Settings
 
-from ..conftest import TINY
+from ..conftest import NO_USER_PROFILES, TINY, TINY_CLASS
 from ..tinymodels import build_bert, write_spec
 
 POISON = "tiny/poison-bert"  # its spec allows 64 tokens, its weights only 16 positions
@@ -69,6 +69,8 @@ def start_cluster(catalog: Path, tmp: Path, workers: int = 2, **settings: Any) -
         "torch_threads": 1,
         "queue_prefix": f"fail{next(_prefixes)}",
         "request_timeout": 30.0,
+        "hardware_class": TINY_CLASS,
+        "profile_dir": NO_USER_PROFILES,
     }
     base.update(settings)
     # a fixed port, so the test knows where the gateway listens

@@ -15,7 +15,7 @@ import pytest
 
 from fleetserve.cli import main
 
-from ..conftest import TINY
+from ..conftest import TINY, TINY_CLASS
 
 
 def _free_port() -> int:
@@ -35,7 +35,7 @@ def _alive(pid: int) -> bool:
 def test_cluster_serves_and_ctrl_c_stops_everything(cluster_catalog: Path) -> None:
     port = _free_port()
     env = {**os.environ, "FLEETSERVE_CATALOG": str(cluster_catalog), "FLEETSERVE_MODELS": TINY,
-           "FLEETSERVE_DEVICE": "cpu"}  # fmt: skip
+           "FLEETSERVE_DEVICE": "cpu", "FLEETSERVE_HARDWARE_CLASS": TINY_CLASS}  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetserve", "cluster", "--workers", "2", "--port", str(port)],
         env=env,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from fleetserve import Client
 from fleetserve.catalog import Catalog
+from fleetserve.catalog.profiles import bundled_dir, read_profile_file, slug
 from fleetserve.catalog.sources import resolve
 from fleetserve.families.dense import DenseAdapter
 from fleetserve.runtimes import create_runtime
@@ -52,13 +54,16 @@ def test_served_cpu_profile_matches_sentence_transformers(
 
 
 def shipped_profiles() -> list[Any]:
-    spec = Catalog.load().get(REAL)
-    return [pytest.param(p, id=hw) for hw, p in spec.profiles.items()]
+    """Every tuned profile the package ships for the default model, on any class."""
+    files = sorted(bundled_dir().glob(f"*/{slug(REAL)}.yaml"))
+    return [pytest.param(read_profile_file(f).profile, id=f.parent.name) for f in files]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", shipped_profiles())
-def test_every_shipped_profile_keeps_quality(profile: Any, reference: np.ndarray[Any, Any]) -> None:
+def test_every_shipped_profile_keeps_quality(
+    profile: Any, reference: np.ndarray[Any, Any], tmp_path: Path
+) -> None:
     import torch
 
     device = "cuda" if profile.hardware.startswith("cuda") else "cpu"
@@ -66,9 +71,13 @@ def test_every_shipped_profile_keeps_quality(profile: Any, reference: np.ndarray
         pytest.skip("the cuda profile needs a GPU; none on this machine")
     spec = Catalog.load().get(REAL)
     path = resolve(REAL, spec.sources, HF_CACHE)
-    adapter = DenseAdapter(
-        spec, create_runtime("torch", device=device, precision=profile.precision), path
+    runtime = create_runtime(
+        profile.runtime or spec.runtime,
+        device=device,
+        precision=profile.precision,
+        cache_dir=tmp_path,
     )
+    adapter = DenseAdapter(spec, runtime, path)
     adapter.load()
     ids, _ = adapter.tokenizer.encode(TEXTS, truncate=True)
     got = adapter.forward(ids)

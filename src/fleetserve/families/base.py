@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..runtimes import Runtime
 from ..wire import Envelope, Task
 
 
@@ -42,6 +43,7 @@ class Prepared:
 @runtime_checkable
 class FamilyAdapter(Protocol):
     tasks: frozenset[Task]
+    runtime: Runtime  # what it runs on (its name and the precision that runs)
 
     def load(self) -> None: ...
 

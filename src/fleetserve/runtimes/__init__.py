@@ -12,7 +12,7 @@ from .base import Generation, Head, Output, Runtime, SamplingParams
 DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
 
 
-RUNTIMES = ("torch", "onnx", "external")
+RUNTIMES = ("torch", "torch_compile", "onnx", "openvino", "external")
 
 
 def create_runtime(
@@ -26,10 +26,11 @@ def create_runtime(
 ) -> Runtime:
     """A runtime by name. ``cache_dir`` holds exports (ONNX); ``options`` are the model
     spec's ``runtime_options`` (an external server's URL, for example)."""
-    if name == "torch":
+    if name in ("torch", "torch_compile"):
         from .torch import TorchRuntime
 
-        return TorchRuntime(device=device, precision=precision, threads=threads)
+        compile = name == "torch_compile"
+        return TorchRuntime(device=device, precision=precision, threads=threads, compile=compile)
     if name == "onnx":
         from .onnx import OnnxRuntime
 
@@ -41,24 +42,17 @@ def create_runtime(
             cache_dir=cache_dir,
             min_cosine=guard,
         )
+    if name == "openvino":
+        from .openvino import OpenVinoRuntime
+
+        return OpenVinoRuntime(
+            device=device, precision=precision, threads=threads, cache_dir=cache_dir
+        )
     if name == "external":
         from .external import ExternalRuntime
 
         return ExternalRuntime(device=device, precision=precision, options=dict(options or {}))
     raise ValueError(f"unknown runtime {name!r}; available: {', '.join(RUNTIMES)}")
-
-
-def hardware_class(device: str) -> str:
-    """The profile key for a device: ``cpu`` or ``cuda``."""
-    if device.startswith("cuda"):
-        return "cuda"
-    if device == "cpu":
-        return "cpu"
-    try:
-        from .torch import hardware_class as torch_hw
-    except ImportError:  # an ONNX-only install: no torch, so no CUDA to detect
-        return "cpu"
-    return torch_hw(device)
 
 
 __all__ = [
@@ -69,5 +63,4 @@ __all__ = [
     "Runtime",
     "SamplingParams",
     "create_runtime",
-    "hardware_class",
 ]

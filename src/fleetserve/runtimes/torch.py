@@ -47,18 +47,27 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def hardware_class(device: str) -> str:
-    return "cuda" if resolve_device(device).startswith("cuda") else "cpu"
-
-
 class TorchRuntime:
+    """``compile``: run the forward through ``torch.compile`` (dynamic shapes), which
+    compiles on the first batch and again on shapes it has not specialized for; the
+    tuner offers it as ``torch_compile`` and keeps it only where that pays."""
+
     name = "torch"
 
-    def __init__(self, device: str = "auto", precision: str = "fp32", threads: int = 0) -> None:
+    def __init__(
+        self,
+        device: str = "auto",
+        precision: str = "fp32",
+        threads: int = 0,
+        *,
+        compile: bool = False,
+    ) -> None:
         if precision not in _DTYPES:
             raise ValueError(f"precision must be one of {sorted(_DTYPES)}, not {precision!r}")
         self.device = resolve_device(device)
         self.precision = precision
+        self.compile = compile
+        self._forward: Any = None
         if threads > 0:
             torch.set_num_threads(threads)
         self._model: Any = None
@@ -70,6 +79,7 @@ class TorchRuntime:
         dtype = _DTYPES[self.precision] if cast else torch.float32
         model = _CLASSES[Head(head)].from_pretrained(str(path), dtype=dtype)
         self._model = model.to(self.device).eval()
+        self._forward = torch.compile(self._model, dynamic=True) if self.compile else self._model
         self.head = Head(head)
 
     @property
@@ -98,7 +108,7 @@ class TorchRuntime:
         if token_type_ids is not None:
             kwargs["token_type_ids"] = torch.from_numpy(token_type_ids).to(self.device)
         with torch.inference_mode(), self.autocast():
-            result = model(**kwargs)
+            result = (self._forward or model)(**kwargs)
             out = _reduce(result, mask, Output(output))
         arr: np.ndarray[Any, Any] = out.float().cpu().numpy()
         return arr

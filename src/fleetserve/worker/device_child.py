@@ -23,7 +23,14 @@ from rich.console import Console
 
 from ..metrics import Metrics
 from ..queue.local import LocalQueueClient
-from ..server import build_catalog, build_runner, shutdown, start_http
+from ..server import (
+    build_catalog,
+    build_profiles,
+    build_runner,
+    load_or_report,
+    shutdown,
+    start_http,
+)
 from ..settings import Settings
 from ..wire import FleetError
 from .health import HealthApp
@@ -61,7 +68,10 @@ class DeviceProcess:
         self.console = console
         self.metrics = Metrics()
         catalog = build_catalog(settings)
-        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in catalog}
+        profiles = build_profiles(settings)
+        self.runners = {
+            s.id: build_runner(s, settings, self.metrics, profiles.choose(s)) for s in catalog
+        }
         self.queue = LocalQueueClient(path)
         self.worker: Worker | None = None
         self.port = 0
@@ -83,7 +93,8 @@ class DeviceProcess:
                 if not r.eager:  # loaded on its first request
                     continue
                 t0 = time.perf_counter()
-                await r.load()
+                if not await load_or_report(r, self.console):
+                    continue
                 took = time.perf_counter() - t0
                 self.console.print(f"  {self.device}: loaded {m} in {took:.1f}s", markup=False)
             await self.queue.start()

@@ -45,8 +45,7 @@ from ..cluster.presence import announce_forever
 from ..metrics import Metrics
 from ..queue.factory import open_distributed
 from ..queue.local import LocalQueueServer
-from ..runtimes import hardware_class
-from ..server import build_catalog, run_process, shutdown, start_http
+from ..server import build_catalog, build_profiles, run_process, shutdown, start_http
 from ..settings import Settings
 from .device_child import runtime_device, usable_cores
 from .health import HealthApp
@@ -84,8 +83,9 @@ class DevicePool:
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
         self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-        hw = settings.hardware_class or hardware_class(runtime_device(self.devices[0]))
-        self.profiles = {s.id: s.profile(hw) for s in self.catalog}
+        device = runtime_device(self.devices[0])
+        profiles = build_profiles(dataclasses.replace(settings, device=device))
+        self.profiles = {s.id: profiles.choose(s).profile for s in self.catalog}
         self.metrics = Metrics()
         self.restarts = Counter(
             "fleetserve_device_restarts",

@@ -25,7 +25,7 @@ from ..families.generate.admission import Event, WaitQueue, cost
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError
 from .batcher import Job
-from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable
+from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable, Verify
 
 log = logging.getLogger("fleetserve.worker")
 IDLE_WAIT_S = 0.5  # the thread re-checks deadlines at least this often
@@ -45,8 +45,9 @@ class GenerationRunner(Loadable):
         max_batch_tokens: int = 0,
         *,
         eager: bool = True,
+        verify: Verify | None = None,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager)
+        self._init_loadable(spec, profile, adapter, eager, verify)
         self.metrics = metrics
         # max_batch_tokens: prompt + max_tokens summed over the running sequences
         self.former = WaitQueue(max_batch_tokens or profile.max_batch_tokens)
@@ -258,7 +259,7 @@ class GenerationRunner(Loadable):
 
         t0 = time.perf_counter()
         try:
-            runtime: Any = self.adapter.runtime  # type: ignore[attr-defined]
+            runtime: Any = self.adapter.runtime  # the external runtime: it generates
             gen = runtime.generate(item.prompt, item.params, on_text if stream else None)
             event = Event("done", job, output=gen)
         except _Cancelled:

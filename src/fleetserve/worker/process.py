@@ -22,7 +22,16 @@ from ..catalog import Catalog, Profile
 from ..cluster.presence import announce_forever
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats
-from ..server import build_catalog, build_runner, run_process, shutdown, start_http
+from ..server import (
+    build_catalog,
+    build_profiles,
+    build_runner,
+    load_or_report,
+    log_choices,
+    run_process,
+    shutdown,
+    start_http,
+)
 from ..settings import Settings
 from .health import HealthApp
 from .loop import Worker
@@ -52,7 +61,11 @@ class WorkerProcess:
         self.console = console or Console(stderr=True)
         self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.metrics = Metrics()
-        self.runners = {s.id: build_runner(s, settings, self.metrics) for s in self.catalog}
+        profiles = build_profiles(settings)
+        self.choices = {s.id: profiles.choose(s) for s in self.catalog}
+        self.runners = {
+            s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
+        }
         self.worker: Worker | None = None
         self.js: Any = None
         self.port = 0
@@ -77,7 +90,7 @@ class WorkerProcess:
             "device": self.settings.device,
             "models": {
                 m: {"loaded": r.loaded, "precision": r.profile.precision,
-                    "hardware": r.profile.hardware}
+                    "hardware": r.profile.hardware, "profile": self.choices[m].describe()}
                 for m, r in self.runners.items()
             },
         }  # fmt: skip
@@ -88,12 +101,14 @@ class WorkerProcess:
             app, self.settings.host, self.settings.worker_port
         )
         self._tasks.append(task)
+        log_choices(self.choices, self.catalog, self.console)
         for m, r in self.runners.items():
             if not r.eager:  # loaded on its first request
                 continue
             t0 = time.perf_counter()
             with self.console.status(f"Loading {m} ({r.profile.precision}, {r.profile.hardware})…"):
-                await r.load()
+                if not await load_or_report(r, self.console):
+                    continue
             self.console.print(f"  loaded {m} in {time.perf_counter() - t0:.1f}s")
         waits = {m: ack_wait_for(r.profile, self.settings) for m, r in self.runners.items()}
         self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)

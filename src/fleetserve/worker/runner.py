@@ -19,6 +19,7 @@ FinishFn = Callable[[Job], None]  # schedules the reply; must not block
 FailFn = Callable[[Job, FleetError], Awaitable[None]]
 ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
 AdapterFactory = Callable[[], FamilyAdapter]
+Verify = Callable[[FamilyAdapter], FamilyAdapter]  # a loaded adapter -> the one to serve
 
 
 class Former(Protocol):
@@ -89,6 +90,7 @@ class Loadable:
     _factory: AdapterFactory
     _load_lock: asyncio.Lock | None
     _forward: ThreadPoolExecutor
+    _verify: Verify | None
 
     def _init_loadable(
         self,
@@ -96,8 +98,11 @@ class Loadable:
         profile: Profile,
         adapter: FamilyAdapter | AdapterFactory,
         eager: bool,
+        verify: Verify | None = None,
     ) -> None:
-        """``adapter`` is a loaded-on-demand adapter, or a factory that builds one."""
+        """``adapter`` is a loaded-on-demand adapter, or a factory that builds one.
+        ``verify`` runs on the loaded adapter (on the compute thread) and returns the
+        adapter to serve: a quality gate may swap in another."""
         self.spec = spec
         self.profile = profile
         if isinstance(adapter, FamilyAdapter):
@@ -106,6 +111,7 @@ class Loadable:
             self._adapter, self._factory = None, adapter
         self.eager = eager
         self._load_lock = None
+        self._verify = verify
         self._forward = compute_executor()  # shared: one OpenMP pool per process
 
     @property
@@ -137,6 +143,8 @@ class Loadable:
                 adapter = await loop.run_in_executor(self._forward, self._factory)
             await loop.run_in_executor(self._forward, adapter.load)
             await loop.run_in_executor(self._forward, adapter.warmup)
+            if self._verify is not None:
+                adapter = await loop.run_in_executor(self._forward, self._verify, adapter)
             self._adapter = adapter
             self.loaded = True
 
@@ -153,8 +161,9 @@ class ModelRunner(Loadable):
         max_batch_tokens: int = 0,
         *,
         eager: bool = True,
+        verify: Verify | None = None,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager)
+        self._init_loadable(spec, profile, adapter, eager, verify)
         self.metrics = metrics
         self.former = BatchFormer(
             max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size

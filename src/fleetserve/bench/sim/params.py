@@ -61,12 +61,22 @@ class Params:
 
     @classmethod
     def from_catalog(cls, model: str = DEFAULT_MODEL, hardware: str = "cpu", **kw: Any) -> Params:
-        """Cost coefficients, budgets and ``max_seq_len`` from a catalog profile."""
+        """Cost coefficients, budgets and ``max_seq_len`` from the catalog: the spec's
+        ``budgets`` for a kind (``cpu``, ``cuda``), or the profile a class would run."""
+        from ...catalog.hardware import detect
+        from ...catalog.profiles import Profiles
+        from ...catalog.spec import Profile
+
         spec = Catalog.load().get(model)
-        prof = spec.profile(hardware)
+        if hardware in ("cpu", "cuda"):
+            prof = Profile.from_dict(hardware, spec.budgets.get(hardware, {}))
+            source = f"{model} budgets {hardware!r}"
+        else:
+            choice = Profiles(detect(), hardware).choose(spec)
+            prof, source = choice.profile, f"{model} profile {hardware!r} ({choice.how})"
         return cls(
             cost=prof.cost,
-            cost_source=f"{model} profile {prof.hardware!r}",
+            cost_source=source,
             max_batch_tokens=prof.max_batch_tokens,
             max_batch_size=prof.max_batch_size,
             max_seq_len=spec.max_seq_len,

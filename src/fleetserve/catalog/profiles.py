@@ -1,0 +1,204 @@
+"""Which profile each model runs with on this machine, and why.
+
+Lookup for a model on hardware class C (``fleetserve hardware`` shows C):
+
+1. **tuned** for C: your profile directory (``--profile-dir``), then the profiles
+   bundled in the package (``catalog/profiles/C/``), both written by ``fleetserve tune``;
+2. **catalog**: a profile the model's spec declares for C, or for its kind
+   (``cpu``, ``cuda``): your own catalog's explicit choice;
+3. **fallback**: a tuned profile of the next class in C's fallback chain
+   (``catalog.rules.fallback_chain``);
+4. **rule**: chosen from the hardware's features (``catalog.rules``).
+
+A profile file is YAML with ``model``, ``hardware_class``, ``profile`` (the fields of
+:class:`~fleetserve.catalog.spec.Profile`) and ``provenance`` (who wrote it, when, on
+what, with which figures). It lives at ``<dir>/<class>/<model id, / as -->.yaml``. A
+file that does not parse stops start-up with its path and the field named.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .hardware import Hardware
+from .rules import fallback_chain, rule_profile
+from .spec import ModelSpec, Profile
+
+FILE_KEYS = ("model", "hardware_class", "profile", "provenance")
+HOW = ("tuned", "catalog", "fallback", "rule")
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used: names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ProfileFile:
+    model: str
+    hardware_class: str
+    profile: Profile
+    provenance: dict[str, Any]
+    path: Path
+    bundled: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The profile a model runs with, how it was found, and a sentence saying why."""
+
+    profile: Profile
+    how: str  # one of HOW
+    reason: str
+    file: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        """For ``GET /v1/models`` and ``fleetserve models``."""
+        out: dict[str, Any] = {
+            "hardware_class": self.profile.hardware,
+            "how": self.how,
+            "reason": self.reason,
+        }
+        if self.file:
+            out["file"] = self.file
+        if self.provenance.get("date"):
+            out["tuned_on"] = self.provenance["date"]
+        return out
+
+
+def slug(model_id: str) -> str:
+    return model_id.replace("/", "--")
+
+
+def bundled_dir() -> Path:
+    return Path(str(resources.files(__package__) / "profiles"))
+
+
+class Profiles:
+    """The tuned profiles for one hardware class and its fallbacks, read once."""
+
+    def __init__(
+        self,
+        hw: Hardware,
+        hardware_class: str = "",
+        user_dir: Path | None = None,
+        bundled: Path | None = None,
+    ) -> None:
+        """``bundled``: the package's profiles unless given (tests give their own)."""
+        self.hw = hw
+        self.hardware_class = hardware_class or hw.hardware_class
+        self.chain = fallback_chain(self.hardware_class)
+        self.user_dir = user_dir.expanduser() if user_dir else None
+        self._files: dict[tuple[str, str], ProfileFile] = {}
+        for cls in (self.hardware_class, *self.chain):
+            for root, is_bundled in ((bundled or bundled_dir(), True), (self.user_dir, False)):
+                if root is None or not (root / cls).is_dir():
+                    continue
+                for f in sorted((root / cls).glob("*.yaml")):
+                    pf = read_profile_file(f, cls, is_bundled)
+                    self._files[pf.model, cls] = pf  # the user's file, read last, wins
+
+    def tuned(self, model_id: str, hardware_class: str = "") -> ProfileFile | None:
+        return self._files.get((model_id, hardware_class or self.hardware_class))
+
+    def choose(self, spec: ModelSpec) -> Choice:
+        cls = self.hardware_class
+        pf = self.tuned(spec.id, cls)
+        if pf is not None:
+            where = "bundled" if pf.bundled else "yours"
+            date = pf.provenance.get("date", "?")
+            return Choice(
+                pf.profile,
+                "tuned",
+                f"tuned for {cls} ({where}, {date})",
+                str(pf.path),
+                pf.provenance,
+            )
+        kind = "cuda" if cls.startswith("cuda") else "cpu"
+        for key in (cls, kind):
+            if key in spec.profiles:
+                declared = spec.profiles[key]
+                return Choice(declared, "catalog", f"declared in the model's spec for {key}")
+        for other in self.chain:
+            pf = self.tuned(spec.id, other)
+            if pf is not None:
+                reason = f"fallback: tuned for {other}, which stands in for {cls}"
+                return Choice(pf.profile, "fallback", reason, str(pf.path), pf.provenance)
+        profile, why = rule_profile(spec, self.hw, cls)
+        return Choice(profile, "rule", f"rule: {why}; `fleetserve tune {spec.id}` would tune it")
+
+
+def read_profile_file(path: Path, hardware_class: str = "", bundled: bool = False) -> ProfileFile:
+    """Parse one profile file; any problem is a :class:`ProfileError` naming the field."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProfileError(f"profile file {path}: cannot read it ({detail})") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile file {path}: must be a mapping with {', '.join(FILE_KEYS)}")
+    unknown = sorted(set(data) - set(FILE_KEYS))
+    if unknown:
+        raise ProfileError(f"profile file {path}: unknown field {unknown[0]!r}")
+    for key in ("model", "hardware_class", "profile"):
+        if data.get(key) is None or data.get(key) == "":
+            raise ProfileError(f"profile file {path}: field {key!r} is missing")
+    cls = str(data["hardware_class"])
+    if hardware_class and cls != hardware_class:
+        raise ProfileError(
+            f"profile file {path}: field 'hardware_class' is {cls!r} but the file sits "
+            f"under {hardware_class}/"
+        )
+    try:
+        profile = Profile.from_dict(cls, data["profile"] or {})
+    except ValueError as exc:
+        raise ProfileError(f"profile file {path}: {exc}") from None
+    provenance = data.get("provenance") or {}
+    if not isinstance(provenance, dict):
+        raise ProfileError(f"profile file {path}: field 'provenance' must be a mapping")
+    return ProfileFile(str(data["model"]), cls, profile, provenance, path, bundled)
+
+
+def write_profile_file(
+    root: Path, model_id: str, profile: Profile, provenance: dict[str, Any], header: str = ""
+) -> Path:
+    """Write ``root/<class>/<slug>.yaml`` atomically: a crash leaves the old file or none."""
+    folder = root.expanduser() / profile.hardware
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / f"{slug(model_id)}.yaml"
+    doc = {
+        "model": model_id,
+        "hardware_class": profile.hardware,
+        "profile": profile.to_dict(),
+        "provenance": provenance,
+    }
+    text = "".join(f"# {line}\n" for line in header.splitlines())
+    text += yaml.safe_dump(doc, sort_keys=False, width=88)
+    tmp = folder / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        tmp.write_text(text)
+        read_profile_file(tmp, profile.hardware)  # never leave a file that would not load
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+__all__ = [
+    "HOW",
+    "Choice",
+    "ProfileError",
+    "ProfileFile",
+    "Profiles",
+    "bundled_dir",
+    "read_profile_file",
+    "slug",
+    "write_profile_file",
+]

@@ -1,0 +1,343 @@
+"""The tuning loop: prune by quality, screen, refine the batch budget, settle threads,
+find the knee, fit the cost model. Every step fits a time budget.
+
+1. **quality + screen**: each (runtime, precision) is loaded in a :class:`Stack` with
+   the default batch budget, judged by the family's gate against the fp32 torch
+   reference, and, if it passes, measured at saturation.
+2. **batch**: the engines within the noise of the best go through a coarse grid of
+   batch budgets, then one finer step around the best of each.
+3. **noise**: the two best points are measured again, interleaved; their spread is
+   the noise, and a gain within it is no gain.
+4. **threads**: processes per device (with fewer threads each) for the winner.
+5. **knee**: an open-loop sweep of the winner through the same path.
+6. **cost**: the winner's cost model, fitted on its own forward passes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..catalog import ModelSpec
+from ..catalog.hardware import Hardware
+from ..catalog.rules import rule_profile
+from ..families import FamilyAdapter, create_adapter
+from ..runtimes import create_runtime
+from . import candidates as cands
+from .candidates import Candidate
+from .harness import Request, Stack, saturate
+from .quality import Quality, calibration, compare, replies
+
+MIN_BUDGET_S = 30.0  # the fp32 reference, one gate and one measurement
+
+
+class TuneError(Exception):
+    """The tune cannot go on: the message says why, in one line."""
+
+
+@dataclass
+class Options:
+    budget_s: float = 600.0
+    quick: bool = False
+    workload: str = "mix"
+    clients: int = 4
+    batch: int = 32
+    measure_s: float = 3.0
+    knee: bool = True
+    knee_s: float = 2.5
+    slo_ms: float | None = None
+    device: str = "cpu"
+    cache_dir: Path = field(default_factory=lambda: Path("~/.cache/fleetserve").expanduser())
+
+
+@dataclass
+class Point:
+    """One candidate, as tried: the run document's Candidate."""
+
+    cand: Candidate
+    status: str = "pending"
+    quality: Quality | None = None
+    samples: list[float] = field(default_factory=list)
+    items_per_s: float = 0.0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    reason: str = ""
+    load_s: float = 0.0
+    knee: dict[str, Any] | None = None  # its open-loop sweep, when it had one
+
+    @property
+    def tokens_per_s(self) -> float:
+        s = sorted(self.samples)
+        return s[len(s) // 2] if s else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = self.cand.as_dict()
+        out.update(
+            status=self.status,
+            quality=self.quality.as_dict() if self.quality else None,
+            tokens_per_s=self.tokens_per_s or None,
+            items_per_s=self.items_per_s or None,
+            p50_ms=None if self.p50_ms != self.p50_ms else self.p50_ms,
+            p99_ms=None if self.p99_ms != self.p99_ms else self.p99_ms,
+            samples=self.samples,
+            load_s=round(self.load_s, 2),
+            reason=self.reason,
+            knee_rps=(self.knee or {}).get("knee_rps"),
+            knee_tokens_s=(self.knee or {}).get("knee_tokens_s"),
+        )
+        return out
+
+
+class Clock:
+    """The budget. The search keeps ``reserve_s`` back for the winner's knee and cost
+    fit; those final steps spend it (``final=True``)."""
+
+    def __init__(self, budget_s: float, reserve_s: float = 0.0) -> None:
+        self.t0 = time.monotonic()
+        self.budget_s = budget_s
+        self.reserve_s = reserve_s
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def fits(self, seconds: float, *, final: bool = False) -> bool:
+        keep = 0.0 if final else self.reserve_s
+        return self.elapsed + seconds + keep <= self.budget_s
+
+
+class Search:
+    """One model's search. ``on_change`` is called whenever a point changes."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        path: Path,
+        hw: Hardware,
+        hardware_class: str,
+        opts: Options,
+        on_change: Callable[[str], None] = lambda phase: None,
+        catalog_dirs: tuple[Path, ...] = (),
+    ) -> None:
+        if opts.budget_s < MIN_BUDGET_S:
+            raise TuneError(
+                f"--budget {opts.budget_s:g}s is too small to measure anything: it needs at "
+                f"least {MIN_BUDGET_S:g}s (the fp32 reference, one gate and one measurement)"
+            )
+        if spec.runtime == "external":
+            raise TuneError(f"{spec.id} runs on an external server: tune that server instead")
+        self.spec, self.path, self.hw, self.cls, self.opts = spec, path, hw, hardware_class, opts
+        self.kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
+        self.base, _ = rule_profile(spec, hw, hardware_class)
+        self.clock = Clock(opts.budget_s, self.final_s())
+        self.points: list[Point] = []
+        self.noise = 0.0
+        self.phase = "quality"
+        self.on_change = on_change
+        self.requests: list[Request] = []
+        self.reference: list[Any] = []
+        self.cost_fit: dict[str, Any] | None = None
+        self.winner: Point | None = None
+        self.memory: dict[str, int] | None = None
+        self.catalog_dirs = catalog_dirs
+
+    def final_s(self) -> float:
+        """What the final steps need: the winner's load, knee sweep and cost fit."""
+        knee = self.knee_rates * (self.opts.knee_s + 0.3) + 2.0 if self.opts.knee else 0.0
+        return knee + 8.0
+
+    @property
+    def knee_rates(self) -> int:
+        return 6 if self.opts.quick else 8
+
+    # -- building blocks ----------------------------------------------------------------
+    def _adapter(self, c: Candidate) -> FamilyAdapter:
+        threads = c.threads if self.kind == "cpu" else 0
+        runtime = create_runtime(
+            c.runtime,
+            device=self.opts.device,
+            precision=c.precision,
+            threads=threads,
+            cache_dir=self.opts.cache_dir,
+            options=self.spec.runtime_options,
+        )
+        return create_adapter(self.spec, runtime, self.path)
+
+    def _stack(self, c: Candidate) -> Stack:
+        return Stack(self.spec, c.profile(self.cls, self.base), self._adapter(c))
+
+    def _changed(self) -> None:
+        self.on_change(self.phase)
+
+    @property
+    def knee(self) -> dict[str, Any] | None:
+        """The winner's knee (the run document's ``knee``)."""
+        return self.winner.knee if self.winner else None
+
+    def _add(self, c: Candidate, like: Point | None = None) -> Point:
+        """A new point; ``like``: the point it varies (same engine, so same quality)."""
+        p = Point(c, quality=like.quality if like else None)
+        self.points.append(p)
+        return p
+
+    async def _measure(self, stack: Stack, p: Point) -> None:
+        p.status = "measuring"
+        self._changed()
+        m = await saturate(stack, self.requests, self.opts.clients, self.opts.measure_s)
+        if m.requests == 0:
+            raise TuneError(f"{p.cand.id}: every request failed ({m.errors} errors)")
+        p.samples.append(m.tokens_per_s)
+        p.items_per_s, p.p50_ms, p.p99_ms = m.items_per_s, m.p50_ms, m.p99_ms
+
+    def _measure_cost_s(self) -> float:
+        load = max((p.load_s for p in self.points), default=5.0)
+        return self.opts.measure_s + load + 1.0
+
+    # -- 1. quality gate and screening --------------------------------------------------
+    async def screen(self) -> None:
+        first = Candidate("torch", "fp32", self.hw.cores, 1, *self._default_batch())
+        engines = cands.engines(self.spec, self.opts.quick, self.kind)
+        for rt, why in cands.runtimes_for(self.spec, self.kind):
+            if why:
+                p = self._add(replace(first, runtime=rt, precision="*"))
+                p.status, p.reason = "skipped", why
+        for rt, prec in engines:
+            c = replace(first, runtime=rt, precision=prec)
+            p = self._add(c)
+            if self.reference and not self.clock.fits(self._measure_cost_s()):
+                p.status, p.reason = "skipped", "the time budget ran out"
+                continue
+            await self._gate_and_measure(p)
+        if not any(q.status == "measured" for q in self.points):
+            raise TuneError("no candidate was measured within the budget")
+
+    async def _gate_and_measure(self, p: Point) -> None:
+        c = p.cand
+        p.status = "measuring"
+        self._changed()
+        t0 = time.monotonic()
+        try:
+            stack = self._stack(c)
+            async with stack:
+                p.load_s = time.monotonic() - t0
+                actual = stack.adapter.runtime.precision
+                if actual != c.precision:
+                    p.status = "skipped"
+                    p.reason = f"{c.runtime} ran {actual} when asked for {c.precision}"
+                    return
+                got = await stack.compute(replies, stack.adapter, self.spec, self._calib)
+                if not self.reference:
+                    self.reference = got  # the first engine is the fp32 torch reference
+                p.quality = compare(self.reference, got)
+                if not p.quality.passed:
+                    p.status = "rejected"
+                    p.reason = f"quality: {_quality_line(p.quality)}"
+                    return
+                await self._measure(stack, p)
+        except (ImportError, ValueError, RuntimeError, OSError) as exc:
+            p.status, p.reason = "rejected", f"failed: {type(exc).__name__}: {exc}"[:300]
+            if not self.reference:
+                raise TuneError(f"the fp32 torch reference failed: {exc}") from exc
+            return
+        finally:
+            self._changed()
+        p.status = "measured"
+
+    @property
+    def _calib(self) -> list[Any]:
+        return calibration(self.spec)
+
+    def _default_batch(self) -> tuple[int, int]:
+        return self.base.max_batch_tokens, self.base.max_batch_size
+
+    # -- 2. batch budgets ---------------------------------------------------------------
+    def measured(self) -> list[Point]:
+        return sorted(
+            (p for p in self.points if p.status in ("measured", "lost", "won")),
+            key=lambda p: -p.tokens_per_s,
+        )
+
+    async def batches(self) -> None:
+        """The engines within the noise of the best, over the coarse grid, then one
+        finer step around each one's best, if the grid's best beat the default by
+        more than the noise."""
+        self.phase = "batch"
+        best = self.measured()[0].tokens_per_s
+        margin = max(0.03, 2 * self.noise)
+        top = [p for p in self.measured() if p.tokens_per_s >= (1 - margin) * best][:2]
+        grid = cands.batch_grid(self.spec.family, self.kind)
+        if self.opts.quick:
+            grid = grid[1:3]
+        for p in top:
+            tried = {(p.cand.max_batch_tokens, p.cand.max_batch_size): p}
+            for t, s in grid:
+                await self._try_batch(p, t, s, tried)
+            ranked = sorted(tried.values(), key=lambda q: -q.tokens_per_s)
+            b = ranked[0].cand
+            gain = ranked[0].tokens_per_s / max(p.tokens_per_s, 1e-9) - 1
+            if not self.opts.quick and gain > self.noise:
+                for t, s in cands.refine(grid, (b.max_batch_tokens, b.max_batch_size)):
+                    await self._try_batch(p, t, s, tried)
+
+    async def _try_batch(
+        self, p: Point, tokens: int, size: int, tried: dict[tuple[int, int], Point]
+    ) -> None:
+        if (tokens, size) in tried:
+            return
+        q = self._add(p.cand.with_batch(tokens, size), like=p)
+        tried[tokens, size] = q
+        if not self.clock.fits(self._measure_cost_s()):
+            q.status, q.reason = "skipped", "the time budget ran out"
+            return
+        await self._run_point(q)
+
+    async def _run_point(self, q: Point) -> None:
+        """Measure ``q`` once more: in this process, or in its processes per device."""
+        t0 = time.monotonic()
+        try:
+            if q.cand.processes > 1:
+                from .procs import measure_processes
+
+                q.status = "measuring"
+                self._changed()
+                m = await measure_processes(self, q.cand)
+                q.samples.append(m.tokens_per_s)
+                q.items_per_s, q.p50_ms, q.p99_ms = m.items_per_s, m.p50_ms, m.p99_ms
+            else:
+                async with self._stack(q.cand) as stack:
+                    q.load_s = time.monotonic() - t0
+                    await self._measure(stack, q)
+            q.status = "measured"
+        except (ImportError, ValueError, RuntimeError, OSError) as exc:
+            q.status, q.reason = "rejected", f"failed: {type(exc).__name__}: {exc}"[:300]
+        self._changed()
+
+    # -- 3. noise -----------------------------------------------------------------------
+    async def measure_noise(self, rounds: int = 1) -> None:
+        """Measure the two best points again, interleaved; the noise is their spread."""
+        self.phase = "noise"
+        top = self.measured()[:2]
+        for _ in range(rounds):
+            for p in top:
+                if self.clock.fits(self._measure_cost_s()):
+                    await self._run_point(p)
+        spreads = [
+            (max(p.samples) - min(p.samples)) / p.tokens_per_s
+            for p in top
+            if len(p.samples) > 1 and p.tokens_per_s > 0
+        ]
+        self.noise = max(spreads, default=self.noise)
+
+
+def _quality_line(q: Quality) -> str:
+    if q.metric == "identical":
+        return f"not identical: {q.detail}"
+    op = ">=" if q.metric == "min_cosine" else "<="
+    detail = f" ({q.detail})" if q.detail else ""
+    return f"{q.metric} {q.value:.6g}, needs {op} {q.threshold:g}{detail}"
+
+
+__all__ = ["MIN_BUDGET_S", "Options", "Point", "Search", "TuneError"]

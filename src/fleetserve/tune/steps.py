@@ -1,0 +1,221 @@
+"""The steps after the search proper: torch.compile's probe, processes per device, the
+knee, the cost fit, the memory footprint, and the choice of the winner."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..bench.knee_find import find_knee
+from ..bench.openloop import auto_rates, capacity, sweep
+from ..wire import Envelope, Task
+from . import candidates as cands
+from .costfit import fit
+from .harness import Stack
+from .search import Point, Search
+from .workload import requests
+
+MAX_BAND = 0.05  # a gain within this (or the measured noise, if smaller) is a tie
+COMPILE_PROBE_S = 120.0  # torch.compile's first compile, a recompile and a measurement
+KNEE_ITEMS = 4  # items per request in the knee sweep: many small requests, so that a
+# few seconds per rate hold enough of them for the rates to be measured closely
+
+
+async def threads(s: Search) -> None:
+    """The best point again with more processes and fewer threads each."""
+    s.phase = "threads"
+    best = s.measured()[0]
+    for t, procs in cands.thread_layouts(s.hw)[1:]:
+        q = s._add(best.cand.with_threads(t, procs), like=best)
+        if s.kind != "cpu":
+            q.status, q.reason = "skipped", "processes per device are tuned on CPUs only"
+        elif not s.clock.fits(s._measure_cost_s() * 1.5):
+            q.status, q.reason = "skipped", "the time budget ran out"
+        else:
+            await s._run_point(q)
+
+
+async def compile_probe(s: Search) -> None:
+    """``torch.compile`` at the best eager torch precision, where it may pay: it
+    is kept only if a batch shape it has not seen costs less than a second more
+    than one it has (a server sees new shapes all the time)."""
+    eager = [p for p in s.measured() if p.cand.runtime == "torch"]
+    if s.opts.quick or not eager or s.spec.family not in cands.ONNX_FAMILIES:
+        return
+    p = s._add(replace(eager[0].cand, runtime="torch_compile"), like=eager[0])
+    if not s.clock.fits(COMPILE_PROBE_S):
+        p.status, p.reason = "skipped", "the time budget ran out (compiling takes a while)"
+        return
+    p.status = "measuring"
+    s._changed()
+    t0 = time.monotonic()
+    try:
+        async with s._stack(p.cand) as stack:  # the warm-up compiles
+            p.load_s = time.monotonic() - t0
+            times = []
+            for req in (s.requests[0], s.requests[0], s.requests[1]):
+                t1 = time.monotonic()
+                await stack.send(req)
+                times.append(time.monotonic() - t1)
+            new, seen = max(times[0], times[2]), times[1]
+            if new > seen + 1.0:
+                p.status = "rejected"
+                p.reason = (
+                    f"does not pay: compiling took {p.load_s:.0f}s, and a request with "
+                    f"batch shapes it had not seen {new:.1f}s against {seen * 1e3:.0f} ms "
+                    "once compiled"
+                )
+                return
+            await s._measure(stack, p)
+            p.status = "measured"
+    except Exception as exc:  # inductor fails in many ways (no compiler, no Triton...)
+        p.status, p.reason = "rejected", f"failed: {type(exc).__name__}: {exc}"[:300]
+    finally:
+        s._changed()
+
+
+def choose(s: Search) -> Point:
+    """The highest median throughput wins. Within the noise of it (capped at
+    :data:`MAX_BAND`), the simpler point wins: fewer processes, then a smaller batch
+    (less waiting per request)."""
+    ranked = s.measured()
+    if not ranked:
+        raise RuntimeError("nothing was measured")
+    band = min(s.noise, MAX_BAND)
+    close = [p for p in ranked if p.tokens_per_s >= (1 - band) * ranked[0].tokens_per_s]
+    winner = min(close, key=lambda p: (p.cand.processes, p.cand.max_batch_size))
+    for p in s.points:
+        if p is winner:
+            p.status, p.reason = "won", ""
+        elif p.status == "measured":
+            p.status = "lost"
+            p.reason = _lost(p, winner, band)
+    s.winner = winner
+    return winner
+
+
+def _lost(p: Point, w: Point, band: float) -> str:
+    ratio = p.tokens_per_s / w.tokens_per_s if w.tokens_per_s else 0.0
+    if ratio >= 1 - band:
+        simpler = "fewer processes" if w.cand.processes < p.cand.processes else "a smaller batch"
+        return (
+            f"{ratio:.2f}x the winner: within the noise ({band:.0%}), and the winner has {simpler}"
+        )
+    return f"{ratio:.2f}x the winner's throughput"
+
+
+async def knee(s: Search, stack: Stack, p: Point, rates_n: int = 8) -> dict[str, Any]:
+    """An open-loop sweep of ``p``: Poisson arrivals of small requests at rates around
+    its capacity, as ``fleetserve bench knee`` sends them, through the same in-process
+    path. The document is ``p.knee`` and updates as points come in."""
+    s.phase = "knee"
+    reqs = requests(s.spec, s.path, s.opts.workload, KNEE_ITEMS, n=64)
+
+    async def send(i: int) -> int:
+        return await stack.send(reqs[i % len(reqs)])
+
+    cap = await capacity(send, min(2.0, s.opts.knee_s), concurrency=s.opts.clients)
+    rates = auto_rates(cap, rates_n, low=0.3, high=1.4)
+    points: list[dict[str, Any]] = []
+    doc: dict[str, Any] = {
+        "slo_ms": s.opts.slo_ms,
+        "points": points,
+        "capacity_rps": cap,
+        "items_per_request": KNEE_ITEMS,
+    }
+    p.knee = doc
+    s._changed()
+
+    def on_point(rate: float, kp: Any) -> None:
+        points.append(kp.as_dict())
+        s._changed()
+
+    got = await sweep(send, rates, s.opts.knee_s, stop_after=2, on_point=on_point, drain_s=5.0)
+    k = find_knee(got, s.opts.slo_ms)
+    doc.update(knee_rps=k.knee_rps, kneedle_rps=k.kneedle_rps, reason=k.reason)
+    doc["knee_tokens_s"] = k.point.achieved_tokens_s if k.point else None
+    s._changed()
+    return doc
+
+
+async def knees(s: Search) -> None:
+    """The knee of the best point of every other engine that passed its gate, best
+    first, while the budget lasts (the winner's is measured first, by the tuner)."""
+    seen = {s.winner.cand.engine} if s.winner else set()
+    for p in s.measured():
+        if p.cand.engine in seen or p.cand.processes > 1:
+            continue
+        seen.add(p.cand.engine)
+        if not s.clock.fits(6 * (s.opts.knee_s + 0.3) + 2.0 + p.load_s, final=True):
+            p.reason += "; knee: skipped, the time budget ran out"
+            continue
+        async with s._stack(p.cand) as stack:
+            await knee(s, stack, p, rates_n=6)
+
+
+async def cost_and_memory(s: Search, stack: Stack) -> None:
+    """Fit the winner's cost model on its own prepared items; measure its footprint."""
+    s.phase = "cost"
+    s._changed()
+    adapter = stack.adapter
+    pool: list[tuple[Any, int]] = []
+    for req in s.requests[:8]:
+        env = Envelope("cost", s.spec.id, req.task, *(_json_enc(),) * 2, 0, float("inf"))
+        if req.task is Task.GENERATE:
+            return  # generation's cost is per decode step, not per padded batch
+        prepared = await stack.compute(adapter.preprocess, env, req.body)
+        pool += list(zip(prepared.items, prepared.lengths, strict=True))
+    w = s.winner
+    assert w is not None
+    before = _rss()
+    _reset_peak()
+    try:
+        fitted = await stack.compute(
+            lambda: fit(
+                adapter.forward,
+                pool,
+                max_batch_size=w.cand.max_batch_size,
+                max_batch_tokens=w.cand.max_batch_tokens,
+            )
+        )
+    except ValueError as exc:
+        s.cost_fit = {"error": str(exc)}
+        return
+    peak = max(0, _peak() - before)
+    s.cost_fit = fitted.as_dict()
+    s.memory = {"weights_bytes": adapter.memory_bytes(), "activation_peak_bytes": peak}
+
+
+def _json_enc() -> Any:
+    from ..wire import Encoding
+
+    return Encoding.JSON
+
+
+def _status_kb(key: str) -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _rss() -> int:
+    return _status_kb("VmRSS")
+
+
+def _peak() -> int:
+    return _status_kb("VmHWM")
+
+
+def _reset_peak() -> None:
+    """Linux: writing 5 to clear_refs resets the peak resident set (VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass

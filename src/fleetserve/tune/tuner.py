@@ -1,0 +1,221 @@
+"""Tune one model end to end: search, choose, measure the winner, write the profile
+and the report, and keep the run document (the dashboard's view) current.
+
+Nothing is written to the profile directory until the very end, atomically: Ctrl-C,
+a crash or a budget that runs out leave the old profile (or none) in place, and the
+run document says ``cancelled`` or ``failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .. import __version__
+from ..catalog import CostModel, ModelSpec
+from ..catalog.hardware import Hardware
+from ..catalog.profiles import write_profile_file
+from . import report, steps
+from .runs import RunStore, new_run_id, now_iso
+from .search import Options, Search, TuneError
+from .workload import requests
+
+NOISY = 0.10  # repeats further apart than this: the machine was busy
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    run: dict[str, Any]
+    profile_file: Path | None
+
+
+class Tuner:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        path: Path,
+        hw: Hardware,
+        hardware_class: str,
+        opts: Options,
+        store: RunStore,
+        *,
+        profile_dir: Path,
+        report_dir: Path,
+        catalog_dirs: tuple[Path, ...] = (),
+        console: Console | None = None,
+    ) -> None:
+        self.spec, self.hw, self.cls, self.opts = spec, hw, hardware_class, opts
+        self.store = store
+        self.profile_dir, self.report_dir = profile_dir, report_dir
+        self.console = console or Console(stderr=True)
+        self.search = Search(spec, path, hw, hardware_class, opts, self._changed, catalog_dirs)
+        self.run_doc: dict[str, Any] = {
+            "version": 1,
+            "id": new_run_id(spec.id, hardware_class),
+            "model": spec.id,
+            "family": spec.family,
+            "hardware_class": hardware_class,
+            "machine": hw.summary(),
+            "facts": hw.facts(),
+            "fleetserve": __version__,
+            "status": "running",
+            "phase": "quality",
+            "started_at": now_iso(),
+            "finished_at": None,
+            "budget_s": opts.budget_s,
+            "elapsed_s": 0.0,
+            "noise": 0.0,
+            "workload": "chats of up to 32 tokens" if spec.family == "generate" else opts.workload,
+            "clients": opts.clients,
+            "batch": opts.batch,
+            "measure_s": opts.measure_s,
+            "quick": opts.quick,
+            "candidates": [],
+            "winner": None,
+            "knee": None,
+            "profile": None,
+            "cost_fit": None,
+            "report": None,
+            "error": None,
+            "warnings": [],
+            "notes": [],
+        }
+        self._last_write = 0.0
+
+    def _changed(self, phase: str, force: bool = False) -> None:
+        s = self.search
+        doc = self.run_doc
+        doc.update(
+            phase=phase,
+            elapsed_s=round(s.clock.elapsed, 1),
+            noise=s.noise,
+            candidates=[p.as_dict() for p in s.points],
+            knee=s.knee,
+            cost_fit=s.cost_fit,
+        )
+        now = time.monotonic()
+        if force or now - self._last_write > 0.5:
+            self._last_write = now
+            self.store.write(doc)
+
+    async def run(self) -> Outcome:
+        s = self.search
+        doc = self.run_doc
+        self._changed("quality", force=True)
+        try:
+            s.requests = requests(self.spec, s.path, self.opts.workload, self.opts.batch)
+            await s.screen()
+            await steps.compile_probe(s)
+            await s.measure_noise()
+            await s.batches()
+            await steps.threads(s)
+            await s.measure_noise()
+            if s.noise > NOISY:
+                doc["warnings"].append(
+                    f"noisy measurements ({s.noise:.0%} spread between repeats): another "
+                    "program was probably using the cores; tune again on a quiet machine"
+                )
+            winner = steps.choose(s)
+            knee = self.opts.knee and self.spec.family != "generate"
+            if self.opts.knee and not knee:
+                doc["notes"].append(
+                    "no knee sweep: a chat takes seconds, so a few seconds of open-loop "
+                    "arrivals per rate hold too few of them; the figure is the saturation's"
+                )
+            async with s._stack(winner.cand) as stack:
+                if knee and s.clock.fits(s.final_s() - 8.0, final=True):
+                    await steps.knee(s, stack, winner, rates_n=s.knee_rates)
+                await steps.cost_and_memory(s, stack)
+            if knee and not self.opts.quick:
+                await steps.knees(s)
+            profile = self._profile()
+            doc["winner"] = winner.cand.id
+            doc["profile"] = profile.to_dict()
+            self._changed("done", force=True)
+            stem = _stem(self.spec.id, self.cls)
+            provenance = self._provenance()
+            provenance["report"] = report.paths(self.report_dir, stem)["markdown"]
+            file = write_profile_file(
+                self.profile_dir, self.spec.id, profile, provenance, self._header()
+            )
+            doc.update(status="succeeded", finished_at=now_iso(), profile_file=str(file))
+            doc["report"] = report.write(doc, self.report_dir, stem)
+            self._changed("done", force=True)
+            return Outcome(doc, file)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            doc.update(status="cancelled", finished_at=now_iso(), error="cancelled")
+            self._changed(doc["phase"], force=True)
+            raise
+        except TuneError as exc:
+            doc.update(status="failed", finished_at=now_iso(), error=str(exc))
+            self._changed(doc["phase"], force=True)
+            raise
+        except Exception as exc:
+            doc.update(status="failed", finished_at=now_iso(), error=f"{type(exc).__name__}: {exc}")
+            self._changed(doc["phase"], force=True)
+            raise
+
+    def _profile(self) -> Any:
+        s = self.search
+        w = s.winner
+        assert w is not None
+        prof = w.cand.profile(self.cls, s.base)
+        fit = s.cost_fit or {}
+        if "fixed_ms" in fit:
+            prof = dataclasses.replace(
+                prof,
+                cost=CostModel(fit["fixed_ms"], fit["per_token_ms"], fit["per_padded_token_ms"]),
+            )
+        mem = s.memory or {}
+        total = int(mem.get("weights_bytes", 0)) + int(mem.get("activation_peak_bytes", 0))
+        return dataclasses.replace(prof, memory_bytes=total)
+
+    def _provenance(self) -> dict[str, Any]:
+        s = self.search
+        w = s.winner
+        assert w is not None
+        ref = next((p for p in s.points if p.cand.engine == ("torch", "fp32") and p.samples), None)
+        knee = s.knee or {}
+        return {
+            "written_by": "fleetserve tune",
+            "fleetserve": __version__,
+            "date": time.strftime("%Y-%m-%d"),
+            "run": self.run_doc["id"],
+            "machine": self.hw.summary(),
+            "features": sorted(self.hw.features),
+            "workload": f"{self.run_doc['workload']}, {self.opts.clients} clients x "
+            f"{1 if self.spec.family == 'generate' else self.opts.batch} items",
+            "budget_s": self.opts.budget_s,
+            "elapsed_s": round(s.clock.elapsed, 1),
+            "candidates": len(s.points),
+            "noise": round(s.noise, 4),
+            "figures": {
+                "tokens_per_s": round(w.tokens_per_s, 1),
+                "p50_ms": round(w.p50_ms, 2),
+                "p99_ms": round(w.p99_ms, 2),
+                "vs_torch_fp32": round(w.tokens_per_s / ref.tokens_per_s, 3) if ref else None,
+                "quality": w.quality.as_dict() if w.quality else None,
+                "knee_rps": knee.get("knee_rps"),
+                "knee_tokens_s": knee.get("knee_tokens_s"),
+                "cost_fit_error": (s.cost_fit or {}).get("median_rel_error"),
+            },
+            "memory": s.memory,
+        }
+
+    def _header(self) -> str:
+        return (
+            f"Written by `fleetserve tune {self.spec.id}` on {time.strftime('%Y-%m-%d')} "
+            f"({self.hw.summary()}).\nDo not edit by hand: run `fleetserve tune` again."
+        )
+
+
+def _stem(model: str, cls: str) -> str:
+    return f"{model.replace('/', '--')}.{cls}"
+
+
+__all__ = ["Outcome", "Tuner"]
