@@ -97,22 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         handlers=[RichHandler(console=console, show_path=False)],
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if args.command == "tune":
-        from .tune.cli import run_tune
-
-        return run_tune(settings, args, console)
-    if args.command == "hardware":
-        from .tune.cli import run_hardware
-
-        return run_hardware(settings, Console())  # the answer goes to stdout
-    if args.command == "models":
-        from .cli_models import list_models, prepare_models
-
-        if args.action == "prepare":
-            return prepare_models(
-                settings, args.ids, args.prepare_runtime, args.prepare_precision, console
-            )
-        return list_models(settings)
+    if args.command in ("tune", "hardware", "models"):
+        try:
+            return _catalog_command(settings, args, console)
+        except (ValueError, OSError, FleetError) as exc:  # a broken profile file, say
+            console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+            return 1
     if args.command == "cluster":
         from .cluster.supervisor import run_cluster
 
@@ -136,6 +126,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .server import serve
 
     return _run(serve(settings), console)
+
+
+def _catalog_command(settings: Settings, args: argparse.Namespace, console: Console) -> int:
+    if args.command == "tune":
+        from .tune.cli import run_tune
+
+        return run_tune(settings, args, console)
+    if args.command == "hardware":
+        from .tune.cli import run_hardware
+
+        return run_hardware(settings, Console())  # the answer goes to stdout
+    from .cli_models import list_models, prepare_models
+
+    if args.action == "prepare":
+        return prepare_models(
+            settings, args.ids, args.prepare_runtime, args.prepare_precision, console
+        )
+    return list_models(settings)
 
 
 async def _until_signal(main: Coroutine[Any, Any, Any]) -> Any:

@@ -18,6 +18,7 @@ from .catalog import Catalog, ModelSpec
 from .catalog.fetch import ObjectStoreConfig
 from .catalog.hardware import detect
 from .catalog.profiles import Choice, Profiles
+from .catalog.rules import missing_extra
 from .catalog.sources import is_present, resolve
 from .families import FamilyAdapter, create_adapter
 from .gateway import Gateway
@@ -58,7 +59,9 @@ def build_runner(
     choice = choice or build_profiles(settings).choose(spec)
     profile = choice.profile
 
-    def make_adapter(precision: str = profile.precision) -> FamilyAdapter:
+    def make_adapter(
+        precision: str = profile.precision, runtime: str = profile.runtime or spec.runtime
+    ) -> FamilyAdapter:
         path = resolve(
             spec.id,
             spec.sources,
@@ -71,21 +74,25 @@ def build_runner(
                 settings.s3_secret_access_key,
             ),
         )
-        runtime = create_runtime(
-            profile.runtime or spec.runtime,
+        engine = create_runtime(
+            runtime,
             device=settings.device,
             precision=precision,
             threads=settings.torch_threads or profile.threads,
             cache_dir=Path(settings.cache_dir).expanduser(),
             options=spec.runtime_options,
         )
-        return create_adapter(spec, runtime, path)
+        return create_adapter(spec, engine, path)
 
+    def make_reference() -> FamilyAdapter:  # fp32 torch, or this runtime where it is absent
+        return make_adapter("fp32", "torch" if not missing_extra("torch") else runtime_name)
+
+    runtime_name = profile.runtime or spec.runtime
     verify = None
     if choice.how == "rule" and profile.precision != "fp32" and spec.runtime != "external":
         from .tune.gate import gate_at_load
 
-        verify = gate_at_load(spec, profile.precision, make_adapter)
+        verify = gate_at_load(spec, profile.precision, make_reference)
     eager = spec.pinned or spec.id in settings.model_list()
     if spec.family == "generate":
         from .worker.gen_runner import GenerationRunner
@@ -115,9 +122,15 @@ def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) 
     for spec in catalog:
         c = choices[spec.id]
         p = c.profile
+        procs = (
+            f"; its profile asks for {p.processes} processes per device, which "
+            "`fleetserve worker` runs (this process is one)"
+            if p.processes > 1
+            else ""
+        )
         console.print(
             f"  {spec.id}: {p.runtime or spec.runtime} {p.precision}, batch "
-            f"{p.max_batch_size}/{p.max_batch_tokens} tokens [dim]({c.reason})[/]",
+            f"{p.max_batch_size}/{p.max_batch_tokens} tokens [dim]({c.reason}{procs})[/]",
             highlight=False,
         )
 
@@ -215,6 +228,7 @@ class EmbeddedServer:
                 self.runners[model] = build_runner(
                     spec, self.settings, self.metrics, self.choices[model]
                 )
+            self.worker.close()  # never ran: only its CPU thread to release
             self.worker = self._new_worker()
             log_choices(
                 {m: self.choices[m] for m in tuned}, self.catalog.restrict(tuned), self.console

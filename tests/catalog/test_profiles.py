@@ -68,6 +68,22 @@ def test_a_fallback_stands_in_only_where_the_rule_precision_is_the_same(tmp_path
     assert "fleetserve tune org/model" in amx.reason
 
 
+def test_a_bundled_profile_whose_runtime_is_absent_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package's own choice must not break an install without that extra; yours
+    is kept, and then fails to load naming the extra (tests/tune/test_gate.py)."""
+    import fleetserve.catalog.profiles as profiles_mod
+
+    monkeypatch.setattr(profiles_mod, "missing_extra", lambda rt: "openvino" * (rt == "openvino"))
+    bundled, mine = tmp_path / "bundled", tmp_path / "mine"
+    tuned(bundled, "cpu-amx", runtime="openvino", precision="bf16")
+    c = Profiles(AMX, user_dir=mine, bundled=bundled).choose(SPEC)
+    assert c.how == "rule" and "pip install 'fleetserve[openvino]'" in c.reason
+    tuned(mine, "cpu-amx", runtime="openvino", precision="bf16")
+    assert Profiles(AMX, user_dir=mine, bundled=bundled).choose(SPEC).how == "tuned"
+
+
 def test_the_class_asked_for_overrides_the_detected_one(tmp_path: Path) -> None:
     bundled = tmp_path / "bundled"
     tuned(bundled, "cpu-avx2", max_batch_size=5)
@@ -86,6 +102,7 @@ def test_the_class_asked_for_overrides_the_detected_one(tmp_path: Path) -> None:
         ("model: m\nhardware_class: cpu-amx\nprofile: {treads: 2}\n", "unknown field 'treads'"),
         ("model: m\nhardware_class: cpu-avx2\nprofile: {}\n", "sits under cpu-amx"),
         ("model: m\nhardware_class: cpu-amx\nprofile: {}\nextra: 1\n", "unknown field 'extra'"),
+        ("model: m\nhardware_class: cpu-amx\nprofile: {runtime: opnvino}\n", "field runtime"),
     ],
 )
 def test_a_broken_profile_file_names_the_file_and_the_field(
@@ -141,6 +158,7 @@ def test_the_written_file_says_where_it_came_from(tmp_path: Path) -> None:
 def test_every_bundled_profile_parses_and_belongs_to_a_catalog_model() -> None:
     catalog = Catalog.load()
     files = sorted(bundled_dir().glob("*/*.yaml"))
+    assert files, "the package ships no tuned profile"
     for f in files:
         pf = read_profile_file(f, f.parent.name, bundled=True)
         assert pf.model in catalog, f

@@ -58,24 +58,29 @@ def factory(catalog: Path, noisy: bool = False) -> Any:
 
 def test_a_candidate_within_the_gate_is_kept(catalog: Path) -> None:
     spec, make = factory(catalog)
-    fp32 = make("fp32")
-    fp32.load()
-    verify = gate_at_load(spec, "fp32", make)
-    assert verify(fp32) is fp32
-    assert check(spec, fp32, make).passed
+    fp16 = make("fp16")
+    fp16.load()
+    verify = gate_at_load(spec, "fp16", lambda: make("fp32"))
+    assert verify(fp16) is fp16
+    ref = make("fp32")
+    ref.load()
+    assert check(spec, fp16, ref).passed
 
 
-def test_a_candidate_that_fails_the_gate_is_replaced_by_fp32(
+def test_a_candidate_that_fails_the_gate_is_replaced_by_the_reference(
     catalog: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec, make = factory(catalog, noisy=True)
     bad = make("bf16")
     bad.load()
-    q = check(spec, bad, make)
+    ref = make("fp32")
+    ref.load()
+    q = check(spec, bad, ref)
     assert not q.passed and q.metric == "min_cosine" and q.value < 0.9999
-    served = gate_at_load(spec, "bf16", make)(bad)
+    served = gate_at_load(spec, "bf16", lambda: make("fp32"))(bad)
     assert served is not bad and not isinstance(served, Noisy)
-    assert "fails the quality gate" in caplog.text and "running fp32" in caplog.text
+    assert served.runtime.precision == "fp32"
+    assert "fails the quality gate" in caplog.text and "torch fp32 instead" in caplog.text
 
 
 def test_models_say_which_profile_they_run_and_why(catalog: Path) -> None:
@@ -168,3 +173,21 @@ def test_a_profile_whose_runtime_is_not_installed_fails_that_model_alone(
     assert lines["tiny/ok"] == "200 ok"
     assert lines["readyz"] == "200"
     assert yaml.safe_load((cat / "tiny__ov.yaml").read_text())["profiles"]["cpu"]["runtime"]
+
+
+async def test_the_runner_reports_what_the_gate_serves(catalog: Path) -> None:
+    from fleetserve.catalog import Profile
+    from fleetserve.metrics import Metrics
+    from fleetserve.worker import ModelRunner
+
+    spec, make = factory(catalog, noisy=True)
+    runner = ModelRunner(
+        spec,
+        Profile("cpu-amx", precision="bf16", runtime="torch"),
+        lambda: make("bf16"),
+        Metrics(),
+        verify=gate_at_load(spec, "bf16", lambda: make("fp32")),
+    )
+    await runner.load()
+    assert (runner.profile.runtime, runner.profile.precision) == ("torch", "fp32")
+    assert not isinstance(runner.adapter, Noisy)

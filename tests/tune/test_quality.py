@@ -70,3 +70,27 @@ def test_every_family_has_calibration_requests(family: str) -> None:
     spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": family})
     reqs: list[tuple[Any, dict[str, Any]]] = calibration(spec)
     assert reqs and all(isinstance(body, dict) for _, body in reqs)
+
+
+def test_zero_shot_labels_are_compared_by_label() -> None:
+    ref = {"results": [{"labels": ["sports", "travel", "cooking"], "scores": [0.9, 0.051, 0.049]}]}
+    near_tie = {"results": [{"labels": ["sports", "cooking", "travel"],
+                             "scores": [0.9, 0.0505, 0.0495]}]}  # fmt: skip
+    assert compare(ref, near_tie).passed
+    other = {"results": [{"labels": ["sports", "travel", "finance"], "scores": [0.9, 0.05, 0.05]}]}
+    q = compare(ref, other)
+    assert not q.passed and "finance" in q.detail
+    flipped = {"results": [{"labels": ["travel", "sports", "cooking"],
+                            "scores": [0.9, 0.051, 0.049]}]}  # fmt: skip
+    assert not compare(ref, flipped).passed
+
+
+def test_an_inversion_between_items_that_are_not_neighbours_is_caught() -> None:
+    ref = {"scores": [1.0, 0.993, 0.986]}  # neighbours within 1 %, items 0 and 2 not
+    got = {"scores": [0.991, 0.9935, 0.995]}  # each within 1 %, but 2 now above 0
+    q = compare(ref, got)
+    assert not q.passed and "ranking changed" in q.detail
+
+
+def test_scores_near_zero_are_judged_on_an_absolute_floor() -> None:
+    assert compare({"scores": [0.0, 0.0]}, {"scores": [1e-7, -1e-7]}).passed

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetserve.catalog.hardware import detect
 from fleetserve.catalog.profiles import Profiles, read_profile_file
 from fleetserve.server import build_catalog, build_profiles
 from fleetserve.settings import Settings
@@ -29,7 +30,6 @@ def settings(root: Path, **extra: object) -> Settings:
             "catalog": str(cat),
             "models": MODEL,
             "device": "cpu",
-            "hardware_class": "cpu-avx2",
             "profile_dir": str(root / "profiles"),
             "tune_dir": str(root / "runs"),
             "cache_dir": str(root / "cache"),
@@ -39,7 +39,7 @@ def settings(root: Path, **extra: object) -> Settings:
 
 
 def test_quick_tunes_untuned_pinned_models_once(tmp_path: Path) -> None:
-    s = settings(tmp_path, tune="quick", tune_budget=30)
+    s = settings(tmp_path, tune="quick", tune_budget=55)
     srv = ServerThread(s).start()
     try:
         (m,) = [d for d in httpx.get(srv.url + "/v1/models").json()["data"] if d["id"] == MODEL]
@@ -50,8 +50,9 @@ def test_quick_tunes_untuned_pinned_models_once(tmp_path: Path) -> None:
         assert runs and runs[0]["model"] == MODEL and runs[0]["status"] == "succeeded"
     finally:
         srv.stop()
-    f = tmp_path / "profiles" / "cpu-avx2" / "tiny--quick-bert.yaml"
-    assert read_profile_file(f, "cpu-avx2").provenance["written_by"] == "fleetserve tune"
+    cls = detect().hardware_class
+    f = tmp_path / "profiles" / cls / "tiny--quick-bert.yaml"
+    assert read_profile_file(f, cls).provenance["written_by"] == "fleetserve tune"
     catalog = build_catalog(s)
     choices = {sp.id: build_profiles(s).choose(sp) for sp in catalog}
     assert wanted(s, catalog, choices) == []  # the next start has nothing to tune
@@ -68,3 +69,18 @@ def test_off_and_tuned_models_are_left_alone(tmp_path: Path) -> None:
     assert wanted(quick, catalog, choices) == [MODEL]
     with pytest.raises(ValueError, match="tune must be one of off, quick"):
         wanted(settings(tmp_path, tune="slow"), catalog, choices)
+
+
+async def test_quick_does_not_tune_for_a_class_this_machine_is_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rich.console import Console
+
+    from fleetserve.tune.quick import quick_tune
+
+    other = "cpu-generic" if detect().hardware_class != "cpu-generic" else "cpu-avx2"
+    s = settings(tmp_path, tune="quick", hardware_class=other)
+    profiles = build_profiles(s)
+    done = await quick_tune(s, build_catalog(s), profiles, [MODEL], Console(quiet=True))
+    assert done == [] and "not tuning for" in caplog.text
+    assert not (tmp_path / "profiles").exists()

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from .hardware import Hardware
-from .rules import fallback_chain, rule_profile
+from .rules import fallback_chain, missing_extra, rule_profile
 from .spec import ModelSpec, Profile
 
 FILE_KEYS = ("model", "hardware_class", "profile", "provenance")
@@ -110,29 +110,46 @@ class Profiles:
 
     def choose(self, spec: ModelSpec) -> Choice:
         cls = self.hardware_class
-        pf = self.tuned(spec.id, cls)
+        skipped: list[str] = []  # bundled profiles this install cannot run
+        pf = self._usable(spec, cls, skipped)
         if pf is not None:
             where = "bundled" if pf.bundled else "yours"
             date = pf.provenance.get("date", "?")
-            return Choice(
-                pf.profile,
-                "tuned",
-                f"tuned for {cls} ({where}, {date})",
-                str(pf.path),
-                pf.provenance,
-            )
+            reason = f"tuned for {cls} ({where}, {date})"
+            return Choice(pf.profile, "tuned", reason, str(pf.path), pf.provenance)
+        note = "".join(f"; {s}" for s in skipped)
         kind = "cuda" if cls.startswith("cuda") else "cpu"
         for key in (cls, kind):
             if key in spec.profiles:
                 declared = spec.profiles[key]
-                return Choice(declared, "catalog", f"declared in the model's spec for {key}")
+                reason = f"declared in the model's spec for {key}{note}"
+                return Choice(declared, "catalog", reason)
         for other in self.chain:
-            pf = self.tuned(spec.id, other)
+            pf = self._usable(spec, other, skipped)
             if pf is not None:
-                reason = f"fallback: tuned for {other}, which stands in for {cls}"
+                reason = f"fallback: tuned for {other}, which stands in for {cls}{note}"
                 return Choice(pf.profile, "fallback", reason, str(pf.path), pf.provenance)
+        note = "".join(f"; {s}" for s in skipped)
         profile, why = rule_profile(spec, self.hw, cls)
-        return Choice(profile, "rule", f"rule: {why}; `fleetserve tune {spec.id}` would tune it")
+        return Choice(
+            profile, "rule", f"rule: {why}{note}; `fleetserve tune {spec.id}` would tune it"
+        )
+
+    def _usable(self, spec: ModelSpec, cls: str, skipped: list[str]) -> ProfileFile | None:
+        """The tuned file for ``spec`` on ``cls``. A bundled one whose runtime's extra is
+        not installed is passed over (yours is kept: it then fails to load, naming it)."""
+        pf = self.tuned(spec.id, cls)
+        if pf is None or not pf.bundled:
+            return pf
+        runtime = pf.profile.runtime or spec.runtime
+        extra = missing_extra(runtime)
+        if extra:
+            skipped.append(
+                f"the bundled profile for {cls} runs {runtime}, not installed here "
+                f"(pip install 'fleetserve[{extra}]')"
+            )
+            return None
+        return pf
 
 
 def read_profile_file(path: Path, hardware_class: str = "", bundled: bool = False) -> ProfileFile:
@@ -166,13 +183,17 @@ def read_profile_file(path: Path, hardware_class: str = "", bundled: bool = Fals
     return ProfileFile(str(data["model"]), cls, profile, provenance, path, bundled)
 
 
+def profile_path(root: Path, model_id: str, hardware_class: str) -> Path:
+    return root.expanduser() / hardware_class / f"{slug(model_id)}.yaml"
+
+
 def write_profile_file(
     root: Path, model_id: str, profile: Profile, provenance: dict[str, Any], header: str = ""
 ) -> Path:
     """Write ``root/<class>/<slug>.yaml`` atomically: a crash leaves the old file or none."""
-    folder = root.expanduser() / profile.hardware
+    dest = profile_path(root, model_id, profile.hardware)
+    folder = dest.parent
     folder.mkdir(parents=True, exist_ok=True)
-    dest = folder / f"{slug(model_id)}.yaml"
     doc = {
         "model": model_id,
         "hardware_class": profile.hardware,
@@ -183,7 +204,10 @@ def write_profile_file(
     text += yaml.safe_dump(doc, sort_keys=False, width=88)
     tmp = folder / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        tmp.write_text(text)
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         read_profile_file(tmp, profile.hardware)  # never leave a file that would not load
         os.replace(tmp, dest)
     finally:
@@ -198,6 +222,7 @@ __all__ = [
     "ProfileFile",
     "Profiles",
     "bundled_dir",
+    "profile_path",
     "read_profile_file",
     "slug",
     "write_profile_file",

@@ -64,6 +64,21 @@ def openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+# a runtime -> (the module it needs, the extra that installs it)
+NEEDS = {
+    "torch": ("torch", "torch"),
+    "torch_compile": ("torch", "torch"),
+    "onnx": ("onnxruntime", "onnx"),
+    "openvino": ("openvino", "openvino"),
+}
+
+
+def missing_extra(runtime: str) -> str:
+    """The extra a runtime needs and this install lacks, or "" if it can run here."""
+    module, extra = NEEDS.get(runtime, ("", ""))
+    return extra if module and importlib.util.find_spec(module) is None else ""
+
+
 def rule_profile(spec: ModelSpec, hw: Hardware, hardware_class: str) -> tuple[Profile, str]:
     """The rule's profile for ``spec`` on this machine, and a sentence saying why."""
     kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
@@ -105,6 +120,7 @@ __all__ = [
     "OPENVINO_FAMILIES",
     "class_precision",
     "fallback_chain",
+    "missing_extra",
     "openvino_installed",
     "rule_profile",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtimes import RUNTIMES
+
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # int8: ONNX Runtime, behind a quality guard
 
 
@@ -68,13 +70,19 @@ class Profile:
                 f"profile {hardware}: field precision must be one of {', '.join(PRECISIONS)}, "
                 f"not {precision!r}"
             )
+        runtime = str(d.get("runtime", "") or "")
+        if runtime and runtime not in RUNTIMES:
+            raise ValueError(
+                f"profile {hardware}: field runtime must be one of {', '.join(RUNTIMES)}, "
+                f"not {runtime!r}"
+            )
         cost = d.get("cost") or {}
         if not isinstance(cost, dict) or set(cost) - set(COST_FIELDS):
             raise ValueError(f"profile {hardware}: field cost takes {', '.join(COST_FIELDS)}")
         return cls(
             hardware=hardware,
             precision=precision,
-            runtime=str(d.get("runtime", "") or ""),
+            runtime=runtime,
             max_batch_tokens=_count(d, "max_batch_tokens", 2048, hardware),
             max_batch_size=_count(d, "max_batch_size", 64, hardware),
             cost=CostModel(**{k: _number(cost, k, hardware) for k in cost}),

@@ -108,7 +108,8 @@ class TorchRuntime:
         if token_type_ids is not None:
             kwargs["token_type_ids"] = torch.from_numpy(token_type_ids).to(self.device)
         with torch.inference_mode(), self.autocast():
-            result = (self._forward or model)(**kwargs)
+            forward = model if self._forward is None else self._forward  # no bool(): a
+            result = forward(**kwargs)  # compiled module's __len__ raises
             out = _reduce(result, mask, Output(output))
         arr: np.ndarray[Any, Any] = out.float().cpu().numpy()
         return arr

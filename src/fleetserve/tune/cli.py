@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,7 +20,7 @@ from ..settings import Settings
 from ..wire import FleetError
 from .runs import RunStore
 from .search import Options, TuneError
-from .tuner import Tuner
+from .tuner import Outcome, Tuner
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,12 +37,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ms", type=float, default=None, help="p99 SLO for the knee.")
     p.add_argument("--no-knee", action="store_true", help="Skip the open-loop knee sweep.")
     p.add_argument("--knee-seconds", type=float, default=2.5, help="Seconds per knee rate [2.5].")
+    p.add_argument(
+        "--max-processes",
+        type=int,
+        default=0,
+        help="Processes per device to try at most; 1 for `fleetserve serve`, which runs "
+        "one [0: as many as cores].",
+    )
     p.add_argument("--output", default="", help="Profile directory [--profile-dir].")
     p.add_argument("--report-dir", default="", help="Reports [<tune-dir>/reports].")
 
 
 ARGS = {"tune_models", "budget", "quick", "workload", "measure", "slo_ms", "no_knee"}
-ARGS |= {"output", "report_dir", "knee_seconds"}
+ARGS |= {"output", "report_dir", "knee_seconds", "max_processes"}
 
 
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
@@ -51,6 +57,13 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
     catalog = Catalog.load(extra)
     hw = detect(settings.device)
     cls = settings.hardware_class or hw.hardware_class
+    if cls != hw.hardware_class:
+        console.print(
+            f"[red]error:[/] this machine is {hw.hardware_class}: a profile for {cls} must be "
+            f"measured on a {cls} machine (drop --hardware-class)",
+            soft_wrap=True,
+        )
+        return 2
     opts = Options(
         budget_s=args.budget,
         quick=args.quick,
@@ -58,6 +71,7 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
         measure_s=args.measure,
         knee=not args.no_knee,
         knee_s=args.knee_seconds,
+        max_processes=args.max_processes,
         slo_ms=args.slo_ms,
         device=settings.device if settings.device != "auto" else hw.kind,
         cache_dir=Path(settings.cache_dir).expanduser(),
@@ -105,8 +119,9 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
         except KeyboardInterrupt:
             console.print("[yellow]cancelled:[/] no profile was written")
             return 130
-        except TuneError as exc:
-            console.print(f"[red]error:[/] {exc}; no profile was written", soft_wrap=True)
+        except (TuneError, FleetError, ValueError, RuntimeError, OSError) as exc:
+            text = exc.message if isinstance(exc, FleetError) else str(exc)
+            console.print(f"[red]error:[/] {text}; no profile was written", soft_wrap=True)
             return 1
         run = outcome.run
         for w in run.get("warnings") or []:
@@ -118,7 +133,7 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
     return 0
 
 
-async def _with_progress(job: Tuner, console: Console) -> Any:
+async def _with_progress(job: Tuner, console: Console) -> Outcome:
     shown: set[int] = set()
     cols = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*cols, console=console, transient=True) as bar:

@@ -46,11 +46,13 @@ def fit(
     max_batch_tokens: int,
     repeats: int = 3,
     seed: int = 0,
+    deadline: float = float("inf"),
 ) -> CostFit:
     """Time ``forward`` on batches drawn from ``pool`` (prepared items and their
     lengths, as the worker batches them): every batch size up to the budget, from
     short, middle, long and mixed items. Fit on every other shape, report the error
-    on the rest, keep the coefficients fitted on all of them."""
+    on the rest, keep the coefficients fitted on all of them. No new shape starts after
+    ``deadline`` (``time.monotonic()``)."""
     rng = random.Random(seed)
     ranked = sorted(pool, key=lambda x: x[1])
     shapes: list[tuple[int, int, int]] = []  # real tokens, max length, batch size
@@ -63,6 +65,8 @@ def fit(
             else:
                 lo, hi = int(band[0] * len(ranked)), max(int(band[1] * len(ranked)), 1)
                 chosen = [ranked[lo + (i % max(1, hi - lo))] for i in range(batch)]
+            if time.monotonic() > deadline:
+                break  # the budget is spent: fit on the shapes timed so far
             longest = max(n for _, n in chosen)
             if longest * batch > max_batch_tokens and batch > 1:
                 continue

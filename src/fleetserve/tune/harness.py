@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..bench.loadgen import percentile
 from ..catalog import ModelSpec, Profile
@@ -26,6 +26,8 @@ from ..wire import Encoding, FleetError, Task, error_from_body
 from ..wire.codec import loads
 from ..worker import ModelRunner, Worker
 from ..worker.runner import Runner
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Stack:
     def adapter(self) -> FamilyAdapter:
         return self.runner.adapter
 
-    async def compute(self, fn: Any, *args: Any) -> Any:
+    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the compute thread (where every forward runs)."""
         from ..worker.compute import compute_executor
 

@@ -69,7 +69,7 @@ async def measure_processes(s: Search, cand: Candidate) -> Measure:
             assert p.stdin is not None
             p.stdin.write(b"go\n")
             await p.stdin.drain()
-        results = [json.loads(await _line(p, timeout=s.opts.measure_s + 120)) for p in procs]
+        results = [_result(await _line(p, timeout=s.opts.measure_s + 120)) for p in procs]
     finally:
         for p in procs:
             if p.returncode is None:
@@ -85,6 +85,17 @@ async def measure_processes(s: Search, cand: Candidate) -> Measure:
         errors=sum(m.errors for m in ms),
         seconds=max(m.seconds for m in ms),
     )
+
+
+def _result(line: str) -> dict[str, Any]:
+    """A child's measurement, or its one-line error as a RuntimeError."""
+    try:
+        out = json.loads(line)
+    except ValueError:
+        raise RuntimeError(f"a tuning child failed: {line[:200]}") from None
+    if not isinstance(out, dict):
+        raise RuntimeError(f"a tuning child answered {line[:200]!r}")
+    return out
 
 
 async def _line(p: asyncio.subprocess.Process, timeout: float) -> str:

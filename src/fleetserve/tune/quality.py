@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import io
-import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from ..wire import Encoding, Envelope, Task
 
 MIN_COSINE = 0.9999
 SCORE_TOLERANCE = 0.01  # of the largest |reference score|
+SCORE_FLOOR = 1e-3  # the scale below which score differences are judged absolutely
 LABELS = ["sports", "finance", "cooking", "technology", "health", "travel"]
 ENTITY_LABELS = ["person", "location", "organization", "date"]
 SCORE_KEYS = frozenset({"scores", "score", "relevance_score", "values"})
@@ -74,7 +74,7 @@ def calibration(spec: ModelSpec) -> list[tuple[Task, dict[str, Any]]]:
             for k in range(0, len(texts), 8)
         ]
     if fam == "image":
-        return [(Task.ENCODE, {"inputs": [{"image": img} for img in _images(8)]})]
+        return [(Task.ENCODE, {"inputs": [{"image": img} for img in images(8)]})]
     if fam == "generate":
         prompts = ["The capital of France is", "def fibonacci(n):", "Three colours:", "Hi"]
         return [
@@ -139,7 +139,12 @@ def _walk(a: Any, b: Any, path: str, acc: _Acc) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
             acc.mismatch = f"{path or 'reply'}: fields differ"
-        for k in a:
+        if _labelled(a) and _labelled(b):  # labels sorted by score: compare by label
+            _by_label(a, b, path, acc)
+            rest = {k: v for k, v in a.items() if k not in ("labels", "scores")}
+        else:
+            rest = a
+        for k in rest:
             _walk(a[k], b.get(k), f"{path}.{k}" if path else k, acc)
     elif key == "embeddings":
         for x, y in zip(_rows(a), _rows(b), strict=False):
@@ -162,19 +167,43 @@ def _walk(a: Any, b: Any, path: str, acc: _Acc) -> None:
         acc.mismatch = f"{path}: {a!r} became {b!r}"[:200]
 
 
+def _labelled(d: dict[str, Any]) -> bool:
+    labels, scores = d.get("labels"), d.get("scores")
+    return (
+        isinstance(labels, list)
+        and all(isinstance(x, str) for x in labels)
+        and _numeric(scores)
+        and len(labels) == len(scores or [])
+    )
+
+
+def _by_label(a: dict[str, Any], b: dict[str, Any], path: str, acc: _Acc) -> None:
+    """Labels sorted by score (zero-shot): the same labels, their scores within the
+    tolerance, and an order that changes only between near ties."""
+    if set(a["labels"]) != set(b["labels"]):
+        acc.mismatch = f"{path}.labels: {a['labels']!r} became {b['labels']!r}"[:200]
+        return
+    got = dict(zip(b["labels"], b["scores"], strict=True))
+    ref = np.asarray(a["scores"], np.float64)
+    cand = np.asarray([got[label] for label in a["labels"]], np.float64)
+    _scores(ref, cand, f"{path}.scores", acc)
+
+
 def _scores(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], path: str, acc: _Acc) -> None:
+    """``a`` the reference's scores, ``b`` the candidate's, item by item."""
     if a.shape != b.shape:
         acc.mismatch = f"{path}: shapes differ"
         return
     if a.size == 0:
         return
-    scale = max(float(np.abs(a).max()), 1e-6)
+    scale = max(float(np.abs(a).max()), SCORE_FLOOR)
     acc.score_errors.append(float(np.abs(a - b).max()) / scale)
     tol = SCORE_TOLERANCE * scale
-    order = np.argsort(-b, kind="stable")
-    for i, j in itertools.pairwise(order):  # b ranks i above j
-        if a[j] - a[i] > tol and not acc.rank_detail:
-            acc.rank_detail = f"{path}: ranking changed (items {int(i)} and {int(j)})"
+    order = [int(i) for i in np.argsort(-b, kind="stable")]
+    for x, i in enumerate(order):  # every pair the candidate ranks i above j
+        for j in order[x + 1 :]:
+            if a[j] - a[i] > tol and not acc.rank_detail:
+                acc.rank_detail = f"{path}: ranking changed (items {i} and {j})"
 
 
 def _numeric(v: Any) -> bool:
@@ -199,7 +228,7 @@ def _cosine(x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> float:
     return float(x @ y) / (nx * ny)
 
 
-def _images(n: int) -> list[str]:
+def images(n: int) -> list[str]:
     """``n`` deterministic 64x64 test images (gradients and noise), as base64 PNG."""
     from PIL import Image
 
@@ -215,4 +244,12 @@ def _images(n: int) -> list[str]:
     return out
 
 
-__all__ = ["MIN_COSINE", "SCORE_TOLERANCE", "Quality", "calibration", "compare", "replies"]
+__all__ = [
+    "MIN_COSINE",
+    "SCORE_TOLERANCE",
+    "Quality",
+    "calibration",
+    "compare",
+    "images",
+    "replies",
+]

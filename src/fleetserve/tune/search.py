@@ -15,6 +15,7 @@ find the knee, fit the cost model. Every step fits a time budget.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -26,12 +27,13 @@ from ..catalog.hardware import Hardware
 from ..catalog.rules import rule_profile
 from ..families import FamilyAdapter, create_adapter
 from ..runtimes import create_runtime
+from ..wire import FleetError
 from . import candidates as cands
 from .candidates import Candidate
 from .harness import Request, Stack, saturate
 from .quality import Quality, calibration, compare, replies
 
-MIN_BUDGET_S = 30.0  # the fp32 reference, one gate and one measurement
+MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
 
 
 class TuneError(Exception):
@@ -50,6 +52,7 @@ class Options:
     knee_s: float = 2.5
     slo_ms: float | None = None
     device: str = "cpu"
+    max_processes: int = 0  # processes per device to try at most (0: as many as cores)
     cache_dir: Path = field(default_factory=lambda: Path("~/.cache/fleetserve").expanduser())
 
 
@@ -70,8 +73,7 @@ class Point:
 
     @property
     def tokens_per_s(self) -> float:
-        s = sorted(self.samples)
-        return s[len(s) // 2] if s else 0.0
+        return statistics.median(self.samples) if self.samples else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         out = self.cand.as_dict()
@@ -122,17 +124,20 @@ class Search:
         on_change: Callable[[str], None] = lambda phase: None,
         catalog_dirs: tuple[Path, ...] = (),
     ) -> None:
-        if opts.budget_s < MIN_BUDGET_S:
+        self.opts = opts
+        need = MIN_BUDGET_S + self.final_s()
+        if opts.budget_s < need:
             raise TuneError(
                 f"--budget {opts.budget_s:g}s is too small to measure anything: it needs at "
-                f"least {MIN_BUDGET_S:g}s (the fp32 reference, one gate and one measurement)"
+                f"least {need:.0f}s (the fp32 reference, a gate and a measurement of another "
+                "candidate, then the winner's knee and cost fit)"
             )
         if spec.runtime == "external":
             raise TuneError(f"{spec.id} runs on an external server: tune that server instead")
         self.spec, self.path, self.hw, self.cls, self.opts = spec, path, hw, hardware_class, opts
         self.kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
         self.base, _ = rule_profile(spec, hw, hardware_class)
-        self.clock = Clock(opts.budget_s, self.final_s())
+        self.clock = Clock(opts.budget_s, self.final_s())  # restarted by start()
         self.points: list[Point] = []
         self.noise = 0.0
         self.phase = "quality"
@@ -143,6 +148,10 @@ class Search:
         self.winner: Point | None = None
         self.memory: dict[str, int] | None = None
         self.catalog_dirs = catalog_dirs
+
+    def start(self) -> None:
+        """Start the budget's clock: when this model's search begins, not before."""
+        self.clock = Clock(self.opts.budget_s, self.final_s())
 
     def final_s(self) -> float:
         """What the final steps need: the winner's load, knee sweep and cost fit."""
@@ -211,8 +220,14 @@ class Search:
                 p.status, p.reason = "skipped", "the time budget ran out"
                 continue
             await self._gate_and_measure(p)
-        if not any(q.status == "measured" for q in self.points):
+        measured = [q for q in self.points if q.status == "measured"]
+        if not measured:
             raise TuneError("no candidate was measured within the budget")
+        if len(measured) == 1 and len(engines) > 1:
+            raise TuneError(
+                "only the fp32 reference was measured within the budget: nothing to choose "
+                "between; give it a larger --budget"
+            )
 
     async def _gate_and_measure(self, p: Point) -> None:
         c = p.cand
@@ -225,8 +240,11 @@ class Search:
                 p.load_s = time.monotonic() - t0
                 actual = stack.adapter.runtime.precision
                 if actual != c.precision:
-                    p.status = "skipped"
+                    p.quality = own_guard(stack.adapter.runtime)
+                    p.status = "rejected" if p.quality else "skipped"
                     p.reason = f"{c.runtime} ran {actual} when asked for {c.precision}"
+                    if p.quality:
+                        p.reason += f" (its own guard: {quality_line(p.quality)})"
                     return
                 got = await stack.compute(replies, stack.adapter, self.spec, self._calib)
                 if not self.reference:
@@ -234,13 +252,13 @@ class Search:
                 p.quality = compare(self.reference, got)
                 if not p.quality.passed:
                     p.status = "rejected"
-                    p.reason = f"quality: {_quality_line(p.quality)}"
+                    p.reason = f"quality: {quality_line(p.quality)}"
                     return
                 await self._measure(stack, p)
-        except (ImportError, ValueError, RuntimeError, OSError) as exc:
-            p.status, p.reason = "rejected", f"failed: {type(exc).__name__}: {exc}"[:300]
+        except CANDIDATE_FAILURES as exc:
+            p.status, p.reason = "rejected", f"failed: {_failure(exc)}"
             if not self.reference:
-                raise TuneError(f"the fp32 torch reference failed: {exc}") from exc
+                raise TuneError(f"the fp32 torch reference failed: {_failure(exc)}") from exc
             return
         finally:
             self._changed()
@@ -311,8 +329,8 @@ class Search:
                     q.load_s = time.monotonic() - t0
                     await self._measure(stack, q)
             q.status = "measured"
-        except (ImportError, ValueError, RuntimeError, OSError) as exc:
-            q.status, q.reason = "rejected", f"failed: {type(exc).__name__}: {exc}"[:300]
+        except CANDIDATE_FAILURES as exc:
+            q.status, q.reason = "rejected", f"failed: {_failure(exc)}"
         self._changed()
 
     # -- 3. noise -----------------------------------------------------------------------
@@ -332,7 +350,29 @@ class Search:
         self.noise = max(spreads, default=self.noise)
 
 
-def _quality_line(q: Quality) -> str:
+CANDIDATE_FAILURES = (ImportError, ValueError, RuntimeError, OSError, FleetError, TuneError)
+
+
+def _failure(exc: BaseException) -> str:
+    text = exc.message if isinstance(exc, FleetError) else str(exc)
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def own_guard(runtime: object) -> Quality | None:
+    """The measured quality behind a runtime's own fallback (ONNX Runtime's int8 guard)."""
+    try:
+        from ..runtimes.onnx import OnnxRuntime
+    except ImportError:
+        return None
+    if not isinstance(runtime, OnnxRuntime) or runtime.export is None:
+        return None
+    guard = runtime.export.guard
+    if guard is None:
+        return None
+    return Quality("min_cosine", guard.min_cosine, runtime.min_cosine, False, "int8 guard")
+
+
+def quality_line(q: Quality) -> str:
     if q.metric == "identical":
         return f"not identical: {q.detail}"
     op = ">=" if q.metric == "min_cosine" else "<="

@@ -10,11 +10,12 @@ from typing import Any
 
 from ..bench.knee_find import find_knee
 from ..bench.openloop import auto_rates, capacity, sweep
-from ..wire import Envelope, Task
+from ..wire import Encoding, Envelope, Task
 from . import candidates as cands
 from .costfit import fit
 from .harness import Stack
-from .search import Point, Search
+from .quality import calibration, compare, replies
+from .search import Point, Search, quality_line
 from .workload import requests
 
 MAX_BAND = 0.05  # a gain within this (or the measured noise, if smaller) is a tie
@@ -27,7 +28,8 @@ async def threads(s: Search) -> None:
     """The best point again with more processes and fewer threads each."""
     s.phase = "threads"
     best = s.measured()[0]
-    for t, procs in cands.thread_layouts(s.hw)[1:]:
+    most = s.opts.max_processes or s.hw.cores
+    for t, procs in [x for x in cands.thread_layouts(s.hw)[1:] if x[1] <= most]:
         q = s._add(best.cand.with_threads(t, procs), like=best)
         if s.kind != "cpu":
             q.status, q.reason = "skipped", "processes per device are tuned on CPUs only"
@@ -44,7 +46,7 @@ async def compile_probe(s: Search) -> None:
     eager = [p for p in s.measured() if p.cand.runtime == "torch"]
     if s.opts.quick or not eager or s.spec.family not in cands.ONNX_FAMILIES:
         return
-    p = s._add(replace(eager[0].cand, runtime="torch_compile"), like=eager[0])
+    p = s._add(replace(eager[0].cand, runtime="torch_compile"))
     if not s.clock.fits(COMPILE_PROBE_S):
         p.status, p.reason = "skipped", "the time budget ran out (compiling takes a while)"
         return
@@ -67,6 +69,11 @@ async def compile_probe(s: Search) -> None:
                     f"batch shapes it had not seen {new:.1f}s against {seen * 1e3:.0f} ms "
                     "once compiled"
                 )
+                return
+            got = await stack.compute(replies, stack.adapter, s.spec, calibration(s.spec))
+            p.quality = compare(s.reference, got)  # its own gate: compiled kernels differ
+            if not p.quality.passed:
+                p.status, p.reason = "rejected", f"quality: {quality_line(p.quality)}"
                 return
             await s._measure(stack, p)
             p.status = "measured"
@@ -162,7 +169,15 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     adapter = stack.adapter
     pool: list[tuple[Any, int]] = []
     for req in s.requests[:8]:
-        env = Envelope("cost", s.spec.id, req.task, *(_json_enc(),) * 2, 0, float("inf"))
+        env = Envelope(
+            request_id="cost",
+            model=s.spec.id,
+            task=req.task,
+            content_type=Encoding.JSON,
+            accept=Encoding.JSON,
+            cost_hint=0,
+            deadline=float("inf"),
+        )
         if req.task is Task.GENERATE:
             return  # generation's cost is per decode step, not per padded batch
         prepared = await stack.compute(adapter.preprocess, env, req.body)
@@ -178,6 +193,7 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
                 pool,
                 max_batch_size=w.cand.max_batch_size,
                 max_batch_tokens=w.cand.max_batch_tokens,
+                deadline=time.monotonic() + max(3.0, s.opts.budget_s - s.clock.elapsed - 1),
             )
         )
     except ValueError as exc:
@@ -186,12 +202,6 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     peak = max(0, _peak() - before)
     s.cost_fit = fitted.as_dict()
     s.memory = {"weights_bytes": adapter.memory_bytes(), "activation_peak_bytes": peak}
-
-
-def _json_enc() -> Any:
-    from ..wire import Encoding
-
-    return Encoding.JSON
 
 
 def _status_kb(key: str) -> int:

@@ -17,9 +17,9 @@ from typing import Any
 from rich.console import Console
 
 from .. import __version__
-from ..catalog import CostModel, ModelSpec
+from ..catalog import CostModel, ModelSpec, Profile
 from ..catalog.hardware import Hardware
-from ..catalog.profiles import write_profile_file
+from ..catalog.profiles import profile_path, write_profile_file
 from . import report, steps
 from .runs import RunStore, new_run_id, now_iso
 from .search import Options, Search, TuneError
@@ -106,6 +106,8 @@ class Tuner:
     async def run(self) -> Outcome:
         s = self.search
         doc = self.run_doc
+        s.start()  # this model's budget starts now, not when the command started
+        doc.update(id=new_run_id(self.spec.id, self.cls), started_at=now_iso())
         self._changed("quality", force=True)
         try:
             s.requests = requests(self.spec, s.path, self.opts.workload, self.opts.batch)
@@ -127,6 +129,12 @@ class Tuner:
                     "no knee sweep: a chat takes seconds, so a few seconds of open-loop "
                     "arrivals per rate hold too few of them; the figure is the saturation's"
                 )
+            if knee and winner.cand.processes > 1:
+                knee = False  # the sweep runs in this process: it would show one share
+                doc["notes"].append(
+                    f"no knee sweep: the winner runs {winner.cand.processes} processes, and "
+                    "the open-loop sweep drives one in-process path"
+                )
             async with s._stack(winner.cand) as stack:
                 if knee and s.clock.fits(s.final_s() - 8.0, final=True):
                     await steps.knee(s, stack, winner, rates_n=s.knee_rates)
@@ -140,11 +148,12 @@ class Tuner:
             stem = _stem(self.spec.id, self.cls)
             provenance = self._provenance()
             provenance["report"] = report.paths(self.report_dir, stem)["markdown"]
-            file = write_profile_file(
+            file = profile_path(self.profile_dir, self.spec.id, self.cls)
+            doc.update(status="succeeded", finished_at=now_iso(), profile_file=str(file))
+            doc["report"] = report.write(doc, self.report_dir, stem)  # first: the profile
+            write_profile_file(  # last, atomically: it never points at a missing report
                 self.profile_dir, self.spec.id, profile, provenance, self._header()
             )
-            doc.update(status="succeeded", finished_at=now_iso(), profile_file=str(file))
-            doc["report"] = report.write(doc, self.report_dir, stem)
             self._changed("done", force=True)
             return Outcome(doc, file)
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -160,11 +169,13 @@ class Tuner:
             self._changed(doc["phase"], force=True)
             raise
 
-    def _profile(self) -> Any:
+    def _profile(self) -> Profile:
+        """The winner, portable across core counts: ``threads`` 0 (every core of the
+        process's share) when the winner used them all, as every layout tried does."""
         s = self.search
         w = s.winner
         assert w is not None
-        prof = w.cand.profile(self.cls, s.base)
+        prof = dataclasses.replace(w.cand.profile(self.cls, s.base), threads=0)
         fit = s.cost_fit or {}
         if "fixed_ms" in fit:
             prof = dataclasses.replace(

@@ -15,7 +15,7 @@ from typing import Any
 from ..catalog import ModelSpec
 from ..wire import Task
 from .harness import Request
-from .quality import ENTITY_LABELS, LABELS, _images
+from .quality import ENTITY_LABELS, LABELS, images
 
 WORKLOADS = ("mix", "sentences")
 
@@ -52,8 +52,8 @@ def requests(
             for p in prompts
         ]
     if fam == "image":
-        images = _dump({"inputs": [{"image": im} for im in _images(batch)]})
-        return [Request(Task.ENCODE, images, batch * 49, batch)] * n
+        pictures = _dump({"inputs": [{"image": im} for im in images(batch)]})
+        return [Request(Task.ENCODE, pictures, batch * 49, batch)] * n
     pool = texts(kind, path, max(batch * n, 64), seed)
     count = _counter(path, spec.max_seq_len)
     out = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -165,7 +166,26 @@ class WorkerProcess:
             self.worker.close()
 
 
+def tuned_processes(settings: Settings) -> int:
+    """Processes per CPU device that the served models' profiles agree on (1 if they
+    differ or say 1): ``fleetserve tune`` measures it, and the worker follows it."""
+    if settings.device_list() or settings.device.startswith("cuda"):
+        return 1
+    profiles = build_profiles(settings)
+    wanted = {profiles.choose(s).profile.processes for s in build_catalog(settings)}
+    return wanted.pop() if len(wanted) == 1 else 1
+
+
 async def run_worker(settings: Settings) -> None:
+    if settings.tune != "off":
+        logging.getLogger("fleetserve").warning(
+            "--tune %s applies to fleetserve serve; a worker serves the profiles it finds "
+            "(tune this machine with fleetserve tune)",
+            settings.tune,
+        )
+    n = tuned_processes(settings)
+    if n > 1:  # the tuned layout: n processes, each on its share of the cores
+        settings = dataclasses.replace(settings, devices=",".join(f"cpu:{i}" for i in range(n)))
     devices = settings.device_list()
     if len(devices) > 1:  # one puller, one process per device
         from .devices import run_devices

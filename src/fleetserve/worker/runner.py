@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ..catalog import ModelSpec, Profile
@@ -144,7 +145,11 @@ class Loadable:
             await loop.run_in_executor(self._forward, adapter.load)
             await loop.run_in_executor(self._forward, adapter.warmup)
             if self._verify is not None:
-                adapter = await loop.run_in_executor(self._forward, self._verify, adapter)
+                served = await loop.run_in_executor(self._forward, self._verify, adapter)
+                if served is not adapter:  # the gate swapped in its fp32 reference
+                    rt = served.runtime
+                    self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
+                adapter = served
             self._adapter = adapter
             self.loaded = True
 

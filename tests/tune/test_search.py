@@ -1,0 +1,99 @@
+"""The search's own decisions, on points made up here: the budget's clock, the winner
+within the noise, the batch grid's refinement, and budgets too small to use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetserve.catalog import ModelSpec
+from fleetserve.catalog.hardware import Hardware
+from fleetserve.tune import candidates as cands
+from fleetserve.tune.candidates import Candidate
+from fleetserve.tune.search import Clock, Options, Point, Search, TuneError
+from fleetserve.tune.steps import choose
+
+SPEC = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
+HW = Hardware("cpu", "x86_64", "Test CPU", 2, 8 * 2**30, frozenset({"avx2"}))
+
+
+def search(**opts: object) -> Search:
+    return Search(SPEC, Path("/w"), HW, "cpu-avx2", Options(**opts))  # type: ignore[arg-type]
+
+
+def point(s: Search, tps: list[float], size: int = 32, procs: int = 1) -> Point:
+    p = s._add(Candidate("openvino", "bf16", 2 // procs, procs, size * 64, size))
+    p.samples, p.status = list(tps), "measured"
+    return p
+
+
+def test_the_clock_keeps_the_final_steps_reserve() -> None:
+    c = Clock(100.0, reserve_s=30.0)
+    assert c.fits(60.0) and not c.fits(75.0)
+    assert c.fits(95.0, final=True) and not c.fits(101.0, final=True)
+
+
+def test_the_budget_starts_when_the_model_is_tuned_not_before() -> None:
+    s = search()
+    s.clock.t0 -= 1000  # as if another model had been tuned first
+    assert not s.clock.fits(1.0)
+    s.start()
+    assert s.clock.elapsed < 1.0 and s.clock.fits(60.0)
+
+
+def test_a_budget_that_cannot_hold_a_measurement_is_refused() -> None:
+    with pytest.raises(TuneError, match="too small to measure anything"):
+        search(budget_s=30.0)
+    assert search(budget_s=100.0).clock.budget_s == 100.0
+    with pytest.raises(TuneError, match="external server"):
+        Search(ModelSpec.from_dict({"id": "e/x", "sources": ["/w"], "runtime": "external"}),
+               Path("/w"), HW, "cpu-avx2", Options())  # fmt: skip
+
+
+def test_the_fastest_point_wins_beyond_the_noise() -> None:
+    s = search()
+    slow, fast = point(s, [9000.0], 16), point(s, [10000.0], 64)
+    s.noise = 0.02
+    assert choose(s) is fast and fast.status == "won"
+    assert slow.status == "lost" and slow.reason == "0.90x the winner's throughput"
+
+
+def test_within_the_noise_the_simpler_point_wins() -> None:
+    s = search()
+    big = point(s, [10000.0, 10100.0], 128)
+    small = point(s, [9900.0], 16)
+    two = point(s, [10300.0], 32, procs=2)
+    s.noise = 0.04
+    assert choose(s) is small
+    assert "within the noise" in big.reason and "smaller batch" in big.reason
+    assert "fewer processes" in two.reason
+
+
+def test_the_median_of_samples_is_the_figure() -> None:
+    s = search()
+    p = point(s, [1.0, 100.0])
+    assert p.tokens_per_s == pytest.approx(50.5)  # not the max of two
+
+
+def test_the_grid_is_refined_around_its_best_point() -> None:
+    grid = cands.batch_grid("dense", "cpu")
+    assert grid == sorted(grid) and len(grid) >= 3
+    mids = cands.refine(grid, grid[1])
+    assert len(mids) == 2
+    assert grid[0][0] < mids[0][0] < grid[1][0] < mids[1][0] < grid[2][0]
+    assert cands.refine(grid, (12345, 7)) == []  # not on the grid: nothing to refine
+
+
+def test_layouts_use_every_core() -> None:
+    assert cands.thread_layouts(HW) == [(2, 1), (1, 2)]
+    four = Hardware("cpu", "x86_64", "t", 4, 1, frozenset())
+    assert all(t * p == 4 for t, p in cands.thread_layouts(four))
+
+
+def test_engines_start_with_the_reference_and_skip_what_is_absent() -> None:
+    engines = cands.engines(SPEC)
+    assert engines[0] == ("torch", "fp32")
+    gen = ModelSpec.from_dict({"id": "g/m", "sources": ["/w"], "family": "generate"})
+    assert {rt for rt, _ in cands.engines(gen)} == {"torch"}
+    assert ("openvino", "bf16") not in cands.engines(SPEC, kind="cuda")
