@@ -50,6 +50,23 @@ def build_profiles(settings: Settings) -> Profiles:
     return Profiles(detect(device), settings.hardware_class, Path(settings.profile_dir))
 
 
+def weights_path(spec: ModelSpec, settings: Settings) -> Path:
+    """Where ``spec``'s weights are on this machine: fetched or converted once if need
+    be; a ``ModelNotFound`` listing every place looked in if they are nowhere."""
+    return resolve(
+        spec.id,
+        spec.sources,
+        Path(settings.hf_cache).expanduser(),
+        cache_dir=Path(settings.cache_dir).expanduser(),
+        objects=ObjectStoreConfig(
+            settings.s3_endpoint,
+            settings.s3_region,
+            settings.s3_access_key_id,
+            settings.s3_secret_access_key,
+        ),
+    )
+
+
 def build_runner(
     spec: ModelSpec, settings: Settings, metrics: Metrics, choice: Choice | None = None
 ) -> Runner:
@@ -62,18 +79,7 @@ def build_runner(
     def make_adapter(
         precision: str = profile.precision, runtime: str = profile.runtime or spec.runtime
     ) -> FamilyAdapter:
-        path = resolve(
-            spec.id,
-            spec.sources,
-            Path(settings.hf_cache).expanduser(),
-            cache_dir=Path(settings.cache_dir).expanduser(),
-            objects=ObjectStoreConfig(
-                settings.s3_endpoint,
-                settings.s3_region,
-                settings.s3_access_key_id,
-                settings.s3_secret_access_key,
-            ),
-        )
+        path = weights_path(spec, settings)
         engine = create_runtime(
             runtime,
             device=settings.device,
@@ -118,10 +124,14 @@ def build_runner(
 
 
 def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) -> None:
-    """One line per model at start: what it runs with, and why."""
+    """One line per model at start: what it runs with, and why (``GET /v1/models`` has
+    the whole reason); one more line if some run on rules, saying how to tune them."""
+    ruled = 0
     for spec in catalog:
         c = choices[spec.id]
         p = c.profile
+        why = c.reason.split("; `fleetserve tune", 1)[0]
+        ruled += c.how in ("rule", "fallback")
         procs = (
             f"; its profile asks for {p.processes} processes per device, which "
             "`fleetserve worker` runs (this process is one)"
@@ -130,7 +140,13 @@ def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) 
         )
         console.print(
             f"  {spec.id}: {p.runtime or spec.runtime} {p.precision}, batch "
-            f"{p.max_batch_size}/{p.max_batch_tokens} tokens [dim]({c.reason}{procs})[/]",
+            f"{p.max_batch_size}/{p.max_batch_tokens} [dim]({why}{procs})[/]",
+            highlight=False,
+        )
+    if ruled:
+        console.print(
+            f"  [dim]{ruled} model(s) run on rules or a fallback, not tuned for this class: "
+            "`fleetserve tune MODEL` (or serve --tune quick) tunes them[/]",
             highlight=False,
         )
 

@@ -11,11 +11,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..catalog import Catalog
-from ..catalog.fetch import ObjectStoreConfig
 from ..catalog.hardware import Hardware, detect
 from ..catalog.profiles import ProfileError, Profiles
 from ..catalog.rules import class_precision, fallback_chain
-from ..catalog.sources import resolve
 from ..settings import Settings
 from ..wire import FleetError
 from .runs import RunStore
@@ -53,6 +51,8 @@ ARGS |= {"output", "report_dir", "knee_seconds", "max_processes"}
 
 
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
+    from ..server import weights_path  # the assembly: the server imports this package
+
     extra = (Path(settings.catalog),) if settings.catalog else ()
     catalog = Catalog.load(extra)
     hw = detect(settings.device)
@@ -83,18 +83,7 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
     for model in args.tune_models:  # every model checked before the first is tuned
         try:
             spec = catalog.get(model)
-            path = resolve(
-                spec.id,
-                spec.sources,
-                Path(settings.hf_cache).expanduser(),
-                cache_dir=Path(settings.cache_dir).expanduser(),
-                objects=ObjectStoreConfig(
-                    settings.s3_endpoint,
-                    settings.s3_region,
-                    settings.s3_access_key_id,
-                    settings.s3_secret_access_key,
-                ),
-            )
+            path = weights_path(spec, settings)
             jobs.append(
                 Tuner(
                     spec,

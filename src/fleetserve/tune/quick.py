@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from ..catalog import Catalog, ModelSpec
-from ..catalog.fetch import ObjectStoreConfig
 from ..catalog.profiles import Choice, Profiles
-from ..catalog.sources import resolve
 from ..settings import Settings
 from .runs import RunStore
 from .search import Options
@@ -86,7 +84,8 @@ async def quick_tune(
 def _tuner(
     settings: Settings, spec: ModelSpec, profiles: Profiles, budget: float, console: Console
 ) -> Tuner:
-    from .tuner import Tuner  # the search's imports only when a tune runs
+    from ..server import weights_path  # (the server imports this module)
+    from .tuner import Tuner
 
     tune_dir = Path(settings.tune_dir).expanduser()
     cache = Path(settings.cache_dir).expanduser()
@@ -99,18 +98,7 @@ def _tuner(
         device=profiles.hw.kind if settings.device == "auto" else settings.device,
         cache_dir=cache,
     )
-    path = resolve(
-        spec.id,
-        spec.sources,
-        Path(settings.hf_cache).expanduser(),
-        cache_dir=cache,
-        objects=ObjectStoreConfig(
-            settings.s3_endpoint,
-            settings.s3_region,
-            settings.s3_access_key_id,
-            settings.s3_secret_access_key,
-        ),
-    )
+    path = weights_path(spec, settings)
     return Tuner(
         spec,
         path,
