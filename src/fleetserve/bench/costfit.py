@@ -12,7 +12,6 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -24,9 +23,8 @@ def main(argv: Sequence[str] = ()) -> int:
     from ..runtimes import create_runtime
     from ..server import HF_CACHE, build_profiles
     from ..settings import Settings
-    from ..tune.costfit import fit
+    from ..tune.costfit import fit, item_pool
     from ..tune.workload import requests
-    from ..wire import Encoding, Envelope
 
     p = argparse.ArgumentParser(prog="fleetserve bench cost", description=__doc__)
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
@@ -45,11 +43,7 @@ def main(argv: Sequence[str] = ()) -> int:
     )
     adapter = create_adapter(spec, runtime, path)
     adapter.load()
-    pool: list[tuple[Any, int]] = []
-    for req in requests(spec, path, args.workload, 32, 8):
-        env = Envelope("cost", spec.id, req.task, Encoding.JSON, Encoding.JSON, 0, float("inf"))
-        prepared = adapter.preprocess(env, req.body)
-        pool += list(zip(prepared.items, prepared.lengths, strict=True))
+    pool = item_pool(adapter, spec.id, requests(spec, path, args.workload, 32, 8))
     with console.status("timing forward passes…"):
         result = fit(
             adapter.forward,

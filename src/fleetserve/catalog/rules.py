@@ -61,7 +61,7 @@ def fallback_chain(hardware_class: str) -> tuple[str, ...]:
 
 
 def openvino_installed() -> bool:
-    return importlib.util.find_spec("openvino") is not None
+    return not missing_extra("openvino")
 
 
 # a runtime -> (the module it needs, the extra that installs it)

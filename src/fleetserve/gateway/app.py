@@ -97,11 +97,8 @@ class Gateway:
         try:
             if self._api_key and path.startswith("/v1/"):
                 self._authorize(scope)
-            if self.dashboard.handles(path):  # the page, its events and /v1/tuning/
-                await self.dashboard(scope, receive, send)
-                return
             route = _route(method, path)
-            if route is not None:
+            if route is not None:  # inference first: the dashboard stays off the hot path
                 await self._infer(scope, receive, send, *route)
             elif method == "GET" and path == "/healthz":
                 await respond(send, *body_response(200, {"status": "ok"}, accept))
@@ -114,6 +111,8 @@ class Gateway:
                 await respond(send, *body_response(200, body, accept))
             elif method == "GET" and path == "/metrics":
                 await respond(send, 200, _TEXT, self.metrics.render())
+            elif self.dashboard.handles(path):  # the page, its events and /v1/tuning/
+                await self.dashboard(scope, receive, send)
             else:
                 raise NotFound(f"no route for {method} {path}", field="path")
         except FleetError as err:

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
 import warnings
@@ -28,6 +27,7 @@ from rich.console import Console
 
 from . import DEFAULT_CACHE
 from .base import Head, Output
+from .cache import build_entry
 from .head_graph import OUTPUTS, head_graph, per_token, weights_fingerprint
 from .onnx import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
 
@@ -113,17 +113,7 @@ def export_model(
 
 # -- the fp32 graph -------------------------------------------------------------------
 def _ensure_fp32(path: Path, head: Head, cache_dir: Path, console: Console) -> Path:
-    root = cache_dir / "onnx"
-    entry = root / cache_key(path, head)
-    if (entry / "meta.json").is_file() and (entry / "model.onnx").is_file():
-        return entry
-    if entry.exists():
-        log.warning("cache entry %s is incomplete; rebuilding it", entry)
-        shutil.rmtree(entry, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    def build(tmp: Path) -> None:
         t0 = time.perf_counter()
         with _status(console, f"Exporting {path} ({head}) to ONNX…"):
             _export_graph(path, head, tmp / "model.onnx")
@@ -137,15 +127,12 @@ def _ensure_fp32(path: Path, head: Head, cache_dir: Path, console: Console) -> P
             "versions": {p: _version(p) for p in ("torch", "transformers", "onnxruntime")},
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        try:
-            tmp.rename(entry)
-        except OSError:  # another process finished the same export first
-            if not (entry / "meta.json").is_file():
-                raise
-        log.info("exported %s (%s) to %s in %.1fs", path, head, entry, meta["export_seconds"])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry
+        log.info("exported %s (%s) in %.1fs", path, head, meta["export_seconds"])
+
+    def complete(entry: Path) -> bool:
+        return (entry / "meta.json").is_file() and (entry / "model.onnx").is_file()
+
+    return build_entry(cache_dir / "onnx" / cache_key(path, head), complete, build)
 
 
 def _export_graph(path: Path, head: Head, dest: Path) -> None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import time
-import uuid
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from .base import Head
+from .cache import build_entry
 from .head_graph import OUTPUTS, head_graph, weights_fingerprint
 
 try:
@@ -71,21 +70,13 @@ def ensure_ir(path: Path, head: Head, cache_dir: Path, console: Console | None =
     (or only an incomplete one). Built in a temporary directory and renamed into place,
     so that no partial entry is ever visible."""
     head = Head(head)
-    root = Path(cache_dir) / "openvino"
-    entry = root / cache_key(path, head)
-    if is_complete(entry):
-        return entry
-    if entry.exists():
-        log.warning("cache entry %s is incomplete; rebuilding it", entry)
-        shutil.rmtree(entry, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    entry = Path(cache_dir) / "openvino" / cache_key(path, head)
+
+    def build(tmp: Path) -> None:
         t0 = time.perf_counter()
-        console = console or Console(stderr=True)
-        if console.is_terminal:
-            with console.status(f"Converting {path} ({head}) to OpenVINO IR…"):
+        out = console or Console(stderr=True)
+        if out.is_terminal:
+            with out.status(f"Converting {path} ({head}) to OpenVINO IR…"):
                 convert(path, head, tmp / "model.xml")
         else:
             convert(path, head, tmp / "model.xml")
@@ -100,15 +91,9 @@ def ensure_ir(path: Path, head: Head, cache_dir: Path, console: Console | None =
             "versions": {p: _version(p) for p in ("torch", "transformers")},
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        try:
-            tmp.rename(entry)
-        except OSError:  # another process finished the same conversion first
-            if not is_complete(entry):
-                raise
-        log.info("converted %s (%s) to %s in %.1fs", path, head, entry, meta["convert_seconds"])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry
+        log.info("converted %s (%s) in %.1fs", path, head, meta["convert_seconds"])
+
+    return build_entry(entry, is_complete, build)
 
 
 def convert(path: Path, head: Head, dest: Path) -> None:

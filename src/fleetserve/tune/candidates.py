@@ -7,13 +7,12 @@ are installed, and the hardware (a bf16 or fp16 candidate needs no special ISA t
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..catalog import ModelSpec, Profile
 from ..catalog.hardware import Hardware
-from ..catalog.rules import OPENVINO_FAMILIES
+from ..catalog.rules import OPENVINO_FAMILIES, missing_extra
 
 ONNX_FAMILIES = frozenset({"dense", "sparse", "multivector", "cross_encoder", "ner", "zero_shot"})
 # torch_compile is not in the grid: the search probes it once (``Search.compile_probe``)
@@ -22,7 +21,6 @@ PRECISIONS: dict[str, tuple[str, ...]] = {
     "onnx": ("fp32", "int8"),
     "openvino": ("fp32", "bf16", "fp16"),
 }
-EXTRA = {"torch": "torch", "onnx": "onnxruntime", "openvino": "openvino"}
 
 
 @dataclass(frozen=True)
@@ -90,8 +88,8 @@ def runtimes_for(spec: ModelSpec, kind: str = "cpu") -> list[tuple[str, str]]:
             why = f"the {spec.family} family does not run on OpenVINO"
         elif spec.family == "generate" and rt != "torch":
             why = "generation runs on torch"
-        elif importlib.util.find_spec(EXTRA[rt]) is None:
-            why = f"not installed (pip install 'fleetserve[{rt}]')"
+        elif missing_extra(rt):
+            why = f"not installed (pip install 'fleetserve[{missing_extra(rt)}]')"
         out.append((rt, why))
     return out
 

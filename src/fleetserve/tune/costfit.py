@@ -17,8 +17,12 @@ from typing import Any
 import numpy as np
 
 from ..catalog import CostModel
+from ..families import FamilyAdapter
+from .harness import Request
+from .quality import json_envelope
 
 Forward = Callable[[list[Any]], Any]
+Pool = list[tuple[Any, int]]
 BANDS = ((0.0, 0.3), (0.3, 0.7), (0.7, 1.0), None)  # length quantile bands; None: mixed
 
 
@@ -36,6 +40,15 @@ class CostFit:
             "median_rel_error": self.median_rel_error,
             "points": self.points,
         }
+
+
+def item_pool(adapter: FamilyAdapter, model: str, requests: Sequence[Request]) -> Pool:
+    """The prepared items of ``requests`` and their lengths, as the worker batches them."""
+    pool: Pool = []
+    for req in requests:
+        prepared = adapter.preprocess(json_envelope(model, req.task, "cost"), req.body)
+        pool += list(zip(prepared.items, prepared.lengths, strict=True))
+    return pool
 
 
 def fit(
@@ -102,4 +115,4 @@ def _error(
     return float(np.median(np.abs(pred - np.asarray(times)) / np.asarray(times)))
 
 
-__all__ = ["CostFit", "fit"]
+__all__ = ["CostFit", "fit", "item_pool"]

@@ -83,21 +83,26 @@ def calibration(spec: ModelSpec) -> list[tuple[Task, dict[str, Any]]]:
     raise ValueError(f"no quality gate for the {fam} family")
 
 
+def json_envelope(model: str, task: Task, request_id: str) -> Envelope:
+    """The envelope of a JSON request sent straight to an adapter (no gateway)."""
+    return Envelope(
+        request_id=request_id,
+        model=model,
+        task=task,
+        content_type=Encoding.JSON,
+        accept=Encoding.JSON,
+        cost_hint=0,
+        deadline=float("inf"),
+    )
+
+
 def replies(
     adapter: FamilyAdapter, spec: ModelSpec, requests: Sequence[tuple[Task, dict[str, Any]]]
 ) -> list[Any]:
     """Each request through preprocess, forward and postprocess; the decoded replies."""
     out = []
     for task, body in requests:
-        env = Envelope(
-            request_id="calibration",
-            model=spec.id,
-            task=task,
-            content_type=Encoding.JSON,
-            accept=Encoding.JSON,
-            cost_hint=0,
-            deadline=float("inf"),
-        )
+        env = json_envelope(spec.id, task, "calibration")
         prepared = adapter.preprocess(env, json.dumps(body).encode())
         rows = list(adapter.forward(prepared.items))
         out.append(json.loads(adapter.postprocess(env, prepared, rows)))
@@ -251,5 +256,6 @@ __all__ = [
     "calibration",
     "compare",
     "images",
+    "json_envelope",
     "replies",
 ]

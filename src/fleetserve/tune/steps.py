@@ -10,9 +10,8 @@ from typing import Any
 
 from ..bench.knee_find import find_knee
 from ..bench.openloop import auto_rates, capacity, sweep
-from ..wire import Encoding, Envelope, Task
 from . import candidates as cands
-from .costfit import fit
+from .costfit import fit, item_pool
 from .harness import Stack
 from .quality import calibration, compare, replies
 from .search import Point, Search, quality_line
@@ -167,21 +166,9 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     s.phase = "cost"
     s._changed()
     adapter = stack.adapter
-    pool: list[tuple[Any, int]] = []
-    for req in s.requests[:8]:
-        env = Envelope(
-            request_id="cost",
-            model=s.spec.id,
-            task=req.task,
-            content_type=Encoding.JSON,
-            accept=Encoding.JSON,
-            cost_hint=0,
-            deadline=float("inf"),
-        )
-        if req.task is Task.GENERATE:
-            return  # generation's cost is per decode step, not per padded batch
-        prepared = await stack.compute(adapter.preprocess, env, req.body)
-        pool += list(zip(prepared.items, prepared.lengths, strict=True))
+    if s.spec.family == "generate":
+        return  # generation's cost is per decode step, not per padded batch
+    pool = await stack.compute(item_pool, adapter, s.spec.id, s.requests[:8])
     w = s.winner
     assert w is not None
     before = _rss()
