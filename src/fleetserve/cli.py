@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from .settings import Settings
 from .wire import FleetError
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.load(env=os.environ, cli=cli)
     except (ValueError, OSError) as exc:
-        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        _error(console, exc)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _catalog_command(settings, args, console)
         except (ValueError, OSError, FleetError) as exc:  # a broken profile file, say
-            console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+            _error(console, exc)
             return 1
     if args.command == "cluster":
         from .cluster.supervisor import run_cluster
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run_cluster(settings, args.workers, os.environ, args.store_dir)
         except (ValueError, OSError, FleetError) as exc:
-            console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+            _error(console, exc)
             return 1
     if args.command == "dlq":
         from .queue.dlq_cli import run_dlq
@@ -126,6 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .server import serve
 
     return _run(serve(settings), console)
+
+
+def _error(console: Console, exc: BaseException) -> None:
+    """A start-up failure (a bad catalog file, a missing directory) on stderr as
+    ``error: <message>``, taken literally (no markup, no wrapping) and no traceback."""
+    console.print(f"[red]error:[/] {escape(str(exc) or type(exc).__name__)}", soft_wrap=True)
 
 
 def _catalog_command(settings: Settings, args: argparse.Namespace, console: Console) -> int:
@@ -175,7 +182,7 @@ def _run(main: Coroutine[Any, Any, Any], console: Console) -> int:
     except KeyboardInterrupt:
         return 0
     except (FleetError, ValueError, OSError, RuntimeError) as exc:
-        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        _error(console, exc)
         return 1
     return int(result or 0)
 

@@ -77,11 +77,52 @@ def test_from_dict_reads_profiles_and_cost() -> None:
         ({**MINIMAL, "profiles": {"cpu": {"pooing": "mean"}}}, "unknown field 'pooing'"),
         ({**MINIMAL, "profiles": {"cpu": {"cost": {"fixed": 1}}}}, "cost"),
         ({**MINIMAL, "budgets": {"cpu": {"precision": "fp8"}}}, "budgets.cpu"),
+        ({**MINIMAL, "famly": "dense"}, r"unknown key 'famly' \(did you mean 'family'\?\)"),
+        ({**MINIMAL, "pooing": "cls"}, r"unknown key 'pooing' \(did you mean 'pooling'\?\)"),
+        ({**MINIMAL, "colour": 1}, r"unknown key 'colour'; allowed: id, family"),
+        ({**MINIMAL, "family": "densee"}, r"unknown family 'densee' \(did you mean 'dense'\?\)"),
+        ({**MINIMAL, "family": 3}, "key 'family': unknown family 3; allowed: dense"),
+        ({**MINIMAL, "runtime": "tensorrt"}, "unknown runtime 'tensorrt'; allowed: torch"),
+        ({**MINIMAL, "pooling": "max"}, "allowed: mean, cls, none"),
+        ({**MINIMAL, "id": 7}, "key 'id' must be a non-empty string"),
+        ({**MINIMAL, "id": ""}, "key 'id' must be a non-empty string"),
+        ({**MINIMAL, "max_seq_len": "abc"}, "key 'max_seq_len' must be an integer >= 1, not 'abc'"),
+        ({**MINIMAL, "max_seq_len": 0}, "key 'max_seq_len' must be an integer >= 1"),
+        ({**MINIMAL, "dimensions": 1.5}, "key 'dimensions' must be an integer"),
+        ({**MINIMAL, "pinned": "maybe"}, "key 'pinned' must be true or false, not 'maybe'"),
+        ({**MINIMAL, "normalize": 1}, "key 'normalize' must be true or false"),
+        ({**MINIMAL, "description": 5}, "key 'description' must be a string"),
+        ({**MINIMAL, "options": [1]}, "key 'options' must be a mapping"),
+        ({**MINIMAL, "profiles": ["cpu"]}, "key 'profiles' must be a mapping"),
+        ({**MINIMAL, "sources": [1]}, "key 'sources' must be a source or a list"),
+        ({**MINIMAL, "source": "/w"}, "'sources' and 'source' both given"),
+        ({**MINIMAL, "keep_alive": "soon"}, "keep_alive must be a number of seconds or a dur"),
+        ({**MINIMAL, "keep_alive": -1}, "keep_alive must not be negative"),
+        ({**MINIMAL, "keep_alive": "2d"}, "keep_alive must be a number of seconds"),
+        ({**MINIMAL, "keep_alive": "48h"}, "keep_alive is enormous"),
+        ({**MINIMAL, "keep_alive": True}, "keep_alive must be a number"),
+        ([MINIMAL], "a model spec must be a mapping"),
     ],
 )
-def test_from_dict_validation(data: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_from_dict_validation(data: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as info:
         ModelSpec.from_dict(data)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(None, 0.0), (0, 0.0), (45, 45.0), ("250ms", 0.25), ("5m", 300.0)]
+)
+def test_keep_alive_takes_seconds_or_a_duration(value: object, seconds: float) -> None:
+    data = {**MINIMAL} if value is None else {**MINIMAL, "keep_alive": value}
+    assert ModelSpec.from_dict(data).keep_alive == seconds
+
+
+def test_optional_keys_may_be_null() -> None:
+    spec = ModelSpec.from_dict(
+        {**MINIMAL, "dimensions": None, "description": None, "options": None, "profiles": None}
+    )
+    assert spec.dimensions is None and spec.description == "" and spec.options == {}
 
 
 def test_cost_model_predicts_padding() -> None:
@@ -128,13 +169,100 @@ def test_extra_catalog_dir_adds_and_overrides(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "match"), [("- a\n- b\n", "mapping"), ("id: x\npooling: max\nsource: /w\n", "pooling")]
+    ("text", "match"),
+    [
+        ("- a\n- b\n", "mapping"),
+        ("id: x\npooling: max\nsource: /w\n", "pooling"),
+        ("", "the file is empty"),
+        ("id: x\nfamly: dense\nsource: /w\n", "unknown key 'famly'"),
+        ("id: x\nfamily: dense\n  source: /w\n", "line 3, column 9: invalid YAML: mapping values"),
+        ("id: x\nsources: [/w\n", "line 3, column 1: invalid YAML"),
+        ("id: x\nsource: /w\nprofiles:\n  cpu:\n    pooing: 1\n", "unknown field 'pooing'"),
+    ],
 )
 def test_bad_spec_file_names_the_file(tmp_path: Path, text: str, match: str) -> None:
     (tmp_path / "broken.yaml").write_text(text)
     with pytest.raises(ValueError, match=match) as info:
         Catalog.load([tmp_path], bundled=False)
-    assert "broken.yaml" in str(info.value)
+    assert str(info.value).startswith(f"{tmp_path / 'broken.yaml'}: ")
+    assert "\n" not in str(info.value)
+
+
+def test_catalog_dir_must_exist_and_be_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist") as info:
+        Catalog.load([tmp_path / "nope"])
+    assert str(tmp_path / "nope") in str(info.value) and "--catalog" in str(info.value)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is not a directory"):
+        Catalog.load([tmp_path / "file"])
+    assert len(Catalog.load([tmp_path])) == len(Catalog.load())  # an empty dir adds nothing
+
+
+def test_catalog_dir_expands_the_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write(tmp_path / "cat", {"id": "mine/home", "sources": ["/x"]})
+    assert "mine/home" in Catalog.load([Path("~/cat")], bundled=False)
+
+
+BAD_START = [
+    ("family: densee\n", "bad.yaml", "unknown family 'densee' (did you mean 'dense'?)"),
+    ("famly: dense\n", "bad.yaml", "unknown key 'famly' (did you mean 'family'?)"),
+    ("pooing: mean\n", "bad.yaml", "unknown key 'pooing' (did you mean 'pooling'?)"),
+    ("max_seq_len: abc\n", "bad.yaml", "key 'max_seq_len' must be an integer"),
+    ("pinned: maybe\n", "bad.yaml", "key 'pinned' must be true or false"),
+    ("keep_alive: soon\n", "bad.yaml", "keep_alive must be a number of seconds"),
+    ("family: dense\n  x: [\n", "bad.yaml", "invalid YAML"),
+]
+
+
+def start(args: list[str], catalog: Path, home: Path) -> Any:
+    """``fleetserve ARGS --catalog CATALOG`` as a user runs it (HOME apart: caches go there)."""
+    import subprocess
+    import sys
+
+    home.mkdir(exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "COLUMNS": "80"}
+    return subprocess.run(
+        [sys.executable, "-m", "fleetserve", *args, "--catalog", str(catalog)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=home,
+    )
+
+
+def assert_one_error_line(r: Any, *needles: str) -> None:
+    assert r.returncode != 0, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("text", "file", "what"), BAD_START)
+def test_serve_refuses_a_bad_catalog_at_start(
+    tmp_path: Path, text: str, file: str, what: str
+) -> None:
+    (tmp_path / file).write_text("id: mine/bad\nsources: [/w]\n" + text)
+    r = start(["serve", "--port", "0"], tmp_path, tmp_path / "home")
+    assert_one_error_line(r, str(tmp_path / file), what)
+
+
+@pytest.mark.parametrize("command", [["models"], ["worker"], ["gateway", "--port", "0"]])
+def test_every_command_refuses_a_bad_catalog_at_start(tmp_path: Path, command: list[str]) -> None:
+    (tmp_path / "bad.yaml").write_text("id: mine/bad\nsources: [/w]\nfamly: dense\n")
+    if command[0] == "gateway":  # the gateway asks for NATS first; the catalog still fails
+        command = [*command, "--nats", "nats://127.0.0.1:1"]
+    r = start(command, tmp_path, tmp_path / "home")
+    assert_one_error_line(r, str(tmp_path / "bad.yaml"), "unknown key 'famly'")
+
+
+def test_serve_refuses_a_missing_catalog_dir(tmp_path: Path) -> None:
+    r = start(["serve", "--port", "0"], tmp_path / "does-not-exist", tmp_path / "home")
+    assert_one_error_line(r, str(tmp_path / "does-not-exist"), "does not exist")
 
 
 # -- sources ---------------------------------------------------------------------------
@@ -250,16 +378,17 @@ def test_fleetserve_models_shows_family_runtime_size_and_presence(tmp_path: Path
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "fleetserve", "models", "--hf-cache", str(tmp_path)],
+        [sys.executable, "-m", "fleetserve", "models", "--hf-cache", str(tmp_path), "--port", "1"],
         capture_output=True,
         text=True,
         timeout=60,
         env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"},
     )
     assert r.returncode == 0, r.stderr
-    lines = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if "│" in line}
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
     minilm = lines["sentence-transformers/all-MiniLM-L6-v2"]
-    assert "dense" in minilm and "yes" in minilm and "MiB" in minilm
+    assert "dense" in minilm and "cold" in minilm and "MiB" in minilm and "yes" in minilm
     assert any(f"{rt} " in minilm for rt in ("torch", "onnx", "openvino"))  # what it runs on
-    bge = lines["BAAI/bge-small-en-v1.5"]
-    assert "no" in bge and "33M params" in bge and "hf:BAAI/bge-small-en-v1.5" in bge
+    bge = lines["BAAI/bge-small-en-v1.5"]  # absent: its declared size (33M params) in MiB
+    assert "~62.9 MiB" in bge and "hf:BAAI/bge-small-en-v1.5" in bge
+    assert "no server on" in r.stdout

@@ -25,6 +25,11 @@ class Catalog:
 
     @classmethod
     def load(cls, extra_dirs: Iterable[Path] = (), *, bundled: bool = True) -> Catalog:
+        """The bundled specs, then each of ``extra_dirs`` (``--catalog``) in order.
+
+        Everything is validated here, at start: a directory that does not exist, a file
+        that is not YAML, an unknown key or value is a one-line ``ValueError`` naming
+        the file and the key."""
         specs: list[ModelSpec] = []
         if bundled:
             root = resources.files(__package__) / "models"
@@ -32,8 +37,7 @@ class Catalog:
                 if entry.name.endswith((".yaml", ".yml")):
                     specs.append(_parse(entry.read_text(), entry.name))
         for d in extra_dirs:
-            for f in sorted(Path(d).glob("*.y*ml")):
-                specs.append(_parse(f.read_text(), str(f)))
+            specs.extend(_parse(_read(f), str(f)) for f in _spec_files(Path(d).expanduser()))
         return cls(specs)
 
     def get(self, model_id: str) -> ModelSpec:
@@ -58,14 +62,41 @@ class Catalog:
         return Catalog(self.get(i) for i in ids)
 
 
+def _spec_files(d: Path) -> list[Path]:
+    hint = "--catalog (FLEETSERVE_CATALOG) takes a directory of model spec *.yaml files"
+    if not d.exists():
+        raise ValueError(f"catalog directory {d} does not exist; {hint}")
+    if not d.is_dir():
+        raise ValueError(f"catalog directory {d} is not a directory; {hint}")
+    return sorted(f for f in d.glob("*.y*ml") if f.suffix in (".yaml", ".yml"))
+
+
+def _read(f: Path) -> str:
+    try:
+        return f.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValueError(f"{f}: cannot read the model spec: {reason}") from None
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 def _parse(text: str, where: str) -> ModelSpec:
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: a model spec must be a mapping")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise ValueError(f"{where}: {at}invalid YAML: {_one_line(problem)}") from None
+    if data is None:
+        raise ValueError(f"{where}: the file is empty; a model spec needs at least id and sources")
     try:
         return ModelSpec.from_dict(data)
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise ValueError(f"{where}: {_one_line(exc)}") from None
 
 
 __all__ = [

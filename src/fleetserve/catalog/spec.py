@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtimes import RUNTIMES
+from ..wire import InvalidInput, parse_duration
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # int8: ONNX Runtime, behind a quality guard
 
@@ -119,6 +121,29 @@ def _number(d: dict[str, Any], key: str, where: str) -> float:
     return float(v)
 
 
+SPEC_FIELDS = (
+    "id",
+    "family",
+    "runtime",
+    "sources",
+    "source",  # one source, the same as sources: [it]
+    "pooling",
+    "normalize",
+    "max_seq_len",
+    "dimensions",
+    "pinned",
+    "keep_alive",
+    "profiles",
+    "budgets",
+    "description",
+    "options",
+    "runtime_options",
+    "size",
+)
+POOLINGS = ("mean", "cls", "none")
+KEEP_ALIVE_MAX = 86400.0  # a day; for longer, `pinned: true`
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One catalog entry: where the weights are and how the family should treat them."""
@@ -138,40 +163,137 @@ class ModelSpec:
     options: dict[str, Any] = field(default_factory=dict)  # family-specific settings
     runtime_options: dict[str, Any] = field(default_factory=dict)  # e.g. an external URL
     size: str = ""  # declared size for `fleetserve models` when the weights are absent
+    keep_alive: float = 0.0  # seconds resident after its last use (0: evictable when idle)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
-        try:
-            src = d.get("sources", d.get("source"))
-            sources = (src,) if isinstance(src, str) else tuple(str(s) for s in src or ())
-            if not sources:
-                raise ValueError("needs a source")
-            pooling = str(d.get("pooling", "mean"))
-            if pooling not in ("mean", "cls", "none"):
-                raise ValueError(f"pooling must be mean, cls or none, not {pooling!r}")
-            profiles = {
-                str(hw): Profile.from_dict(str(hw), p or {})
-                for hw, p in (d.get("profiles") or {}).items()
-            }
-            budgets = {str(k): dict(b or {}) for k, b in (d.get("budgets") or {}).items()}
-            for kind, b in budgets.items():
-                Profile.from_dict(f"budgets.{kind}", b)  # validated here, applied by the rules
-            return cls(
-                id=str(d["id"]),
-                family=str(d.get("family", "dense")),
-                runtime=str(d.get("runtime", "torch")),
-                sources=sources,
-                pooling=pooling,
-                normalize=bool(d.get("normalize", True)),
-                max_seq_len=int(d.get("max_seq_len", 512)),
-                dimensions=int(d["dimensions"]) if d.get("dimensions") else None,
-                pinned=bool(d.get("pinned", False)),
-                profiles=profiles,
-                budgets=budgets,
-                description=str(d.get("description", "")),
-                options=dict(d.get("options") or {}),
-                runtime_options=dict(d.get("runtime_options") or {}),
-                size=str(d.get("size", "")),
+        """Read a spec strictly: an unknown key, family, runtime or pooling, a missing
+        ``id`` or a value of the wrong type is a one-line ``ValueError`` naming the key
+        and what it allows (the caller adds the file)."""
+        if not isinstance(d, dict):
+            raise ValueError(
+                f"a model spec must be a mapping of keys ({', '.join(SPEC_FIELDS)}), "
+                f"not {type(d).__name__}"
             )
-        except KeyError as exc:
-            raise ValueError(f"model spec is missing {exc.args[0]!r}") from None
+        for key in d:
+            if key not in SPEC_FIELDS:
+                raise ValueError(
+                    f"unknown key {str(key)!r}{_did_you_mean(str(key), SPEC_FIELDS)}; "
+                    f"allowed: {', '.join(SPEC_FIELDS)}"
+                )
+        model_id = d.get("id")
+        if model_id is None:
+            raise ValueError(
+                "missing 'id' (required: the model's name that requests use, e.g. org/name)"
+            )
+        if not isinstance(model_id, str) or not model_id.strip():
+            raise ValueError(f"key 'id' must be a non-empty string, not {model_id!r}")
+        from ..families import FAMILIES  # here: the families package imports this one
+
+        family = _choice(d, "family", "dense", tuple(FAMILIES))
+        runtime = _choice(d, "runtime", "torch", RUNTIMES)
+        pooling = _choice(d, "pooling", "mean", POOLINGS)
+        profiles = {
+            str(hw): Profile.from_dict(str(hw), p or {})
+            for hw, p in _mapping(d, "profiles", "hardware classes to profiles").items()
+        }
+        budgets: dict[str, dict[str, Any]] = {}
+        for kind, b in _mapping(d, "budgets", "hardware kinds to budgets").items():
+            Profile.from_dict(f"budgets.{kind}", b or {})  # validated here, applied by the rules
+            budgets[str(kind)] = dict(b or {})
+        dimensions = d.get("dimensions")
+        if dimensions is not None:
+            dimensions = _integer(d, "dimensions", 0)
+        try:
+            keep_alive = parse_duration(
+                d.get("keep_alive", 0.0), "keep_alive", maximum=KEEP_ALIVE_MAX
+            )
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+        return cls(
+            id=model_id,
+            family=family,
+            runtime=runtime,
+            sources=_sources(d),
+            pooling=pooling,
+            normalize=_flag(d, "normalize", True),
+            max_seq_len=_integer(d, "max_seq_len", 512),
+            dimensions=dimensions,
+            pinned=_flag(d, "pinned", False),
+            profiles=profiles,
+            budgets=budgets,
+            description=_text(d, "description"),
+            options=_mapping(d, "options", "family-specific settings"),
+            runtime_options=_mapping(d, "runtime_options", "runtime settings"),
+            size=_text(d, "size"),
+            keep_alive=keep_alive,
+        )
+
+
+def _did_you_mean(word: str, allowed: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, allowed, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _choice(d: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
+    v = d.get(key, default)
+    if not isinstance(v, str) or v not in allowed:
+        hint = _did_you_mean(v, allowed) if isinstance(v, str) else ""
+        raise ValueError(f"key {key!r}: unknown {key} {v!r}{hint}; allowed: {', '.join(allowed)}")
+    return v
+
+
+def _integer(d: dict[str, Any], key: str, default: int, minimum: int = 1) -> int:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"key {key!r} must be an integer >= {minimum}, not {v!r}")
+    return v
+
+
+def _flag(d: dict[str, Any], key: str, default: bool) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"key {key!r} must be true or false, not {v!r}")
+    return v
+
+
+def _text(d: dict[str, Any], key: str) -> str:
+    v = d.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise ValueError(f"key {key!r} must be a string, not {v!r}")
+    return v
+
+
+def _mapping(d: dict[str, Any], key: str, what: str) -> dict[str, Any]:
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"key {key!r} must be a mapping of {what}, not {type(v).__name__}")
+    return dict(v)
+
+
+SOURCE_FORMS = "a local path, file://, package:<module>/<dir>, hf:<org>/<name>, s3://, gguf:"
+
+
+def _sources(d: dict[str, Any]) -> tuple[str, ...]:
+    if "sources" in d and "source" in d:
+        raise ValueError("keys 'sources' and 'source' both given; allowed: one of them")
+    key = "source" if "source" in d else "sources"
+    src = d.get(key)
+    if src is None:
+        raise ValueError(
+            f"needs a source: key 'sources' lists where the weights are ({SOURCE_FORMS})"
+        )
+    items = [src] if isinstance(src, str) else src
+    if not isinstance(items, list) or not all(isinstance(s, str) and s.strip() for s in items):
+        raise ValueError(
+            f"key {key!r} must be a source or a list of sources ({SOURCE_FORMS}), not {src!r}"
+        )
+    if not items:
+        raise ValueError(
+            f"needs a source: key 'sources' lists where the weights are ({SOURCE_FORMS})"
+        )
+    return tuple(items)

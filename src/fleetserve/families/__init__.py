@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..catalog import ModelSpec
 from ..runtimes import Runtime
 from ..wire import Task
 from .base import FamilyAdapter, Prepared
+
+if TYPE_CHECKING:
+    from ..catalog import ModelSpec
 
 # family name -> "module:Class", relative to this package
 FAMILIES: dict[str, str] = {
@@ -29,6 +31,21 @@ FAMILIES: dict[str, str] = {
     "generate": "generate:GenerateAdapter",
 }
 
+_SCORE = frozenset({Task.SCORE, Task.RERANK})
+# family name -> the tasks its adapter serves, declared here so that routing and the
+# catalog never import a family module (a test checks each adapter class agrees)
+FAMILY_TASKS: dict[str, frozenset[Task]] = {
+    "dense": frozenset({Task.ENCODE, Task.EMBEDDINGS, *_SCORE}),
+    "sparse": frozenset({Task.ENCODE, *_SCORE}),
+    "multivector": frozenset({Task.ENCODE, *_SCORE}),
+    "cross_encoder": _SCORE,
+    "ner": frozenset({Task.EXTRACT}),
+    "span_ner": frozenset({Task.EXTRACT}),
+    "zero_shot": frozenset({Task.EXTRACT}),
+    "image": frozenset({Task.ENCODE, Task.SCORE}),
+    "generate": frozenset({Task.CHAT, Task.GENERATE}),
+}
+
 
 def adapter_class(family: str) -> Any:
     """The adapter class of a family, imported on demand (its heavy imports are not)."""
@@ -40,7 +57,10 @@ def adapter_class(family: str) -> Any:
 
 
 def family_tasks(family: str) -> frozenset[Task]:
-    tasks: frozenset[Task] = adapter_class(family).tasks
+    """The tasks a family serves, without importing its module."""
+    tasks = FAMILY_TASKS.get(family)
+    if tasks is None:
+        raise ValueError(f"unknown family {family!r}; available: " + ", ".join(sorted(FAMILIES)))
     return tasks
 
 
@@ -55,6 +75,7 @@ def create_adapter(spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapt
 
 __all__ = [
     "FAMILIES",
+    "FAMILY_TASKS",
     "FamilyAdapter",
     "Prepared",
     "adapter_class",

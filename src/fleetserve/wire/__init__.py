@@ -3,6 +3,7 @@
 Nothing here imports any other part of fleetserve.
 """
 
+from .durations import parse_duration
 from .errors import (
     ERROR_TYPES,
     DeadlineExceeded,
@@ -39,4 +40,5 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "error_from_body",
+    "parse_duration",
 ]

@@ -1,0 +1,21 @@
+"""FAMILY_TASKS, the static table routing uses, agrees with every adapter class."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.families import FAMILIES, FAMILY_TASKS, adapter_class, family_tasks
+
+
+def test_the_table_names_every_family() -> None:
+    assert set(FAMILY_TASKS) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_table_matches_the_adapter_class(family: str) -> None:
+    assert family_tasks(family) == FAMILY_TASKS[family] == adapter_class(family).tasks
+
+
+def test_an_unknown_family_is_a_value_error_listing_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown family 'densee'; available: cross_encoder"):
+        family_tasks("densee")
