@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,3 +104,88 @@ def wait_for(pred: Any, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ClusterCommand:
+    """``python -m fleetserve cluster`` as a child process, its stderr collected.
+
+    The supervisor logs ``<child> pid <pid>`` for every start, which is how tests
+    find whom to kill.
+    """
+
+    def __init__(
+        self, catalog: Path, tmp: Path, workers: int = 2, port: int | None = None,
+        wait: bool = True, **env: str,
+    ) -> None:  # fmt: skip
+        self.catalog, self.tmp, self.workers, self.wait = catalog, tmp, workers, wait
+        self.port = port or free_port()
+        self.api = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "FLEETSERVE_CATALOG": str(catalog),
+            "FLEETSERVE_MODELS": TINY,
+            "FLEETSERVE_DEVICE": "cpu",
+            "FLEETSERVE_TORCH_THREADS": "1",
+            "FLEETSERVE_HARDWARE_CLASS": TINY_CLASS,
+            "FLEETSERVE_PROFILE_DIR": NO_USER_PROFILES,
+            "FLEETSERVE_QUEUE_PREFIX": f"heal{next(_prefixes)}",
+            **env,
+        }
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ClusterCommand:
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, "-m", "fleetserve", "cluster", "--workers", str(self.workers),
+               "--port", str(self.port), "--store-dir", str(self.tmp / "js")]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        if self.wait and not self.wait_line("Ctrl-C stops everything", 120):
+            self.__exit__(None, None, None)
+            raise RuntimeError("the cluster did not become ready:\n" + self.output())
+        return self
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._lock:
+                self._lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        with self._lock:
+            return "\n".join(self._lines)
+
+    def wait_line(self, text: str, timeout: float = 15.0) -> bool:
+        return wait_for(lambda: text in self.output(), timeout)
+
+    def pids_of(self, child: str) -> list[int]:
+        """Every pid ``child`` has had, in order (``worker-0 pid 1234`` lines)."""
+        with self._lock:
+            lines = list(self._lines)
+        return [int(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith(f"{child} pid ")]
+
+    def pid_of(self, child: str) -> int:
+        return self.pids_of(child)[-1]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from ..wire import Unavailable
 
@@ -62,6 +63,7 @@ class NatsServer:
             store_dir = self._tmp.name
         self.store_dir = Path(store_dir)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -72,7 +74,15 @@ class NatsServer:
         return self.proc.pid if self.proc is not None else None
 
     def start(self, timeout: float = 10.0) -> str:
-        """Start the server and wait until it accepts clients; returns its URL."""
+        """Start the server and wait until it accepts clients; returns its URL.
+
+        Starting again after a crash (or ``kill``) reuses the port it had and the same
+        store directory, so clients reconnect and file-stored streams come back.
+        """
+        self._close_pipes()
+        # its log goes to an unlinked file, read only if it fails to start: a pipe that
+        # nobody reads would block the server once its warnings fill it
+        self._log = tempfile.TemporaryFile(prefix="fleetserve-nats-log-")  # noqa: SIM115
         ports_dir = Path(tempfile.mkdtemp(prefix="fleetserve-nats-ports-"))
         self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -86,7 +96,7 @@ class NatsServer:
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self._log,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
@@ -95,9 +105,8 @@ class NatsServer:
         try:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    err = (
-                        self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                    )
+                    err = self._read_log()
+                    self._close_pipes()
                     raise Unavailable(f"nats-server exited at start: {err.strip()[-500:]}")
                 if ports_file.exists():
                     try:
@@ -133,9 +142,16 @@ class NatsServer:
             self._tmp.cleanup()
             self._tmp = None
 
+    def _read_log(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
     def _close_pipes(self) -> None:
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> NatsServer:
         self.start()

@@ -66,6 +66,6 @@ class Registry:
             if info is not None:
                 out.append(
                     {"id": beat["id"], "ready": bool(beat.get("ready")), "url": beat.get("url"),
-                     **info}
+                     "pid": beat.get("pid"), **info}
                 )  # fmt: skip
         return out

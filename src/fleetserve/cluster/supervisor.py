@@ -3,7 +3,19 @@
 It starts a local nats-server with JetStream (a free port, a temporary store unless
 ``--store-dir`` is given), one gateway and N workers, all as child processes that
 get the same settings through ``FLEETSERVE_*`` variables. It prints where each
-listens, and Ctrl-C (or SIGTERM) stops them all: workers and gateway first, then NATS.
+listens and each child's pid (``worker-0 pid 1234``).
+
+It supervises them: a child that dies is restarted alone, with backoff, while the
+others keep serving; each exit and restart is one line (``worker-1 exited (-9,
+killed); restarting in 0.5s (restart 1)``). NATS comes back on the same port with the
+same store, so clients reconnect and file-stored work survives. Only Ctrl-C (or
+SIGTERM) stops everything: workers and gateway first, then NATS, exit 0.
+
+Restart policy (``Backoff``): the first restart waits 0.5 s, each further one twice as
+long up to 30 s; a child that stays up ``STABLE_AFTER`` seconds starts again from
+0.5 s. A child that keeps failing before it ever becomes ready (bad settings, a port
+taken) gives up the cluster after ``GIVE_UP_AFTER`` failures in a row: the gateway or
+nats-server alone, the workers when every one of them fails so (exit 1, one line).
 """
 
 from __future__ import annotations
@@ -13,13 +25,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import httpx
 from rich.console import Console
 
 from ..settings import Settings
+from ..wire import Unavailable
 from .natsd import NatsServer, die_with_parent
+
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+STABLE_AFTER = 30.0  # seconds up after which a child's backoff starts over
+GIVE_UP_AFTER = 5  # failures in a row before ever becoming ready
 
 
 def _spawn(args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
@@ -44,6 +63,58 @@ def _stop(procs: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
             p.wait()
 
 
+def describe_exit(code: int) -> str:
+    """``-9`` -> ``-9, killed``; ``1`` -> ``1``."""
+    if code >= 0:
+        return str(code)
+    try:
+        name = signal.strsignal(-code) or signal.Signals(-code).name
+    except ValueError:
+        return str(code)
+    return f"{code}, {name.lower()}"
+
+
+@dataclass(slots=True)
+class Backoff:
+    """0.5 s doubling to 30 s; starts over after a child stayed up ``stable`` seconds."""
+
+    start: float = BACKOFF_START
+    cap: float = BACKOFF_MAX
+    stable: float = STABLE_AFTER
+    delay: float = 0.0  # the next wait; 0 until a first failure
+
+    def next(self, uptime: float) -> float:
+        if uptime >= self.stable or self.delay <= 0:
+            self.delay = self.start
+        else:
+            self.delay = min(self.cap, self.delay * 2)
+        return self.delay
+
+
+@dataclass(slots=True)
+class Child:
+    """One supervised process: its current run, readiness and restart record."""
+
+    name: str
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    ready: bool = False  # this run became ready
+    ever_ready: bool = False
+    restarts: int = 0
+    failures: int = 0  # runs in a row that ended before becoming ready
+    due: float | None = None  # when a restart is scheduled
+    url: str | None = None  # a worker's health URL as last seen ready
+    backoff: Backoff = field(default_factory=Backoff)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+class GiveUp(Exception):
+    """A child cannot start; the message is the one-line reason."""
+
+
 class Cluster:
     def __init__(
         self,
@@ -59,10 +130,14 @@ class Cluster:
         self.settings = settings
         self.n = workers
         self.base_env = dict(env)
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)
         self.nats = NatsServer(store_dir=store_dir)
         self.gateway: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.nats_child = Child("nats-server")
+        self.gateway_child = Child("gateway")
+        self.worker_children = [Child(f"worker-{i}") for i in range(workers)]
+        self.api = f"http://{settings.host}:{settings.port}"
 
     def child_env(self, **extra: str) -> dict[str, str]:
         env = {**self.base_env, **self.settings.to_env()}
@@ -72,19 +147,54 @@ class Cluster:
         env.update({Settings.env_name(k): v for k, v in extra.items()})
         return env
 
+    # -- starting each kind of child ------------------------------------------------
+    def _start_nats(self) -> None:
+        c = self.nats_child
+        self.nats.start()
+        c.proc, c.started, c.ready = self.nats.proc, time.monotonic(), True
+        c.ever_ready, c.failures = True, 0
+
+    def _start_gateway(self) -> None:
+        c = self.gateway_child
+        self.gateway = c.proc = _spawn(["gateway"], self.child_env())
+        c.started, c.ready = time.monotonic(), False
+
+    def _start_worker(self, i: int) -> None:
+        c = self.worker_children[i]
+        wenv = self.child_env(worker_id=c.name, worker_port="0")
+        c.proc = _spawn(["worker"], wenv)
+        c.started, c.ready = time.monotonic(), False
+        if i < len(self.workers):
+            self.workers[i] = c.proc
+        else:
+            self.workers.append(c.proc)
+
+    def _starter(self, c: Child) -> Callable[[], None]:
+        if c is self.nats_child:
+            return self._start_nats
+        if c is self.gateway_child:
+            return self._start_gateway
+        i = self.worker_children.index(c)
+        return lambda: self._start_worker(i)
+
     def start(self) -> str:
-        url = self.nats.start()
+        self._start_nats()
         self.console.print(
-            f"[bold]nats-server[/] (JetStream) on {url}, store {self.nats.store_dir}"
+            f"[bold]nats-server[/] (JetStream) on {self.nats.url}, store {self.nats.store_dir}"
         )
-        self.gateway = _spawn(["gateway"], self.child_env())
-        for i in range(self.n):
-            wenv = self.child_env(worker_id=f"worker-{i}", worker_port="0")
-            self.workers.append(_spawn(["worker"], wenv))
-        return f"http://{self.settings.host}:{self.settings.port}"
+        self.console.print(f"nats-server pid {self.nats.pid}")
+        self._start_gateway()
+        self.console.print(f"gateway pid {self.gateway_child.pid}")
+        for i, c in enumerate(self.worker_children):
+            self._start_worker(i)
+            self.console.print(f"{c.name} pid {c.pid}")
+        return self.api
 
     def wait_ready(self, api: str, timeout: float = 300.0) -> bool:
-        """Until the gateway is ready and every worker shows up in /v1/models."""
+        """Until the gateway is ready and every worker shows up in /v1/models.
+
+        Without supervision: False as soon as a child exits.
+        """
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if any(p.poll() is not None for p in self.children):
@@ -103,7 +213,111 @@ class Cluster:
     def children(self) -> list[subprocess.Popen[bytes]]:
         return [*self.workers, *([self.gateway] if self.gateway else [])]
 
+    @property
+    def supervised(self) -> list[Child]:
+        return [self.nats_child, self.gateway_child, *self.worker_children]
+
+    # -- supervision ----------------------------------------------------------------
+    @property
+    def all_ready(self) -> bool:
+        return all(c.ready for c in self.supervised)
+
+    def supervise(self) -> None:
+        """One round: notice exits, schedule and make restarts, track readiness.
+
+        Raises ``GiveUp`` when a child keeps failing before it ever becomes ready.
+        """
+        now = time.monotonic()
+        for c in self.supervised:
+            if c.proc is not None and c.due is None and c.proc.poll() is not None:
+                self._exited(c, c.proc.returncode, now)
+        self._check_ready()
+        for c in self.supervised:
+            if c.due is not None and time.monotonic() >= c.due:
+                self._restart(c)
+
+    def _exited(self, c: Child, code: int, now: float) -> None:
+        uptime = now - c.started
+        if c.ready or uptime >= STABLE_AFTER:
+            c.failures = 0
+        else:
+            c.failures += 1
+        self._give_up_if_hopeless(c, code)
+        delay = c.backoff.next(uptime)
+        c.restarts += 1
+        c.ready = False
+        c.due = now + delay
+        self.console.print(
+            f"{c.name} exited ({describe_exit(code)}); restarting in {delay:g}s "
+            f"(restart {c.restarts})",
+            style="yellow",
+            highlight=False,
+        )
+
+    def _give_up_if_hopeless(self, c: Child, code: int) -> None:
+        if c in self.worker_children:
+            hopeless = all(w.failures >= GIVE_UP_AFTER for w in self.worker_children)
+        else:
+            hopeless = c.failures >= GIVE_UP_AFTER and not c.ever_ready
+        if hopeless:
+            who = "every worker" if c in self.worker_children else c.name
+            raise GiveUp(
+                f"{who} failed {c.failures} times in a row before becoming ready "
+                f"(last exit {describe_exit(code)}); giving up, see its output above"
+            )
+
+    def _restart(self, c: Child) -> None:
+        c.due = None
+        try:
+            self._starter(c)()
+        except Unavailable as err:  # nats-server did not come up
+            c.proc = None
+            c.failures += 1
+            self._give_up_if_hopeless(c, 1)
+            delay = c.backoff.next(0.0)
+            c.restarts += 1
+            c.due = time.monotonic() + delay
+            self.console.print(
+                f"{c.name} did not start ({err}); restarting in {delay:g}s (restart {c.restarts})",
+                style="yellow",
+                highlight=False,
+            )
+            return
+        self.console.print(f"{c.name} pid {c.pid}", highlight=False)
+
+    def _check_ready(self) -> None:
+        """The gateway: /healthz answers. A worker: ready in /v1/models, on a new URL."""
+        gw = self.gateway_child
+        waiting = [w for w in self.worker_children if not w.ready and w.due is None]
+        if gw.ready and not waiting:
+            return
+        if gw.proc is None or gw.due is not None:
+            return
+        try:
+            if not gw.ready:
+                if httpx.get(self.api + "/healthz", timeout=1).status_code != 200:
+                    return
+                self._became_ready(gw)
+            if not waiting:
+                return
+            r = httpx.get(self.api + "/v1/models", timeout=2)
+            seen = {w["id"]: w for m in r.json()["data"] for w in m["workers"] if w["ready"]}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return
+        for c in waiting:
+            beat = seen.get(c.name)
+            # a dead worker's last heartbeat lingers a few seconds: the new run has a new URL
+            if beat is not None and beat.get("url") != c.url:
+                c.url = beat.get("url")
+                self._became_ready(c)
+
+    def _became_ready(self, c: Child) -> None:
+        c.ready = c.ever_ready = True
+        c.failures = 0
+
     def stop(self) -> None:
+        for c in self.supervised:
+            c.due = None
         _stop(self.workers)
         _stop([self.gateway] if self.gateway else [])
         self.nats.stop()
@@ -112,30 +326,35 @@ class Cluster:
 def run_cluster(
     settings: Settings, workers: int, env: Mapping[str, str], store_dir: str | None = None
 ) -> int:
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     cluster = Cluster(settings, workers, env, store_dir=store_dir, console=console)
+    stopping: list[int] = []
 
-    def _term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    def _stop_signal(signum: int, frame: object) -> None:
+        stopping.append(signum)
 
-    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGTERM, _stop_signal)
+    signal.signal(signal.SIGINT, _stop_signal)
     try:
-        api = cluster.start()
-        if not cluster.wait_ready(api):
-            console.print("[red]error:[/] the cluster did not become ready; see the output above")
+        try:
+            api = cluster.start()
+        except Unavailable as err:
+            console.print(f"[red]error:[/] {err}")
             return 1
-        console.print(
-            f"[bold green]fleetserve cluster[/] ready: API on {api}, {workers} worker(s), "
-            f"NATS on {cluster.nats.url}. Ctrl-C stops everything."
-        )
-        while True:
-            for p in cluster.children:
-                if p.poll() is not None:
-                    console.print(f"[red]a child process exited ({p.returncode}); stopping[/]")
-                    return 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
+        announced = False
+        while not stopping:
+            cluster.supervise()
+            if not announced and cluster.all_ready:
+                announced = True
+                console.print(
+                    f"[bold green]fleetserve cluster[/] ready: API on {api}, {workers} "
+                    f"worker(s), NATS on {cluster.nats.url}. Ctrl-C stops everything."
+                )
+            time.sleep(0.1 if not cluster.all_ready else 0.25)
         console.print("stopping the cluster…")
         return 0
+    except GiveUp as err:
+        console.print(f"[red]error:[/] {err}")
+        return 1
     finally:
         cluster.stop()

@@ -31,6 +31,9 @@ from .pending import Pending
 
 log = logging.getLogger("fleetserve.queue")
 FULL = 10077  # JetStream: maximum messages per subject exceeded
+# after a reconnect, gateways may still be resubscribing to their reply subjects for
+# this long; a reply sent meanwhile (or while disconnected) may be dropped by NATS
+RESUBSCRIBE_WINDOW = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,10 @@ class JetStreamQueue:
         self._reply_subject = f"{self.options.prefix}.reply.{self.node}"
         self.puller: Puller | None = None
         self.dlq: DeadLetters | None = None
+        self._reconnected_at = -1e9  # loop time of the last reconnect
+        self._unsure: set[int] = set()  # deliveries whose final reply may have been lost
+        self._streamed: set[int] = set()  # deliveries that sent chunks: never redone
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:
@@ -142,19 +149,45 @@ class JetStreamQueue:
         return not self._closed and self.nc is not None and bool(self.nc.is_connected)
 
     def _on_disconnect(self) -> None:
-        """Requests waiting on this connection cannot be answered reliably: 503, retry."""
+        """With memory storage a lost server loses the work: waiting requests get 503.
+
+        With file storage what JetStream accepted survives a restart of the server, so
+        waiting requests keep waiting (until their deadline) for the reply that comes
+        once it, this gateway and the workers are back.
+        """
         if self._closed:
+            return
+        if self.puller is not None:
+            self.puller.reset()
+        if self.options.storage == "file":
             return
         err = Unavailable("lost the connection to the queue; retry", retry_after=self.retry_after)
         for p in list(self._pending.values()):
             p.fail(err)
         self._pending.clear()
-        if self.puller is not None:
-            self.puller.reset()
 
     def _on_reconnect(self) -> None:
+        self._reconnected_at = asyncio.get_running_loop().time()
         if self.puller is not None:
             self.puller.reset()
+        if self.options.storage == "memory":  # a restarted server lost the streams
+            task = asyncio.ensure_future(self._restore_streams())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _restore_streams(self) -> None:
+        try:
+            await self._ensure_stream()
+            if self.dlq is not None:
+                await self.dlq.ensure()
+        except Exception as exc:
+            log.warning("could not restore the streams after a reconnect: %s", exc)
+
+    def _reply_may_be_lost(self) -> bool:
+        """Sent now, would a reply reach a gateway? Not surely while reconnecting."""
+        if self.nc is None or not self.nc.is_connected:
+            return True  # buffered; flushed on reconnect, maybe before gateways resubscribe
+        return asyncio.get_running_loop().time() - self._reconnected_at < RESUBSCRIBE_WINDOW
 
     # -- gateway side -------------------------------------------------------------
     async def publish(self, envelope: Envelope, body: bytes, payload: str | None = None) -> Pending:
@@ -211,15 +244,28 @@ class JetStreamQueue:
         return await self._puller().pull(models, budget, timeout)
 
     async def ack(self, msg: Message) -> None:
+        self._streamed.discard(msg.delivery_id)
+        if msg.delivery_id in self._unsure and msg.attempts < self.options.max_deliver:
+            # its reply may have been dropped around a reconnect: do it again once the
+            # gateways are back (a gateway that got the first reply drops the second)
+            self._unsure.discard(msg.delivery_id)
+            log.info("redoing %s: its reply may have been lost", msg.envelope.request_id)
+            await self._puller().settle(msg, "nak", RESUBSCRIBE_WINDOW)
+            return
+        self._unsure.discard(msg.delivery_id)
         await self._puller().settle(msg, "ack")
 
     async def nak(self, msg: Message, delay: float = 0.0) -> None:
+        self._unsure.discard(msg.delivery_id)
+        self._streamed.discard(msg.delivery_id)
         await self._puller().settle(msg, "nak", delay)
 
     async def touch(self, msg: Message) -> None:
         await self._puller().touch(msg)
 
     async def term(self, msg: Message) -> None:
+        self._unsure.discard(msg.delivery_id)
+        self._streamed.discard(msg.delivery_id)
         await self._puller().settle(msg, "term")
 
     async def dead_letter(self, msg: Message, reason: str) -> None:
@@ -228,12 +274,18 @@ class JetStreamQueue:
         if raw is None:
             return
         assert self.dlq is not None
+        self._unsure.discard(msg.delivery_id)
+        self._streamed.discard(msg.delivery_id)
         await self.dlq.put(raw, reason, msg.attempts)
         await puller.settle(msg, "term")
 
     async def reply(self, msg: Message, reply: Reply) -> None:
         if not msg.reply_to:
             return
+        if not reply.final:
+            self._streamed.add(msg.delivery_id)
+        elif msg.delivery_id not in self._streamed and self._reply_may_be_lost():
+            self._unsure.add(msg.delivery_id)
         headers, body = H.reply_headers(reply)
         headers[H.REQUEST_ID] = msg.envelope.request_id
         try:
