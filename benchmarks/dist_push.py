@@ -145,10 +145,11 @@ class PushQueue:
 
 async def serve_router(settings: Settings, prefixes: Sequence[str], policy: str) -> None:
     """The gateway's HTTP API over a PushQueue: one JetStream queue per worker prefix."""
+    from fleetserve.assembly import build_catalog
     from fleetserve.gateway import Gateway
+    from fleetserve.lifecycle import start_http
     from fleetserve.metrics import Metrics
     from fleetserve.queue.factory import open_distributed
-    from fleetserve.server import build_catalog, start_http
 
     sys.setswitchinterval(settings.gil_switch_interval)
     conns: list[Any] = []

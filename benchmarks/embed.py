@@ -54,10 +54,10 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] = ()) -> int:
     args = _args(argv)
     console = Console()
+    from fleetserve.assembly import HF_CACHE, build_profiles
     from fleetserve.bench.workload import mix, sentences
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.sources import resolve
-    from fleetserve.server import HF_CACHE, build_profiles
     from fleetserve.settings import Settings
 
     spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(REAL)

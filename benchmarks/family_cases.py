@@ -69,7 +69,7 @@ class InProcessFamily:
 
         self.case = case
         self.spec = spec
-        from fleetserve.server import build_profiles
+        from fleetserve.assembly import build_profiles
         from fleetserve.settings import Settings
 
         self.profile = build_profiles(Settings(device="cpu")).choose(spec).profile

@@ -50,3 +50,35 @@ def test_bad_config_file_value_is_exit_2(
     cfg.write_text("request_timeout: soon\n")
     assert main(["serve", "--config", str(cfg)]) == 2
     assert "request_timeout" in capsys.readouterr().err
+
+
+async def test_a_crashed_worker_stage_fails_healthz(tiny_catalog: Path) -> None:
+    import asyncio
+
+    import httpx
+    from rich.console import Console
+
+    from fleetserve.server import EmbeddedServer
+
+    from .conftest import tiny_settings
+
+    server = EmbeddedServer(tiny_settings(tiny_catalog), console=Console(quiet=True))
+
+    async def crash(*_: object) -> None:
+        raise RuntimeError("a stage crashed")
+
+    server.runners[TINY].run = crash  # type: ignore[method-assign, assignment]
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+            for _ in range(200):  # the crash lands just after start
+                if server.worker.failed is not None:
+                    break
+                await asyncio.sleep(0.01)
+            health = await http.get("/healthz")
+            assert health.status_code == 503
+            assert health.json() == {"status": "failed"}
+            assert (await http.get("/readyz")).status_code == 503
+        assert server.failed_stage() is None  # the worker caught it: only /healthz says so
+    finally:
+        await server.stop()

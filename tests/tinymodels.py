@@ -94,8 +94,10 @@ def build_tokenizer(path: Path) -> None:
     save_tokenizer(tok, vocab, path)
 
 
-def build_bert(path: Path, *, seed: int = 0, max_positions: int = 128) -> Path:
-    """A BERT encoder with hidden size 32 and 2 layers, plus its tokenizer."""
+def build_bert(
+    path: Path, *, seed: int = 0, max_positions: int = 128, hidden: int = 32, layers: int = 2
+) -> Path:
+    """A BERT encoder (hidden size 32 and 2 layers unless asked), plus its tokenizer."""
     import torch
     from transformers import BertConfig, BertModel
 
@@ -104,10 +106,10 @@ def build_bert(path: Path, *, seed: int = 0, max_positions: int = 128) -> Path:
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
         num_attention_heads=2,
-        intermediate_size=64,
+        intermediate_size=2 * hidden,
         max_position_embeddings=max_positions,
     )
     BertModel(config).eval().save_pretrained(str(path))

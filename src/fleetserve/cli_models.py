@@ -1,4 +1,5 @@
-"""``fleetserve models``: list the catalog, or prepare models ahead of serving.
+"""``fleetserve models``: list the fleet (live from a running server, else the catalog),
+or prepare models ahead of serving.
 
 ``prepare`` does once, now, what the first request would otherwise do: resolve the
 weights (fetching object-store sources, converting GGUF), export and quantize for ONNX
@@ -10,44 +11,214 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 from pathlib import Path
+from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from .fleet.memory import mib, parse_size
 from .settings import Settings
 
 
-def list_models(settings: Settings) -> int:
+def list_models(settings: Settings, console: Console | None = None) -> int:
+    """The live fleet from the server at ``settings.host:port`` if one answers, else the
+    catalog, every model "cold"."""
+    console = console or Console()
+    address = _address(settings)
+    live, note = fetch_live(settings)
+    if live is not None:
+        rows, failures = live_rows(live)
+        print_table(console, f"fleetserve models (live, {address})", rows)
+        for model, error in failures:
+            console.print(f"[red]failed[/] {escape(model)}: {escape(error)}", highlight=False)
+        return 0
+    print_table(console, "fleetserve catalog", catalog_rows(settings))
+    console.print(f"[dim]{escape(note)}: showing the catalog[/]", highlight=False)
+    return 0
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    family: str
+    state: str  # resident | loading | cold | failed
+    size: str  # in MiB, the one unit; "?" unknown
+    pinned: bool
+    runs_on: str
+    where: str = ""
+
+
+STATE_STYLE = {"resident": "green", "loading": "yellow", "cold": "dim", "failed": "red"}
+_HEADERS = ("model", "family", "state", "size", "pinned", "runs on", "where")
+
+
+def _address(settings: Settings) -> str:
+    host = settings.host
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"[{host}]:{settings.port}" if ":" in host else f"{host}:{settings.port}"
+
+
+def fetch_live(settings: Settings, timeout: float = 1.0) -> tuple[list[dict[str, Any]] | None, str]:
+    """``GET /v1/models`` of the running server: its entries, or None and why not."""
+    import httpx
+
+    address = _address(settings)
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    try:
+        r = httpx.get(
+            f"http://{address}/v1/models", headers=headers, timeout=timeout, trust_env=False
+        )
+    except httpx.HTTPError:
+        return None, f"no server on {address}"
+    if r.status_code in (401, 403):
+        return None, f"the server on {address} refused the API key ({r.status_code})"
+    try:
+        data = r.json()["data"] if r.status_code == 200 else None
+    except (ValueError, KeyError, TypeError):
+        data = None
+    if not isinstance(data, list):
+        return None, f"{address} did not answer GET /v1/models ({r.status_code})"
+    return [d for d in data if isinstance(d, dict)], ""
+
+
+def state_of(entry: dict[str, Any]) -> str:
+    """The entry's fleet state; from ``loaded`` where a server does not report one."""
+    state = entry.get("state")
+    if isinstance(state, str) and state:
+        return state
+    if entry.get("loaded"):
+        return "resident"
+    held = {state_of(w) for w in entry.get("workers") or () if isinstance(w, dict)}
+    return next((s for s in ("resident", "loading") if s in held), "cold")
+
+
+def live_rows(entries: list[dict[str, Any]]) -> tuple[list[Row], list[tuple[str, str]]]:
+    """Table rows from ``/v1/models``, and the failed models with their errors."""
+    rows, failures = [], []
+    for e in entries:
+        model = str(e.get("id", "?"))
+        state = state_of(e)
+        runs = " ".join(str(e[k]) for k in ("runtime", "precision") if e.get(k))
+        how = (e.get("profile") or {}).get("how") if isinstance(e.get("profile"), dict) else None
+        if how:
+            runs += f" ({how})"
+        where = ""
+        workers = [w for w in e.get("workers") or () if isinstance(w, dict)]
+        if "workers" in e:
+            held = []
+            for w in workers:
+                ws = state_of(w)
+                if ws in ("resident", "loading"):
+                    held.append(str(w.get("id", "?")) + ("" if ws == "resident" else " (loading)"))
+            where = ", ".join(held) or f"none of {len(workers)}"
+        n = e.get("bytes")
+        if not isinstance(n, int) or n <= 0:  # older servers: the sum over workers, if any
+            n = sum(w["bytes"] for w in workers if isinstance(w.get("bytes"), int))
+        size = mib(n) if n > 0 else "?"
+        rows.append(
+            Row(model, str(e.get("family", "")), state, size, bool(e.get("pinned")), runs, where)
+        )
+        if state == "failed":
+            failures.append((model, str(e.get("error") or "failed to load")))
+    return rows, failures
+
+
+def catalog_rows(settings: Settings) -> list[Row]:
+    """The catalog as it would run here, every model cold."""
+    from .assembly import build_catalog, build_profiles
     from .catalog.sources import locate
-    from .server import build_catalog, build_profiles
 
     catalog = build_catalog(settings)
     profiles = build_profiles(settings)
     hf_cache = Path(settings.hf_cache).expanduser()
-    table = Table(title="fleetserve catalog")
-    table.add_column("model", no_wrap=True)
-    for col in ("family", "runs on", "size", "present", "where"):
-        table.add_column(col)
+    cache_dir = Path(settings.cache_dir).expanduser()
+    named = set(settings.model_list())
+    rows = []
     for s in catalog:
-        found = locate(s.sources, hf_cache, Path(settings.cache_dir).expanduser())
-        size = disk_size(found) if found is not None else (s.size or "?")
-        where = str(found) if found is not None else ", ".join(s.sources)
-        present = "[green]yes[/]" if found is not None else "[red]no[/]"
+        found = locate(s.sources, hf_cache, cache_dir)
         c = profiles.choose(s)
-        runs = f"{c.profile.runtime or s.runtime} {c.profile.precision} ({c.how})"
-        table.add_row(s.id, s.family, runs, size, present, where)
-    Console().print(table)
-    return 0
+        precision = c.profile.precision
+        if c.profile.memory_bytes:
+            size = mib(c.profile.memory_bytes)
+        elif found is not None:
+            size = mib(disk_bytes(found))
+        else:
+            declared = declared_bytes(s.size, precision)
+            size = f"~{mib(declared)}" if declared else "?"
+        where = str(found) if found is not None else ", ".join(s.sources)
+        runs = f"{c.profile.runtime or s.runtime} {precision} ({c.how})"
+        rows.append(Row(s.id, s.family, "cold", size, s.pinned or s.id in named, runs, where))
+    return rows
+
+
+def print_table(console: Console, title: str, rows: list[Row]) -> None:
+    """A table that fits ``console.width`` on one line per model: the where column
+    shrinks (cut in the middle: a path's end says most), then "runs on" shrinks and
+    goes, then where goes, then model ids are cut in the middle."""
+    cells = [
+        [r.model, r.family, r.state, r.size, "yes" if r.pinned else "", r.runs_on, r.where]
+        for r in rows
+    ]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(_HEADERS)]
+    keep = [True] * len(_HEADERS)
+    if not any(r.where for r in rows):
+        keep[6] = False
+    limits = list(widths)
+
+    def total() -> int:
+        shown = [limits[i] for i in range(len(limits)) if keep[i]]
+        return sum(shown) + 2 * (len(shown) - 1)  # two spaces between columns
+
+    # (column, the narrowest it may get; 0: drop it), in turn until the table fits
+    for col, narrowest in ((6, 24), (5, 12), (5, 0), (6, 0), (0, 20)):
+        if not keep[col] or total() <= console.width:
+            continue
+        if narrowest:
+            limits[col] = max(narrowest, limits[col] - (total() - console.width))
+        else:
+            keep[col] = False
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        title_justify="left",
+        collapse_padding=True,
+    )
+    for i, header in enumerate(_HEADERS):
+        if keep[i]:
+            table.add_column(
+                header,
+                no_wrap=True,
+                overflow="ellipsis",
+                max_width=limits[i],
+                justify="right" if header == "size" else "left",
+            )
+    for r, c in zip(rows, cells, strict=True):
+        style = STATE_STYLE.get(r.state, "")
+        c[0] = middle_cut(c[0], limits[0])  # ids differ at the end: keep it
+        c[6] = middle_cut(c[6], limits[6])
+        c = [escape(x) for x in c]
+        c[2] = f"[{style}]{c[2]}[/]" if style else c[2]
+        table.add_row(*(x for i, x in enumerate(c) if keep[i]))
+    console.print(table)
 
 
 def prepare_models(
     settings: Settings, ids: list[str], runtime: str, precision: str, console: Console
 ) -> int:
+    from .assembly import build_catalog, build_profiles, build_runner
     from .catalog.profiles import Choice
     from .metrics import Metrics
-    from .server import build_catalog, build_profiles, build_runner
     from .wire import FleetError
 
     if not ids:
@@ -84,6 +255,31 @@ def prepare_models(
     return 1 if failed else 0
 
 
-def disk_size(path: Path) -> str:
-    n = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+def middle_cut(text: str, width: int) -> str:
+    """``text`` in ``width`` characters, an ellipsis for its middle when it is longer."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 3
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def disk_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+_PARAMS = re.compile(r"([\d.]+)\s*([KMB])\s*params", re.IGNORECASE)
+_PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "int4": 1}
+
+
+def declared_bytes(size: str, precision: str) -> int:
+    """A spec's declared ``size`` ("605 MB", "33M params") in bytes, roughly; 0 if none."""
+    m = _PARAMS.fullmatch(size.strip())
+    if m:
+        scale = {"k": 1e3, "m": 1e6, "b": 1e9}[m[2].lower()]
+        return int(float(m[1]) * scale * _PARAM_BYTES.get(precision, 4))
+    try:
+        return parse_size(size, limit=0)
+    except ValueError:
+        return 0

@@ -113,6 +113,41 @@ class Metrics:
         self.worker_up = Gauge(
             "fleetserve_worker_up", "1 while the worker's stages are running.", registry=r
         )
+        # -- the fleet: models resident within the memory budget ------------------
+        self.resident_models = Gauge(
+            "fleetserve_resident_models", "Models resident in this worker.", registry=r
+        )
+        self.resident_bytes = Gauge(
+            "fleetserve_resident_bytes",
+            "Bytes held by resident (and loading) models, against the memory budget.",
+            registry=r,
+        )
+        self.memory_budget = Gauge(
+            "fleetserve_memory_budget_bytes", "This worker's memory budget.", registry=r
+        )
+        self.loads = Counter(
+            "fleetserve_model_loads", "Model loads by outcome (ok, failed).", ["model", "outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.load_seconds = Histogram(
+            "fleetserve_model_load_seconds",
+            "Seconds per model load (resolve, fetch, convert, load, warm up).",
+            ["model"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160),
+            registry=r,
+        )
+        self.evictions = Counter(
+            "fleetserve_model_evictions",
+            "Models evicted, by reason: pressure (room for another), oom.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.misses = Counter(
+            "fleetserve_model_misses",
+            "Requests that found their model not resident.",
+            ["model"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

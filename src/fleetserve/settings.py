@@ -28,7 +28,11 @@ def setting(default: Any, help: str, *, secret: bool = False, flag: str | None =
 class Settings:
     host: str = setting("127.0.0.1", "Address the HTTP API listens on.")
     port: int = setting(8080, "Port the HTTP API listens on (0 picks a free one).")
-    models: str = setting("", "Comma-separated model ids to serve (empty: the whole catalog).")
+    models: str = setting(
+        "",
+        "Comma-separated models to serve: ids (loaded at start) or patterns such as "
+        "'org/*' (loaded on first use). Empty: the whole catalog.",
+    )
     catalog: str = setting("", "Extra catalog directory of model spec YAML files.")
     device: str = setting("auto", "Device for the runtime: auto, cpu, cuda or cuda:N.")
     hardware_class: str = setting(
@@ -48,6 +52,27 @@ class Settings:
         "at first start and keep the result; off: use the rules.",
     )
     tune_budget: float = setting(90.0, "Seconds per pinned model for --tune quick.")
+    memory_budget: str = setting(
+        "",
+        "Memory for this worker's models (weights and activation peaks): bytes, a size "
+        "(512MiB, 2GiB) or a percent of what the process may use (empty: 70% of the cgroup "
+        "limit, else of physical RAM; of free device memory on CUDA).",
+    )
+    eviction: str = setting(
+        "gdsf", "Which models leave under memory pressure: gdsf (reload cost, use, size) or lru."
+    )
+    load_retry_after: float = setting(
+        30.0, "Seconds before a model that failed to load is tried again (its requests get "
+        "the reason meanwhile)."
+    )  # fmt: skip
+    room_wait: float = setting(
+        5.0, "Seconds a load waits for busy models to finish when nothing can be evicted, "
+        "before its request gets 503 (embedded mode; a shared queue puts it back at once)."
+    )  # fmt: skip
+    affinity_wait: float = setting(
+        2.0, "Seconds a cold model's oldest request may wait before a worker that does not "
+        "hold it takes it (distributed mode: workers pull for the models they hold first)."
+    )  # fmt: skip
     request_timeout: float = setting(30.0, "Default request deadline in seconds.")
     generation_timeout: float = setting(
         300.0, "Default deadline in seconds for chat and generate requests (long outputs)."
@@ -149,12 +174,13 @@ class Settings:
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Add one flag per field; unset flags stay ``None`` so lower layers show through."""
         for f in fields(cls):
+            text = f"{f.metadata['help']} [env {cls.env_name(f.name)}; default {f.default!r}]"
             parser.add_argument(
                 cls.flag_name(f),
                 dest=f.name,
                 type=_scalar_type(f),
                 default=None,
-                help=f"{f.metadata['help']} [env {cls.env_name(f.name)}; default {f.default!r}]",
+                help=text.replace("%", "%%"),  # argparse formats help with %
             )
 
     @classmethod

@@ -110,9 +110,9 @@ def test_mixed_lengths_are_seeded_and_in_range() -> None:
 def test_mixed_texts_have_the_drawn_token_counts() -> None:
     from tokenizers import Tokenizer
 
+    from fleetserve.assembly import HF_CACHE
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.sources import resolve
-    from fleetserve.server import HF_CACHE
 
     spec = Catalog.load().get(REAL)
     path = resolve(spec.id, spec.sources, HF_CACHE)

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fleetserve.assembly import HF_CACHE
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.catalog.sources import resolve
 from fleetserve.families.dense import DenseAdapter, _b64_rows
 from fleetserve.families.quantize import quantize
 from fleetserve.runtimes import create_runtime
-from fleetserve.server import HF_CACHE
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 from fleetserve.wire.codec import array_from_wire, dumps, loads
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from fleetserve import Client
+from fleetserve.assembly import HF_CACHE
 from fleetserve.catalog import Catalog
 from fleetserve.catalog.profiles import bundled_dir, read_profile_file, slug
 from fleetserve.catalog.sources import resolve
 from fleetserve.families.dense import DenseAdapter
 from fleetserve.runtimes import create_runtime
-from fleetserve.server import HF_CACHE
 
 from ..conftest import REAL, ServerThread
 

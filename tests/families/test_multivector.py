@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModel
 
+from fleetserve.assembly import HF_CACHE
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.catalog.sources import resolve
 from fleetserve.families.multivector import MultiVectorAdapter, maxsim
 from fleetserve.runtimes import create_runtime
-from fleetserve.server import HF_CACHE
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 from fleetserve.wire.codec import array_from_wire, dumps, loads
 

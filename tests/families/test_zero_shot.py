@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fleetserve.assembly import HF_CACHE
 from fleetserve.catalog import Catalog
 from fleetserve.catalog.sources import resolve
 from fleetserve.families.zero_shot_nli import nli_classes
-from fleetserve.server import HF_CACHE
 from fleetserve.wire import Encoding, InvalidInput
 
 from ..tiny_extract import (

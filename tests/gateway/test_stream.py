@@ -11,9 +11,9 @@ import pytest
 
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.gateway import Gateway
+from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.metrics import Metrics
 from fleetserve.queue import MemoryQueue
-from fleetserve.server import shutdown, start_http
 from fleetserve.settings import Settings
 from fleetserve.wire import Encoding, InvalidInput, Reply
 

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from rich.console import Console
 
+from fleetserve.assembly import build_catalog, build_profiles, log_choices
 from fleetserve.catalog import Catalog
 from fleetserve.families import FamilyAdapter
 from fleetserve.families.dense import DenseAdapter
 from fleetserve.runtimes import create_runtime
-from fleetserve.server import build_catalog, build_profiles, log_choices
 from fleetserve.tune.gate import check, gate_at_load
 
 from ..conftest import ServerThread, tiny_settings

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetserve.assembly import build_catalog, build_profiles
 from fleetserve.catalog.hardware import detect
 from fleetserve.catalog.profiles import Profiles, read_profile_file
-from fleetserve.server import build_catalog, build_profiles
 from fleetserve.settings import Settings
 from fleetserve.tune.quick import wanted
 

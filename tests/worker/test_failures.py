@@ -116,7 +116,7 @@ def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) ->
         assert all(r.status_code in (200, 503) for r in results)
         assert any(r.status_code == 503 for r in results)
         assert httpx.get(srv.url + "/readyz").status_code == 503
-        assert httpx.get(srv.url + "/healthz").status_code == 200
+        assert httpx.get(srv.url + "/healthz").status_code == 503  # a stage crashed
         after = encode(srv)
         assert after.status_code == 503 and "retry-after" in after.headers
         body = after.json()["error"]

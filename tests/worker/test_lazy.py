@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetserve.assembly import build_catalog
 from fleetserve.catalog import Catalog
-from fleetserve.server import build_catalog
 
 from ..conftest import ServerThread, tiny_settings
 from ..tinymodels import build_bert, write_spec

@@ -17,11 +17,11 @@ from rich.console import Console
 
 
 def main(argv: Sequence[str] = ()) -> int:
+    from ..assembly import HF_CACHE, build_profiles
     from ..catalog import Catalog
     from ..catalog.sources import resolve
     from ..families import create_adapter
     from ..runtimes import create_runtime
-    from ..server import HF_CACHE, build_profiles
     from ..settings import Settings
     from ..tune.costfit import fit, item_pool
     from ..tune.workload import requests

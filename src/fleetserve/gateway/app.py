@@ -53,6 +53,7 @@ class Gateway:
         *,
         ready: Callable[[], bool],
         models_info: Callable[[], list[dict[str, Any]]] | None = None,
+        alive: Callable[[], bool] | None = None,
         on_startup: Hook | None = None,
         on_shutdown: Hook | None = None,
     ) -> None:
@@ -61,6 +62,7 @@ class Gateway:
         self.queue = queue
         self.metrics = metrics
         self.ready = ready
+        self.alive = alive or (lambda: True)  # False: a stage crashed, /healthz says 503
         self.models_info = models_info or self._catalog_info
         self._api_key = settings.api_key
         self._startup = on_startup
@@ -101,9 +103,11 @@ class Gateway:
             if route is not None:  # inference first: the dashboard stays off the hot path
                 await self._infer(scope, receive, send, *route)
             elif method == "GET" and path == "/healthz":
-                await respond(send, *body_response(200, {"status": "ok"}, accept))
+                ok = self.alive()
+                health = (200, {"status": "ok"}) if ok else (503, {"status": "failed"})
+                await respond(send, *body_response(*health, accept))
             elif method == "GET" and path == "/readyz":
-                ok = self.ready() and self.queue.healthy
+                ok = self.alive() and self.ready() and self.queue.healthy
                 status = 200 if ok else 503
                 await respond(send, *body_response(status, {"ready": ok}, accept))
             elif method == "GET" and path == "/v1/models":
@@ -156,6 +160,7 @@ class Gateway:
                 timeout=timeout,
                 request_id=header(scope, b"x-request-id"),
                 tenant=header(scope, b"x-tenant"),
+                keep_alive=env_mod.parse_keep_alive(header(scope, b"x-keep-alive")),
             )
             pending = await self.queue.publish(env, body)
             if stream:

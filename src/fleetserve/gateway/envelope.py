@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..wire import Encoding, Envelope, InvalidInput, Task
+from ..wire import Encoding, Envelope, InvalidInput, Task, parse_duration
 from ..wire.codec import TypedDecoder
 from ..wire.requests import ModelOnly, StreamOnly
 
@@ -42,6 +42,14 @@ def parse_timeout(raw: str | None, default: float) -> float:
     return value
 
 
+def parse_keep_alive(raw: str | None) -> float | None:
+    """The ``X-Keep-Alive`` header: how long the model stays resident after this
+    request (``30s``, ``5m``, seconds), at most a day; ``None`` when absent."""
+    if raw is None:
+        return None
+    return parse_duration(raw, "keep_alive")
+
+
 def build(
     *,
     model: str,
@@ -52,6 +60,7 @@ def build(
     timeout: float,
     request_id: str | None,
     tenant: str | None,
+    keep_alive: float | None = None,
 ) -> Envelope:
     now = time.time()
     return Envelope(
@@ -65,4 +74,5 @@ def build(
         deadline=now + timeout,
         tenant=tenant or "default",
         enqueued_at=now,
+        keep_alive=keep_alive,
     )

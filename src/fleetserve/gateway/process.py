@@ -7,19 +7,20 @@ that crashed processes left in the store.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
 
+from ..assembly import build_catalog
 from ..catalog import Catalog
 from ..cluster.presence import Registry
+from ..lifecycle import Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats
-from ..server import build_catalog, run_process, shutdown, start_http
 from ..settings import Settings
 from ..storage import sweep_forever
 from .app import Gateway
@@ -27,10 +28,13 @@ from .app import Gateway
 log = logging.getLogger("fleetserve.gateway")
 
 
-class GatewayProcess:
+class GatewayProcess(Service):
+    """Tasks: "http" (essential) and "payload-sweeper"."""
+
     def __init__(
         self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
     ) -> None:
+        super().__init__()
         require_nats(settings)
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
@@ -41,8 +45,6 @@ class GatewayProcess:
         self.js: Any = None
         self.gateway: Gateway | None = None
         self.port = 0
-        self._http: Any = None
-        self._tasks: list[asyncio.Task[Any]] = []
 
     def models_info(self) -> list[dict[str, Any]]:
         out = []
@@ -57,6 +59,11 @@ class GatewayProcess:
                     "runtime": spec.runtime,
                     "max_seq_len": spec.max_seq_len,
                     "workers": holders,
+                    "resident_on": [h["id"] for h in holders if h.get("state") == "resident"],
+                    "state": _fleet_state(h.get("state") for h in holders),
+                    "pinned": spec.pinned,
+                    "bytes": max((int(h.get("bytes") or 0) for h in holders), default=0),
+                    "keep_alive": spec.keep_alive,
                     "loaded": any(h.get("loaded") for h in holders),
                 }
             )
@@ -72,29 +79,33 @@ class GatewayProcess:
             self.metrics,
             ready=lambda: bool(self.js is not None and self.js.healthy),
             models_info=self.models_info,
+            alive=lambda: self.failed_stage() is None,
         )
-        self._http, task, self.port = await start_http(
-            self.gateway, self.settings.host, self.settings.port
-        )
-        self._tasks.append(task)
+        self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         ttl = self.settings.payload_ttl
         sweeper = sweep_forever(store, ttl, every=max(1.0, ttl / 4))
-        self._tasks.append(asyncio.create_task(sweeper, name="payload-sweeper"))
+        self.spawn("payload-sweeper", sweeper)
         self.console.print(
             f"[bold green]fleetserve gateway[/] API listening on "
             f"http://{self.settings.host}:{self.port}"
         )
 
-    async def wait(self) -> None:
-        if self._tasks:
-            await self._tasks[0]
-
     async def stop(self) -> None:
         if self.gateway is not None:
             self.gateway.dashboard.close()  # end open event streams, or uvicorn waits
-        await shutdown(self._http, self._tasks)
+        await self.stop_tasks()
         if self.js is not None:
             await self.js.close()
+
+
+def _fleet_state(states: Iterable[object]) -> str:
+    """A model's state across the fleet: resident somewhere, else loading, else failed
+    everywhere it was tried, else cold."""
+    seen = set(states)
+    for state in ("resident", "loading", "failed"):
+        if state in seen:
+            return state
+    return "cold"
 
 
 async def run_gateway(settings: Settings) -> None:

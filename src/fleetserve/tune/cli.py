@@ -51,7 +51,7 @@ ARGS |= {"output", "report_dir", "knee_seconds", "max_processes"}
 
 
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
-    from ..server import weights_path  # the assembly: the server imports this package
+    from ..assembly import weights_path  # here: the server imports this package
 
     extra = (Path(settings.catalog),) if settings.catalog else ()
     catalog = Catalog.load(extra)

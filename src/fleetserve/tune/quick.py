@@ -84,7 +84,7 @@ async def quick_tune(
 def _tuner(
     settings: Settings, spec: ModelSpec, profiles: Profiles, budget: float, console: Console
 ) -> Tuner:
-    from ..server import weights_path  # (the server imports this module)
+    from ..assembly import weights_path  # (the server imports this module)
     from .tuner import Tuner
 
     tune_dir = Path(settings.tune_dir).expanduser()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from ..bench.knee_find import find_knee
 from ..bench.openloop import auto_rates, capacity, sweep
+from ..fleet.memory import peak_bytes, reset_peak, rss_bytes
 from . import candidates as cands
 from .costfit import fit, item_pool
 from .harness import Stack
@@ -171,8 +171,8 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     pool = await stack.compute(item_pool, adapter, s.spec.id, s.requests[:8])
     w = s.winner
     assert w is not None
-    before = _rss()
-    _reset_peak()
+    before = rss_bytes()
+    reset_peak()
     try:
         fitted = await stack.compute(
             lambda: fit(
@@ -186,33 +186,6 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     except ValueError as exc:
         s.cost_fit = {"error": str(exc)}
         return
-    peak = max(0, _peak() - before)
+    peak = max(0, peak_bytes() - before)
     s.cost_fit = fitted.as_dict()
     s.memory = {"weights_bytes": adapter.memory_bytes(), "activation_peak_bytes": peak}
-
-
-def _status_kb(key: str) -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def _rss() -> int:
-    return _status_kb("VmRSS")
-
-
-def _peak() -> int:
-    return _status_kb("VmHWM")
-
-
-def _reset_peak() -> None:
-    """Linux: writing 5 to clear_refs resets the peak resident set (VmHWM)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass

@@ -25,6 +25,7 @@ DEADLINE = "Fleetserve-Deadline"
 TENANT = "Fleetserve-Tenant"
 ADAPTER = "Fleetserve-Adapter"
 ENQUEUED_AT = "Fleetserve-Enqueued-At"
+KEEP_ALIVE = "Fleetserve-Keep-Alive"  # seconds, when the request set one
 REPLY_TO = "Fleetserve-Reply-To"
 PAYLOAD = "Fleetserve-Payload"  # a payload-store key; the body is then empty
 ERROR = "Fleetserve-Error"  # on replies: "1" when the body is an error body (JSON)
@@ -87,6 +88,8 @@ def envelope_headers(env: Envelope, reply_to: str, payload: str | None = None) -
     }
     if env.adapter is not None:
         h[ADAPTER] = env.adapter
+    if env.keep_alive is not None:
+        h[KEEP_ALIVE] = repr(env.keep_alive)
     if payload is not None:
         h[PAYLOAD] = payload
     return h
@@ -134,6 +137,7 @@ def routed_from_headers(h: Mapping[str, str] | None) -> Routed:
         tenant=h.get(TENANT) or "default",
         adapter=h.get(ADAPTER) or None,
         enqueued_at=_number(h, ENQUEUED_AT, float),
+        keep_alive=_number(h, KEEP_ALIVE, float) if h.get(KEEP_ALIVE) else None,
     )
     return Routed(env, _need(h, REPLY_TO), h.get(PAYLOAD) or None)
 

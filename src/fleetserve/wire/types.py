@@ -47,6 +47,7 @@ class Envelope:
     tenant: str = "default"
     adapter: str | None = None
     enqueued_at: float = 0.0
+    keep_alive: float | None = None  # seconds to keep the model resident after this use
 
 
 @dataclass(slots=True)

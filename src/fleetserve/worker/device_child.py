@@ -21,16 +21,10 @@ import time
 
 from rich.console import Console
 
+from ..assembly import build_catalog, build_fleet, build_profiles, build_runner, load_or_report
+from ..lifecycle import Service
 from ..metrics import Metrics
 from ..queue.local import LocalQueueClient
-from ..server import (
-    build_catalog,
-    build_profiles,
-    build_runner,
-    load_or_report,
-    shutdown,
-    start_http,
-)
 from ..settings import Settings
 from ..wire import FleetError
 from .health import HealthApp
@@ -56,12 +50,15 @@ def core_share(index: int, n: int, cores: list[int]) -> list[int]:
     return cores[index * len(cores) // n : (index + 1) * len(cores) // n]
 
 
-class DeviceProcess:
-    """A Worker for one device, fed by the parent's local queue."""
+class DeviceProcess(Service):
+    """A Worker for one device, fed by the parent's local queue.
+
+    Tasks: "http", and "worker" and "parent" (essential: the parent went away)."""
 
     def __init__(
         self, settings: Settings, path: str, index: int, device: str, console: Console
     ) -> None:
+        super().__init__()
         self.settings = settings
         self.index = index
         self.device = device
@@ -72,6 +69,7 @@ class DeviceProcess:
         self.runners = {
             s.id: build_runner(s, settings, self.metrics, profiles.choose(s)) for s in catalog
         }
+        self.fleet = build_fleet(settings, self.runners, self.metrics, console)
         self.queue = LocalQueueClient(path)
         self.worker: Worker | None = None
         self.port = 0
@@ -81,19 +79,18 @@ class DeviceProcess:
         return self.worker is not None and self.worker.ready and self.queue.healthy
 
     def alive(self) -> bool:
-        return self.worker is None or self.worker.failed is None
+        return (self.worker is None or self.worker.failed is None) and self.failed_stage() is None
 
     async def run(self) -> int:
         """Serve until the worker fails (1) or the parent goes away (0)."""
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
-        http, http_task, self.port = await start_http(app, self.settings.host, 0)
-        work: asyncio.Task[None] | None = None
+        self.port = await self.serve_http(app, self.settings.host, 0, essential=False)
         try:
             for m, r in self.runners.items():
                 if not r.eager:  # loaded on its first request
                     continue
                 t0 = time.perf_counter()
-                if not await load_or_report(r, self.console):
+                if not await load_or_report(self.fleet, r, self.console):
                     continue
                 took = time.perf_counter() - t0
                 self.console.print(f"  {self.device}: loaded {m} in {took:.1f}s", markup=False)
@@ -106,9 +103,10 @@ class DeviceProcess:
                 max_deliver=self.settings.max_deliver,
                 keepalive=min(waits, default=5.0) / 3,
                 shared_queue=True,  # the other devices take what it holds if it fails
+                fleet=self.fleet,
             )
-            work = asyncio.create_task(self.worker.run(), name="worker")
-            while not self.worker.running and not work.done():
+            self.spawn("worker", self.worker.run(), essential=True)
+            while not self.worker.running and not self.ended("worker"):
                 await asyncio.sleep(0.001)
             self.queue.announce(
                 {
@@ -119,12 +117,11 @@ class DeviceProcess:
                     "url": f"http://{self.settings.host}:{self.port}",
                 }
             )
-            lost = asyncio.create_task(self.queue.lost.wait())
-            await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
-            lost.cancel()
-            return 1 if self.worker.failed is not None or work.done() else 0
+            self.spawn("parent", self.queue.lost.wait(), essential=True)
+            await self.wait()
+            return 1 if self.worker.failed is not None or self.ended("worker") else 0
         finally:
-            await shutdown(http, [http_task, *([work] if work is not None else [])])
+            await self.stop_tasks()
             await self.queue.close()
             if self.worker is not None:
                 self.worker.close()

@@ -39,13 +39,15 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 from rich.console import Console
 
+from ..assembly import build_catalog, build_profiles
 from ..catalog import Catalog
 from ..cluster.natsd import die_with_parent
 from ..cluster.presence import announce_forever
+from ..fleet.memory import budget_limit, default_budget, parse_size
+from ..lifecycle import Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed
 from ..queue.local import LocalQueueServer
-from ..server import build_catalog, build_profiles, run_process, shutdown, start_http
 from ..settings import Settings
 from .device_child import runtime_device, usable_cores
 from .health import HealthApp
@@ -57,9 +59,20 @@ CHILD = "fleetserve.worker.device_child"
 
 
 def child_settings(settings: Settings, device: str, n: int) -> Settings:
+    """One device process's settings: its share of the cores and, on CPU, where the
+    devices share the host's memory, its share of the memory budget."""
     threads = settings.torch_threads or max(1, len(usable_cores()) // n)
+    budget = settings.memory_budget
+    if device.startswith("cpu") and n > 1:
+        whole = parse_size(budget, limit=budget_limit("cpu")) or default_budget("cpu")[0]
+        budget = str(whole // n)
     return dataclasses.replace(
-        settings, device=runtime_device(device), devices="", worker_port=0, torch_threads=threads
+        settings,
+        device=runtime_device(device),
+        devices="",
+        worker_port=0,
+        torch_threads=threads,
+        memory_budget=budget,
     )
 
 
@@ -72,12 +85,15 @@ class _Child:
     restart_at: float | None = None
 
 
-class DevicePool:
-    """The parent: upstream queue, local queue server, and one child per device."""
+class DevicePool(Service):
+    """The parent: upstream queue, local queue server, and one child per device.
+
+    Tasks: "http" and "supervise" (essential), "heartbeat" and "metrics"."""
 
     def __init__(
         self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
     ) -> None:
+        super().__init__()
         self.settings = settings
         self.devices = settings.device_list()
         self.catalog = catalog if catalog is not None else build_catalog(settings)
@@ -106,8 +122,6 @@ class DevicePool:
         self.js: Any = None
         self.port = 0
         self._dir = ""
-        self._http: Any = None
-        self._tasks: list[asyncio.Task[Any]] = []
         self._announced = False
 
     # -- state ----------------------------------------------------------------------
@@ -124,7 +138,7 @@ class DevicePool:
         return up and any(info.get("ready") for info in self._live())
 
     def alive(self) -> bool:
-        return not any(t.done() for t in self._tasks[1:2])  # the supervisor
+        return self.failed_stage() is None  # the supervisor, above all
 
     def describe(self) -> dict[str, Any]:
         live = {info.get("index"): info for info in self._live()}
@@ -157,10 +171,7 @@ class DevicePool:
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
-        self._http, task, self.port = await start_http(
-            app, self.settings.host, self.settings.worker_port
-        )
-        self._tasks.append(task)
+        self.port = await self.serve_http(app, self.settings.host, self.settings.worker_port)
         waits = {m: ack_wait_for(p, self.settings) for m, p in self.profiles.items()}
         self.js, queue, _ = await open_distributed(self.settings, self.node, waits)
         self._dir = tempfile.mkdtemp(prefix="fleetserve-devices-")
@@ -179,10 +190,10 @@ class DevicePool:
         )
         for c in self.children:
             self._spawn(c)
-        self._tasks.append(asyncio.create_task(self._supervise(), name="supervisor"))
+        self.spawn("supervise", self._supervise(), essential=True)
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
-        self._tasks.append(asyncio.create_task(beat, name="heartbeat"))
-        self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
+        self.spawn("heartbeat", beat)
+        self.spawn("metrics", self._refresh_metrics())
 
     def _spawn(self, c: _Child) -> None:
         assert self.server is not None
@@ -268,12 +279,8 @@ class DevicePool:
             m.worker_up.set(1 if self.ready else 0)
             await asyncio.sleep(1.0)
 
-    async def wait(self) -> None:
-        """Until the HTTP server or the supervisor stops."""
-        await asyncio.wait(self._tasks[:2], return_when=asyncio.FIRST_COMPLETED)
-
     async def stop(self) -> None:
-        await shutdown(self._http, self._tasks)  # no restarts from here on
+        await self.stop_tasks()  # no restarts from here on
         await self._stop_children()
         if self.server is not None:
             await self.server.close()  # what is left goes back upstream

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..families.generate.admission import Event, WaitQueue, cost
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError
 from .batcher import Job
-from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable, Verify
+from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable, Measure, Verify
 
 log = logging.getLogger("fleetserve.worker")
 IDLE_WAIT_S = 0.5  # the thread re-checks deadlines at least this often
@@ -46,8 +47,10 @@ class GenerationRunner(Loadable):
         *,
         eager: bool = True,
         verify: Verify | None = None,
+        measure: Measure | None = None,
+        estimate: Callable[[], int] | None = None,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager, verify)
+        self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         # max_batch_tokens: prompt + max_tokens summed over the running sequences
         self.former = WaitQueue(max_batch_tokens or profile.max_batch_tokens)

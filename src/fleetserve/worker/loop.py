@@ -8,12 +8,15 @@ is answered the same way, and ``ready`` turns false so ``/readyz`` reports 503.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..fleet.manager import Fleet, State
+from ..fleet.policy import GDSF
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
 from ..wire import (
@@ -33,6 +36,7 @@ log = logging.getLogger("fleetserve.worker")
 # more than tokenizing a sentence or encoding a few vectors.
 INLINE_BODY_BYTES = 2048
 INLINE_OUTPUT_VALUES = 4096
+UNBOUNDED = 1 << 62  # a fleet with no memory budget
 
 
 class Worker:
@@ -46,14 +50,30 @@ class Worker:
         max_deliver: int = 1,
         keepalive: float | None = None,
         shared_queue: bool = False,
+        fleet: Fleet | None = None,
+        affinity_wait: float | None = None,
+        peer_holds: Callable[[str], bool] | None = None,
     ) -> None:
         self.queue = queue
         self.runners = dict(runners)
         self.metrics = metrics
+        if fleet is None:  # no budget given: every model may stay (tests, the tuner)
+            fleet = Fleet(UNBOUNDED, GDSF(), metrics=metrics)
+            for r in self.runners.values():
+                fleet.add(r)
+        self.fleet = fleet
+        for model, r in self.runners.items():
+            r.relieve = functools.partial(fleet.relieve, model)
         self.pull_timeout = pull_timeout
         self.max_deliver = max_deliver  # 1: a failed batch is answered 500 at once
         self.keepalive = keepalive  # seconds between in-progress acks for held work
         self.shared_queue = shared_queue  # other workers pull from the same queue
+        # affinity (a shared queue): pull for the models held here first; take a cold
+        # one when idle and no other worker holds it, or once its queue has stayed
+        # backed up for ``affinity_wait`` seconds (its holders do not keep up)
+        self.affinity_wait = affinity_wait
+        self.peer_holds = peer_holds or (lambda model: False)
+        self._backed_up: dict[str, float] = {}  # model -> since when its queue has waited
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
@@ -67,12 +87,18 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        """Running, not failed, and the eager (pinned or named) models are loaded."""
+        """Running, not failed, and the eager (pinned or named) models have loaded
+        (the named ones may have been evicted since: they load again on use)."""
         return (
             self.running
             and self.failed is None
-            and all(r.loaded for r in self.runners.values() if r.eager)
+            and all(r.ever_loaded for r in self.runners.values() if r.eager)
         )
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits in any model's batch former and no load is under way."""
+        return not self._loading and self._pending_tokens() == 0
 
     async def run(self) -> None:
         """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
@@ -115,9 +141,38 @@ class Worker:
                 await self._room.wait()
             for m in models:
                 self.metrics.queue_depth.labels(m).set(self.queue.depth(m))
-            msgs = await self.queue.pull(models, self.pull_budget, self.pull_timeout)
+            if self.affinity_wait is None:
+                msgs = await self.queue.pull(models, self.pull_budget, self.pull_timeout)
+            else:
+                msgs = await self._pull_by_affinity(models, self.affinity_wait)
             for msg in msgs:
                 await self._admit(msg)
+
+    async def _pull_by_affinity(self, models: list[str], wait: float) -> list[Message]:
+        held = {State.RESIDENT, State.LOADING}
+        hot = [m for m in models if self.fleet.state(m) in held]
+        cold = [m for m in models if m not in hot]
+        now = time.monotonic()
+        for m in cold:
+            if self.queue.depth(m) > 0:
+                self._backed_up.setdefault(m, now)
+            else:
+                self._backed_up.pop(m, None)
+        if hot:
+            msgs = await self.queue.pull(hot, self.pull_budget, self.pull_timeout)
+            if msgs:
+                return msgs
+        idle = self._pending_tokens() == 0 and not self._loading
+        takeable = [
+            m
+            for m in cold
+            if now - self._backed_up.get(m, now) >= wait or (idle and not self.peer_holds(m))
+        ]
+        if not takeable:
+            if not hot:
+                await asyncio.sleep(self.pull_timeout)
+            return []
+        return await self.queue.pull(takeable, self.pull_budget, 0.05 if hot else self.pull_timeout)
 
     async def _admit(self, msg: Message) -> None:
         env = msg.envelope
@@ -136,42 +191,55 @@ class Worker:
                 ),
             )
             return
-        if not runner.loaded:  # lazy: load on first use, without holding up the pull loop
-            if self._tg is None:
-                raise RuntimeError("worker is not running")
-            self._loading[id(msg)] = msg
-            self._tg.create_task(self._admit_after_load(msg, runner))
+        if self.fleet.try_acquire(env.model, env.keep_alive):
+            await self._prepare(msg, runner)
             return
-        await self._prepare(msg, runner)
+        # cold, loading or failed: the fleet loads it without holding up the pull loop
+        if self._tg is None:
+            raise RuntimeError("worker is not running")
+        self._loading[id(msg)] = msg
+        self._tg.create_task(self._admit_after_load(msg, runner))
 
     async def _admit_after_load(self, msg: Message, runner: Runner) -> None:
+        env = msg.envelope
+        model = env.model
         try:
             t0 = time.perf_counter()
-            await runner.load()
-            if time.perf_counter() - t0 > 0.01:
-                log.info("loaded %s in %.1fs", runner.spec.id, time.perf_counter() - t0)
+            await self.fleet.acquire(
+                model,
+                timeout=max(0.0, env.deadline - time.time()),
+                keep_alive=env.keep_alive,
+                wait=not self.shared_queue,
+            )
+            if time.perf_counter() - t0 > 0.01 and runner.loaded:
+                log.info("%s resident after %.1fs", model, time.perf_counter() - t0)
         except FleetError as err:
             self._loading.pop(id(msg), None)
+            failed = self.fleet.state(model) is State.FAILED
+            if self.shared_queue and not failed and msg.attempts + 1 < self.max_deliver:
+                # no room here: another worker (or this one, later) takes it
+                await self.queue.nak(msg, delay=err.retry_after or 1.0)
+                return
             await self._answer(msg, err)
-            return
-        except Exception as exc:
-            self._loading.pop(id(msg), None)
-            log.exception("loading %s failed", runner.spec.id)
-            failed = Unavailable(
-                f"model {runner.spec.id!r} failed to load: {type(exc).__name__}: {exc}"[:400],
-                retry_after=5.0,
-            )
-            await self._answer(msg, failed)
             return
         self._loading.pop(id(msg), None)
         await self._prepare(msg, runner)
 
+    def _done(self, job: Job) -> None:
+        """The job is answered (or given back): its use of the model ends."""
+        if job in self._jobs:
+            self._jobs.discard(job)
+            self.fleet.release(job.msg.envelope.model)
+
     async def _prepare(self, msg: Message, runner: Runner) -> None:
+        """Preprocess and hand to the runner. The caller holds a use of the model: the
+        job gives it back when answered, or this does if no job comes of it."""
         env = msg.envelope
         pulled_at = time.time()
         self.metrics.queue_lag.labels(env.model).set(max(pulled_at - env.enqueued_at, 0.0))
         if pulled_at > env.deadline:  # the gateway has answered 504: drop it, do not compute
             self.metrics.expired.labels(env.model).inc()
+            self.fleet.release(env.model)
             await self.queue.term(msg)
             return
         loop = asyncio.get_running_loop()
@@ -183,9 +251,11 @@ class Worker:
                     self._cpu, runner.adapter.preprocess, env, msg.body
                 )
         except FleetError as err:
+            self.fleet.release(env.model)
             await self._answer(msg, err)
             return
         except Exception:
+            self.fleet.release(env.model)
             log.exception("preprocess failed for request %s", env.request_id)
             await self._answer(msg, InternalError("preprocessing failed"))
             return
@@ -253,7 +323,7 @@ class Worker:
             "queue_ms": max(job.pulled_at - env.enqueued_at, 0.0) * 1e3,
             "inference_ms": job.infer_s * 1e3,
         }
-        self._jobs.discard(job)
+        self._done(job)
         await self.queue.reply(job.msg, Reply(body, env.accept, timings=timings))
         await self.queue.ack(job.msg)
 
@@ -262,7 +332,7 @@ class Worker:
         if job.failed:
             return
         job.failed = True
-        self._jobs.discard(job)
+        self._done(job)
         await self._chunks_sent(job)
         await self._answer(job.msg, err)
 
@@ -272,7 +342,7 @@ class Worker:
         if job.failed:
             return
         job.failed = True
-        self._jobs.discard(job)
+        self._done(job)
         await self._chunks_sent(job)  # chunks still queued see job.failed and are dropped
         await self.queue.term(job.msg)
 
@@ -282,7 +352,7 @@ class Worker:
         if job.failed:
             return
         job.failed = True
-        self._jobs.discard(job)
+        self._done(job)
         msg = job.msg
         streamed = id(job) in self._tails  # the client has chunks: a retry would repeat them
         await self._chunks_sent(job)
@@ -318,7 +388,7 @@ class Worker:
         if self.shared_queue:
             for job in list(self._jobs):
                 job.failed = True
-                self._jobs.discard(job)
+                self._done(job)
                 await self.queue.nak(job.msg)
             return
         for job in list(self._jobs):

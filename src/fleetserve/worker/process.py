@@ -19,20 +19,20 @@ from typing import Any
 
 from rich.console import Console
 
-from ..catalog import Catalog, Profile
-from ..cluster.presence import announce_forever
-from ..metrics import Metrics
-from ..queue.factory import open_distributed, require_nats
-from ..server import (
+from ..assembly import (
     build_catalog,
+    build_fleet,
     build_profiles,
     build_runner,
     load_or_report,
     log_choices,
-    run_process,
-    shutdown,
-    start_http,
 )
+from ..catalog import Catalog, Profile
+from ..cluster.presence import Registry, announce_forever
+from ..fleet.memory import mib
+from ..lifecycle import Service, run_process
+from ..metrics import Metrics
+from ..queue.factory import open_distributed, require_nats
 from ..settings import Settings
 from .health import HealthApp
 from .loop import Worker
@@ -52,10 +52,13 @@ def ack_wait_for(profile: Profile, settings: Settings) -> float:
     return max(2.0, 10 * full / 1e3)
 
 
-class WorkerProcess:
+class WorkerProcess(Service):
+    """Tasks: "http" and "worker" (essential), "heartbeat" and "metrics"."""
+
     def __init__(
         self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
     ) -> None:
+        super().__init__()
         require_nats(settings)
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
@@ -67,19 +70,26 @@ class WorkerProcess:
         self.runners = {
             s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
         }
+        self.fleet = build_fleet(settings, self.runners, self.metrics, self.console)
+        self.peers = Registry()  # the other workers' heartbeats: what they hold
         self.worker: Worker | None = None
         self.js: Any = None
         self.port = 0
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._http: Any = None
         self._busy = {m: (time.monotonic(), 0.0) for m in self.runners}
+
+    def _peer_holds(self, model: str) -> bool:
+        """Another live worker has ``model`` resident or loading (from heartbeats)."""
+        return any(
+            h["id"] != self.node and h.get("state") in ("resident", "loading")
+            for h in self.peers.holders(model)
+        )
 
     @property
     def ready(self) -> bool:
         return self.worker is not None and self.worker.ready and bool(self.js and self.js.healthy)
 
     def alive(self) -> bool:
-        return self.worker is None or self.worker.failed is None
+        return (self.worker is None or self.worker.failed is None) and self.failed_stage() is None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -89,8 +99,10 @@ class WorkerProcess:
             "ready": self.ready,
             "url": f"http://{self.settings.host}:{self.port}",
             "device": self.settings.device,
+            "memory": {"budget": self.fleet.budget, "used": self.fleet.used()},
+            "idle": self.worker is not None and self.worker.idle,
             "models": {
-                m: {"loaded": r.loaded, "precision": r.profile.precision,
+                m: {"loaded": r.loaded, **self.fleet.info(m), "precision": r.profile.precision,
                     "hardware": r.profile.hardware, "profile": self.choices[m].describe()}
                 for m, r in self.runners.items()
             },
@@ -98,22 +110,22 @@ class WorkerProcess:
 
     async def start(self) -> None:
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
-        self._http, task, self.port = await start_http(
-            app, self.settings.host, self.settings.worker_port
-        )
-        self._tasks.append(task)
+        self.port = await self.serve_http(app, self.settings.host, self.settings.worker_port)
         log_choices(self.choices, self.catalog, self.console)
         for m, r in self.runners.items():
             if not r.eager:  # loaded on its first request
                 continue
             t0 = time.perf_counter()
             with self.console.status(f"Loading {m} ({r.profile.precision}, {r.profile.hardware})…"):
-                if not await load_or_report(r, self.console):
+                if not await load_or_report(self.fleet, r, self.console):
                     continue
-            self.console.print(f"  loaded {m} in {time.perf_counter() - t0:.1f}s")
+            took, held = time.perf_counter() - t0, mib(self.fleet.info(m)["bytes"])
+            self.console.print(f"  loaded {m} in {took:.1f}s ({held})")
+        self.fleet.check_budget()  # now with what the pinned models measured
         waits = {m: ack_wait_for(r.profile, self.settings) for m, r in self.runners.items()}
         self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
         keepalive = min(waits.values(), default=5.0) / 3
+        await self.peers.listen(self.js.nc, self.settings.queue_prefix)
         self.worker = Worker(
             queue,
             self.runners,
@@ -121,12 +133,15 @@ class WorkerProcess:
             max_deliver=self.settings.max_deliver,
             keepalive=keepalive,
             shared_queue=True,
+            fleet=self.fleet,
+            affinity_wait=self.settings.affinity_wait,
+            peer_holds=self._peer_holds,
         )
-        self._tasks.append(asyncio.create_task(self.worker.run(), name="worker"))
+        self.spawn("worker", self.worker.run(), essential=True)
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
-        self._tasks.append(asyncio.create_task(beat, name="heartbeat"))
-        self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
-        while not self.worker.running and not self._tasks[1].done():
+        self.spawn("heartbeat", beat)
+        self.spawn("metrics", self._refresh_metrics())
+        while not self.worker.running and not self.ended("worker"):
             await asyncio.sleep(0.001)
         self.console.print(
             f"[bold green]fleetserve worker[/] {self.node} ready: {', '.join(self.runners)}; "
@@ -154,12 +169,8 @@ class WorkerProcess:
                     m.utilization.labels(model).set(min(1.0, (busy - busy_prev) / (now - t_prev)))
                 self._busy[model] = (now, busy)
 
-    async def wait(self) -> None:
-        """Until the worker stops or its HTTP server does."""
-        await asyncio.wait(self._tasks[:2], return_when=asyncio.FIRST_COMPLETED)
-
     async def stop(self) -> None:
-        await shutdown(self._http, self._tasks)
+        await self.stop_tasks()
         if self.js is not None:
             await self.js.close()
         if self.worker is not None:

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter, family_tasks
+from ..fleet.manager import is_oom
+from ..fleet.memory import rss_bytes
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError, Task
 from .batcher import BatchFormer, Job, WorkItem
@@ -21,6 +23,8 @@ FailFn = Callable[[Job, FleetError], Awaitable[None]]
 ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
 AdapterFactory = Callable[[], FamilyAdapter]
 Verify = Callable[[FamilyAdapter], FamilyAdapter]  # a loaded adapter -> the one to serve
+Measure = Callable[[FamilyAdapter], int]  # a loaded adapter -> its activation peak (bytes)
+Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
 
 
 class Former(Protocol):
@@ -45,7 +49,9 @@ class Runner(Protocol):
     profile: Profile
     eager: bool
     loaded: bool
+    ever_loaded: bool
     busy_s: float
+    memory: dict[str, int]  # weights, resident_growth, activation_peak (last load)
 
     @property
     def former(self) -> Former: ...
@@ -59,9 +65,24 @@ class Runner(Protocol):
     @property
     def tasks(self) -> frozenset[Task]: ...
 
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def pinned(self) -> bool: ...
+
+    @property
+    def keep_alive(self) -> float: ...
+
+    relieve: Relieve | None
+
+    def expected_bytes(self) -> int: ...
+
     def submit(self, job: Job) -> None: ...
 
-    async def load(self) -> None: ...
+    async def load(self) -> int: ...
+
+    def unload(self) -> None: ...
 
     async def run(
         self,
@@ -76,11 +97,17 @@ class Runner(Protocol):
 
 
 class Loadable:
-    """Lazy loading shared by runners: the adapter is built and loaded on first use.
+    """Loading and unloading shared by runners; the fleet manager decides when.
 
-    ``eager`` runners load at start and gate readiness; the others load when their
-    first request arrives. A failed load (weights missing) is not remembered: the next
-    request tries again, so weights installed later are picked up.
+    ``eager`` runners (pinned, or named in ``--models``) load at start and gate
+    readiness; the others load on first use. Pinned ones never leave; the others may
+    be evicted and load again on their next use. A load resolves,
+    fetches, converts and loads the weights on a loader thread of its own, so the
+    compute thread keeps running other models' batches; only the warm-up, the quality
+    gate and the activation-peak batch run on the compute thread. It measures what the
+    model holds: its weights (the runtime's count, else the resident growth) plus the
+    activation peak of a full batch, the profile's own figure where the tuner measured one.
+    The resident growth is kept beside them (a first load's includes lazy imports).
     """
 
     spec: ModelSpec
@@ -92,6 +119,10 @@ class Loadable:
     _load_lock: asyncio.Lock | None
     _forward: ThreadPoolExecutor
     _verify: Verify | None
+    _measure: Measure | None
+    _estimate: Callable[[], int] | None
+    _measured: int
+    relieve: Relieve | None
 
     def _init_loadable(
         self,
@@ -100,12 +131,24 @@ class Loadable:
         adapter: FamilyAdapter | AdapterFactory,
         eager: bool,
         verify: Verify | None = None,
+        measure: Measure | None = None,
+        estimate: Callable[[], int] | None = None,
     ) -> None:
         """``adapter`` is a loaded-on-demand adapter, or a factory that builds one.
         ``verify`` runs on the loaded adapter (on the compute thread) and returns the
-        adapter to serve: a quality gate may swap in another."""
+        adapter to serve: a quality gate may swap in another. ``measure`` gives the
+        activation peak of a full batch when the profile has no figure; ``estimate``
+        the footprint before the first load (from the weights on disk)."""
         self.spec = spec
         self.profile = profile
+        self._profile0 = profile
+        self._measure = measure
+        self._estimate = estimate
+        self._measured = 0
+        self._estimated: int | None = None
+        self.ever_loaded = False
+        self.memory: dict[str, int] = {}  # what the last load measured
+        self.relieve = None
         if isinstance(adapter, FamilyAdapter):
             self._adapter, self._factory = adapter, lambda: adapter
         else:
@@ -132,17 +175,46 @@ class Loadable:
             return self._adapter.tasks
         return family_tasks(self.spec.family)
 
-    async def load(self) -> None:
+    @property
+    def model_id(self) -> str:
+        return self.spec.id
+
+    @property
+    def pinned(self) -> bool:
+        return self.spec.pinned
+
+    @property
+    def keep_alive(self) -> float:
+        return self.spec.keep_alive
+
+    def expected_bytes(self) -> int:
+        """Measured at its last load, else the profile's figure, else the estimate."""
+        if self._measured or self.profile.memory_bytes:
+            return self._measured or self.profile.memory_bytes
+        if self._estimated is None:
+            self._estimated = self._estimate() if self._estimate is not None else 0
+        return self._estimated
+
+    async def load(self) -> int:
+        """Load the model (once; concurrent callers share it); the bytes it holds."""
         if self._load_lock is None:
             self._load_lock = asyncio.Lock()
         async with self._load_lock:
             if self.loaded:
-                return
+                return self._measured
             loop = asyncio.get_running_loop()
-            adapter = self._adapter
-            if adapter is None:
-                adapter = await loop.run_in_executor(self._forward, self._factory)
-            await loop.run_in_executor(self._forward, adapter.load)
+            before = rss_bytes()
+            # a thread per load: it ends with the load, and its OpenMP pool with it
+            loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+            try:
+                adapter = self._adapter
+                if adapter is None:
+                    adapter = await loop.run_in_executor(loader, self._factory)
+                await loop.run_in_executor(loader, adapter.load)
+            finally:
+                loader.shutdown(wait=False)
+            grown = max(0, rss_bytes() - before)  # a first load's includes lazy imports
+            weights = adapter.memory_bytes() or grown
             await loop.run_in_executor(self._forward, adapter.warmup)
             if self._verify is not None:
                 served = await loop.run_in_executor(self._forward, self._verify, adapter)
@@ -150,8 +222,21 @@ class Loadable:
                     rt = served.runtime
                     self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
                 adapter = served
+            peak = 0
+            if self._measure is not None and not self.profile.memory_bytes:
+                peak = await loop.run_in_executor(self._forward, self._measure, adapter)
+            held = max(self.profile.memory_bytes, weights + peak)
+            self.memory = {"weights": weights, "resident_growth": grown, "activation_peak": peak}
             self._adapter = adapter
-            self.loaded = True
+            self._measured = held
+            self.loaded = self.ever_loaded = True
+            return held
+
+    def unload(self) -> None:
+        """Drop the adapter (the fleet frees the memory after): it loads again on use."""
+        self._adapter = None
+        self.loaded = False
+        self.profile = self._profile0
 
 
 class ModelRunner(Loadable):
@@ -167,8 +252,10 @@ class ModelRunner(Loadable):
         *,
         eager: bool = True,
         verify: Verify | None = None,
+        measure: Measure | None = None,
+        estimate: Callable[[], int] | None = None,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager, verify)
+        self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         self.former = BatchFormer(
             max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size
@@ -195,7 +282,6 @@ class ModelRunner(Loadable):
         tops it up while this batch runs and the forward thread never waits on intake.
         A batch whose forward pass raises goes to ``crash``, job by job.
         """
-        loop = asyncio.get_running_loop()
         model = self.spec.id
         while True:
             batch = self.former.take()
@@ -209,9 +295,7 @@ class ModelRunner(Loadable):
                 continue
             t0 = time.perf_counter()
             try:
-                out = await loop.run_in_executor(
-                    self._forward, self.adapter.forward, [it.item for it in batch]
-                )
+                out = await self._forward_fitting([it.item for it in batch])
             except Exception as exc:  # a model failure fails this batch's requests only
                 # the client sees the type only; the dead-letter reason keeps the text
                 err = InternalError(f"inference failed: {type(exc).__name__}")
@@ -229,6 +313,25 @@ class ModelRunner(Loadable):
             )
             self.metrics.tokens.labels(model).inc(sum(it.length for it in batch))
             self._route(batch, out, dt, finish)
+
+    async def _forward_fitting(self, items: list[Any], retried: bool = False) -> Sequence[Any]:
+        """Forward ``items``; out of memory, evict other models and retry once, then
+        run the batch in halves (one item that still does not fit fails its request)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._forward, self.adapter.forward, items)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            oom = exc
+        if not retried and self.relieve is not None and await self.relieve():
+            return await self._forward_fitting(items, retried=True)
+        if len(items) == 1:
+            raise oom
+        half = len(items) // 2
+        self.metrics.retries.labels(self.spec.id).inc()
+        first = await self._forward_fitting(items[:half], retried=True)
+        return [*first, *await self._forward_fitting(items[half:], retried=True)]
 
     def _route(
         self, batch: list[WorkItem], out: Sequence[Any], dt: float, finish: FinishFn

@@ -1,0 +1,222 @@
+"""Assembly: the catalog, the profiles and the runners that every fleetserve process
+(embedded server, worker, device process, tuner, bench) builds from its settings."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from rich.console import Console
+
+from .catalog import Catalog, ModelSpec
+from .catalog.fetch import ObjectStoreConfig
+from .catalog.hardware import detect
+from .catalog.profiles import Choice, Profiles
+from .catalog.rules import missing_extra
+from .catalog.sources import locate, resolve
+from .families import FamilyAdapter, create_adapter
+from .fleet.manager import Fleet
+from .fleet.memory import (
+    budget_limit,
+    default_budget,
+    measure_activation_peak,
+    mib,
+    parse_size,
+    trim,
+    weights_estimate,
+)
+from .fleet.policy import make_policy
+from .metrics import Metrics
+from .runtimes import create_runtime
+from .settings import Settings
+from .wire import FleetError
+from .worker import ModelRunner
+from .worker.gen_runner import GenerationRunner
+from .worker.runner import Runner
+
+log = logging.getLogger("fleetserve")
+LOAD_TIMEOUT = 3600.0  # a pinned model's load at start (a first GGUF conversion is slow)
+HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()  # Settings.hf_cache's default
+
+
+def build_catalog(settings: Settings) -> Catalog:
+    """The bundled catalog and ``--catalog``, restricted to ``--models``: ids (loaded
+    at start) or patterns such as ``org/*`` (served, loaded on first use)."""
+    extra = [Path(settings.catalog)] if settings.catalog else []
+    catalog = Catalog.load(extra)
+    ids: list[str] = []
+    for want in settings.model_list():
+        if not any(c in want for c in "*?["):
+            ids.append(want)
+            continue
+        matched = [s.id for s in catalog if fnmatch.fnmatchcase(s.id, want)]
+        if not matched:
+            raise ValueError(f"--models {want!r} matches no model in the catalog")
+        ids += matched
+    return catalog.restrict(dict.fromkeys(ids)) if ids else catalog
+
+
+def build_profiles(settings: Settings) -> Profiles:
+    """This machine's profiles: its hardware class (or the one asked for), the tuned
+    files for it (yours, then bundled), its fallbacks. A broken file is a ValueError
+    naming the file and the field."""
+    device = "cpu" if settings.device.startswith("cpu") else settings.device
+    return Profiles(detect(device), settings.hardware_class, Path(settings.profile_dir))
+
+
+def weights_path(spec: ModelSpec, settings: Settings) -> Path:
+    """Where ``spec``'s weights are on this machine: fetched or converted once if need
+    be; a ``ModelNotFound`` listing every place looked in if they are nowhere."""
+    return resolve(
+        spec.id,
+        spec.sources,
+        Path(settings.hf_cache).expanduser(),
+        cache_dir=Path(settings.cache_dir).expanduser(),
+        objects=ObjectStoreConfig(
+            settings.s3_endpoint,
+            settings.s3_region,
+            settings.s3_access_key_id,
+            settings.s3_secret_access_key,
+        ),
+    )
+
+
+def build_runner(
+    spec: ModelSpec, settings: Settings, metrics: Metrics, choice: Choice | None = None
+) -> Runner:
+    """A runner for ``spec``. Nothing is resolved or loaded here: the weights are found
+    and loaded on first use (at start for pinned models and those named in --models).
+    A profile chosen by rules is held to the quality gate when it loads."""
+    choice = choice or build_profiles(settings).choose(spec)
+    profile = choice.profile
+
+    def make_adapter(
+        precision: str = profile.precision, runtime: str = profile.runtime or spec.runtime
+    ) -> FamilyAdapter:
+        path = weights_path(spec, settings)
+        engine = create_runtime(
+            runtime,
+            device=settings.device,
+            precision=precision,
+            threads=settings.torch_threads or profile.threads,
+            cache_dir=Path(settings.cache_dir).expanduser(),
+            options=spec.runtime_options,
+        )
+        return create_adapter(spec, engine, path)
+
+    def make_reference() -> FamilyAdapter:  # fp32 torch, or this runtime where it is absent
+        return make_adapter("fp32", "torch" if not missing_extra("torch") else runtime_name)
+
+    runtime_name = profile.runtime or spec.runtime
+    verify = None
+    if choice.how == "rule" and profile.precision != "fp32" and spec.runtime != "external":
+        from .tune.gate import gate_at_load
+
+        verify = gate_at_load(spec, profile.precision, make_reference)
+    eager = spec.pinned or spec.id in settings.model_list()
+    tokens = settings.max_batch_tokens or profile.max_batch_tokens
+
+    def measure(adapter: FamilyAdapter) -> int:  # the activation peak of a full batch
+        path = weights_path(spec, settings)
+        return measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
+
+    def estimate() -> int:  # before the first load: the weights on disk, at this precision
+        found = locate(
+            spec.sources,
+            Path(settings.hf_cache).expanduser(),
+            Path(settings.cache_dir).expanduser(),
+        )
+        return weights_estimate(found, profile.precision) if found is not None else 0
+
+    cls: type[ModelRunner] | type[GenerationRunner] = ModelRunner
+    if spec.family == "generate":
+        from .worker.gen_runner import GenerationRunner
+
+        cls = GenerationRunner
+    return cls(
+        spec,
+        profile,
+        make_adapter,
+        metrics,
+        settings.max_batch_tokens,
+        eager=eager,
+        verify=verify,
+        measure=measure,
+        estimate=estimate,
+    )
+
+
+def build_fleet(
+    settings: Settings, runners: Mapping[str, Runner], metrics: Metrics, console: Console
+) -> Fleet:
+    """The device's fleet: its memory budget (``--memory-budget``, or the default
+    fraction of what this process may use), the eviction policy, its models. Pinned
+    models that cannot fit are a one-line ValueError."""
+    device = "cpu" if settings.device in ("auto", "") else settings.device
+    default, why = default_budget(device)
+    budget = parse_size(settings.memory_budget, limit=budget_limit(device)) or default
+    fleet = Fleet(
+        budget,
+        make_policy(settings.eviction),
+        metrics=metrics,
+        cooldown=settings.load_retry_after,
+        room_wait=settings.room_wait,
+        trim=trim,
+    )
+    for r in runners.values():
+        fleet.add(r)
+    fleet.check_budget()
+    how = f"--memory-budget {settings.memory_budget}" if settings.memory_budget else why
+    console.print(
+        f"memory budget: {mib(budget)} ({how}); evicting by {settings.eviction}", highlight=False
+    )
+    return fleet
+
+
+def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) -> None:
+    """One line per model at start: what it runs with, and why (``GET /v1/models`` has
+    the whole reason); one more line if some run on rules, saying how to tune them."""
+    ruled = 0
+    for spec in catalog:
+        c = choices[spec.id]
+        p = c.profile
+        why = c.reason.split("; `fleetserve tune", 1)[0]
+        ruled += c.how in ("rule", "fallback")
+        procs = (
+            f"; its profile asks for {p.processes} processes per device, which "
+            "`fleetserve worker` runs (this process is one)"
+            if p.processes > 1
+            else ""
+        )
+        console.print(
+            f"  {spec.id}: {p.runtime or spec.runtime} {p.precision}, batch "
+            f"{p.max_batch_size}/{p.max_batch_tokens} [dim]({why}{procs})[/]",
+            highlight=False,
+        )
+    if ruled:
+        console.print(
+            f"  [dim]{ruled} model(s) run on rules or a fallback, not tuned for this class: "
+            "`fleetserve tune MODEL` (or serve --tune quick) tunes them[/]",
+            highlight=False,
+        )
+
+
+async def load_or_report(fleet: Fleet, runner: Runner, console: Console) -> bool:
+    """Load a pinned model at start, through the fleet so that its bytes count. One
+    that fails (weights absent, an extra not installed) is reported and left to load
+    on first use after the cool-down: the others still serve."""
+    try:
+        await fleet.acquire(runner.model_id, timeout=LOAD_TIMEOUT)
+        fleet.release(runner.model_id)
+    except Exception as exc:
+        message = exc.message if isinstance(exc, FleetError) else f"{type(exc).__name__}: {exc}"
+        console.print(
+            f"[red]error:[/] {runner.spec.id} failed to load: {message}; serving the other "
+            "models, and its requests will try again",
+            highlight=False,
+        )
+        runner.eager = False  # not required for readiness any more
+        return False
+    return True

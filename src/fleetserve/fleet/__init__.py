@@ -1,0 +1,1 @@
+"""Fleet memory: a budget per device, and the models held within it."""

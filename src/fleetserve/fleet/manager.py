@@ -1,0 +1,378 @@
+"""The fleet on one device: which models are resident, within one memory budget.
+
+Pinned models load at start and never leave. The others load on first use. Before a
+load the manager makes room: it evicts by the policy (GDSF by default), never a pinned
+model, one with work in flight or one inside its ``keep_alive``. When nothing can
+leave it waits a little for work to finish, then answers 503 with Retry-After. A model
+that fails to load is marked failed with the reason; its requests get that reason
+until a cool-down passes, then the next one tries again. The rest keep serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..metrics import Metrics
+from ..wire import FleetError, Unavailable
+from .policy import Policy, Resident, evictable, victims
+
+log = logging.getLogger("fleetserve.fleet")
+MIB = 1 << 20
+
+
+class State(enum.StrEnum):
+    COLD = "cold"
+    LOADING = "loading"
+    RESIDENT = "resident"
+    FAILED = "failed"
+
+
+class Member(Protocol):
+    """A model the fleet manages (a worker's runner; a fake one in tests)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def pinned(self) -> bool: ...
+
+    @property
+    def keep_alive(self) -> float: ...
+
+    def expected_bytes(self) -> int:
+        """Its footprint before it loads: measured last time, its profile's, or an
+        estimate (0 if unknown: the load is checked once it is measured)."""
+        ...
+
+    async def load(self) -> int:
+        """Load it (off the compute thread); return the bytes it now holds."""
+        ...
+
+    def unload(self) -> None: ...
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error: Python's, or torch's (CUDA and the CPU allocator)."""
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+@dataclass(eq=False)
+class Slot:
+    member: Member
+    state: State = State.COLD
+    bytes: int = 0  # resident (or reserved while loading)
+    measured: int = 0  # what its last load measured
+    inflight: int = 0
+    error: FleetError | None = None
+    failed_at: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    record: Resident | None = None  # the policy's view while resident
+
+
+class Fleet:
+    """Admission, loading and eviction for the models of one device."""
+
+    def __init__(
+        self,
+        budget: int,
+        policy: Policy,
+        *,
+        metrics: Metrics | None = None,
+        cooldown: float = 30.0,
+        room_wait: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        trim: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.budget = budget
+        self.policy = policy
+        self.metrics = metrics
+        self.cooldown = cooldown  # before a failed model's load is retried
+        self.room_wait = room_wait  # how long a load may wait for busy models to finish
+        self.clock = clock
+        self._trim = trim
+        self._slots: dict[str, Slot] = {}
+        self._room = asyncio.Lock()  # one making room at a time
+        self._changed = asyncio.Event()  # work finished, a model left or loaded
+        if metrics is not None:
+            metrics.memory_budget.set(budget)
+
+    # -- membership and state ---------------------------------------------------
+    def add(self, member: Member) -> None:
+        self._slots[member.model_id] = Slot(member)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    def state(self, model: str) -> State:
+        return self._slots[model].state
+
+    def used(self) -> int:
+        return sum(s.bytes for s in self._slots.values())
+
+    def pinned_bytes(self) -> dict[str, int]:
+        """What each pinned model holds, or is expected to before it loads."""
+        return {
+            m: s.bytes or s.member.expected_bytes()
+            for m, s in self._slots.items()
+            if s.member.pinned
+        }
+
+    def check_budget(self) -> None:
+        """Start-up: the pinned models must fit in the budget (a one-line ValueError)."""
+        pinned = self.pinned_bytes()
+        total = sum(pinned.values())
+        if total > self.budget:
+            parts = ", ".join(f"{m} {b / MIB:.1f} MiB" for m, b in pinned.items())
+            raise ValueError(
+                f"--memory-budget {self.budget / MIB:.1f} MiB is below the pinned models' "
+                f"total {total / MIB:.1f} MiB ({parts})"
+            )
+
+    def info(self, model: str) -> dict[str, Any]:
+        s = self._slots[model]
+        failed = s.state is State.FAILED
+        return {
+            "state": s.state.value,
+            "bytes": s.bytes or s.measured or s.member.expected_bytes(),
+            "pinned": s.member.pinned,
+            "keep_alive": s.member.keep_alive,
+            "error": s.error.message if failed and s.error is not None else None,
+            "inflight": s.inflight,
+        }
+
+    def resident(self) -> list[str]:
+        return [m for m, s in self._slots.items() if s.state is State.RESIDENT]
+
+    # -- admission ----------------------------------------------------------------
+    def try_acquire(self, model: str, keep_alive: float | None = None) -> bool:
+        """The fast path: take a use of ``model`` if it is resident."""
+        s = self._slots[model]
+        if s.state is not State.RESIDENT:
+            return False
+        self._use(s, keep_alive)
+        return True
+
+    async def acquire(
+        self, model: str, *, timeout: float, keep_alive: float | None = None, wait: bool = True
+    ) -> None:
+        """Make ``model`` resident and take a use of it (``release`` gives it back).
+
+        ``timeout`` bounds the wait, in seconds (the request's deadline): for a load
+        under way, and (with ``wait``) for room while busy models finish. ``wait=False``
+        (a shared queue, where another worker may serve the request) does not wait for
+        room: the request can go back to the queue.
+        Raises a ``FleetError``: the model's own failure, or ``Unavailable`` with
+        Retry-After when there is no room.
+        """
+        s = self._slots[model]
+        deadline = self.clock() + timeout
+        if s.state is not State.RESIDENT and self.metrics is not None:
+            self.metrics.misses.labels(model).inc()
+        while True:
+            if s.state is State.RESIDENT:
+                self._use(s, keep_alive)
+                return
+            failed = s.state is State.FAILED and s.error is not None
+            if failed and s.failed_at + self.cooldown > self.clock():
+                assert s.error is not None
+                raise s.error
+            try:
+                await asyncio.wait_for(s.lock.acquire(), max(0.0, deadline - self.clock()))
+            except TimeoutError:
+                raise Unavailable(f"model {model!r} is still loading", retry_after=1.0) from None
+            try:
+                if s.state is State.COLD or (
+                    s.state is State.FAILED and s.failed_at + self.cooldown <= self.clock()
+                ):
+                    await self._load(s, deadline, wait)
+            finally:
+                s.lock.release()
+
+    def release(self, model: str) -> None:
+        s = self._slots[model]
+        s.inflight = max(0, s.inflight - 1)
+        if s.record is not None:
+            s.record.busy = s.inflight > 0
+        if s.inflight == 0:
+            self._changed.set()
+
+    def _use(self, s: Slot, keep_alive: float | None) -> None:
+        now = self.clock()
+        s.inflight += 1
+        r = s.record
+        assert r is not None
+        r.busy = True
+        r.last_used = now
+        keep = s.member.keep_alive if keep_alive is None else keep_alive
+        r.keep_until = max(r.keep_until, now + keep)
+        self.policy.used(r, now)
+
+    # -- loading and making room --------------------------------------------------
+    async def _load(self, s: Slot, deadline: float, wait: bool) -> None:
+        model = s.member.model_id
+        need = s.measured or s.member.expected_bytes()
+        await self._make_room(model, need, deadline, wait)
+        s.state, s.bytes, s.error = State.LOADING, need, None
+        self._gauges()
+        t0 = time.perf_counter()
+        try:
+            try:
+                got = await s.member.load()
+            except Exception as exc:
+                if not is_oom(exc) or not await self._evict_all(model, "oom"):
+                    raise
+                log.warning("%s: out of memory while loading; evicted others, retrying", model)
+                got = await s.member.load()
+        except Exception as exc:
+            self._failed(s, exc)
+            raise s.error or exc from None
+        finally:
+            self._changed.set()
+        dt = time.perf_counter() - t0
+        now = self.clock()
+        s.state, s.bytes, s.measured = State.RESIDENT, got, got
+        s.record = Resident(model, got, dt, pinned=s.member.pinned, last_used=now)
+        self.policy.loaded(s.record, now)
+        s.record.hits = 0  # the request that loaded it counts as its first use (in _use)
+        if self.metrics is not None:
+            self.metrics.loads.labels(model, "ok").inc()
+            self.metrics.load_seconds.labels(model).observe(dt)
+        self._gauges()
+        if got > need and self.used() > self.budget:
+            log.info(
+                "%s holds %.1f MiB, more than the %.1f MiB expected", model, got / MIB, need / MIB
+            )
+            await self._shed(model)
+
+    async def _make_room(self, model: str, need: int, deadline: float, wait: bool) -> None:
+        pinned = sum(b for m, b in self.pinned_bytes().items() if m != model)
+        if need > self.budget - pinned:
+            raise Unavailable(
+                f"model {model!r} needs {need / MIB:.1f} MiB but the memory budget leaves "
+                f"{(self.budget - pinned) / MIB:.1f} MiB beside the pinned models",
+                retry_after=self.cooldown,
+            )
+        give_up = min(deadline, self.clock() + (self.room_wait if wait else 0.0))
+        while True:
+            async with self._room:
+                free = self.budget - self.used()
+                chosen = victims(self.policy, self._records(), need, free, self.clock())
+                if chosen is not None:
+                    for r in chosen:
+                        self._evict(self._slots[r.model], "pressure")
+                    if chosen:
+                        self._trim()
+                    return
+                self._changed.clear()
+            left = give_up - self.clock()
+            if left <= 0:
+                raise Unavailable(
+                    f"no room for model {model!r} ({need / MIB:.1f} MiB): the budget of "
+                    f"{self.budget / MIB:.1f} MiB is held by models that may not leave now "
+                    f"({self._holders()})",
+                    retry_after=1.0,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    def _holders(self) -> str:
+        """Who holds the budget and why they stay: pinned, busy, kept alive."""
+        now, out = self.clock(), []
+        for r in self._records():
+            why = (
+                "pinned"
+                if r.pinned
+                else "busy"
+                if r.busy
+                else f"kept alive {r.keep_until - now:.0f}s more"
+                if now < r.keep_until
+                else ""
+            )
+            if why:
+                out.append(f"{r.model} {r.bytes / MIB:.1f} MiB {why}")
+        return "; ".join(out) or "loads under way"
+
+    def _records(self) -> list[Resident]:
+        return [s.record for s in self._slots.values() if s.record is not None]
+
+    def _evict(self, s: Slot, reason: str) -> None:
+        r = s.record
+        model = s.member.model_id
+        log.info("evicting %s (%.1f MiB, %s)", model, s.bytes / MIB, reason)
+        s.member.unload()
+        if r is not None:
+            self.policy.evicted(r)
+        s.state, s.bytes, s.record = State.COLD, 0, None
+        if self.metrics is not None:
+            self.metrics.evictions.labels(model, reason).inc()
+        self._gauges()
+
+    async def _evict_all(self, keep: str, reason: str) -> bool:
+        """Out of memory: evict every model that may leave except ``keep``."""
+        async with self._room:
+            now = self.clock()
+            out = [
+                s
+                for m, s in self._slots.items()
+                if m != keep and s.record is not None and evictable(s.record, now)
+            ]
+            for s in out:
+                self._evict(s, reason)
+            if out:
+                self._trim()
+            return bool(out)
+
+    async def relieve(self, model: str) -> bool:
+        """An out-of-memory error in ``model``'s batch: make room by evicting others."""
+        return await self._evict_all(model, "oom")
+
+    async def _shed(self, keep: str) -> None:
+        """Over budget after a load measured more than expected: evict what may leave."""
+        async with self._room:
+            others = [r for r in self._records() if r.model != keep]
+            chosen = victims(self.policy, others, self.used(), self.budget, self.clock())
+            for r in chosen or []:
+                self._evict(self._slots[r.model], "pressure")
+
+    def _failed(self, s: Slot, exc: BaseException) -> None:
+        model = s.member.model_id
+        with_reason = exc if isinstance(exc, FleetError) else None
+        if with_reason is None:
+            with_reason = Unavailable(
+                f"model {model!r} failed to load: {type(exc).__name__}: {exc}"[:500],
+                retry_after=self.cooldown,
+            )
+        else:
+            with_reason.retry_after = with_reason.retry_after or self.cooldown
+        log.warning("%s failed to load: %s", model, with_reason.message)
+        s.state, s.bytes, s.error, s.failed_at = State.FAILED, 0, with_reason, self.clock()
+        s.record = None
+        if self.metrics is not None:
+            self.metrics.loads.labels(model, "failed").inc()
+        self._gauges()
+
+    def mark_failed(self, model: str, exc: BaseException) -> None:
+        """``model`` broke while serving (out of memory on one item): unload it and
+        answer its requests with the reason until the cool-down passes."""
+        s = self._slots[model]
+        if s.state is State.RESIDENT:
+            s.member.unload()
+            self._trim()
+        self._failed(s, exc)
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.resident_models.set(
+                sum(s.state is State.RESIDENT for s in self._slots.values())
+            )
+            self.metrics.resident_bytes.set(self.used())
+
+
+__all__ = ["Fleet", "Member", "State", "is_oom"]

@@ -1,0 +1,250 @@
+"""Measure memory: this process's resident set and peak, what it may use, free device
+memory, the default budget, and the activation peak of one full batch.
+
+Light at import: torch is imported only inside the CUDA functions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..catalog.hardware import memory_limit
+
+if TYPE_CHECKING:
+    from ..catalog import ModelSpec
+    from ..families import FamilyAdapter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FRACTION = 0.7
+_CGROUP_FILES = ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes")
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_FORMS = "bytes (123456), a size (512MiB, 2GiB, 800M, 1.5G) or a percent (60%)"
+
+
+def _status_bytes(key: str, pid: int | str = "self") -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def rss_bytes() -> int:
+    """This process's resident set (VmRSS), 0 where /proc is absent."""
+    return _status_bytes("VmRSS")
+
+
+def peak_bytes() -> int:
+    """This process's peak resident set (VmHWM) since start or the last reset_peak()."""
+    return _status_bytes("VmHWM")
+
+
+def reset_peak() -> None:
+    """Linux: writing 5 to clear_refs resets the peak resident set (VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def rss_of(pid: int) -> int:
+    """Another process's resident set, 0 when it is gone or unreadable."""
+    return _status_bytes("VmRSS", pid)
+
+
+_malloc_trim: Callable[[int], int] | None = None
+_trim_looked_up = False
+
+
+def trim() -> None:
+    """Collect garbage, then hand the heap's free pages back to the OS (glibc
+    ``malloc_trim``; elsewhere only the collection)."""
+    global _malloc_trim, _trim_looked_up
+    gc.collect()
+    if not _trim_looked_up:
+        _trim_looked_up = True
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                fn = libc.malloc_trim  # absent on musl
+                fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+                _malloc_trim = fn
+            except (OSError, AttributeError):
+                _malloc_trim = None
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def process_limit_bytes(root: Path = Path("/")) -> int:
+    """Bytes this process may use: the cgroup limit if there is one, else physical RAM."""
+    return memory_limit(root)
+
+
+def _cgroup_limited(limit: int, root: Path) -> bool:
+    """Whether ``limit`` (from memory_limit) is a cgroup's, not MemTotal."""
+    for f in _CGROUP_FILES:
+        try:
+            raw = (root / f).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) == limit:
+            return True
+    return False
+
+
+def cuda_free_bytes(device: str) -> int:
+    """Free memory on a CUDA device now (never called on CPU)."""
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
+
+
+def default_budget(device: str, *, root: Path = Path("/")) -> tuple[int, str]:
+    """The budget when none is set, and a line saying what it is a fraction of."""
+    pct = f"{DEFAULT_FRACTION:.0%}"
+    if device.startswith("cuda"):
+        free = cuda_free_bytes(device)
+        return int(free * DEFAULT_FRACTION), f"{pct} of free memory on {device} ({_gib(free)})"
+    limit = process_limit_bytes(root)
+    what = "the cgroup limit" if _cgroup_limited(limit, root) else "physical RAM"
+    return int(limit * DEFAULT_FRACTION), f"{pct} of {what} ({_gib(limit)})"
+
+
+def parse_size(text: str, *, limit: int) -> int:
+    """Bytes from ``--memory-budget``: "" is 0 (the default), else bytes, a size with a
+    binary unit (K, M, G, T; with or without i and B: 512MiB, 2GiB, 1.5G, 800M), or a
+    percent of ``limit`` (60%)."""
+    raw = text.strip()
+    if not raw:
+        return 0
+    n: float
+    if raw.endswith("%"):
+        try:
+            pct = float(raw[:-1])
+        except ValueError:
+            pct = math.nan
+        n = pct / 100 * limit if 0 < pct <= 100 else math.nan
+    else:
+        m = _SIZE.fullmatch(raw)
+        n = float(m[1]) * _UNITS[m[2].lower()] if m else math.nan
+    if not math.isfinite(n) or int(n) <= 0:
+        raise ValueError(f"--memory-budget: cannot use {text!r}; give {_FORMS}, above 0")
+    return int(n)
+
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".onnx", ".xml", ".gguf")
+PRECISION_SHARE = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.25}
+
+
+def weights_estimate(path: Path, precision: str) -> int:
+    """A model's footprint before its first load: its weight files on disk (stored as
+    fp32, as most small open models are), scaled to the precision it will run at."""
+    files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+    weights = [f for f in files if f.name.endswith(WEIGHT_FILES)] or files
+    size = sum(f.stat().st_size for f in weights)
+    return int(size * PRECISION_SHARE.get(precision, 1.0))
+
+
+def budget_limit(device: str) -> int:
+    """What a percent of ``--memory-budget`` is of: free device memory on CUDA, else
+    what this process may use."""
+    return cuda_free_bytes(device) if device.startswith("cuda") else process_limit_bytes()
+
+
+def mib(n: int) -> str:
+    """Bytes in MiB, the one unit of the tables: "123.4 MiB"."""
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def measure_activation_peak(
+    adapter: FamilyAdapter,
+    spec: ModelSpec,
+    path: Path,
+    max_batch_tokens: int,
+    max_batch_size: int,
+) -> int:
+    """The memory one batch at the full budget takes above the loaded weights: the
+    longest prepared items of the family's mixed workload, as many as fit
+    ``max_batch_tokens`` (longest times count) and ``max_batch_size``. Resident-set peak on
+    CPU, allocator peak on CUDA. 0 for generation and external runtimes, and whenever
+    it cannot be measured: a failed measurement never fails a load."""
+    try:
+        if spec.family == "generate" or "external" in (spec.runtime, adapter.runtime.name):
+            return 0
+        return _measure(adapter, spec, path, max_batch_tokens, max_batch_size)
+    except Exception as exc:  # measuring is best effort
+        log.debug("activation peak of %s not measured: %s", spec.id, exc, exc_info=True)
+        return 0
+
+
+def _measure(
+    adapter: FamilyAdapter,
+    spec: ModelSpec,
+    path: Path,
+    max_batch_tokens: int,
+    max_batch_size: int,
+) -> int:
+    from ..tune.costfit import item_pool
+    from ..tune.workload import requests
+
+    size = max(1, max_batch_size)
+    per_request = 32
+    n = max(2, math.ceil(2 * size / (per_request - 1)))
+    pool = item_pool(adapter, spec.id, requests(spec, path, "mix", per_request, n))
+    if not pool:
+        return 0
+    ranked = sorted(pool, key=lambda x: x[1], reverse=True)
+    width = max(1, ranked[0][1])
+    count = max(1, min(size, max_batch_tokens // width))
+    batch: list[Any] = [ranked[i % len(ranked)][0] for i in range(count)]
+    device = getattr(adapter.runtime, "device", "cpu")
+    if device.startswith("cuda"):
+        import torch
+
+        dev = torch.device(device)
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        adapter.forward(batch)
+        torch.cuda.synchronize(dev)
+        return max(0, int(torch.cuda.max_memory_allocated(dev)) - before)
+    trim()  # heap held free would hide the batch's own growth
+    reset_peak()
+    before = rss_bytes()
+    adapter.forward(batch)
+    return max(0, peak_bytes() - before)
+
+
+__all__ = [
+    "DEFAULT_FRACTION",
+    "cuda_free_bytes",
+    "default_budget",
+    "measure_activation_peak",
+    "mib",
+    "parse_size",
+    "peak_bytes",
+    "process_limit_bytes",
+    "reset_peak",
+    "rss_bytes",
+    "rss_of",
+    "trim",
+]

@@ -1,0 +1,135 @@
+"""Which resident models leave to make room: cost-aware (GDSF) or by recency (LRU).
+
+The fleet manager and the queue simulator (``fleetserve bench sim``) share these.
+A policy only orders the models that may leave; the manager decides which may: never
+a pinned one, one with work in flight, or one inside its ``keep_alive``.
+
+GreedyDual-Size-Frequency gives each resident model the priority
+
+    H = L + frequency * reload_seconds / size
+
+and evicts the lowest first. ``L`` (the inflation) rises to the priority of each model
+evicted, so a model used long ago ages out even if it was once used often. A large
+model that reloads fast and is rarely used leaves before a small one that is slow to
+load or used all the time, which is what recency alone gets wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+MIB = float(1 << 20)
+
+
+@dataclass
+class Resident:
+    """What a policy sees of one resident model."""
+
+    model: str
+    bytes: int
+    reload_s: float  # how long its last load took: the cost of evicting it
+    pinned: bool = False
+    busy: bool = False  # work in flight
+    last_used: float = 0.0
+    keep_until: float = 0.0  # its keep_alive after the last use
+    hits: int = 0  # uses since it was loaded
+    priority: float = 0.0  # kept by the policy
+
+
+def evictable(r: Resident, now: float) -> bool:
+    return not r.pinned and not r.busy and now >= r.keep_until
+
+
+class Policy(Protocol):
+    name: str
+
+    def loaded(self, r: Resident, now: float) -> None:
+        """``r`` has just been loaded (``r.hits`` counts this first use)."""
+
+    def used(self, r: Resident, now: float) -> None:
+        """``r`` serves one more request."""
+
+    def evicted(self, r: Resident) -> None:
+        """``r`` leaves."""
+
+    def order(self, candidates: Iterable[Resident]) -> list[Resident]:
+        """The candidates, first to leave first."""
+
+
+class GDSF:
+    """GreedyDual-Size-Frequency over reload seconds (the cost) and bytes (the size)."""
+
+    name = "gdsf"
+
+    def __init__(self) -> None:
+        self.inflation = 0.0
+
+    def _score(self, r: Resident) -> None:
+        size_mib = max(r.bytes, 1) / MIB
+        r.priority = self.inflation + max(r.hits, 1) * max(r.reload_s, 1e-3) / size_mib
+
+    def loaded(self, r: Resident, now: float) -> None:
+        r.hits = max(r.hits, 1)
+        self._score(r)
+
+    def used(self, r: Resident, now: float) -> None:
+        r.hits += 1
+        self._score(r)
+
+    def evicted(self, r: Resident) -> None:
+        self.inflation = max(self.inflation, r.priority)
+
+    def order(self, candidates: Iterable[Resident]) -> list[Resident]:
+        return sorted(candidates, key=lambda r: (r.priority, r.last_used))
+
+
+class LRU:
+    """Least recently used first: the baseline that ignores size and reload cost."""
+
+    name = "lru"
+
+    def loaded(self, r: Resident, now: float) -> None:
+        r.hits = max(r.hits, 1)
+
+    def used(self, r: Resident, now: float) -> None:
+        r.hits += 1
+
+    def evicted(self, r: Resident) -> None:
+        pass
+
+    def order(self, candidates: Iterable[Resident]) -> list[Resident]:
+        return sorted(candidates, key=lambda r: r.last_used)
+
+
+POLICIES: dict[str, type[GDSF] | type[LRU]] = {"gdsf": GDSF, "lru": LRU}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of: {', '.join(POLICIES)}"
+        ) from None
+
+
+def victims(
+    policy: Policy, residents: Sequence[Resident], need: int, free: int, now: float
+) -> list[Resident] | None:
+    """The models to evict so that ``need`` bytes fit in ``free`` plus what they hold,
+    in the policy's order; ``None`` if even evicting every evictable one is not enough.
+    ``[]`` when it fits already."""
+    if need <= free:
+        return []
+    chosen: list[Resident] = []
+    for r in policy.order(x for x in residents if evictable(x, now)):
+        chosen.append(r)
+        free += r.bytes
+        if need <= free:
+            return chosen
+    return None
+
+
+__all__ = ["GDSF", "LRU", "POLICIES", "Policy", "Resident", "evictable", "make_policy", "victims"]

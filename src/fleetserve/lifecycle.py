@@ -1,0 +1,156 @@
+"""How fleetserve's processes live: an HTTP server, named tasks, a start, a wait, a stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+import uvicorn
+
+from .settings import Settings
+
+
+async def start_http(
+    app: Any, host: str, port: int
+) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    """Serve ``app`` with uvicorn (httptools) on ``host:port``; returns the bound port."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+    )
+    sock = _bind(host, port)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve([sock]), name="http")
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the HTTP server stopped during start-up")
+        await asyncio.sleep(0.01)
+    return server, task, int(sock.getsockname()[1])
+
+
+async def shutdown(http: uvicorn.Server | None, tasks: list[asyncio.Task[Any]]) -> None:
+    """Stop the HTTP server (``tasks[0]``) gracefully and cancel the other tasks."""
+    if http is not None:
+        http.should_exit = True
+    for t in tasks[1:]:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind here rather than in uvicorn, so a taken port is a clear error, not an exit."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class Service:
+    """A process's named tasks: some essential (their end ends the process), the
+    others in the background; and the one HTTP server, stopped gracefully."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
+        self.essential: set[str] = set()
+        self._http: uvicorn.Server | None = None
+
+    async def serve_http(self, app: Any, host: str, port: int, *, essential: bool = True) -> int:
+        """Start the HTTP server as the task "http"; returns the bound port."""
+        self._claim("http", essential)
+        self._http, self.tasks["http"], bound = await start_http(app, host, port)
+        return bound
+
+    def spawn(
+        self, name: str, coro: Coroutine[Any, Any, Any], *, essential: bool = False
+    ) -> asyncio.Task[Any]:
+        """Run ``coro`` as the task ``name`` (one name, one task)."""
+        try:
+            self._claim(name, essential)
+        except ValueError:
+            coro.close()
+            raise
+        task = self.tasks[name] = asyncio.create_task(coro, name=name)
+        return task
+
+    def _claim(self, name: str, essential: bool) -> None:
+        if name in self.tasks:
+            raise ValueError(f"a task named {name!r} is already running")
+        if essential:
+            self.essential.add(name)
+
+    def ended(self, name: str) -> bool:
+        """Whether the task ``name`` was started and has ended."""
+        task = self.tasks.get(name)
+        return task is not None and task.done()
+
+    async def wait(self) -> None:
+        """Until the first essential task ends (none: at once); what it raised, raised."""
+        tasks = [t for n, t in self.tasks.items() if n in self.essential]
+        if tasks:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()
+
+    def failed_stage(self) -> str | None:
+        """The first task that raised, or essential one that ended; None if none did."""
+        for name, t in self.tasks.items():
+            if not t.done() or t.cancelled():
+                continue
+            if t.exception() is not None or name in self.essential:
+                return name
+        return None
+
+    async def stop_tasks(self) -> None:
+        """Stop the HTTP server gracefully, cancel the other tasks, await them all."""
+        if self._http is not None:
+            self._http.should_exit = True
+        for name, t in self.tasks.items():
+            if name != "http":
+                t.cancel()
+        for t in self.tasks.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+
+class Process(Protocol):
+    async def start(self) -> None: ...
+
+    async def wait(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def run_process(proc: Process, settings: Settings) -> None:
+    """Start ``proc``, wait until it ends or is cancelled, then stop it to the end.
+
+    uvicorn re-raises the SIGTERM it caught, which may cancel us again while stopping:
+    the stop is shielded so that its clean-up always completes.
+    """
+    sys.setswitchinterval(settings.gil_switch_interval)
+    try:
+        await proc.start()
+        await proc.wait()
+    finally:
+        stopping = asyncio.ensure_future(proc.stop())
+        while not stopping.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(stopping)
+        stopping.result()

@@ -1,0 +1,256 @@
+"""The fleet manager on fake models: declared sizes and load times, a simulated clock."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from fleetserve.fleet.manager import Fleet, State
+from fleetserve.fleet.policy import GDSF, LRU, Policy
+from fleetserve.metrics import Metrics
+from fleetserve.wire import ModelNotFound, Unavailable
+
+MIB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeModel:
+    def __init__(
+        self,
+        clock: Clock,
+        model_id: str,
+        mib: int,
+        load_s: float = 1.0,
+        *,
+        pinned: bool = False,
+        keep_alive: float = 0.0,
+        fail: BaseException | None = None,
+        oom: int = 0,
+    ) -> None:
+        self.clock = clock
+        self.model_id = model_id
+        self.size = mib * MIB
+        self.load_s = load_s
+        self.pinned = pinned
+        self.keep_alive = keep_alive
+        self.fail = fail
+        self.oom = oom  # this many loads raise MemoryError first
+        self.loads = 0
+        self.loaded = False
+        self.gate: asyncio.Event | None = None  # a load waits on it when set
+
+    def expected_bytes(self) -> int:
+        return self.size
+
+    async def load(self) -> int:
+        self.loads += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.oom:
+            self.oom -= 1
+            raise MemoryError("cannot allocate")
+        if self.fail is not None:
+            raise self.fail
+        self.clock.now += self.load_s
+        self.loaded = True
+        return self.size
+
+    def unload(self) -> None:
+        assert self.loaded
+        self.loaded = False
+
+
+def fleet(
+    clock: Clock, budget_mib: int, *models: FakeModel, policy: Policy | None = None, **kw: float
+) -> Fleet:
+    f = Fleet(
+        budget_mib * MIB, policy or GDSF(), clock=clock, metrics=Metrics(), room_wait=0.0, **kw
+    )
+    for m in models:
+        f.add(m)
+    return f
+
+
+async def use(f: Fleet, model: str, **kw: float) -> None:
+    await f.acquire(model, timeout=10.0, **kw)
+    f.release(model)
+
+
+def test_the_pinned_models_must_fit_the_budget() -> None:
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "a", 60, pinned=True), FakeModel(c, "b", 50, pinned=True))
+    with pytest.raises(ValueError) as err:
+        f.check_budget()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "100.0 MiB" in msg and "110.0 MiB" in msg and "a 60.0 MiB" in msg
+
+
+async def test_a_model_loads_on_first_use_once() -> None:
+    c = Clock()
+    a = FakeModel(c, "a", 10)
+    f = fleet(c, 100, a)
+    assert f.state("a") is State.COLD
+    await use(f, "a")
+    await use(f, "a")
+    assert f.state("a") is State.RESIDENT and a.loads == 1
+    assert f.info("a")["bytes"] == 10 * MIB
+
+
+async def test_concurrent_requests_for_a_cold_model_share_one_load() -> None:
+    c = Clock()
+    a = FakeModel(c, "a", 10)
+    a.gate = asyncio.Event()
+    f = fleet(c, 100, a)
+    waiters = [asyncio.create_task(f.acquire("a", timeout=10.0)) for _ in range(5)]
+    for _ in range(100):
+        if a.loads:
+            break
+        await asyncio.sleep(0)
+    assert f.state("a") is State.LOADING and a.loads == 1
+    late = asyncio.create_task(f.acquire("a", timeout=10.0, wait=False))
+    a.gate.set()
+    await asyncio.gather(*waiters, late)
+    assert a.loads == 1 and f.info("a")["inflight"] == 6
+
+
+async def test_pressure_evicts_by_reload_cost_frequency_and_size_not_recency() -> None:
+    c = Clock()
+    big_cheap = FakeModel(c, "big-cheap", 60, load_s=0.5)  # large, reloads fast
+    small_slow = FakeModel(c, "small-slow", 30, load_s=20.0)  # small, a slow conversion
+    newcomer = FakeModel(c, "new", 40)
+    f = fleet(c, 100, big_cheap, small_slow, newcomer)
+    await use(f, "small-slow")
+    await use(f, "big-cheap")  # the most recent: LRU would keep it
+    await use(f, "new")
+    assert f.state("small-slow") is State.RESIDENT
+    assert f.state("big-cheap") is State.COLD
+    assert f.used() <= f.budget
+
+
+async def test_lru_evicts_the_least_recent() -> None:
+    c = Clock()
+    models = [FakeModel(c, "big-cheap", 60, 0.5), FakeModel(c, "small-slow", 30, 20.0)]
+    f = fleet(c, 100, *models, FakeModel(c, "new", 40), policy=LRU())
+    await use(f, "small-slow")
+    c.now += 1
+    await use(f, "big-cheap")
+    await use(f, "new")
+    assert f.state("small-slow") is State.COLD and f.state("big-cheap") is State.RESIDENT
+
+
+async def test_busy_pinned_and_kept_alive_models_never_leave() -> None:
+    c = Clock()
+    pinned = FakeModel(c, "pinned", 40, pinned=True)
+    busy = FakeModel(c, "busy", 40)
+    warm = FakeModel(c, "warm", 20, keep_alive=60.0)
+    f = fleet(c, 100, pinned, busy, warm, FakeModel(c, "new", 30))
+    await use(f, "pinned")
+    await f.acquire("busy", timeout=10.0)  # in flight: not released
+    await use(f, "warm")
+    with pytest.raises(Unavailable) as err:
+        await f.acquire("new", timeout=10.0)
+    assert err.value.retry_after and "no room" in err.value.message
+    f.release("busy")
+    c.now += 1  # "warm" is inside its keep_alive; "busy" is free now
+    await use(f, "new")
+    assert f.state("busy") is State.COLD and f.state("warm") is State.RESIDENT
+    assert f.state("pinned") is State.RESIDENT
+
+
+async def test_a_per_request_keep_alive_overrides_the_spec() -> None:
+    c = Clock()
+    f = fleet(c, 50, FakeModel(c, "a", 30), FakeModel(c, "b", 30))
+    await use(f, "a", keep_alive=120.0)
+    with pytest.raises(Unavailable):
+        await f.acquire("b", timeout=10.0)
+    c.now += 121
+    await use(f, "b")
+    assert f.state("a") is State.COLD
+
+
+async def test_a_load_waits_for_busy_work_to_finish_within_room_wait() -> None:
+    c = Clock()
+    f = fleet(c, 50, FakeModel(c, "a", 30), FakeModel(c, "b", 30))
+    f.room_wait = 5.0
+    await f.acquire("a", timeout=10.0)
+    waiting = asyncio.create_task(f.acquire("b", timeout=10.0))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    f.release("a")
+    await asyncio.wait_for(waiting, 2)
+    assert f.state("b") is State.RESIDENT and f.state("a") is State.COLD
+
+
+async def test_a_model_larger_than_the_budget_beside_the_pinned_ones_is_refused() -> None:
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "p", 70, pinned=True), FakeModel(c, "huge", 40))
+    with pytest.raises(Unavailable, match=r"leaves 30\.0 MiB"):
+        await f.acquire("huge", timeout=1.0)
+
+
+async def test_a_failed_load_gives_the_same_error_until_the_cool_down() -> None:
+    c = Clock()
+    broken = FakeModel(c, "broken", 10, fail=ImportError("needs Pillow: pip install x"))
+    absent = FakeModel(c, "absent", 10, fail=ModelNotFound("no weights in /a, /b"))
+    ok = FakeModel(c, "ok", 10)
+    f = fleet(c, 100, broken, absent, ok, cooldown=30.0)
+    for _ in range(3):
+        with pytest.raises(Unavailable, match="needs Pillow") as err:
+            await use(f, "broken")
+        with pytest.raises(ModelNotFound, match="no weights"):
+            await use(f, "absent")
+    assert err.value.retry_after == 30.0
+    assert broken.loads == 1 and absent.loads == 1  # not retried on every request
+    assert f.state("broken") is State.FAILED and "Pillow" in f.info("broken")["error"]
+    await use(f, "ok")  # the others serve
+    c.now += 31
+    broken.fail = None
+    await use(f, "broken")  # retried after the cool-down
+    assert f.state("broken") is State.RESIDENT and broken.loads == 2
+
+
+async def test_out_of_memory_during_a_load_evicts_and_retries_once() -> None:
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "a", 20), FakeModel(c, "b", 20, oom=1))
+    await use(f, "a")
+    await use(f, "b")
+    assert f.state("b") is State.RESIDENT and f.state("a") is State.COLD
+    m = f.metrics
+    assert m is not None and m.evictions.labels("a", "oom")._value.get() == 1
+    twice = FakeModel(c, "c", 10, oom=2)
+    f.add(twice)
+    with pytest.raises(Unavailable, match="MemoryError"):
+        await use(f, "c")
+    assert f.state("c") is State.FAILED and f.state("b") is State.COLD
+
+
+async def test_a_zipf_trace_stays_within_the_budget_and_keeps_the_pinned() -> None:
+    c = Clock()
+    rng = random.Random(7)
+    models = [
+        FakeModel(c, f"m{i}", rng.choice([10, 20, 40]), rng.uniform(0.1, 5)) for i in range(12)
+    ]
+    models[0].pinned = True
+    total = sum(m.size for m in models)
+    f = fleet(c, total // 3 // MIB, *models)
+    await use(f, "m0")
+    weights = [1 / (i + 1) ** 1.1 for i in range(12)]
+    for _ in range(2000):
+        model = rng.choices(models, weights)[0]
+        c.now += rng.expovariate(10)
+        await use(f, model.model_id)
+        assert f.used() <= f.budget
+        assert sum(m.size for m in models if m.loaded) == f.used()
+        assert f.state("m0") is State.RESIDENT
+    m = f.metrics
+    assert m is not None and m.evictions.labels("m11", "pressure")._value.get() >= 1
