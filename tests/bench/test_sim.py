@@ -21,6 +21,15 @@ from fleetserve.bench.sim import (
     max_load_at_slo,
     simulate,
 )
+from fleetserve.bench.sim.fleet import (
+    GIB,
+    FleetParams,
+    FleetSim,
+    make_fleet_workload,
+    make_models,
+    parse_bytes,
+    simulate_fleet,
+)
 from fleetserve.bench.sim.policies import _Sim
 
 SMALL = Params.from_catalog(requests=800)
@@ -156,3 +165,116 @@ def test_cli_writes_markdown_json_and_png(
     md = (tmp_path / "sim.md").read_text()
     assert "Assumptions" in md and "| workers |" in md and "pull / push-lor" in md
     assert (tmp_path / "sim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- the fleet-memory scenario (bench/sim/fleet.py) -----------------------------------
+
+# 24 models on 8 workers: the catalog (~8 GiB) fits the fleet (24 GiB) but not a worker
+FLEET_SMALL = FleetParams(models=24, requests_per_worker=5000)
+# sizes and reload costs that differ a lot, one worker, most of the catalog fits
+FLEET_COSTLY = FleetParams(
+    models=24,
+    size_classes=((100, 0.5), (1000, 0.5)),
+    slow_share=0.5,
+    slow_factor=(8.0, 16.0),
+    memory_budget=10 * GIB,
+    requests_per_worker=20_000,
+    load_mib_s=1000.0,
+    service_fixed_s=0.05,
+    service_s_per_gib=0.05,
+)
+
+
+def test_fleet_models_are_seeded_and_in_proportion() -> None:
+    a, b = make_models(FleetParams(), 0), make_models(FleetParams(), 0)
+    assert a == b and a != make_models(FleetParams(), 1)
+    assert len(a) == 48 and sum(m.popularity for m in a) == pytest.approx(1.0)
+    assert [m.popularity for m in a] == sorted((m.popularity for m in a), reverse=True)
+    sizes = sorted(m.bytes >> 20 for m in a)
+    assert sizes.count(50) == 17 and sizes.count(1536) == 4  # 35 % and 8 % of 48
+    assert all(m.reload_s > 0 and m.service_s > 0 for m in a)
+    assert (
+        make_fleet_workload(FLEET_SMALL, 2, 5).which
+        == make_fleet_workload(FLEET_SMALL, 4, 5).which[: 2 * FLEET_SMALL.requests_per_worker]
+    )  # a smaller fleet replays a prefix
+
+
+@pytest.mark.parametrize("affinity", [True, False])
+def test_fleet_deterministic(affinity: bool) -> None:
+    p = replace(FLEET_SMALL, requests_per_worker=800)
+    runs = [
+        simulate_fleet(make_fleet_workload(p, 6, seed), 6, p, affinity=affinity, eviction="gdsf")
+        for seed in (3, 3, 4)
+    ]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+@pytest.mark.parametrize("affinity", [True, False])
+@pytest.mark.parametrize("eviction", ["gdsf", "lru"])
+def test_fleet_memory_never_exceeds_the_budget(affinity: bool, eviction: str) -> None:
+    p = replace(FLEET_SMALL, memory_budget=2 * GIB, requests_per_worker=1500)
+    trace: list[tuple[float, int, int, int, int]] = []
+    wl = make_fleet_workload(p, 4, 1)
+    sim = FleetSim(wl, 4, p, affinity=affinity, eviction=eviction, trace=trace, check=True)
+    run = sim.run()  # check=True: the engine recounts each worker's bytes at every load
+    assert len(trace) > 20 and run.evictions > 0  # under pressure
+    for _, _w, m, used, budget in trace:
+        assert 0 < used <= budget == p.memory_budget
+        assert used >= wl.models[m].bytes
+    assert run.peak_bytes <= p.memory_budget
+    for w in range(4):  # what is left adds up too
+        held = sum(wl.models[k].bytes for k in sim.res[w])
+        assert held == sim.used[w] <= p.memory_budget
+    assert run.completed == len(wl.which)
+    assert all(d >= a for d, a in zip(sim.done, sim.arr, strict=True))
+    assert 0 < run.utilization <= 1
+
+
+def test_fleet_affinity_lowers_the_miss_rate() -> None:
+    # robust across seeds (seeds 0-5: on <= 0.6 %, off >= 8.6 %); assert with a wide margin
+    wl = make_fleet_workload(FLEET_SMALL, 8, 0)
+    for eviction in ("gdsf", "lru"):
+        on = simulate_fleet(wl, 8, FLEET_SMALL, affinity=True, eviction=eviction)
+        off = simulate_fleet(wl, 8, FLEET_SMALL, affinity=False, eviction=eviction)
+        assert on.miss_rate < off.miss_rate / 3
+        assert on.loads < off.loads and on.p99_s < off.p99_s
+
+
+def test_fleet_gdsf_reloads_less_than_lru_when_costs_differ() -> None:
+    # GDSF keeps the small, slow-to-reload models; LRU ignores size and cost (seeds
+    # 1-6: gdsf/lru load seconds 0.32-0.53)
+    for seed in (2, 4):
+        wl = make_fleet_workload(FLEET_COSTLY, 1, seed)
+        g = simulate_fleet(wl, 1, FLEET_COSTLY, affinity=True, eviction="gdsf")
+        lr = simulate_fleet(wl, 1, FLEET_COSTLY, affinity=True, eviction="lru")
+        assert g.load_s < 0.8 * lr.load_s
+
+
+def test_fleet_bad_inputs() -> None:
+    assert parse_bytes("3GiB") == parse_bytes("3G") == 3 * GIB
+    assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
+    with pytest.raises(ValueError):
+        parse_bytes("three gigs")
+    with pytest.raises(ValueError, match="largest model"):
+        FleetParams(memory_budget=GIB)
+    wl = make_fleet_workload(replace(FLEET_SMALL, requests_per_worker=10), 1)
+    with pytest.raises(ValueError, match="eviction"):
+        FleetSim(wl, 1, FLEET_SMALL, affinity=True, eviction="random")
+
+
+def test_fleet_cli_writes_json_and_png_in_80_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sim", "fleet", "--workers", "2,4", "--models", "12", "--jobs", "1"]
+    argv += ["--requests-per-worker", "300", "--out", str(tmp_path), "--name", "f"]
+    assert bench_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "miss" in out and "gdsf" in out and "lru" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert len(data["runs"]) == len(data["rows"]) == 8  # {2, 4} x {on, off} x {gdsf, lru}
+    assert {(r["workers"], r["affinity"], r["eviction"]) for r in data["rows"]} == {
+        (w, a, e) for w in (2, 4) for a in ("on", "off") for e in ("gdsf", "lru")
+    }
+    assert data["cpu"] and data["assumptions"] and len(data["models"]) == 12
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
