@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -74,3 +75,29 @@ def test_the_hardware_command_runs_as_shown() -> None:
     assert out.returncode == 0, out.stderr
     assert "hardware class: " in out.stdout and "fallback chain" in out.stdout
     assert "tune" in block and "--tune quick" in block  # the other two lines: tested in tests/tune
+
+
+@pytest.mark.slow
+def test_the_fleet_examples_run_as_shown(real_server: ServerThread) -> None:
+    (block,) = [b for b in blocks("bash") if "--memory-budget" in b]
+    lines = [ln.split("#", 1)[0].strip() for ln in block.replace("\\\n", "").splitlines()]
+    serve, models, curl = (ln for ln in lines if ln)
+    budget = serve.split("--memory-budget", 1)[1].split()[0]
+    from fleetserve.fleet.memory import parse_size
+
+    assert parse_size(budget, limit=1 << 40) == 2 << 30
+    port = real_server.url.rsplit(":", 1)[1]
+    exe, sub = models.split()
+    out = subprocess.run(
+        [str(README.parent / exe), sub, "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    row = next(ln for ln in out.stdout.splitlines() if "all-MiniLM-L6-v2 " in ln)
+    assert "resident" in row and "MiB" in row and "yes" in row, out.stdout
+    cmd = shlex.split(curl.replace("localhost:8080", real_server.url).replace(">/dev/null", ""))
+    cmd.insert(1, "-w%{http_code}")
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert got.stdout.endswith("200"), (cmd, got.stdout, got.stderr)

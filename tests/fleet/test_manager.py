@@ -8,6 +8,7 @@ import random
 import pytest
 
 from fleetserve.fleet.manager import Fleet, State
+from fleetserve.fleet.member import Footprint
 from fleetserve.fleet.policy import GDSF, LRU, Policy
 from fleetserve.metrics import Metrics
 from fleetserve.wire import ModelNotFound, Unavailable
@@ -35,10 +36,12 @@ class FakeModel:
         keep_alive: float = 0.0,
         fail: BaseException | None = None,
         oom: int = 0,
+        peak_mib: int = 0,
     ) -> None:
         self.clock = clock
         self.model_id = model_id
         self.size = mib * MIB
+        self.peak = peak_mib * MIB
         self.load_s = load_s
         self.pinned = pinned
         self.keep_alive = keep_alive
@@ -48,10 +51,10 @@ class FakeModel:
         self.loaded = False
         self.gate: asyncio.Event | None = None  # a load waits on it when set
 
-    def expected_bytes(self) -> int:
-        return self.size
+    def expected(self) -> Footprint:
+        return Footprint(self.size, self.peak)
 
-    async def load(self) -> int:
+    async def load(self) -> Footprint:
         self.loads += 1
         if self.gate is not None:
             await self.gate.wait()
@@ -62,7 +65,7 @@ class FakeModel:
             raise self.fail
         self.clock.now += self.load_s
         self.loaded = True
-        return self.size
+        return Footprint(self.size, self.peak)
 
     def unload(self) -> None:
         assert self.loaded
@@ -93,6 +96,19 @@ def test_the_pinned_models_must_fit_the_budget() -> None:
     msg = str(err.value)
     assert "\n" not in msg
     assert "100.0 MiB" in msg and "110.0 MiB" in msg and "a 60.0 MiB" in msg
+
+
+async def test_the_budget_holds_every_weight_and_the_largest_activation_peak() -> None:
+    c = Clock()
+    a = FakeModel(c, "a", 30, peak_mib=40)
+    b = FakeModel(c, "b", 30, peak_mib=20)
+    f = fleet(c, 100, a, b, FakeModel(c, "c", 30, peak_mib=10))
+    await use(f, "a")
+    await use(f, "b")  # 30 + 30 weights + 40 peak (one batch at a time): fits exactly
+    assert f.state("a") is State.RESIDENT and f.used() == 100 * MIB
+    await use(f, "c")  # 90 of weights + 40 of peak would not: one leaves
+    assert f.used() <= f.budget and f.state("c") is State.RESIDENT
+    assert f.info("a")["bytes"] == 70 * MIB or f.state("a") is State.COLD
 
 
 async def test_a_model_loads_on_first_use_once() -> None:

@@ -308,3 +308,27 @@ async def test_native_generate_streams_text_events(adapter: Any) -> None:
     assert all(o["id"] == "gen-" + job.msg.envelope.request_id for o in objs)
     assert "".join(o["text"] for o in objs) == job.outputs[0].generation.text
     assert objs[-1]["finish_reason"] == "length" and objs[-1]["usage"]["completion_tokens"] == 12
+
+
+async def test_an_evicted_generator_lets_go_of_its_adapter_and_serves_after_reload(
+    adapter: Any,
+) -> None:
+    runner = _runner(adapter)
+    h = Harness(runner)
+    task = h.run()
+    try:
+        first = h.job(chat_body("hello", max_tokens=3, temperature=0))
+        await h.done[first.msg.envelope.request_id]
+        old = runner._thread
+        assert old is not None and old.is_alive()
+        runner.unload()  # what the fleet does when it evicts it
+        await asyncio.to_thread(old.join, 5)
+        assert not old.is_alive() and runner.adapter_or_none is None
+        await runner.load()  # the factory gives the same adapter back: load it again
+        again = h.job(chat_body("hello", max_tokens=3, temperature=0))
+        await h.done[again.msg.envelope.request_id]
+        assert runner._thread is not old and runner._thread is not None
+        text = again.outputs[0].generation.text
+        assert text == first.outputs[0].generation.text
+    finally:
+        await stop(task)

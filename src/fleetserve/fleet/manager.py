@@ -12,63 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..metrics import Metrics
 from ..wire import FleetError, Unavailable
+from .member import Footprint, Member, State, is_oom
 from .policy import Policy, Resident, evictable, victims
 
 log = logging.getLogger("fleetserve.fleet")
+NOTHING = Footprint()
 MIB = 1 << 20
-
-
-class State(enum.StrEnum):
-    COLD = "cold"
-    LOADING = "loading"
-    RESIDENT = "resident"
-    FAILED = "failed"
-
-
-class Member(Protocol):
-    """A model the fleet manages (a worker's runner; a fake one in tests)."""
-
-    @property
-    def model_id(self) -> str: ...
-
-    @property
-    def pinned(self) -> bool: ...
-
-    @property
-    def keep_alive(self) -> float: ...
-
-    def expected_bytes(self) -> int:
-        """Its footprint before it loads: measured last time, its profile's, or an
-        estimate (0 if unknown: the load is checked once it is measured)."""
-        ...
-
-    async def load(self) -> int:
-        """Load it (off the compute thread); return the bytes it now holds."""
-        ...
-
-    def unload(self) -> None: ...
-
-
-def is_oom(exc: BaseException) -> bool:
-    """An out-of-memory error: Python's, or torch's (CUDA and the CPU allocator)."""
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
 
 
 @dataclass(eq=False)
 class Slot:
     member: Member
     state: State = State.COLD
-    bytes: int = 0  # resident (or reserved while loading)
-    measured: int = 0  # what its last load measured
+    held: Footprint = NOTHING  # while resident (or reserved while loading)
+    measured: Footprint | None = None  # what its last load measured
     inflight: int = 0
     error: FleetError | None = None
     failed_at: float = 0.0
@@ -113,21 +78,31 @@ class Fleet:
     def state(self, model: str) -> State:
         return self._slots[model].state
 
-    def used(self) -> int:
-        return sum(s.bytes for s in self._slots.values())
+    def used(self, extra: Footprint = NOTHING) -> int:
+        """Bytes held: every resident (and loading) model's weights plus the largest
+        activation peak among them (one batch runs at a time), with ``extra`` added."""
+        held = [s.held for s in self._slots.values()] + [extra]
+        return sum(f.weights for f in held) + max(f.peak for f in held)
+
+    def _footprint(self, s: Slot) -> Footprint:
+        """What ``s`` holds, or would once loaded."""
+        if s.state in (State.RESIDENT, State.LOADING):
+            return s.held
+        return s.measured or s.member.expected()
 
     def pinned_bytes(self) -> dict[str, int]:
-        """What each pinned model holds, or is expected to before it loads."""
-        return {
-            m: s.bytes or s.member.expected_bytes()
-            for m, s in self._slots.items()
-            if s.member.pinned
-        }
+        """What each pinned model holds alone, or is expected to before it loads."""
+        return {m: self._footprint(s).total for m, s in self._slots.items() if s.member.pinned}
+
+    def _pinned_need(self) -> int:
+        prints = [self._footprint(s) for m, s in self._slots.items() if s.member.pinned]
+        prints += [NOTHING]
+        return sum(f.weights for f in prints) + max(f.peak for f in prints)
 
     def check_budget(self) -> None:
         """Start-up: the pinned models must fit in the budget (a one-line ValueError)."""
         pinned = self.pinned_bytes()
-        total = sum(pinned.values())
+        total = self._pinned_need()
         if total > self.budget:
             parts = ", ".join(f"{m} {b / MIB:.1f} MiB" for m, b in pinned.items())
             raise ValueError(
@@ -140,7 +115,7 @@ class Fleet:
         failed = s.state is State.FAILED
         return {
             "state": s.state.value,
-            "bytes": s.bytes or s.measured or s.member.expected_bytes(),
+            "bytes": self._footprint(s).total,
             "pinned": s.member.pinned,
             "keep_alive": s.member.keep_alive,
             "error": s.error.message if failed and s.error is not None else None,
@@ -217,9 +192,9 @@ class Fleet:
     # -- loading and making room --------------------------------------------------
     async def _load(self, s: Slot, deadline: float, wait: bool) -> None:
         model = s.member.model_id
-        need = s.measured or s.member.expected_bytes()
+        need = s.measured or s.member.expected()
         await self._make_room(model, need, deadline, wait)
-        s.state, s.bytes, s.error = State.LOADING, need, None
+        s.state, s.held, s.error = State.LOADING, need, None
         self._gauges()
         t0 = time.perf_counter()
         try:
@@ -237,33 +212,40 @@ class Fleet:
             self._changed.set()
         dt = time.perf_counter() - t0
         now = self.clock()
-        s.state, s.bytes, s.measured = State.RESIDENT, got, got
-        s.record = Resident(model, got, dt, pinned=s.member.pinned, last_used=now)
+        s.state, s.held, s.measured = State.RESIDENT, got, got
+        s.record = Resident(model, got.weights, dt, pinned=s.member.pinned, last_used=now)
         self.policy.loaded(s.record, now)
         s.record.hits = 0  # the request that loaded it counts as its first use (in _use)
         if self.metrics is not None:
             self.metrics.loads.labels(model, "ok").inc()
             self.metrics.load_seconds.labels(model).observe(dt)
         self._gauges()
-        if got > need and self.used() > self.budget:
+        if got.total > need.total and self.used() > self.budget:
             log.info(
-                "%s holds %.1f MiB, more than the %.1f MiB expected", model, got / MIB, need / MIB
-            )
+                "%s holds %.1f MiB, more than the %.1f MiB expected",
+                model, got.total / MIB, need.total / MIB,
+            )  # fmt: skip
             await self._shed(model)
 
-    async def _make_room(self, model: str, need: int, deadline: float, wait: bool) -> None:
-        pinned = sum(b for m, b in self.pinned_bytes().items() if m != model)
-        if need > self.budget - pinned:
+    async def _make_room(self, model: str, need: Footprint, deadline: float, wait: bool) -> None:
+        pinned = [
+            self._footprint(s) for m, s in self._slots.items() if s.member.pinned and m != model
+        ]
+        alone = sum(f.weights for f in pinned) + need.weights
+        alone += max([f.peak for f in pinned] + [need.peak])
+        if alone > self.budget:
             raise Unavailable(
-                f"model {model!r} needs {need / MIB:.1f} MiB but the memory budget leaves "
-                f"{(self.budget - pinned) / MIB:.1f} MiB beside the pinned models",
+                f"model {model!r} needs {need.total / MIB:.1f} MiB but the memory budget "
+                f"({self.budget / MIB:.1f} MiB) leaves "
+                f"{(self.budget - self._pinned_need()) / MIB:.1f} MiB beside the pinned models",
                 retry_after=self.cooldown,
             )
         give_up = min(deadline, self.clock() + (self.room_wait if wait else 0.0))
         while True:
             async with self._room:
-                free = self.budget - self.used()
-                chosen = victims(self.policy, self._records(), need, free, self.clock())
+                free = self.budget - self.used(Footprint(0, need.peak))
+                now = self.clock()
+                chosen = victims(self.policy, self._records(), need.weights, free, now)
                 if chosen is not None:
                     for r in chosen:
                         self._evict(self._slots[r.model], "pressure")
@@ -274,7 +256,7 @@ class Fleet:
             left = give_up - self.clock()
             if left <= 0:
                 raise Unavailable(
-                    f"no room for model {model!r} ({need / MIB:.1f} MiB): the budget of "
+                    f"no room for model {model!r} ({need.total / MIB:.1f} MiB): the budget of "
                     f"{self.budget / MIB:.1f} MiB is held by models that may not leave now "
                     f"({self._holders()})",
                     retry_after=1.0,
@@ -296,7 +278,7 @@ class Fleet:
                 else ""
             )
             if why:
-                out.append(f"{r.model} {r.bytes / MIB:.1f} MiB {why}")
+                out.append(f"{r.model} {self._slots[r.model].held.total / MIB:.1f} MiB {why}")
         return "; ".join(out) or "loads under way"
 
     def _records(self) -> list[Resident]:
@@ -305,11 +287,11 @@ class Fleet:
     def _evict(self, s: Slot, reason: str) -> None:
         r = s.record
         model = s.member.model_id
-        log.info("evicting %s (%.1f MiB, %s)", model, s.bytes / MIB, reason)
+        log.info("evicting %s (%.1f MiB, %s)", model, s.held.total / MIB, reason)
         s.member.unload()
         if r is not None:
             self.policy.evicted(r)
-        s.state, s.bytes, s.record = State.COLD, 0, None
+        s.state, s.held, s.record = State.COLD, NOTHING, None
         if self.metrics is not None:
             self.metrics.evictions.labels(model, reason).inc()
         self._gauges()
@@ -352,20 +334,12 @@ class Fleet:
         else:
             with_reason.retry_after = with_reason.retry_after or self.cooldown
         log.warning("%s failed to load: %s", model, with_reason.message)
-        s.state, s.bytes, s.error, s.failed_at = State.FAILED, 0, with_reason, self.clock()
+        s.state, s.held, s.error = State.FAILED, NOTHING, with_reason
+        s.failed_at = self.clock()
         s.record = None
         if self.metrics is not None:
             self.metrics.loads.labels(model, "failed").inc()
         self._gauges()
-
-    def mark_failed(self, model: str, exc: BaseException) -> None:
-        """``model`` broke while serving (out of memory on one item): unload it and
-        answer its requests with the reason until the cool-down passes."""
-        s = self._slots[model]
-        if s.state is State.RESIDENT:
-            s.member.unload()
-            self._trim()
-        self._failed(s, exc)
 
     def _gauges(self) -> None:
         if self.metrics is not None:

@@ -18,16 +18,26 @@ from .quality import Quality, calibration, compare, replies
 
 log = logging.getLogger("fleetserve.tune")
 Factory = Callable[[], FamilyAdapter]  # an unloaded adapter
-Verify = Callable[[FamilyAdapter], FamilyAdapter]
 
 
-def gate_at_load(spec: ModelSpec, precision: str, reference: Factory) -> Verify:
-    """A ``verify`` hook for the runner: the loaded adapter if it passes, else the
-    loaded fp32 reference."""
+class LoadGate:
+    """The runner's ``verify`` hook, in two steps so that a load stays off the compute
+    thread: ``prepare`` builds and loads the fp32 reference (on the loader thread),
+    ``judge`` compares (forward passes: on the compute thread) and returns the adapter
+    to serve: the candidate if it passes, else the reference, warmed up."""
 
-    def verify(adapter: FamilyAdapter) -> FamilyAdapter:
-        ref = reference()
+    def __init__(self, spec: ModelSpec, precision: str, reference: Factory) -> None:
+        self.spec = spec
+        self.precision = precision
+        self.reference = reference
+
+    def prepare(self) -> FamilyAdapter:
+        ref = self.reference()
         ref.load()
+        return ref
+
+    def judge(self, adapter: FamilyAdapter, ref: FamilyAdapter) -> FamilyAdapter:
+        spec, precision = self.spec, self.precision
         q = check(spec, adapter, ref)
         if q.passed:
             log.info("%s: %s passed the quality gate (%s %.6f)", spec.id, precision,
@@ -42,7 +52,13 @@ def gate_at_load(spec: ModelSpec, precision: str, reference: Factory) -> Verify:
         ref.warmup()
         return ref
 
-    return verify
+    def __call__(self, adapter: FamilyAdapter) -> FamilyAdapter:
+        """Both steps on this thread (the tuner and tests)."""
+        return self.judge(adapter, self.prepare())
+
+
+def gate_at_load(spec: ModelSpec, precision: str, reference: Factory) -> LoadGate:
+    return LoadGate(spec, precision, reference)
 
 
 def check(spec: ModelSpec, adapter: FamilyAdapter, reference: FamilyAdapter) -> Quality:
@@ -51,4 +67,4 @@ def check(spec: ModelSpec, adapter: FamilyAdapter, reference: FamilyAdapter) -> 
     return compare(replies(reference, spec, requests), replies(adapter, spec, requests))
 
 
-__all__ = ["check", "gate_at_load"]
+__all__ = ["LoadGate", "check", "gate_at_load"]

@@ -62,6 +62,7 @@ class GenerationRunner(Loadable):
         self._thread: threading.Thread | None = None
         self._signal = threading.Event()
         self._closed = False
+        self._retiring: threading.Thread | None = None  # an evicted model's old thread
         self._live: dict[int, Job] = {}  # admitted jobs, by id
         self._cost = 0  # tokens reserved by the admitted jobs
         self._lock = threading.Lock()  # _live and _cost (external mode ends jobs in a pool)
@@ -70,6 +71,15 @@ class GenerationRunner(Loadable):
         self.former.add(job)
         self._start()
         self._signal.set()
+
+    def unload(self) -> None:
+        """Evicted (never while it has work): the generation thread lets go of the
+        adapter and ends; the next request after the reload starts a new one."""
+        super().unload()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._retiring = thread
+            self._signal.set()
 
     async def run(
         self,
@@ -200,7 +210,8 @@ class GenerationRunner(Loadable):
             engine.add(seq)
 
         model = self.spec.id
-        while not self._closed:
+        me = threading.current_thread()
+        while not self._closed and self._retiring is not me:
             self._signal.clear()
             self._admit(start)
             events: list[Event] = []
@@ -244,7 +255,8 @@ class GenerationRunner(Loadable):
     def _serve_external(self) -> None:
         pool = ThreadPoolExecutor(self.max_sequences, thread_name_prefix=f"external-{self.spec.id}")
         try:
-            while not self._closed:
+            me = threading.current_thread()
+            while not self._closed and self._retiring is not me:
                 self._signal.clear()
                 self._admit(lambda job: pool.submit(self._external_one, job))
                 self._signal.wait(IDLE_WAIT_S)

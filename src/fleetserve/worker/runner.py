@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter, family_tasks
-from ..fleet.manager import is_oom
+from ..fleet.member import Footprint, is_oom
 from ..fleet.memory import rss_bytes
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError, Task
@@ -22,7 +22,17 @@ FinishFn = Callable[[Job], None]  # schedules the reply; must not block
 FailFn = Callable[[Job, FleetError], Awaitable[None]]
 ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
 AdapterFactory = Callable[[], FamilyAdapter]
-Verify = Callable[[FamilyAdapter], FamilyAdapter]  # a loaded adapter -> the one to serve
+
+
+class Verify(Protocol):
+    """A check of a loaded adapter that returns the one to serve (the quality gate):
+    ``prepare`` runs on the loader thread, ``judge`` on the compute thread."""
+
+    def prepare(self) -> FamilyAdapter: ...
+
+    def judge(self, adapter: FamilyAdapter, reference: FamilyAdapter) -> FamilyAdapter: ...
+
+
 Measure = Callable[[FamilyAdapter], int]  # a loaded adapter -> its activation peak (bytes)
 Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
 
@@ -76,11 +86,11 @@ class Runner(Protocol):
 
     relieve: Relieve | None
 
-    def expected_bytes(self) -> int: ...
+    def expected(self) -> Footprint: ...
 
     def submit(self, job: Job) -> None: ...
 
-    async def load(self) -> int: ...
+    async def load(self) -> Footprint: ...
 
     def unload(self) -> None: ...
 
@@ -121,7 +131,7 @@ class Loadable:
     _verify: Verify | None
     _measure: Measure | None
     _estimate: Callable[[], int] | None
-    _measured: int
+    _measured: Footprint | None
     relieve: Relieve | None
 
     def _init_loadable(
@@ -144,7 +154,7 @@ class Loadable:
         self._profile0 = profile
         self._measure = measure
         self._estimate = estimate
-        self._measured = 0
+        self._measured: Footprint | None = None
         self._estimated: int | None = None
         self.ever_loaded = False
         self.memory: dict[str, int] = {}  # what the last load measured
@@ -187,20 +197,22 @@ class Loadable:
     def keep_alive(self) -> float:
         return self.spec.keep_alive
 
-    def expected_bytes(self) -> int:
-        """Measured at its last load, else the profile's figure, else the estimate."""
-        if self._measured or self.profile.memory_bytes:
-            return self._measured or self.profile.memory_bytes
+    def expected(self) -> Footprint:
+        """Measured at its last load; else the weights on disk and the profile's figure
+        (weights plus peak, as the tuner measured them)."""
+        if self._measured is not None:
+            return self._measured
         if self._estimated is None:
             self._estimated = self._estimate() if self._estimate is not None else 0
-        return self._estimated
+        weights = self._estimated or self.profile.memory_bytes
+        return Footprint(weights, max(0, self.profile.memory_bytes - weights))
 
-    async def load(self) -> int:
-        """Load the model (once; concurrent callers share it); the bytes it holds."""
+    async def load(self) -> Footprint:
+        """Load the model (once; concurrent callers share it); what it holds."""
         if self._load_lock is None:
             self._load_lock = asyncio.Lock()
         async with self._load_lock:
-            if self.loaded:
+            if self.loaded and self._measured is not None:
                 return self._measured
             loop = asyncio.get_running_loop()
             before = rss_bytes()
@@ -211,21 +223,28 @@ class Loadable:
                 if adapter is None:
                     adapter = await loop.run_in_executor(loader, self._factory)
                 await loop.run_in_executor(loader, adapter.load)
+                grown = max(0, rss_bytes() - before)  # a first load's has lazy imports
+                ref = None
+                if self._verify is not None:  # the gate's fp32 reference loads here too
+                    ref = await loop.run_in_executor(loader, self._verify.prepare)
             finally:
                 loader.shutdown(wait=False)
-            grown = max(0, rss_bytes() - before)  # a first load's includes lazy imports
             weights = adapter.memory_bytes() or grown
             await loop.run_in_executor(self._forward, adapter.warmup)
-            if self._verify is not None:
-                served = await loop.run_in_executor(self._forward, self._verify, adapter)
+            if self._verify is not None and ref is not None:
+                served = await loop.run_in_executor(self._forward, self._verify.judge, adapter, ref)
+                del ref
                 if served is not adapter:  # the gate swapped in its fp32 reference
                     rt = served.runtime
                     self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
                 adapter = served
-            peak = 0
-            if self._measure is not None and not self.profile.memory_bytes:
+            if self.profile.memory_bytes:  # the tuner measured weights plus peak
+                peak = max(0, self.profile.memory_bytes - weights)
+            elif self._measure is not None:
                 peak = await loop.run_in_executor(self._forward, self._measure, adapter)
-            held = max(self.profile.memory_bytes, weights + peak)
+            else:
+                peak = 0
+            held = Footprint(weights, peak)
             self.memory = {"weights": weights, "resident_growth": grown, "activation_peak": peak}
             self._adapter = adapter
             self._measured = held

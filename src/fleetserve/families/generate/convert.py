@@ -14,6 +14,8 @@ import functools
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -78,6 +80,22 @@ def convert_gguf(gguf: Path, cache_dir: Path, *, console: Console | None = None)
 
 
 def _convert(gguf: Path, out: Path, console: Console) -> None:
+    """Convert in a child process: the GGUF reader is pure Python, and in this process
+    it would hold the GIL for seconds at a time while other models serve. Its progress
+    goes to this process's stderr; a failure is a RuntimeError with its last line."""
+    cmd = [sys.executable, "-m", __name__, str(gguf), str(out)]
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.stderr:
+        sys.stderr.write(done.stderr)
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        last = lines[-1].strip() if lines else f"exit status {done.returncode}"
+        raise RuntimeError(f"converting {gguf.name} failed: {last}"[:400])
+    if not (out / MARKER).is_file():
+        raise RuntimeError(f"converting {gguf.name} wrote no {MARKER}")
+
+
+def _convert_here(gguf: Path, out: Path, console: Console) -> None:
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -141,3 +159,7 @@ def _steps(console: Console, title: str) -> Iterator[Any]:
             progress.update(task, description=f"{title}: {name}")
 
         yield step
+
+
+if __name__ == "__main__":  # the child of ``_convert``: python -m ... GGUF OUT
+    _convert_here(Path(sys.argv[1]), Path(sys.argv[2]), Console(stderr=True))

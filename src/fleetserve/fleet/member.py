@@ -1,0 +1,61 @@
+"""What the fleet manager manages: members, their states and their footprints."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class State(enum.StrEnum):
+    COLD = "cold"
+    LOADING = "loading"
+    RESIDENT = "resident"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a model holds: its weights for as long as it is resident, and the
+    activation peak of one full batch while that batch runs. A worker runs one batch
+    at a time (one compute thread), so the budget holds every resident model's
+    weights plus the largest of their peaks, not the sum of the peaks."""
+
+    weights: int = 0
+    peak: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.peak
+
+
+class Member(Protocol):
+    """A model the fleet manages (a worker's runner; a fake one in tests)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def pinned(self) -> bool: ...
+
+    @property
+    def keep_alive(self) -> float: ...
+
+    def expected(self) -> Footprint:
+        """Its footprint before it loads: measured last time, its profile's, or an
+        estimate (zeros if unknown: the load is checked once it is measured)."""
+        ...
+
+    async def load(self) -> Footprint:
+        """Load it (off the compute thread); what it now holds."""
+        ...
+
+    def unload(self) -> None: ...
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error: Python's, or torch's (CUDA and the CPU allocator)."""
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+__all__ = ["Footprint", "Member", "State", "is_oom"]

@@ -1,0 +1,122 @@
+"""``python -m benchmarks fleet``: both parts end to end at a tiny scale (real servers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from benchmarks.fleet import main
+from benchmarks.fleet_cold import windows
+from benchmarks.fleet_models import Model, build, spec, unpin_bundled
+from benchmarks.fleet_server import parse_metrics
+from benchmarks.fleet_trace import zipf_trace
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def written(out: Path, prefix: str) -> dict[str, Any]:
+    """The one JSON ``prefix-<class>.json`` under ``out``, its PNG beside it checked."""
+    (path,) = out.glob(f"{prefix}-*.json")
+    assert path.with_suffix(".png").read_bytes().startswith(PNG)
+    data: dict[str, Any] = json.loads(path.read_text())
+    assert path.name == f"{prefix}-{data['hardware_class']}.json"
+    assert data["lscpu_model_name"] and data["hardware"]["class"] == data["hardware_class"]
+    return data
+
+
+def narrow(text: str) -> None:
+    wide = [line for line in text.splitlines() if len(line) > 80]
+    assert not wide, wide
+
+
+def test_the_trace_is_seeded_and_zipf_shaped() -> None:
+    ids = [f"m{i}" for i in range(8)]
+    ranked, trace = zipf_trace(ids, 2000, 1.1, seed=3)
+    assert (ranked, trace) == zipf_trace(ids, 2000, 1.1, seed=3)
+    assert sorted(ranked) == ids and len(trace) == 2000
+    counts = [trace.count(m) for m in ranked]
+    assert counts[0] > 2 * counts[3] > 0  # rank 1 against rank 4: about 4.6 times
+
+
+def test_metrics_are_summed_by_name_over_matching_labels() -> None:
+    text = "\n".join(
+        [
+            "# HELP fleetserve_model_loads_total Model loads",
+            'fleetserve_model_loads_total{model="a",outcome="ok"} 3.0',
+            'fleetserve_model_loads_total{model="b",outcome="ok"} 2.0',
+            'fleetserve_model_loads_total{model="b",outcome="failed"} 1.0',
+            'fleetserve_model_load_seconds_sum{model="a"} 1.5',
+        ]
+    )
+    assert parse_metrics(text)["fleetserve_model_loads_total"] == 6
+    assert parse_metrics(text, outcome="ok")["fleetserve_model_loads_total"] == 5
+    assert parse_metrics(text)["fleetserve_model_load_seconds_sum"] == 1.5
+
+
+def test_latency_windows_split_at_the_cold_request_and_its_answer() -> None:
+    samples = [(-1.0, 5.0, 200), (-0.5, 7.0, 200), (0.1, 900.0, 200), (1.0, 50.0, 503)]
+    samples += [(2.5, 6.0, 200)]
+    w = windows(samples, end=2.0)
+    assert (w["baseline"]["n"], w["load"]["n"], w["after"]["n"]) == (2, 2, 1)
+    assert w["load"]["max_ms"] == 900 and w["load"]["errors"] == 1
+
+
+def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    argv = ["trace", "--models", "3", "--requests", "20", "--out", str(out)]
+    argv += ["--model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
+    assert main(argv) == 0, capsys.readouterr().out
+    narrow(capsys.readouterr().out)
+    data = written(out, "fleet-trace")
+    assert {r["policy"] for r in data["runs"]} == {"gdsf", "lru"}
+    for run in data["runs"]:
+        assert run["requests"] == 20 and run["errors"] == 0, run
+        assert run["loads"] >= 1 and run["load_s"] > 0 and run["peak_rss"] > 0
+    rest = sum(m["bytes"] for m in data["models"] if not m["pinned"])
+    assert data["budget_bytes"] - data["pinned_held_bytes"] < rest  # not everything fits
+    assert sum(run["evictions"] for run in data["runs"]) > 0
+    assert set(data["ratios_gdsf_over_lru"]) >= {"p99_ms", "loads", "load_s"}
+    assert sum(m["pinned"] for m in data["models"]) == 1
+
+
+@pytest.fixture
+def tiny_catalog(tmp_path: Path) -> Path:
+    """A pinned stand-in for MiniLM and a larger one for SmolLM2; the bundled pinned
+    models unpinned, so that only these load."""
+    cat = tmp_path / "catalog"
+    cat.mkdir()
+    for i, (model_id, hidden, layers, pinned) in enumerate(
+        [("tiny/pinned", 256, 2, True), ("tiny/cold", 384, 4, False)]
+    ):
+        path = tmp_path / f"m{i}"
+        size = build(path, i, hidden, layers)
+        m = Model(model_id, path, hidden, layers, size, pinned)
+        (cat / f"m{i}.yaml").write_text(yaml.safe_dump(spec(m)))
+    unpin_bundled(cat)
+    return cat
+
+
+def test_cold_load_end_to_end(
+    tiny_catalog: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = Path(__file__).resolve().parents[2] / "src"
+    out = tmp_path / "out"
+    argv = ["cold-load", "--before", str(src), "--minilm", "tiny/pinned"]
+    argv += ["--cold-model", "tiny/cold", "--catalog", str(tiny_catalog), "--out", str(out)]
+    argv += ["--baseline", "2", "--tail", "1", "--rate", "10", "--warmup", "2"]
+    argv += ["--threads", "1", "--log-dir", str(tmp_path / "logs"), "--timeout", "60"]
+    argv += ["--serve-args", "--hardware-class cpu-avx2 --profile-dir /dev/null/x"]
+    assert main(argv) == 0, capsys.readouterr().out
+    narrow(capsys.readouterr().out)
+    data = written(out, "cold-load")
+    assert data["family"] == "dense"
+    assert [r["tree"] for r in data["runs"]] == ["before", "after"]
+    for run in data["runs"]:
+        assert run["cold_status"] == 200 and run["errors"] == 0, run
+        assert run["baseline_n"] > 0 and run["load_s"] > 0
+        assert all(len(s) == 3 for s in run["samples"])
+    assert set(data["medians"]) == {"before", "after"}

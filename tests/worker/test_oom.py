@@ -1,0 +1,60 @@
+"""Out of memory in a batch: evict the others, retry once, then run the batch in halves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from ..conftest import TINY, ServerThread, tiny_settings
+
+TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "again and again"]
+
+
+@pytest.fixture
+def server(tiny_catalog: Path) -> Iterator[ServerThread]:
+    srv = ServerThread(tiny_settings(tiny_catalog, max_batch_tokens=256)).start()
+    yield srv
+    srv.stop()
+
+
+def encode(srv: ServerThread, texts: list[str]) -> httpx.Response:
+    return httpx.post(f"{srv.url}/v1/encode/{TINY}", json={"inputs": texts}, timeout=30)
+
+
+def limit_batches(srv: ServerThread, largest: int) -> list[int]:
+    """Make the model's forward pass run out of memory above ``largest`` items."""
+    assert srv.server is not None
+    adapter: Any = srv.server.runners[TINY].adapter
+    real = adapter.forward
+    sizes: list[int] = []
+
+    def forward(items: Sequence[Any]) -> Any:
+        sizes.append(len(items))
+        if len(items) > largest:
+            raise MemoryError("cannot allocate the activations")
+        return real(items)
+
+    adapter.forward = forward
+    return sizes
+
+
+def test_an_oversized_batch_is_split_and_every_item_answered(server: ServerThread) -> None:
+    want = np.asarray(encode(server, TEXTS).json()["embeddings"])
+    sizes = limit_batches(server, largest=1)
+    r = encode(server, TEXTS)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(np.asarray(r.json()["embeddings"]), want, atol=1e-6)
+    assert sizes[0] == 4 and sizes.count(1) == 4  # 4, then halves down to single items
+
+
+def test_an_item_that_never_fits_fails_its_request_only(server: ServerThread) -> None:
+    limit_batches(server, largest=0)
+    r = encode(server, TEXTS[:1])
+    assert r.status_code == 500 and "MemoryError" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/readyz").status_code == 200
+    assert httpx.get(server.url + "/healthz").status_code == 200
