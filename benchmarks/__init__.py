@@ -19,6 +19,7 @@ COMMANDS = {
     "dist": ("dist", "NATS against embedded; pull against push"),
     "http": ("http_stack", "HTTP servers and frameworks, one fixed reply"),
     "families": ("families", "every model family, HTTP against in-process"),
+    "fleet": ("fleet", "eviction policies on a Zipf trace; latency during a cold load"),
 }
 
 

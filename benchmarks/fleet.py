@@ -1,0 +1,122 @@
+"""``python -m benchmarks fleet``: the fleet manager, measured in real servers.
+
+  trace      cost-aware eviction (gdsf) against LRU: the same Zipf trace over random
+             BERTs of mixed sizes, three times the memory budget
+  cold-load  the pinned model's latency while another model loads, before the fleet
+             work (--before TREE) and after (--src, this repository's)
+
+Each writes a table, then JSON and a PNG beside it under --out, named for this
+machine's hardware class (fleet-trace-<class>, cold-load-<class>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from . import fleet_cold, fleet_trace
+from .fleet_models import CACHE
+from .fleet_report import cold_table, trace_table, write
+
+ROOT = Path(__file__).resolve().parent.parent
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks fleet",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="part", required=True)
+    t = sub.add_parser("trace", help="gdsf against lru on one Zipf trace")
+    t.add_argument("--models", type=int, default=16, help="random BERTs (4-60 MiB)")
+    t.add_argument("--requests", type=int, default=600)
+    t.add_argument("--concurrency", type=int, default=4)
+    t.add_argument("--zipf", type=float, default=1.1, help="the Zipf exponent s")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--repeats", type=int, default=1, help="runs per policy, alternated")
+    t.add_argument("--threads", type=int, default=1, help="--torch-threads of the server")
+    t.add_argument(
+        "--budget",
+        default="",
+        help="bytes, a size (200MiB) or a percent of all the weights (empty: what the "
+        "pinned model holds, measured, + a third of the other models' weights)",
+    )
+    t.add_argument("--model-dir", default=str(CACHE), help="where the models are cached")
+    c = sub.add_parser("cold-load", help="pinned-model latency while a model loads")
+    c.add_argument("--before", default="", help="source tree of the old code (or none)")
+    c.add_argument("--src", default=str(ROOT / "src"), help="the tree after (default: this)")
+    c.add_argument("--minilm", default=MINILM, help="the pinned model under load")
+    c.add_argument("--cold-model", default=SMOLLM, help="the model loaded on first use")
+    c.add_argument("--catalog", default="", help="extra catalog directory for serve")
+    c.add_argument("--rate", type=float, default=20.0, help="requests/s, Poisson")
+    c.add_argument("--baseline", type=float, default=5.0, help="seconds before the cold one")
+    c.add_argument("--tail", type=float, default=2.0, help="seconds after its answer")
+    c.add_argument("--warmup", type=int, default=20, help="requests before measuring")
+    c.add_argument("--repeats", type=int, default=1, help="runs per tree, alternated")
+    c.add_argument("--threads", type=int, default=0, help="--torch-threads (0: default)")
+    c.add_argument("--serve-args", default="", help="extra flags for serve (both trees)")
+    c.add_argument("--timeout", type=float, default=600.0, help="seconds, at most")
+    c.add_argument("--seed", type=int, default=0)
+    cold = c.add_mutually_exclusive_group()
+    fresh = "a fresh --cache-dir per run (default): first conversions included"
+    cold.add_argument("--cold", dest="cold", action="store_true", default=True, help=fresh)
+    kept = "one cache per tree under --log-dir, kept between runs"
+    cold.add_argument("--no-cold", dest="cold", action="store_false", help=kept)
+    for s in (t, c):
+        s.add_argument("--out", default="docs/bench", help="directory for JSON and PNG")
+        s.add_argument("--log-dir", default=".bench/fleet-logs", help="server logs")
+    return p
+
+
+def machine_facts() -> dict[str, Any]:
+    """This machine: ``fleetserve hardware``'s class and facts, lscpu's model name."""
+    from fleetserve.bench.report import cpu_model, machine
+    from fleetserve.catalog.hardware import detect
+
+    hw = detect("cpu")
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next(
+            (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln),
+            cpu_model(),
+        )
+    except (OSError, subprocess.SubprocessError):
+        model = cpu_model()
+    return {
+        "hardware_class": hw.hardware_class,
+        "lscpu_model_name": model,
+        "hardware": hw.facts(),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    args = _parser().parse_args(list(argv))
+    console = Console(width=80)
+    facts = machine_facts()
+    console.rule(f"python -m benchmarks fleet {args.part}")
+    console.print(f"{facts['hardware_class']}: {facts['machine']}")
+    try:
+        if args.part == "trace":
+            result = fleet_trace.run(args, console)
+            table, name = trace_table(result), f"fleet-trace-{facts['hardware_class']}"
+        else:
+            result = fleet_cold.run(args, console)
+            table, name = cold_table(result), f"cold-load-{facts['hardware_class']}"
+    except RuntimeError as exc:  # a server that would not start, with its log's tail
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        return 1
+    console.print(table)
+    write(Path(args.out), name, {**facts, "args": vars(args), **result}, console)
+    return 0

@@ -1,0 +1,162 @@
+"""Reports of ``python -m benchmarks fleet``: rich tables (80 columns), JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+MIB = 1 << 20
+
+
+def _num(v: Any, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:.{digits}f}"
+
+
+def _ratio(v: Any) -> str:
+    return "-" if v is None else f"x{v:.2f}"
+
+
+# (stat, title, digits or None for MiB)
+TRACE_COLUMNS = [
+    ("errors", "err", 0), ("p50_ms", "p50\nms", 0), ("p99_ms", "p99\nms", 0),
+    ("misses", "misses", 0), ("loads", "loads", 0), ("load_s", "load\ns", 1),
+    ("evictions", "evic-\ntions", 0), ("peak_rss", "peak\nMiB", None),
+    ("grown", "grown\nMiB", None),
+]  # fmt: skip
+
+
+def trace_table(result: dict[str, Any]) -> Table:
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title="fleet trace: medians per policy",
+        caption=(
+            f"{result['trace']['requests']} requests per run; budget "
+            f"{result['budget_bytes'] / MIB:.0f} MiB ({result['budget_how']}); grown = "
+            "peak RSS - RSS at ready, against the budget less the pinned model"
+        ),
+    )
+    t.add_column("policy", no_wrap=True)
+    for _, title, _ in TRACE_COLUMNS:
+        t.add_column(title, justify="right", no_wrap=True)
+    rows = {p: {**m, "grown": m["peak_rss"] - m["ready_rss"]} for p, m in result["medians"].items()}
+    for policy, m in rows.items():
+        cells = [_num(m[k] / MIB if d is None else m[k], d or 0) for k, _, d in TRACE_COLUMNS]
+        t.add_row(policy, *cells)
+    if "gdsf" in rows and "lru" in rows:
+        a, b = rows["gdsf"], rows["lru"]
+        t.add_row(
+            "gdsf/lru",
+            "",
+            *[_ratio(a[k] / b[k] if b[k] else None) for k, _, _ in TRACE_COLUMNS[1:]],
+        )
+    return t
+
+
+COLD_COLUMNS = [
+    ("load_s", "load\ns", 1), ("baseline_p50_ms", "base\np50", 0),
+    ("baseline_p99_ms", "base\np99", 0), ("baseline_max_ms", "base\nmax", 0),
+    ("load_p50_ms", "load\np50", 0), ("load_p99_ms", "load\np99", 0),
+    ("load_max_ms", "load\nmax", 0), ("load_n", "n", 0), ("errors", "err", 0),
+]  # fmt: skip
+
+
+def cold_table(result: dict[str, Any]) -> Table:
+    versions = {r["tree"]: f"{r['version']} ({r['src']})" for r in result["runs"]}
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title="fleet cold-load: the pinned model's latency (ms) while another loads",
+        caption="; ".join(f"{k} = {v}" for k, v in versions.items())
+        + ". base: before the cold request; load: until its answer (n requests, err "
+        "errors in all windows)",
+    )
+    t.add_column("tree", no_wrap=True)
+    for _, title, _ in COLD_COLUMNS:
+        t.add_column(title, justify="right", no_wrap=True)
+    repeated = len(result["runs"]) > len(versions)
+    for r in result["runs"]:
+        name = f"{r['tree']} #{r['run'] + 1}" if repeated else r["tree"]
+        t.add_row(name, *[_num(r[k], d) for k, _, d in COLD_COLUMNS])
+    if repeated:
+        for tree, m in result["medians"].items():
+            t.add_row(f"{tree} med", *[_num(m[k], d) for k, _, d in COLD_COLUMNS])
+    return t
+
+
+def plain(v: Any) -> Any:
+    """JSON-safe: NaN and infinities as null, tuples as lists."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [plain(x) for x in v]
+    return v
+
+
+def write(out: Path, name: str, result: dict[str, Any], console: Console) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(plain(result), indent=1) + "\n")
+    (trace_plot if name.startswith("fleet-trace") else cold_plot)(result, out / f"{name}.png")
+    console.print(f"wrote {path} and {path.with_suffix('.png')}")
+    return path
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def trace_plot(result: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    policies = list(result["medians"])
+    for ax, key, title in zip(
+        axes, ("load_s", "p99_ms"), ("seconds spent loading", "p99 latency (ms)"), strict=True
+    ):
+        ax.bar(policies, [result["medians"][p][key] for p in policies], color=["C0", "C1"])
+        for i, p in enumerate(policies):  # each run, over its median
+            ys = [r[key] for r in result["runs"] if r["policy"] == p]
+            ax.plot([i] * len(ys), ys, "k.", alpha=0.6)
+        ax.set(title=title)
+    fig.suptitle(
+        f"{len(result['models'])} models, budget {result['budget_bytes'] / MIB:.0f} MiB, "
+        f"{result['trace']['requests']} requests (Zipf s={result['trace']['zipf_s']})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cold_plot(result: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    last = {r["tree"]: r for r in result["runs"]}  # the last run of each tree
+    fig, axes = plt.subplots(len(last), 1, figsize=(9, 2.6 * len(last) + 0.6), sharey=True)
+    axes = [axes] if len(last) == 1 else list(axes)
+    for ax, (tree, r) in zip(axes, last.items(), strict=True):
+        ts = [s[0] for s in r["samples"]]
+        ms = [max(s[1], 0.1) for s in r["samples"]]
+        ax.scatter(ts, ms, s=6, color="C0" if tree == "before" else "C1")
+        ax.axvspan(0, r["load_s"], color="grey", alpha=0.2, label="cold model loading")
+        ax.set(yscale="log", ylabel="latency ms", title=f"{tree} ({r['version']})")
+        ax.legend(loc="best")
+    axes[-1].set(xlabel="seconds since the cold request")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

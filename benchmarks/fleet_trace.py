@@ -1,0 +1,190 @@
+"""``python -m benchmarks fleet trace``: cost-aware eviction (gdsf) against LRU.
+
+Random BERTs of mixed sizes (one pinned) behind one ``fleetserve serve`` whose memory
+budget holds about a third of them; the same seeded Zipf trace replayed against each
+policy by a few closed-loop clients, a fresh server per run, policies alternated when
+repeated. What each run cost comes from the server's own metrics (differences over
+the trace) and its resident set sampled every 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from fleetserve.bench.loadgen import percentile
+from fleetserve.fleet.memory import parse_size, rss_of
+
+from .fleet_models import SENTENCE, Model, fleet
+from .fleet_server import RssSampler, Server
+
+POLICIES = ("gdsf", "lru")
+MIB = 1 << 20
+# the figures compared across policies (medians over repeats), and their ratios
+STATS = (
+    "requests", "errors", "p50_ms", "p99_ms", "misses", "loads", "load_s", "evictions",
+    "peak_rss", "ready_rss", "wall_s",
+)  # fmt: skip
+
+
+def zipf_trace(ids: list[str], n: int, s: float, seed: int) -> tuple[list[str], list[str]]:
+    """The ids by popularity (a seeded shuffle) and ``n`` requests drawn from a Zipf(s)
+    over those ranks."""
+    rng = random.Random(seed)
+    ranked = list(ids)
+    rng.shuffle(ranked)
+    weights = [1 / (k + 1) ** s for k in range(len(ranked))]
+    return ranked, rng.choices(ranked, weights, k=n)
+
+
+async def replay(url: str, trace: list[str], concurrency: int) -> list[tuple[float, int]]:
+    """Each request of ``trace`` in order, ``concurrency`` at a time: (seconds, status)."""
+    out: list[tuple[float, int]] = [(0.0, 0)] * len(trace)
+    todo = iter(range(len(trace)))
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def client_loop() -> None:
+            for i in todo:
+                body = {"model": trace[i], "input": [SENTENCE]}
+                t0 = time.perf_counter()
+                try:
+                    status = (await client.post(url + "/v1/embeddings", json=body)).status_code
+                except httpx.HTTPError:
+                    status = 0
+                out[i] = (time.perf_counter() - t0, status)
+
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return out
+
+
+def serve_args(catalog: Path, budget: int, policy: str, threads: int) -> list[str]:
+    return [
+        "--catalog", str(catalog.resolve()), "--device", "cpu",
+        "--torch-threads", str(threads), "--memory-budget", str(budget),
+        "--eviction", policy, "--hardware-class", "cpu-avx2",
+        "--profile-dir", "/dev/null/x", "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def probe_pinned(catalog: Path, models: list[Model], threads: int, log_dir: Path) -> int:
+    """What the pinned model holds once loaded, as the server measures it."""
+    pinned = next(m for m in models if m.pinned)
+    roomy = 2 * sum(m.bytes for m in models) + (4 << 30)
+    srv = Server("fleet-probe", serve_args(catalog, roomy, "lru", threads), log_dir)
+    try:
+        srv.wait_ready()
+        return int(srv.models()[pinned.id]["bytes"])
+    finally:
+        srv.stop()
+
+
+def run_once(
+    policy: str, run: int, catalog: Path, budget: int, trace: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    log_dir = Path(args.log_dir)
+    srv = Server(
+        f"fleet-{policy}-{run}", serve_args(catalog, budget, policy, args.threads), log_dir
+    )
+    try:
+        srv.wait_ready()
+        before, ok0 = srv.metrics(), srv.metrics(outcome="ok")
+        ready_rss = rss_of(srv.pid)
+        with RssSampler(srv.pid) as rss:
+            t0 = time.perf_counter()
+            answers = asyncio.run(replay(srv.url, trace, args.concurrency))
+            wall = time.perf_counter() - t0
+        after, ok1 = srv.metrics(), srv.metrics(outcome="ok")
+    finally:
+        srv.stop()
+
+    def grew(name: str, a: dict[str, float] = after, b: dict[str, float] = before) -> float:
+        return a.get(name, 0.0) - b.get(name, 0.0)
+
+    ok = [dt for dt, status in answers if status == 200]
+    loads = grew("fleetserve_model_loads_total", ok1, ok0)
+    return {
+        "policy": policy,
+        "run": run,
+        "requests": len(answers),
+        "errors": len(answers) - len(ok),
+        "p50_ms": percentile(ok, 0.5) * 1e3,
+        "p99_ms": percentile(ok, 0.99) * 1e3,
+        "misses": grew("fleetserve_model_misses_total"),
+        "loads": loads,
+        "failed_loads": grew("fleetserve_model_loads_total") - loads,
+        "load_s": grew("fleetserve_model_load_seconds_sum"),
+        "evictions": grew("fleetserve_model_evictions_total"),
+        "peak_rss": rss.peak,
+        "ready_rss": ready_rss,
+        "rss_samples": rss.samples,
+        "wall_s": wall,
+    }  # fmt: skip
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    return {
+        p: {k: statistics.median(r[k] for r in runs if r["policy"] == p) for k in STATS}
+        for p in POLICIES
+        if any(r["policy"] == p for r in runs)
+    }
+
+
+def ratios(med: dict[str, dict[str, float]], a: str = "gdsf", b: str = "lru") -> dict[str, float]:
+    if a not in med or b not in med:
+        return {}
+    return {k: med[a][k] / med[b][k] for k in STATS if med[b][k]}
+
+
+def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    with console.status(f"building {args.models} models under {args.model_dir}…"):
+        catalog, models = fleet(args.models, Path(args.model_dir))
+    total = sum(m.bytes for m in models)
+    pinned = next(m for m in models if m.pinned)
+    if args.budget:
+        budget, how = parse_size(args.budget, limit=1 << 50), f"--budget {args.budget}"
+        held = pinned.bytes
+    else:
+        with console.status("measuring what the pinned model holds…"):
+            held = probe_pinned(catalog, models, args.threads, Path(args.log_dir))
+        rest = [m.bytes for m in models if not m.pinned]
+        room = max(sum(rest) // 3, max(rest, default=0) * 3 // 2)  # the largest fits
+        budget = held + room
+        how = f"{pinned.id} as held ({held / MIB:.1f} MiB) + {room / MIB:.0f} MiB"
+        how += " (a third of the rest's weights)" if room == sum(rest) // 3 else ""
+    ranked, trace = zipf_trace([m.id for m in models], args.requests, args.zipf, args.seed)
+    console.print(
+        f"{len(models)} models, {total / MIB:.0f} MiB of weights; budget "
+        f"{budget / MIB:.0f} MiB = {how}; {args.requests} requests, Zipf s={args.zipf}, "
+        f"{len(set(trace))} models asked for, {args.concurrency} clients"
+    )
+    runs: list[dict[str, Any]] = []
+    for r in range(args.repeats):
+        for policy in POLICIES if r % 2 == 0 else POLICIES[::-1]:
+            with console.status(f"run {r + 1}/{args.repeats}: {policy}…"):
+                res = run_once(policy, r, catalog, budget, trace, args)
+            runs.append(res)
+            console.print(
+                f"  run {r + 1} {policy}: p99 {res['p99_ms']:.0f} ms, {res['loads']:.0f} "
+                f"loads, {res['load_s']:.1f} s loading, {res['errors']} errors"
+            )
+    med = medians(runs)
+    return {
+        "models": [{**vars(m), "path": str(m.path), "rank": ranked.index(m.id)} for m in models],
+        "weights_bytes": total,
+        "budget_bytes": budget,
+        "budget_how": how,
+        "pinned_held_bytes": held,
+        "trace": {"requests": args.requests, "zipf_s": args.zipf, "seed": args.seed},
+        "runs": runs,
+        "medians": med,
+        "ratios_gdsf_over_lru": ratios(med),
+    }
