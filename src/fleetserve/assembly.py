@@ -132,8 +132,6 @@ def build_runner(
 
     cls: type[ModelRunner] | type[GenerationRunner] = ModelRunner
     if spec.family == "generate":
-        from .worker.gen_runner import GenerationRunner
-
         cls = GenerationRunner
     return cls(
         spec,

@@ -30,9 +30,7 @@ def test_workers_keep_the_models_they_hold_and_do_not_thrash(
     affinity_catalog: tuple[Path, int], tmp_path: Path
 ) -> None:
     cat, size = affinity_catalog
-    rc = start_cluster(
-        cat, tmp_path, workers=2, models="aff/*", memory_budget=str(size * 3 // 2)
-    )
+    rc = start_cluster(cat, tmp_path, workers=2, models="aff/*", memory_budget=str(size * 3 // 2))
     try:
 
         def embed(model: str) -> int:

@@ -140,3 +140,26 @@ async def test_losing_the_server_fails_waiting_requests_with_retryable_503() -> 
         with pytest.raises(Unavailable):
             await q.publish(env(), b"y")
         await q.close()
+
+
+async def test_oldest_wait_is_the_age_of_the_oldest_request_not_yet_taken(
+    queue: JetStreamQueue,
+) -> None:
+    model, other = "org/oldest", "org/never-pulled"
+    await queue.publish(make_env(model, 1), b"first")
+    await queue.publish(make_env(other, 1), b"x")
+    await asyncio.sleep(0.3)
+    await queue.publish(make_env(model, 1), b"second")
+    await queue.refresh([model, other])
+    assert 0.25 <= queue.oldest_wait(model) < 5  # the first, not the second
+    assert 0.25 <= queue.oldest_wait(other) < 5  # no consumer yet: the stream says
+    got = await queue.pull([model], budget=1, timeout=1)  # the first leaves the queue
+    assert len(got) == 1 and got[0].body == b"first"
+    await queue.refresh([model])
+    assert queue.oldest_wait(model) < 0.25  # the second, enqueued later
+    await queue.ack(got[0])
+    rest = await queue.pull([model], budget=10, timeout=1)
+    for m in rest:
+        await queue.ack(m)
+    await queue.refresh([model])
+    assert queue.oldest_wait(model) == 0.0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +55,33 @@ def test_an_oversized_batch_is_split_and_every_item_answered(server: ServerThrea
     assert sizes[0] == 4 and sizes.count(1) == 4  # 4, then halves down to single items
 
 
-def test_an_item_that_never_fits_fails_its_request_only(server: ServerThread) -> None:
-    limit_batches(server, largest=0)
-    r = encode(server, TEXTS[:1])
-    assert r.status_code == 500 and "MemoryError" in r.json()["error"]["message"]
+def test_an_item_that_never_fits_fails_its_own_request_only(server: ServerThread) -> None:
+    assert server.server is not None
+    runner: Any = server.server.runners[TINY]
+    adapter: Any = runner.adapter
+    real = adapter.forward
+    sizes: list[int] = []
+
+    def forward(items: Sequence[Any]) -> Any:  # the long text never fits
+        sizes.append(len(items))
+        if any(len(it) > 12 for it in items):
+            raise MemoryError("cannot allocate the activations")
+        return real(items)
+
+    adapter.forward = forward
+    gate = threading.Event()
+    runner._forward.submit(gate.wait, 30)  # hold the compute thread ...
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(encode, server, ["first"])  # ... with this batch waiting on it
+        time.sleep(0.3)
+        short = pool.submit(encode, server, ["a fox"])  # so that these two share the next
+        long = pool.submit(encode, server, [" ".join(["the quick brown fox"] * 8)])
+        time.sleep(0.3)
+        gate.set()
+        ok, bad = short.result(), long.result()
+        assert first.result().status_code == 200
+    assert ok.status_code == 200, ok.text
+    assert bad.status_code == 500 and "MemoryError" in bad.json()["error"]["message"]
+    assert sizes[:2] == [1, 2]  # the two shared a batch, which was split
     assert httpx.get(server.url + "/readyz").status_code == 200
     assert httpx.get(server.url + "/healthz").status_code == 200

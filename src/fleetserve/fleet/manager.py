@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ class Slot:
     failed_at: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     record: Resident | None = None  # the policy's view while resident
+    no_room: FleetError | None = None  # the last attempt found no room ...
+    no_room_until: float = 0.0  # ... and those queued behind it get that answer until
 
 
 class Fleet:
@@ -122,9 +125,6 @@ class Fleet:
             "inflight": s.inflight,
         }
 
-    def resident(self) -> list[str]:
-        return [m for m, s in self._slots.items() if s.state is State.RESIDENT]
-
     # -- admission ----------------------------------------------------------------
     def try_acquire(self, model: str, keep_alive: float | None = None) -> bool:
         """The fast path: take a use of ``model`` if it is resident."""
@@ -154,21 +154,31 @@ class Fleet:
             if s.state is State.RESIDENT:
                 self._use(s, keep_alive)
                 return
-            failed = s.state is State.FAILED and s.error is not None
-            if failed and s.failed_at + self.cooldown > self.clock():
-                assert s.error is not None
-                raise s.error
+            self._raise_failure(s)
             try:
                 await asyncio.wait_for(s.lock.acquire(), max(0.0, deadline - self.clock()))
             except TimeoutError:
                 raise Unavailable(f"model {model!r} is still loading", retry_after=1.0) from None
             try:
-                if s.state is State.COLD or (
+                if s.no_room is not None and self.clock() < s.no_room_until:
+                    raise s.no_room.fresh()  # the attempt just before ours found none
+                if s.state in (State.COLD, State.LOADING) or (
                     s.state is State.FAILED and s.failed_at + self.cooldown <= self.clock()
                 ):
                     await self._load(s, deadline, wait)
             finally:
                 s.lock.release()
+
+    def failed(self, model: str) -> bool:
+        """``model`` failed to load and its cool-down has not passed."""
+        s = self._slots[model]
+        return s.state is State.FAILED and s.failed_at + self.cooldown > self.clock()
+
+    def _raise_failure(self, s: Slot) -> None:
+        """Inside its cool-down, a failed model's reason, with the time left to wait."""
+        left = s.failed_at + self.cooldown - self.clock()
+        if s.state is State.FAILED and s.error is not None and left > 0:
+            raise s.error.fresh(retry_after=max(1.0, round(left)))
 
     def release(self, model: str) -> None:
         s = self._slots[model]
@@ -193,21 +203,25 @@ class Fleet:
     async def _load(self, s: Slot, deadline: float, wait: bool) -> None:
         model = s.member.model_id
         need = s.measured or s.member.expected()
-        await self._make_room(model, need, deadline, wait)
+        try:
+            await self._make_room(model, need, deadline, wait)
+        except Unavailable as err:  # the requests queued behind this one need not wait too
+            s.no_room, s.no_room_until = err, self.clock() + 1.0
+            raise
         s.state, s.held, s.error = State.LOADING, need, None
         self._gauges()
         t0 = time.perf_counter()
         try:
-            try:
-                got = await s.member.load()
-            except Exception as exc:
-                if not is_oom(exc) or not await self._evict_all(model, "oom"):
-                    raise
+            got = await self._load_once(s)
+            if got is None:  # out of memory: others evicted; the failed try is let go
                 log.warning("%s: out of memory while loading; evicted others, retrying", model)
                 got = await s.member.load()
-        except Exception as exc:
+        except BaseException as exc:  # cancelled too: never left loading
             self._failed(s, exc)
-            raise s.error or exc from None
+            if not isinstance(exc, Exception):
+                raise
+            assert s.error is not None
+            raise s.error.fresh() from None
         finally:
             self._changed.set()
         dt = time.perf_counter() - t0
@@ -226,6 +240,21 @@ class Fleet:
                 model, got.total / MIB, need.total / MIB,
             )  # fmt: skip
             await self._shed(model)
+
+    async def _load_once(self, s: Slot) -> Footprint | None:
+        """One load; ``None`` after an out-of-memory error that evicting others may cure
+        (the error's frames, which hold what the try had allocated, are cleared)."""
+        try:
+            return await s.member.load()
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            traceback.clear_frames(exc.__traceback__)
+            oom = exc
+        del oom
+        if await self._evict_all(s.member.model_id, "oom"):
+            return None
+        raise MemoryError(f"out of memory loading {s.member.model_id!r}; nothing left to evict")
 
     async def _make_room(self, model: str, need: Footprint, deadline: float, wait: bool) -> None:
         pinned = [
@@ -324,15 +353,20 @@ class Fleet:
                 self._evict(self._slots[r.model], "pressure")
 
     def _failed(self, s: Slot, exc: BaseException) -> None:
+        """Remember why ``s`` failed: the message only, none of the load's frames (they
+        hold whatever it had allocated)."""
         model = s.member.model_id
-        with_reason = exc if isinstance(exc, FleetError) else None
-        if with_reason is None:
+        if not isinstance(exc, Exception):  # cancelled: cold again, nothing to remember
+            s.state, s.held = State.COLD, NOTHING
+            self._gauges()
+            return
+        if isinstance(exc, FleetError):
+            with_reason = exc.fresh(retry_after=exc.retry_after or self.cooldown)
+        else:
             with_reason = Unavailable(
                 f"model {model!r} failed to load: {type(exc).__name__}: {exc}"[:500],
                 retry_after=self.cooldown,
             )
-        else:
-            with_reason.retry_after = with_reason.retry_after or self.cooldown
         log.warning("%s failed to load: %s", model, with_reason.message)
         s.state, s.held, s.error = State.FAILED, NOTHING, with_reason
         s.failed_at = self.clock()

@@ -296,6 +296,10 @@ class JetStreamQueue:
     def depth(self, model: str) -> int:
         return self.puller.depth(model) if self.puller is not None else 0
 
+    def oldest_wait(self, model: str) -> float:
+        """Seconds ``model``'s oldest waiting message has waited (as of ``refresh``)."""
+        return self.puller.oldest_wait(model) if self.puller is not None else 0.0
+
     async def refresh(self, models: Sequence[str]) -> None:
         if self.puller is not None and self.healthy:
             await self.puller.refresh(models)

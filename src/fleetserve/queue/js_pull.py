@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,7 @@ class Puller:
         self._consumers: set[str] = set()
         self._avg_cost: dict[str, float] = {}
         self._pending: dict[str, int] = {}  # num_pending as last seen
+        self._oldest: dict[str, float | None] = {}  # its oldest message's enqueue time
         self._naked: dict[str, int] = {}  # naked by us, not yet redelivered
         self._held: dict[int, Any] = {}
         self._ids = 0
@@ -256,11 +258,31 @@ class Puller:
     def depth(self, model: str) -> int:
         return self._pending.get(model, 0) + self._naked.get(model, 0)
 
+    def oldest_wait(self, model: str) -> float:
+        """Seconds the oldest message not yet delivered for ``model`` has waited, as of
+        the last ``refresh`` (0 when none waits)."""
+        at = self._oldest.get(model)
+        return max(0.0, time.time() - at) if at else 0.0
+
+    async def _oldest_at(self, model: str, after: int) -> float | None:
+        """When the first message for ``model`` past stream sequence ``after`` was
+        enqueued (the consumer has delivered everything up to ``after``)."""
+        try:
+            raw = await self.js.get_msg(
+                self.options.stream, seq=after + 1, subject=self.options.subject(model), next=True
+            )
+            return float((raw.headers or {}).get(H.ENQUEUED_AT) or 0.0) or None
+        except Exception:  # taken meanwhile, or the connection is down
+            return None
+
     async def refresh(self, models: Sequence[str]) -> None:
         for m in models:
             try:
                 info = await self.js.consumer_info(self.options.stream, self._durable(m))
                 self._pending[m] = info.num_pending
+                self._oldest[m] = None
+                if info.num_pending:
+                    self._oldest[m] = await self._oldest_at(m, info.delivered.stream_seq)
             except Exception:  # no consumer yet: everything stored is waiting
                 subject = self.options.subject(m)
                 try:
@@ -268,6 +290,7 @@ class Puller:
                 except Exception:
                     continue  # the connection is down; keep the last figure
                 self._pending[m] = (si.state.subjects or {}).get(subject, 0)
+                self._oldest[m] = await self._oldest_at(m, 0) if self._pending[m] else None
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> bool:

@@ -24,6 +24,14 @@ class FleetError(Exception):
         self.field = field
         self.retry_after = retry_after
 
+    def fresh(self, *, retry_after: float | None = None) -> FleetError:
+        """A new error of this kind and message, without this one's traceback (raising
+        one stored error again and again would grow its traceback each time)."""
+        again = type(self)(self.message, field=self.field, retry_after=self.retry_after)
+        if retry_after is not None:
+            again.retry_after = retry_after
+        return again
+
     def to_body(self) -> dict[str, Any]:
         """The error body shape used everywhere: ``{"error": {code, message, field}}``."""
         return {"error": {"code": self.code, "message": self.message, "field": self.field}}

@@ -62,7 +62,7 @@ class GenerationRunner(Loadable):
         self._thread: threading.Thread | None = None
         self._signal = threading.Event()
         self._closed = False
-        self._retiring: threading.Thread | None = None  # an evicted model's old thread
+        self._retiring: set[threading.Thread] = set()  # evicted models' old threads
         self._live: dict[int, Job] = {}  # admitted jobs, by id
         self._cost = 0  # tokens reserved by the admitted jobs
         self._lock = threading.Lock()  # _live and _cost (external mode ends jobs in a pool)
@@ -78,7 +78,7 @@ class GenerationRunner(Loadable):
         super().unload()
         thread, self._thread = self._thread, None
         if thread is not None:
-            self._retiring = thread
+            self._retiring.add(thread)
             self._signal.set()
 
     async def run(
@@ -211,7 +211,7 @@ class GenerationRunner(Loadable):
 
         model = self.spec.id
         me = threading.current_thread()
-        while not self._closed and self._retiring is not me:
+        while not self._closed and me not in self._retiring:
             self._signal.clear()
             self._admit(start)
             events: list[Event] = []
@@ -256,7 +256,7 @@ class GenerationRunner(Loadable):
         pool = ThreadPoolExecutor(self.max_sequences, thread_name_prefix=f"external-{self.spec.id}")
         try:
             me = threading.current_thread()
-            while not self._closed and self._retiring is not me:
+            while not self._closed and me not in self._retiring:
                 self._signal.clear()
                 self._admit(lambda job: pool.submit(self._external_one, job))
                 self._signal.wait(IDLE_WAIT_S)

@@ -53,6 +53,7 @@ class Worker:
         fleet: Fleet | None = None,
         affinity_wait: float | None = None,
         peer_holds: Callable[[str], bool] | None = None,
+        oldest_wait: Callable[[str], float] | None = None,
     ) -> None:
         self.queue = queue
         self.runners = dict(runners)
@@ -69,11 +70,11 @@ class Worker:
         self.keepalive = keepalive  # seconds between in-progress acks for held work
         self.shared_queue = shared_queue  # other workers pull from the same queue
         # affinity (a shared queue): pull for the models held here first; take a cold
-        # one when idle and no other worker holds it, or once its queue has stayed
-        # backed up for ``affinity_wait`` seconds (its holders do not keep up)
+        # one when idle and no other worker holds it, or once its oldest request has
+        # waited ``affinity_wait`` seconds (its holders do not keep up)
         self.affinity_wait = affinity_wait
         self.peer_holds = peer_holds or (lambda model: False)
-        self._backed_up: dict[str, float] = {}  # model -> since when its queue has waited
+        self.oldest_wait = oldest_wait or (lambda model: 0.0)
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
@@ -130,7 +131,9 @@ class Worker:
 
     # -- intake -----------------------------------------------------------------
     def _pending_tokens(self) -> int:
-        return sum(r.former.pending_tokens for r in self.runners.values())
+        """Tokens waiting here: in the batch formers, and in requests whose model loads."""
+        waiting = sum(m.envelope.cost_hint for m in self._loading.values())
+        return waiting + sum(r.former.pending_tokens for r in self.runners.values())
 
     async def _pull_loop(self) -> None:
         models = list(self.runners)
@@ -149,30 +152,29 @@ class Worker:
                 await self._admit(msg)
 
     async def _pull_by_affinity(self, models: list[str], wait: float) -> list[Message]:
+        """Hot models (held here) first, with the cold ones whose oldest request has
+        waited ``wait`` seconds (their holders do not keep up); other cold ones only
+        when idle and no other worker holds them. A model failed here is left to the
+        workers that hold it while its cool-down lasts."""
         held = {State.RESIDENT, State.LOADING}
         hot = [m for m in models if self.fleet.state(m) in held]
         cold = [m for m in models if m not in hot]
-        now = time.monotonic()
-        for m in cold:
-            if self.queue.depth(m) > 0:
-                self._backed_up.setdefault(m, now)
-            else:
-                self._backed_up.pop(m, None)
-        if hot:
-            msgs = await self.queue.pull(hot, self.pull_budget, self.pull_timeout)
+        overdue = [
+            m
+            for m in cold
+            if self.oldest_wait(m) >= wait and not (self.fleet.failed(m) and self.peer_holds(m))
+        ]
+        if hot or overdue:
+            msgs = await self.queue.pull(overdue + hot, self.pull_budget, self.pull_timeout)
             if msgs:
                 return msgs
         idle = self._pending_tokens() == 0 and not self._loading
-        takeable = [
-            m
-            for m in cold
-            if now - self._backed_up.get(m, now) >= wait or (idle and not self.peer_holds(m))
-        ]
-        if not takeable:
-            if not hot:
+        spare = [m for m in cold if m not in overdue and not self.peer_holds(m)]
+        if not idle or not spare:
+            if not hot and not overdue:
                 await asyncio.sleep(self.pull_timeout)
             return []
-        return await self.queue.pull(takeable, self.pull_budget, 0.05 if hot else self.pull_timeout)
+        return await self.queue.pull(spare, self.pull_budget, 0.05 if hot else self.pull_timeout)
 
     async def _admit(self, msg: Message) -> None:
         env = msg.envelope
@@ -203,6 +205,11 @@ class Worker:
     async def _admit_after_load(self, msg: Message, runner: Runner) -> None:
         env = msg.envelope
         model = env.model
+        if time.time() > env.deadline:  # answered 504 already: load nothing for it
+            self._unpark(msg)
+            self.metrics.expired.labels(model).inc()
+            await self.queue.term(msg)
+            return
         try:
             t0 = time.perf_counter()
             await self.fleet.acquire(
@@ -214,16 +221,22 @@ class Worker:
             if time.perf_counter() - t0 > 0.01 and runner.loaded:
                 log.info("%s resident after %.1fs", model, time.perf_counter() - t0)
         except FleetError as err:
-            self._loading.pop(id(msg), None)
-            failed = self.fleet.state(model) is State.FAILED
-            if self.shared_queue and not failed and msg.attempts + 1 < self.max_deliver:
-                # no room here: another worker (or this one, later) takes it
-                await self.queue.nak(msg, delay=err.retry_after or 1.0)
+            self._unpark(msg)
+            failed = self.fleet.failed(model)
+            others = not failed or self.peer_holds(model)  # someone else may serve it
+            if self.shared_queue and others and msg.attempts + 1 < self.max_deliver:
+                # no room here, or it failed here only: another worker takes it
+                await self.queue.nak(msg, delay=min(err.retry_after or 1.0, 5.0))
                 return
             await self._answer(msg, err)
             return
-        self._loading.pop(id(msg), None)
+        self._unpark(msg)
         await self._prepare(msg, runner)
+
+    def _unpark(self, msg: Message) -> None:
+        """``msg`` no longer waits for its model's load (its tokens leave the count)."""
+        if self._loading.pop(id(msg), None) is not None:
+            self._room.set()
 
     def _done(self, job: Job) -> None:
         """The job is answered (or given back): its use of the model ends."""
@@ -385,14 +398,20 @@ class Worker:
         take it (NAK); alone (embedded) it answers it, and what is queued, with 503."""
         for r in self.runners.values():
             r.former.drain()
+        parked = list(self._loading.values())  # waiting for a load that will not finish
+        self._loading.clear()
         if self.shared_queue:
             for job in list(self._jobs):
                 job.failed = True
                 self._done(job)
                 await self.queue.nak(job.msg)
+            for msg in parked:
+                await self.queue.nak(msg)
             return
         for job in list(self._jobs):
             await self._fail(job, err)
+        for msg in parked:
+            await self._answer(msg, err)
         while msgs := await self.queue.pull(list(self.runners), 1 << 30, 0.0):
             for msg in msgs:
                 await self._answer(msg, err)

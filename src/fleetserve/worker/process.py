@@ -136,6 +136,7 @@ class WorkerProcess(Service):
             fleet=self.fleet,
             affinity_wait=self.settings.affinity_wait,
             peer_holds=self._peer_holds,
+            oldest_wait=self.js.oldest_wait,  # JetStream's, refreshed every second
         )
         self.spawn("worker", self.worker.run(), essential=True)
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)

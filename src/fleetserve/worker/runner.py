@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -35,6 +36,7 @@ class Verify(Protocol):
 
 Measure = Callable[[FamilyAdapter], int]  # a loaded adapter -> its activation peak (bytes)
 Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
+UNFIT = object()  # the output of an item that runs out of memory even alone
 
 
 class Former(Protocol):
@@ -237,6 +239,7 @@ class Loadable:
                 if served is not adapter:  # the gate swapped in its fp32 reference
                     rt = served.runtime
                     self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
+                    weights = served.memory_bytes() or weights
                 adapter = served
             if self.profile.memory_bytes:  # the tuner measured weights plus peak
                 peak = max(0, self.profile.memory_bytes - weights)
@@ -316,12 +319,12 @@ class ModelRunner(Loadable):
             try:
                 out = await self._forward_fitting([it.item for it in batch])
             except Exception as exc:  # a model failure fails this batch's requests only
-                # the client sees the type only; the dead-letter reason keeps the text
-                err = InternalError(f"inference failed: {type(exc).__name__}")
-                for job in {id(it.job): it.job for it in batch}.values():
-                    job.reason = f"inference failed: {type(exc).__name__}: {exc}"[:300]
-                    await crash(job, err)
+                await self._crash_all([it.job for it in batch], exc, crash)
                 continue
+            unfit = [it.job for it, row in zip(batch, out, strict=True) if row is UNFIT]
+            if unfit:  # items that do not fit even alone fail their own requests only
+                oom = MemoryError("out of memory: one item does not fit even in a batch alone")
+                await self._crash_all(unfit, oom, crash)
             dt = time.perf_counter() - t0
             self.busy_s += dt
             width = max(it.length for it in batch)
@@ -333,20 +336,29 @@ class ModelRunner(Loadable):
             self.metrics.tokens.labels(model).inc(sum(it.length for it in batch))
             self._route(batch, out, dt, finish)
 
+    @staticmethod
+    async def _crash_all(jobs: list[Job], exc: BaseException, crash: FailFn) -> None:
+        # the client sees the type only; the dead-letter reason keeps the text
+        err = InternalError(f"inference failed: {type(exc).__name__}")
+        for job in {id(j): j for j in jobs}.values():
+            job.reason = f"inference failed: {type(exc).__name__}: {exc}"[:300]
+            await crash(job, err)
+
     async def _forward_fitting(self, items: list[Any], retried: bool = False) -> Sequence[Any]:
         """Forward ``items``; out of memory, evict other models and retry once, then
-        run the batch in halves (one item that still does not fit fails its request)."""
+        run the batch in halves. An item that does not fit even alone comes back as
+        ``UNFIT``, so that only its request fails."""
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._forward, self.adapter.forward, items)
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            oom = exc
+            traceback.clear_frames(exc.__traceback__)  # let go of the failed try's tensors
         if not retried and self.relieve is not None and await self.relieve():
             return await self._forward_fitting(items, retried=True)
         if len(items) == 1:
-            raise oom
+            return [UNFIT]
         half = len(items) // 2
         self.metrics.retries.labels(self.spec.id).inc()
         first = await self._forward_fitting(items[:half], retried=True)
@@ -358,7 +370,7 @@ class ModelRunner(Loadable):
         seen: set[int] = set()
         for it, row in zip(batch, out, strict=True):
             job = it.job
-            if job.failed:
+            if job.failed or row is UNFIT:
                 continue
             if id(job) not in seen:
                 seen.add(id(job))
