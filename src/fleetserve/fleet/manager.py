@@ -228,8 +228,7 @@ class Fleet:
         now = self.clock()
         s.state, s.held, s.measured = State.RESIDENT, got, got
         s.record = Resident(model, got.weights, dt, pinned=s.member.pinned, last_used=now)
-        self.policy.loaded(s.record, now)
-        s.record.hits = 0  # the request that loaded it counts as its first use (in _use)
+        self.policy.loaded(s.record, now)  # the request that loaded it is used in _use
         if self.metrics is not None:
             self.metrics.loads.labels(model, "ok").inc()
             self.metrics.load_seconds.labels(model).observe(dt)

@@ -293,7 +293,6 @@ class FleetSim:
         self.loading = [-1] * workers
         self.local: list[dict[int, list[int]]] = [{} for _ in range(workers)]
         self.computing = [-1] * workers  # the model of the batch in flight
-        self.fresh: list[set[int]] = [set() for _ in range(workers)]  # loaded, not yet used
         self.holders: list[set[int]] = [set() for _ in range(nm)]  # resident or loading
         self.idle: dict[int, None] = dict.fromkeys(range(workers))  # compute free, in order
         self.heap: list[tuple[float, int, int, int]] = []
@@ -358,7 +357,6 @@ class FleetSim:
         r = Resident(self.wl.models[m].name, self.size[m], self.reload[m], last_used=t)
         self.res[w][m] = r
         self.policy[w].loaded(r, t)
-        self.fresh[w].add(m)
         if self.computing[w] < 0:
             self._decide(w, t)
 
@@ -492,7 +490,6 @@ class FleetSim:
         for r in out:
             k = self.index[r.model]
             del res[k]
-            self.fresh[w].discard(k)
             self.policy[w].evicted(r)
             self.used[w] -= self.size[k]
             self.holders[k].discard(w)
@@ -524,11 +521,7 @@ class FleetSim:
         rids += self._pull(w, m, self.p.batch - len(rids))
         r = self.res[w][m]
         pol = self.policy[w]
-        uses = len(rids)
-        if m in self.fresh[w]:  # the load counted its first use
-            self.fresh[w].discard(m)
-            uses -= 1
-        for _ in range(uses):
+        for _ in range(len(rids)):
             pol.used(r, t)
         r.last_used = t
         r.busy = True
