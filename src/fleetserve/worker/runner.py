@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter, family_tasks
-from ..fleet.member import Footprint, is_oom
+from ..fleet.member import Footprint, Member, is_oom
 from ..fleet.memory import rss_bytes
 from ..metrics import Metrics
 from ..wire import FleetError, InternalError, Task
@@ -53,9 +53,10 @@ class Former(Protocol):
     def __len__(self) -> int: ...
 
 
-class Runner(Protocol):
+class Runner(Member, Protocol):
     """One served model in a worker: a ModelRunner (batches) or a GenerationRunner
-    (continuous batching). The worker drives every runner through this surface."""
+    (continuous batching). The worker drives every runner through this surface, and
+    the fleet manages it as a ``Member`` (load, unload, footprint)."""
 
     spec: ModelSpec
     profile: Profile
@@ -77,24 +78,9 @@ class Runner(Protocol):
     @property
     def tasks(self) -> frozenset[Task]: ...
 
-    @property
-    def model_id(self) -> str: ...
-
-    @property
-    def pinned(self) -> bool: ...
-
-    @property
-    def keep_alive(self) -> float: ...
-
     relieve: Relieve | None
 
-    def expected(self) -> Footprint: ...
-
     def submit(self, job: Job) -> None: ...
-
-    async def load(self) -> Footprint: ...
-
-    def unload(self) -> None: ...
 
     async def run(
         self,
