@@ -11,11 +11,11 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..fleet.manager import Fleet, State
+from ..fleet.manager import Fleet
 from ..fleet.policy import GDSF
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
@@ -27,6 +27,7 @@ from ..wire import (
     Reply,
     Unavailable,
 )
+from .affinity import Affinity
 from .batcher import Job
 from .runner import Runner
 
@@ -51,9 +52,7 @@ class Worker:
         keepalive: float | None = None,
         shared_queue: bool = False,
         fleet: Fleet | None = None,
-        affinity_wait: float | None = None,
-        peer_holds: Callable[[str], bool] | None = None,
-        oldest_wait: Callable[[str], float] | None = None,
+        affinity: Affinity | None = None,
     ) -> None:
         self.queue = queue
         self.runners = dict(runners)
@@ -69,12 +68,7 @@ class Worker:
         self.max_deliver = max_deliver  # 1: a failed batch is answered 500 at once
         self.keepalive = keepalive  # seconds between in-progress acks for held work
         self.shared_queue = shared_queue  # other workers pull from the same queue
-        # affinity (a shared queue): pull for the models held here first; take a cold
-        # one when idle and no other worker holds it, or once its oldest request has
-        # waited ``affinity_wait`` seconds (its holders do not keep up)
-        self.affinity_wait = affinity_wait
-        self.peer_holds = peer_holds or (lambda model: False)
-        self.oldest_wait = oldest_wait or (lambda model: 0.0)
+        self.affinity = affinity  # a shared queue: pull for the models held here first
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
@@ -144,37 +138,14 @@ class Worker:
                 await self._room.wait()
             for m in models:
                 self.metrics.queue_depth.labels(m).set(self.queue.depth(m))
-            if self.affinity_wait is None:
+            if self.affinity is None:
                 msgs = await self.queue.pull(models, self.pull_budget, self.pull_timeout)
             else:
-                msgs = await self._pull_by_affinity(models, self.affinity_wait)
+                msgs = await self.affinity.pull(
+                    self.queue, models, self.pull_budget, self.pull_timeout, lambda: self.idle
+                )
             for msg in msgs:
                 await self._admit(msg)
-
-    async def _pull_by_affinity(self, models: list[str], wait: float) -> list[Message]:
-        """Hot models (held here) first, with the cold ones whose oldest request has
-        waited ``wait`` seconds (their holders do not keep up); other cold ones only
-        when idle and no other worker holds them. A model failed here is left to the
-        workers that hold it while its cool-down lasts."""
-        held = {State.RESIDENT, State.LOADING}
-        hot = [m for m in models if self.fleet.state(m) in held]
-        cold = [m for m in models if m not in hot]
-        overdue = [
-            m
-            for m in cold
-            if self.oldest_wait(m) >= wait and not (self.fleet.failed(m) and self.peer_holds(m))
-        ]
-        if hot or overdue:
-            msgs = await self.queue.pull(overdue + hot, self.pull_budget, self.pull_timeout)
-            if msgs:
-                return msgs
-        idle = self._pending_tokens() == 0 and not self._loading
-        spare = [m for m in cold if m not in overdue and not self.peer_holds(m)]
-        if not idle or not spare:
-            if not hot and not overdue:
-                await asyncio.sleep(self.pull_timeout)
-            return []
-        return await self.queue.pull(spare, self.pull_budget, 0.05 if hot else self.pull_timeout)
 
     async def _admit(self, msg: Message) -> None:
         env = msg.envelope
@@ -223,7 +194,8 @@ class Worker:
         except FleetError as err:
             self._unpark(msg)
             failed = self.fleet.failed(model)
-            others = not failed or self.peer_holds(model)  # someone else may serve it
+            held = self.affinity is not None and self.affinity.peer_holds(model)
+            others = not failed or held  # someone else may serve it
             if self.shared_queue and others and msg.attempts + 1 < self.max_deliver:
                 # no room here, or it failed here only: another worker takes it
                 await self.queue.nak(msg, delay=min(err.retry_after or 1.0, 5.0))

@@ -34,6 +34,7 @@ from ..lifecycle import Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats
 from ..settings import Settings
+from .affinity import Affinity
 from .health import HealthApp
 from .loop import Worker
 
@@ -134,9 +135,12 @@ class WorkerProcess(Service):
             keepalive=keepalive,
             shared_queue=True,
             fleet=self.fleet,
-            affinity_wait=self.settings.affinity_wait,
-            peer_holds=self._peer_holds,
-            oldest_wait=self.js.oldest_wait,  # JetStream's, refreshed every second
+            affinity=Affinity(
+                self.fleet,
+                self.settings.affinity_wait,
+                self._peer_holds,
+                self.js.oldest_wait,  # JetStream's, refreshed every second
+            ),
         )
         self.spawn("worker", self.worker.run(), essential=True)
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
