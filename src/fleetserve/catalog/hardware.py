@@ -153,6 +153,11 @@ def detect(device: str = "cpu", *, root: Path = Path("/")) -> Hardware:
 
 def memory_limit(root: Path = Path("/")) -> int:
     """Bytes this process may use: the cgroup v2 (or v1) limit, else MemTotal."""
+    return memory_source(root)[0]
+
+
+def memory_source(root: Path = Path("/")) -> tuple[int, str]:
+    """``memory_limit`` and where it comes from: "cgroup" or "ram"."""
     total = 0
     try:
         for line in (root / "proc/meminfo").read_text().splitlines():
@@ -167,8 +172,8 @@ def memory_limit(root: Path = Path("/")) -> int:
         except OSError:
             continue
         if raw.isdigit() and (total == 0 or int(raw) < total):
-            return int(raw)
-    return total
+            return int(raw), "cgroup"
+    return total, "ram"
 
 
 def _cpuinfo(file: Path, arch: str) -> tuple[str, frozenset[str]]:
@@ -210,4 +215,4 @@ def _cuda(device: str, host: Hardware) -> Hardware | None:
     )
 
 
-__all__ = ["CPU_CLASSES", "Hardware", "cpu_class", "detect", "memory_limit"]
+__all__ = ["CPU_CLASSES", "Hardware", "cpu_class", "detect", "memory_limit", "memory_source"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..metrics import Metrics
 from ..wire import FleetError, Unavailable
-from .member import Footprint, Member, State, is_oom
+from .member import Footprint, Member, State, held_together, is_oom
 from .policy import Policy, Resident, evictable, victims
 
 log = logging.getLogger("fleetserve.fleet")
@@ -84,8 +84,7 @@ class Fleet:
     def used(self, extra: Footprint = NOTHING) -> int:
         """Bytes held: every resident (and loading) model's weights plus the largest
         activation peak among them (one batch runs at a time), with ``extra`` added."""
-        held = [s.held for s in self._slots.values()] + [extra]
-        return sum(f.weights for f in held) + max(f.peak for f in held)
+        return held_together([*(s.held for s in self._slots.values()), extra])
 
     def _footprint(self, s: Slot) -> Footprint:
         """What ``s`` holds, or would once loaded."""
@@ -98,9 +97,8 @@ class Fleet:
         return {m: self._footprint(s).total for m, s in self._slots.items() if s.member.pinned}
 
     def _pinned_need(self) -> int:
-        prints = [self._footprint(s) for m, s in self._slots.items() if s.member.pinned]
-        prints += [NOTHING]
-        return sum(f.weights for f in prints) + max(f.peak for f in prints)
+        """What the pinned models hold together, or will."""
+        return held_together(self._footprint(s) for s in self._slots.values() if s.member.pinned)
 
     def check_budget(self) -> None:
         """Start-up: the pinned models must fit in the budget (a one-line ValueError)."""
@@ -259,9 +257,7 @@ class Fleet:
         pinned = [
             self._footprint(s) for m, s in self._slots.items() if s.member.pinned and m != model
         ]
-        alone = sum(f.weights for f in pinned) + need.weights
-        alone += max([f.peak for f in pinned] + [need.peak])
-        if alone > self.budget:
+        if held_together([*pinned, need]) > self.budget:
             raise Unavailable(
                 f"model {model!r} needs {need.total / MIB:.1f} MiB but the memory budget "
                 f"({self.budget / MIB:.1f} MiB) leaves "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +28,14 @@ class Footprint:
     @property
     def total(self) -> int:
         return self.weights + self.peak
+
+
+def held_together(prints: Iterable[Footprint]) -> int:
+    """What models hold together on one worker: all their weights, the largest peak."""
+    weights = peak = 0
+    for f in prints:
+        weights, peak = weights + f.weights, max(peak, f.peak)
+    return weights + peak
 
 
 class Member(Protocol):
@@ -58,4 +67,4 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
 
 
-__all__ = ["Footprint", "Member", "State", "is_oom"]
+__all__ = ["Footprint", "Member", "State", "held_together", "is_oom"]

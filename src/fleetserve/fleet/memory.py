@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..catalog.hardware import memory_limit
+from ..catalog.hardware import memory_limit, memory_source
 
 if TYPE_CHECKING:
     from ..catalog import ModelSpec
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_FRACTION = 0.7
-_CGROUP_FILES = ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes")
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 _FORMS = "bytes (123456), a size (512MiB, 2GiB, 800M, 1.5G) or a percent (60%)"
@@ -94,18 +93,6 @@ def process_limit_bytes(root: Path = Path("/")) -> int:
     return memory_limit(root)
 
 
-def _cgroup_limited(limit: int, root: Path) -> bool:
-    """Whether ``limit`` (from memory_limit) is a cgroup's, not MemTotal."""
-    for f in _CGROUP_FILES:
-        try:
-            raw = (root / f).read_text().strip()
-        except OSError:
-            continue
-        if raw.isdigit() and int(raw) == limit:
-            return True
-    return False
-
-
 def cuda_free_bytes(device: str) -> int:
     """Free memory on a CUDA device now (never called on CPU)."""
     import torch
@@ -120,8 +107,8 @@ def default_budget(device: str, *, root: Path = Path("/")) -> tuple[int, str]:
     if device.startswith("cuda"):
         free = cuda_free_bytes(device)
         return int(free * DEFAULT_FRACTION), f"{pct} of free memory on {device} ({_gib(free)})"
-    limit = process_limit_bytes(root)
-    what = "the cgroup limit" if _cgroup_limited(limit, root) else "physical RAM"
+    limit, source = memory_source(root)
+    what = "the cgroup limit" if source == "cgroup" else "physical RAM"
     return int(limit * DEFAULT_FRACTION), f"{pct} of {what} ({_gib(limit)})"
 
 

@@ -44,8 +44,9 @@ class Candidate:
         """What the quality gate judges: the runtime and precision."""
         return self.runtime, self.precision
 
-    def profile(self, hardware_class: str, base: Profile | None = None) -> Profile:
-        fields: dict[str, Any] = {
+    def _fields(self) -> dict[str, Any]:
+        """What a candidate sets of a profile."""
+        return {
             "runtime": self.runtime,
             "precision": self.precision,
             "threads": self.threads,
@@ -53,6 +54,9 @@ class Candidate:
             "max_batch_tokens": self.max_batch_tokens,
             "max_batch_size": self.max_batch_size,
         }
+
+    def profile(self, hardware_class: str, base: Profile | None = None) -> Profile:
+        fields = self._fields()
         if base is not None:
             return replace(base, hardware=hardware_class, **fields)
         return Profile(hardware=hardware_class, **fields)
@@ -64,15 +68,7 @@ class Candidate:
         return replace(self, threads=threads, processes=processes)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "runtime": self.runtime,
-            "precision": self.precision,
-            "threads": self.threads,
-            "processes": self.processes,
-            "max_batch_tokens": self.max_batch_tokens,
-            "max_batch_size": self.max_batch_size,
-        }
+        return {"id": self.id, **self._fields()}
 
 
 def runtimes_for(spec: ModelSpec, kind: str = "cpu") -> list[tuple[str, str]]:
