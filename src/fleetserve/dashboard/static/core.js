@@ -106,12 +106,19 @@
     constructor(message, status, code) { super(message); this.status = status; this.code = code; }
   }
 
+  // a 401 locks only if it answers the key in use now: one that answers a request sent
+  // with an older key (still in flight when a new key was entered) is stale
+  function refused(sentWith) {
+    if (sentWith === storage.get()) lock(sentWith ? "That key was refused." : "");
+  }
+
   async function api(path) {
+    const key = storage.get();
     const res = await fetch(path, {
       headers: { Accept: "application/json", ...authHeaders() },
       cache: "no-store",
     });
-    if (res.status === 401) { lock(storage.get() ? "That key was refused." : ""); throw new AuthError("locked"); }
+    if (res.status === 401) { refused(key); throw new AuthError("locked"); }
     let body = null;
     try { body = await res.json(); } catch { /* not JSON */ }
     if (!res.ok) {
@@ -222,11 +229,12 @@
     for (;;) {
       if (locked) { await sleep(60000); continue; }
       try {
+        const key = storage.get();
         const res = await fetch("/dashboard/events", {
           headers: { Accept: "text/event-stream", ...authHeaders() },
           cache: "no-store",
         });
-        if (res.status === 401) { lock(storage.get() ? "That key was refused." : ""); continue; }
+        if (res.status === 401) { refused(key); continue; }
         if (!res.ok || !res.body) throw new Error(`events: ${res.status}`);
         failures = 0;
         stopPolling();
