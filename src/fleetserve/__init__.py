@@ -2,8 +2,11 @@
 
 from .sdk import AsyncClient, Client
 from .wire import (
+    AdapterNotFound,
+    Conflict,
     DeadlineExceeded,
     FleetError,
+    Forbidden,
     InternalError,
     InvalidInput,
     ModelNotFound,
@@ -16,10 +19,13 @@ from .wire import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdapterNotFound",
     "AsyncClient",
     "Client",
+    "Conflict",
     "DeadlineExceeded",
     "FleetError",
+    "Forbidden",
     "InternalError",
     "InvalidInput",
     "ModelNotFound",

@@ -98,6 +98,45 @@ class Settings:
     api_key: str = setting(
         "", "If set, clients must send 'Authorization: Bearer <key>'.", secret=True
     )
+    auth: str = setting(
+        "auto",
+        "auto: keys from --keys-file or --keys if given, else --api-key if set, else open; "
+        "keys: require them (refuse to start without); open: no authentication.",
+    )
+    keys_file: str = setting(
+        "",
+        "YAML file of API keys: a list of {sha256, tenant, scopes}. Keys are stored hashed "
+        "(`fleetserve keys add` prints a new key once and appends its hash).",
+    )
+    keys: str = setting(
+        "",
+        "API keys as a secret: the keys file's YAML or JSON content inline (for a "
+        "Kubernetes secret in FLEETSERVE_KEYS).",
+        secret=True,
+    )
+    # -- adapters (LoRA) --------------------------------------------------------------
+    adapter_store: str = setting(
+        "",
+        "Where uploaded adapters live (the cold tier): a store URL like --payload-store "
+        "(empty: nats://fleetserve-adapters in distributed mode, else a directory under "
+        "--cache-dir).",
+    )
+    adapter_cache_bytes: str = setting(
+        "2GiB", "Local disk for adapters (the warm tier, under --cache-dir); least recently "
+        "used leave first."
+    )  # fmt: skip
+    adapter_hot_bytes: str = setting(
+        "10%", "Memory for loaded adapters per worker (the hot tier): a size or a percent of "
+        "the memory budget; least recently used leave first."
+    )  # fmt: skip
+    max_adapter_rank: int = setting(64, "Largest LoRA rank an upload may have.")
+    max_adapter_bytes: int = setting(
+        256 * 1024 * 1024, "Largest adapter upload (bytes of adapter_model.safetensors)."
+    )
+    max_adapters_per_tenant: int = setting(100, "Adapters (all versions) one tenant may hold.")
+    max_adapters_per_batch: int = setting(
+        16, "Distinct adapters one batch may mix (1: one adapter per batch, as SIE does)."
+    )
     config: str = setting("", "Optional YAML config file with any of these settings.")
     # -- distributed mode: gateways and workers over NATS JetStream -----------------
     nats: str = setting(

@@ -10,6 +10,9 @@ from ..wire.codec import dumps
 STATUS: dict[str, int] = {
     "invalid_input": 400,
     "unauthorized": 401,
+    "forbidden": 403,
+    "adapter_not_found": 404,
+    "conflict": 409,
     "not_found": 404,
     "model_not_found": 404,
     "payload_too_large": 413,

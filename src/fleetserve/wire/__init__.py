@@ -3,11 +3,22 @@
 Nothing here imports any other part of fleetserve.
 """
 
+from .adapters import (
+    DEFAULT_TENANT,
+    PUBLIC_TENANT,
+    AdapterId,
+    Scope,
+    parse_adapter_id,
+    split_model_name,
+)
 from .durations import parse_duration
 from .errors import (
     ERROR_TYPES,
+    AdapterNotFound,
+    Conflict,
     DeadlineExceeded,
     FleetError,
+    Forbidden,
     InternalError,
     InvalidInput,
     ModelNotFound,
@@ -22,11 +33,17 @@ from .errors import (
 from .types import Encoding, Envelope, OutputDtype, Reply, Task
 
 __all__ = [
+    "DEFAULT_TENANT",
     "ERROR_TYPES",
+    "PUBLIC_TENANT",
+    "AdapterId",
+    "AdapterNotFound",
+    "Conflict",
     "DeadlineExceeded",
     "Encoding",
     "Envelope",
     "FleetError",
+    "Forbidden",
     "InternalError",
     "InvalidInput",
     "ModelNotFound",
@@ -35,10 +52,13 @@ __all__ = [
     "Overloaded",
     "PayloadTooLarge",
     "Reply",
+    "Scope",
     "Task",
     "Unauthorized",
     "Unavailable",
     "UnsupportedMediaType",
     "error_from_body",
+    "parse_adapter_id",
     "parse_duration",
+    "split_model_name",
 ]

@@ -52,6 +52,24 @@ class Unauthorized(FleetError):
     code = "unauthorized"
 
 
+class Forbidden(FleetError):
+    """The API key is valid but lacks the scope this call needs."""
+
+    code = "forbidden"
+
+
+class Conflict(FleetError):
+    """The resource exists already, or another request is creating it."""
+
+    code = "conflict"
+
+
+class AdapterNotFound(FleetError):
+    """No adapter of that id is visible to the caller (another tenant's reads as none)."""
+
+    code = "adapter_not_found"
+
+
 class ModelNotFound(FleetError):
     """No model of that name is in the catalog."""
 
@@ -105,6 +123,9 @@ ERROR_TYPES: dict[str, type[FleetError]] = {
     for cls in (
         InvalidInput,
         Unauthorized,
+        Forbidden,
+        Conflict,
+        AdapterNotFound,
         ModelNotFound,
         PayloadTooLarge,
         UnsupportedMediaType,
