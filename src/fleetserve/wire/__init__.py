@@ -5,8 +5,10 @@ Nothing here imports any other part of fleetserve.
 
 from .adapters import (
     DEFAULT_TENANT,
+    OPEN,
     PUBLIC_TENANT,
     AdapterId,
+    Principal,
     Scope,
     parse_adapter_id,
     split_model_name,
@@ -35,6 +37,7 @@ from .types import Encoding, Envelope, OutputDtype, Reply, Task
 __all__ = [
     "DEFAULT_TENANT",
     "ERROR_TYPES",
+    "OPEN",
     "PUBLIC_TENANT",
     "AdapterId",
     "AdapterNotFound",
@@ -51,6 +54,7 @@ __all__ = [
     "OutputDtype",
     "Overloaded",
     "PayloadTooLarge",
+    "Principal",
     "Reply",
     "Scope",
     "Task",

@@ -78,3 +78,21 @@ def split_model_name(name: str) -> tuple[str, str | None]:
             f"model {name!r}: write an adapter call as 'base:tenant/name'", field="model"
         )
     return base, adapter
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the tenant a key belongs to and what it may do."""
+
+    tenant: str
+    scopes: frozenset[Scope]
+
+    def can(self, scope: Scope) -> bool:
+        return Scope.ADMIN in self.scopes or scope in self.scopes
+
+    def sees(self, tenant: str) -> bool:
+        """Whether this caller may see and call adapters of ``tenant``."""
+        return tenant in (self.tenant, PUBLIC_TENANT) or Scope.ADMIN in self.scopes
+
+
+OPEN = Principal(DEFAULT_TENANT, frozenset(Scope))  # every caller when auth is open
