@@ -215,7 +215,7 @@ class InProcessRuntime:
                 if len(ids[nxt]) * (len(batch) + 1) > self.profile.max_batch_tokens:
                     break
                 batch.append(nxt)
-            rows = self.adapter.forward([ids[i] for i in batch])
+            rows = np.asarray(self.adapter.forward([ids[i] for i in batch]))
             if out is None:
                 out = np.empty((len(ids), rows.shape[1]), np.float32)
             out[batch] = rows

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..runtimes import Runtime
 from ..wire import Task
-from .base import FamilyAdapter, Prepared
+from .base import Family, FamilyAdapter, Prepared
 
 if TYPE_CHECKING:
     from ..catalog import ModelSpec
@@ -47,13 +47,22 @@ FAMILY_TASKS: dict[str, frozenset[Task]] = {
 }
 
 
-def adapter_class(family: str) -> Any:
+class AdapterClass(Protocol):
+    """A family's adapter class: built from a spec, a runtime and the model's directory."""
+
+    tasks: frozenset[Task]
+
+    def __call__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapter: ...
+
+
+def adapter_class(family: str) -> AdapterClass:
     """The adapter class of a family, imported on demand (its heavy imports are not)."""
     target = FAMILIES.get(family)
     if target is None:
         raise ValueError(f"unknown family {family!r}; available: " + ", ".join(sorted(FAMILIES)))
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+    found: AdapterClass = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+    return found
 
 
 def family_tasks(family: str) -> frozenset[Task]:
@@ -69,13 +78,13 @@ def create_adapter(spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapt
         cls = adapter_class(spec.family)
     except ValueError as exc:
         raise ValueError(f"model {spec.id}: {exc}") from None
-    adapter: FamilyAdapter = cls(spec, runtime, path)
-    return adapter
+    return cls(spec, runtime, path)
 
 
 __all__ = [
     "FAMILIES",
     "FAMILY_TASKS",
+    "Family",
     "FamilyAdapter",
     "Prepared",
     "adapter_class",

@@ -4,22 +4,33 @@ A family turns request bodies into model inputs and model outputs into reply bod
 over a :class:`~fleetserve.runtimes.Runtime`. The worker owns batching and threads:
 ``preprocess`` and ``postprocess`` run on CPU worker threads, ``forward`` on the
 dedicated forward thread.
+
+Each family is a :class:`Family` over its own types: the item ``forward`` takes for
+one row, the options ``preprocess`` keeps for ``postprocess``, and the output
+``forward`` returns for one row. The worker, which holds adapters of every family and
+never looks inside items, options or outputs, sees them as :class:`FamilyAdapter`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
 
 import numpy as np
 
 from ..runtimes import Runtime
 from ..wire import Envelope, Task
 
+ItemT = TypeVar("ItemT")  # what ``forward`` takes for one row
+OptionsT = TypeVar("OptionsT")  # what ``preprocess`` keeps for ``postprocess``
+OutputT = TypeVar("OutputT")  # what ``forward`` returns for one row
+
+Array: TypeAlias = np.ndarray[Any, Any]
+
 
 @dataclass(slots=True)
-class Prepared:
+class Prepared(Generic[ItemT, OptionsT]):
     """A decoded, validated, tokenized request, split into independent items.
 
     An item is whatever ``forward`` takes for one row: usually a list of token ids,
@@ -28,20 +39,21 @@ class Prepared:
     it defaults to ``len(item)``.
     """
 
-    items: list[Any]
-    options: Any
+    items: list[ItemT]
+    options: OptionsT
     tokens: int  # real tokens after truncation (reported as usage)
     lengths: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.lengths:
-            self.lengths = [len(x) for x in self.items]
+            self.lengths = [len(cast(Sized, x)) for x in self.items]
         elif len(self.lengths) != len(self.items):
             raise ValueError("Prepared.lengths must have one entry per item")
 
 
-@runtime_checkable
-class FamilyAdapter(Protocol):
+class Family(Protocol[ItemT, OptionsT, OutputT]):
+    """A family's adapter, typed by its item, options and output types."""
+
     tasks: frozenset[Task]
     runtime: Runtime  # what it runs on (its name and the precision that runs)
 
@@ -49,26 +61,37 @@ class FamilyAdapter(Protocol):
 
     def warmup(self) -> None: ...
 
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[ItemT, OptionsT]:
         """Decode and validate the body; raise ``InvalidInput`` naming the field."""
         ...
 
-    def forward(self, items: Sequence[Any]) -> Sequence[Any]:
+    def forward(self, items: Sequence[ItemT]) -> Sequence[OutputT]:
         """One batch of items (from any requests); returns one output per item, in order.
 
-        An ``np.ndarray`` whose first axis is the batch is a sequence of rows."""
+        An ``np.ndarray`` whose first axis is the batch is a sequence of rows (see
+        :func:`rows`)."""
         ...
 
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[ItemT, OptionsT], outputs: list[OutputT]
+    ) -> bytes:
         """Encode the reply body in ``envelope.accept``; ``outputs[i]`` is item i's output."""
         ...
 
     def memory_bytes(self) -> int: ...
 
 
-def pad_batch(
-    items: Sequence[list[int]], pad_id: int
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+@runtime_checkable
+class FamilyAdapter(Family[Any, Any, Any], Protocol):
+    """An adapter of any family, as the worker holds it."""
+
+
+def rows(batch: Array) -> Sequence[Array]:
+    """A batch-first array as the sequence of its rows (the array itself: no copy)."""
+    return cast(Sequence[Array], batch)
+
+
+def pad_batch(items: Sequence[list[int]], pad_id: int) -> tuple[Array, Array]:
     """Right-pad token id lists into ``input_ids`` and ``attention_mask`` (int64)."""
     width = max(len(x) for x in items)
     ids = np.full((len(items), width), pad_id, dtype=np.int64)

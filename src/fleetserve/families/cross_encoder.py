@@ -31,9 +31,10 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput
 from . import scoring
-from .base import Prepared, pad_batch
+from .base import Array, Family, Prepared, pad_batch, rows
 
 ACTIVATIONS = ("sigmoid", "softmax", "none")
+Pair = tuple[list[int], list[int]]  # a (query, document) pair's ids and token type ids
 _ST_ACTIVATIONS = {"Sigmoid": "sigmoid", "Softmax": "softmax", "Identity": "none"}
 
 
@@ -69,7 +70,7 @@ class PairTokenizer:
 
     def encode(
         self, query: str, docs: list[str], *, truncate: bool
-    ) -> tuple[list[tuple[list[int], list[int]]], int | None]:
+    ) -> tuple[list[Pair], int | None]:
         """(ids, type ids) per pair; and when not truncating, the first pair that is too
         long (-1 for the query alone), else None."""
         q = self._tok.encode(query, add_special_tokens=False)
@@ -98,7 +99,7 @@ class ScoreHead:
     label_index: int
 
 
-class CrossEncoderAdapter:
+class CrossEncoderAdapter(Family[Pair, scoring.ScoreQuery, Array]):
     tasks = scoring.SCORE_TASKS
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -167,7 +168,7 @@ class CrossEncoderAdapter:
     def memory_bytes(self) -> int:
         return self.runtime.memory_bytes()
 
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[Pair, scoring.ScoreQuery]:
         q = scoring.parse(envelope, body)
         pairs, over = self.tokenizer.encode(q.query, q.documents, truncate=q.truncate)
         if over is not None:
@@ -181,7 +182,7 @@ class CrossEncoderAdapter:
         lengths = [len(ids) for ids, _ in pairs]
         return Prepared(items=pairs, options=q, tokens=sum(lengths), lengths=lengths)
 
-    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[Pair]) -> Sequence[Array]:
         ids, mask = pad_batch([it[0] for it in items], self.pad_id)
         types = None
         if self.use_types:
@@ -189,9 +190,11 @@ class CrossEncoderAdapter:
             for i, (_, tt) in enumerate(items):
                 types[i, : len(tt)] = tt
         out = self.runtime.run(ids, mask, Output.LOGITS, types)
-        return out.reshape(len(items), -1)
+        return rows(out.reshape(len(items), -1))
 
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[Pair, scoring.ScoreQuery], outputs: list[Array]
+    ) -> bytes:
         scores = scores_from_logits(np.stack(outputs), self.head)
         return scoring.reply(envelope, self.spec.id, prepared.options, scores, prepared.tokens)
 

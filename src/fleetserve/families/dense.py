@@ -26,7 +26,7 @@ from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
 from ..wire.requests import EmbeddingsRequest, EncodeRequest
 from . import scoring
-from .base import Prepared, pad_batch
+from .base import Array, Family, Prepared, pad_batch, rows
 from .quantize import check_output_dtype, vectors_body
 from .tokenize import TextTokenizer
 
@@ -42,7 +42,10 @@ class DenseOptions:
     openai_base64: bool = False
 
 
-class DenseAdapter:
+DenseOpts = DenseOptions | scoring.ScoreQuery  # encode and embeddings | score and rerank
+
+
+class DenseAdapter(Family[list[int], DenseOpts, Array]):
     tasks = frozenset({Task.ENCODE, Task.EMBEDDINGS, Task.SCORE, Task.RERANK})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -60,7 +63,7 @@ class DenseAdapter:
 
     def warmup(self) -> None:
         out = self.forward([self.tokenizer.encode(["warm up"], truncate=True)[0][0]] * 2)
-        self.dim = int(out.shape[1])
+        self.dim = int(out[0].shape[0])
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -72,7 +75,7 @@ class DenseAdapter:
         return self.runtime.memory_bytes()
 
     # -- preprocess -------------------------------------------------------------
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[list[int], DenseOpts]:
         if envelope.task in scoring.SCORE_TASKS:
             return self._prepare_score(envelope, body)
         if envelope.task is Task.EMBEDDINGS:
@@ -102,7 +105,7 @@ class DenseAdapter:
         ids = self._tokenize(texts, truncate, [f"{field}[{i}]" for i in range(len(texts))])
         return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
 
-    def _prepare_score(self, envelope: Envelope, body: bytes) -> Prepared:
+    def _prepare_score(self, envelope: Envelope, body: bytes) -> Prepared[list[int], DenseOpts]:
         q = scoring.parse(envelope, body)
         texts = [self.query_prefix + q.query] + [self.document_prefix + d for d in q.documents]
         docs = "documents" if envelope.task is Task.RERANK else "items"
@@ -121,34 +124,33 @@ class DenseAdapter:
         return ids
 
     # -- forward ----------------------------------------------------------------
-    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[list[int]]) -> Sequence[Array]:
         ids, mask = pad_batch(items, self.tokenizer.pad_id)
-        return self.runtime.run(ids, mask, Output(self.spec.pooling))
+        return rows(self.runtime.run(ids, mask, Output(self.spec.pooling)))
 
     # -- postprocess ------------------------------------------------------------
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[list[int], DenseOpts], outputs: list[Array]
+    ) -> bytes:
         emb = np.stack(outputs)
-        if envelope.task in scoring.SCORE_TASKS:
+        o = prepared.options
+        if isinstance(o, scoring.ScoreQuery):  # score and rerank
             unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
             scores = unit[1:] @ unit[0]
-            q: scoring.ScoreQuery = prepared.options
-            return scoring.reply(envelope, self.spec.id, q, scores, prepared.tokens)
-        o: DenseOptions = prepared.options
+            return scoring.reply(envelope, self.spec.id, o, scores, prepared.tokens)
         if o.dimensions is not None:
             emb = emb[:, : o.dimensions]
         if o.normalize:
             norms = np.linalg.norm(emb, axis=1, keepdims=True)
             emb = emb / np.maximum(norms, 1e-12)
         if envelope.task is Task.EMBEDDINGS:
-            return self._openai_body(envelope, prepared, np.ascontiguousarray(emb, np.float32))
+            emb32 = np.ascontiguousarray(emb, np.float32)
+            return self._openai_body(envelope, o, prepared.tokens, emb32)
         body: dict[str, Any] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
         body.update(vectors_body(emb, o.output_dtype, envelope.accept))
         return dumps(body, envelope.accept)
 
-    def _openai_body(
-        self, envelope: Envelope, prepared: Prepared, emb: np.ndarray[Any, Any]
-    ) -> bytes:
-        o: DenseOptions = prepared.options
+    def _openai_body(self, envelope: Envelope, o: DenseOptions, tokens: int, emb: Array) -> bytes:
         vecs: list[Any]
         vecs = _b64_rows(emb.astype("<f4", copy=False)) if o.openai_base64 else emb.tolist()
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]
@@ -156,7 +158,7 @@ class DenseAdapter:
             "object": "list",
             "data": data,
             "model": self.spec.id,
-            "usage": {"prompt_tokens": prepared.tokens, "total_tokens": prepared.tokens},
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
         return dumps(body, envelope.accept)
 

@@ -14,17 +14,17 @@ import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import msgspec
 import numpy as np
 
 from ..catalog import ModelSpec
-from ..runtimes import Head, Runtime
+from ..runtimes import Head, ModuleRuntime, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
 from . import scoring
-from .base import Prepared
+from .base import Array, Family, Prepared, rows
 from .image_preprocess import (
     ImageConfig,
     ImageError,
@@ -80,14 +80,19 @@ class ImageOptions:
     score: bool = False
 
 
-class ImageAdapter:
+# one row for forward: an image's pixel values, or a text's token ids
+ImageInput = tuple[Literal["image"], Array] | tuple[Literal["text"], list[int]]
+
+
+class ImageAdapter(Family[ImageInput, ImageOptions, Array]):
     tasks = frozenset({Task.ENCODE, Task.SCORE})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
         if runtime.name != "torch":
             raise ValueError(f"model {spec.id}: the image family needs runtime: torch")
         self.spec = spec
-        self.runtime: Any = runtime  # a TorchRuntime: .model, .autocast()
+        self.runtime = runtime
+        self._module: ModuleRuntime | None = None  # the runtime, once it lends its model
         self.path = path
         o = spec.options
         self.limits = ImageLimits(
@@ -103,7 +108,10 @@ class ImageAdapter:
 
     def load(self) -> None:
         self.runtime.load(self.path, Head.BASE)
-        config = self.runtime.model.config
+        if not isinstance(self.runtime, ModuleRuntime):
+            raise ValueError(f"model {self.spec.id}: the image family needs runtime: torch")
+        self._module = self.runtime
+        config = self._module.model.config
         kind = str(config.model_type)
         if kind not in ("clip", "siglip"):
             raise ValueError(
@@ -120,7 +128,7 @@ class ImageAdapter:
 
         px = pixels(Image.new("RGB", (64, 48), (127, 64, 200)), self.config)
         ids, _ = self.tokenizer.encode(["warm up"], truncate=True)
-        self.dim = int(self.forward([("image", px), ("text", ids[0])]).shape[1])
+        self.dim = int(self.forward([("image", px), ("text", ids[0])])[0].shape[0])
 
     @property
     def config(self) -> ImageConfig:
@@ -134,11 +142,18 @@ class ImageAdapter:
             raise RuntimeError("adapter is not loaded")
         return self._tok
 
+    @property
+    def module_runtime(self) -> ModuleRuntime:
+        """The runtime, as the lender of its loaded model (the two towers run here)."""
+        if self._module is None:
+            raise RuntimeError("adapter is not loaded")
+        return self._module
+
     def memory_bytes(self) -> int:
-        return int(self.runtime.memory_bytes())
+        return self.runtime.memory_bytes()
 
     # -- preprocess -------------------------------------------------------------
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[ImageInput, ImageOptions]:
         if envelope.task not in self.tasks:
             raise InvalidInput(f"the image family does not serve {envelope.task.value}")
         r = _DECODERS[(envelope.task, envelope.content_type)].decode(body, envelope.content_type)
@@ -158,7 +173,7 @@ class ImageAdapter:
             entries = [(f"inputs[{i}]", x) for i, x in enumerate(inputs)]
             normalize = self.spec.normalize if r.normalize is None else r.normalize
             dtype, score = r.output_dtype, False
-        items: list[Any] = [None] * len(entries)
+        items: list[ImageInput | None] = [None] * len(entries)
         lengths = [self.image_tokens] * len(entries)
         texts: list[tuple[int, str, str]] = []
         for k, (field, x) in enumerate(entries):
@@ -186,9 +201,10 @@ class ImageAdapter:
                 lengths[k] = self.tokenizer.cost(seq)
                 tokens += len(seq)
         opts = ImageOptions(normalize, dtype, len(entries) - len(texts), score)
-        return Prepared(items=items, options=opts, tokens=tokens, lengths=lengths)
+        filled = cast(list[ImageInput], items)  # each entry is an image or a text by now
+        return Prepared(items=filled, options=opts, tokens=tokens, lengths=lengths)
 
-    def _pixels(self, field: str, image: bytes | str | None) -> np.ndarray[Any, Any]:
+    def _pixels(self, field: str, image: bytes | str | None) -> Array:
         data = image if isinstance(image, bytes) else self._b64(field, image or "")
         try:
             return pixels(decode_image(data, self.limits), self.config)
@@ -212,34 +228,49 @@ class ImageAdapter:
             raise InvalidInput(f"{field} is not valid base64", field=field) from None
 
     # -- forward ----------------------------------------------------------------
-    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[ImageInput]) -> Sequence[Array]:
         import torch
 
-        model = self.runtime.model
-        dev = self.runtime.device
-        imgs = [i for i, it in enumerate(items) if it[0] == "image"]
-        txts = [i for i, it in enumerate(items) if it[0] == "text"]
+        rt = self.module_runtime
+        model = rt.model
+        dev = rt.device
+        imgs: list[int] = []
+        txts: list[int] = []
+        images: list[Array] = []
+        texts: list[list[int]] = []
+        for i, it in enumerate(items):
+            if it[0] == "image":
+                imgs.append(i)
+                images.append(it[1])
+            else:
+                txts.append(i)
+                texts.append(it[1])
         parts: list[tuple[list[int], Any]] = []
-        with torch.inference_mode(), self.runtime.autocast():
+        with torch.inference_mode(), rt.autocast():
             if imgs:
-                px = torch.from_numpy(np.stack([items[i][1] for i in imgs]))
+                px = torch.from_numpy(np.stack(images))
                 feats = model.get_image_features(pixel_values=px.to(dev, dtype=model.dtype))
                 parts.append((imgs, feats))
             if txts:
-                ids, mask = self.tokenizer.pad([items[i][1] for i in txts])
+                ids, mask = self.tokenizer.pad(texts)
                 kwargs = {"input_ids": torch.from_numpy(ids).to(dev)}
                 if self.tokenizer.attention_mask:
                     kwargs["attention_mask"] = torch.from_numpy(mask).to(dev)
                 parts.append((txts, model.get_text_features(**kwargs)))
-            rows = [(idx, _pooled(f).float().cpu().numpy()) for idx, f in parts]
-        out = np.empty((len(items), rows[0][1].shape[1]), dtype=np.float32)
-        for idx, arr in rows:
+            pooled = [(idx, _pooled(f).float().cpu().numpy()) for idx, f in parts]
+        out = np.empty((len(items), pooled[0][1].shape[1]), dtype=np.float32)
+        for idx, arr in pooled:
             out[idx] = arr
-        return out
+        return rows(out)
 
     # -- postprocess ------------------------------------------------------------
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        o: ImageOptions = prepared.options
+    def postprocess(
+        self,
+        envelope: Envelope,
+        prepared: Prepared[ImageInput, ImageOptions],
+        outputs: list[Array],
+    ) -> bytes:
+        o = prepared.options
         emb = np.stack(outputs).astype(np.float32)
         if o.normalize:
             emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)

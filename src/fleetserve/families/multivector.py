@@ -27,7 +27,7 @@ from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
 from . import scoring
-from .base import Prepared
+from .base import Array, Family, Prepared
 from .colbert_load import Checkpoint, read_checkpoint
 from .multivector_tokens import MvItem, MvSettings, MvTokenizer
 from .quantize import check_output_dtype, ragged_body
@@ -47,6 +47,7 @@ class MultiVectorEncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     output_dtype: str = "float32"
     normalize: bool | None = None  # None: the model spec's default
     truncate: bool = True
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model (the gateway's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +57,10 @@ class _EncodeOptions:
 
 
 _ENCODE = TypedDecoder(MultiVectorEncodeRequest)
+MvOptions = _EncodeOptions | scoring.ScoreQuery  # encode | score and rerank
 
 
-class MultiVectorAdapter:
+class MultiVectorAdapter(Family[MvItem, MvOptions, Array]):
     tasks = frozenset({Task.ENCODE, Task.SCORE, Task.RERANK})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -96,7 +98,7 @@ class MultiVectorAdapter:
         return self.runtime.memory_bytes() + self.checkpoint.nbytes
 
     # -- preprocess -------------------------------------------------------------
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[MvItem, MvOptions]:
         if envelope.task in scoring.SCORE_TASKS:
             q = scoring.parse(envelope, body)
             docs = "documents" if envelope.task is Task.RERANK else "items"
@@ -142,11 +144,11 @@ class MultiVectorAdapter:
         return items
 
     @staticmethod
-    def _prepared(items: list[MvItem], options: Any) -> Prepared:
+    def _prepared(items: list[MvItem], options: MvOptions) -> Prepared[MvItem, MvOptions]:
         return Prepared(items=items, options=options, tokens=sum(it.tokens for it in items))
 
     # -- forward ----------------------------------------------------------------
-    def forward(self, items: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
+    def forward(self, items: Sequence[MvItem]) -> list[Array]:
         """Each item's kept token vectors, projected (not yet normalized)."""
         width = max(len(it.ids) for it in items)
         ids = np.full((len(items), width), self.tokenizer.pad_id, dtype=np.int64)
@@ -161,13 +163,14 @@ class MultiVectorAdapter:
         return list(np.split(flat, cuts))
 
     # -- postprocess ------------------------------------------------------------
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        if envelope.task in scoring.SCORE_TASKS:
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[MvItem, MvOptions], outputs: list[Array]
+    ) -> bytes:
+        o = prepared.options
+        if isinstance(o, scoring.ScoreQuery):  # score and rerank
             vecs = [_unit(m) for m in outputs] if self.spec.normalize else outputs
             scores = [maxsim(vecs[0], d) for d in vecs[1:]]
-            q: scoring.ScoreQuery = prepared.options
-            return scoring.reply(envelope, self.spec.id, q, scores, prepared.tokens)
-        o: _EncodeOptions = prepared.options
+            return scoring.reply(envelope, self.spec.id, o, scores, prepared.tokens)
         mats = [_unit(m) for m in outputs] if o.normalize else outputs
         body: dict[str, Any] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
         body.update(ragged_body(mats, o.output_dtype, mats[0].shape[1], envelope.accept))

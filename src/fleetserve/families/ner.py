@@ -17,7 +17,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -27,7 +26,7 @@ from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, Task
 from ..wire.codec import dumps
 from . import ner_spans as spans
-from .base import Prepared, pad_batch
+from .base import Array, Family, Prepared, pad_batch, rows
 from .extract import fast_tokenizer, parse_extract
 
 
@@ -45,7 +44,7 @@ class _Options:
     threshold: float
 
 
-class NerAdapter:
+class NerAdapter(Family[list[int], _Options, Array]):
     tasks = frozenset({Task.EXTRACT})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -89,7 +88,7 @@ class NerAdapter:
     def memory_bytes(self) -> int:
         return self.runtime.memory_bytes()
 
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[list[int], _Options]:
         req = parse_extract(envelope, body)
         texts: list[str] = list(req.inputs)
         items: list[list[int]] = []
@@ -109,12 +108,14 @@ class NerAdapter:
             tokens=sum(len(x) for x in items),
         )
 
-    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[list[int]]) -> Sequence[Array]:
         ids, mask = pad_batch(items, self.pad_id)
-        return self.runtime.run(ids, mask, Output.LOGITS)
+        return rows(self.runtime.run(ids, mask, Output.LOGITS))
 
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        o: _Options = prepared.options
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[list[int], _Options], outputs: list[Array]
+    ) -> bytes:
+        o = prepared.options
         found: list[list[spans.Span]] = [[] for _ in o.texts]
         counts = [0] * len(o.texts)
         for w, logits, n in zip(o.windows, outputs, prepared.lengths, strict=True):

@@ -34,12 +34,13 @@ from ..catalog.sources import resolve
 from ..runtimes import Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import dumps
-from .base import Prepared
+from .base import Array, Family, Prepared
 from .extract import fast_tokenizer, parse_extract
 from .gliner_decode import PromptTokenizer, SpanItem, candidates, greedy, split_words
 from .gliner_model import GlinerConfig, GlinerSpanModel, load_model
 
-_EMPTY = (np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.float32))
+Spans = tuple[Array, Array]  # (start word, width, label) per span above the threshold, scores
+_EMPTY: Spans = (np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.float32))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class _Options:
     ends: list[list[int]]
 
 
-class SpanNerAdapter:
+class SpanNerAdapter(Family[SpanItem, _Options, Spans]):
     tasks = frozenset({Task.EXTRACT})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -70,7 +71,7 @@ class SpanNerAdapter:
     # -- loading ----------------------------------------------------------------
     def load(self) -> None:
         """Builds its own module (the runtime only lends device and precision)."""
-        if getattr(self.runtime, "name", "") != "torch":
+        if self.runtime.name != "torch":
             raise ValueError(f"model {self.spec.id}: span_ner runs on the torch runtime only")
         cfg = GlinerConfig.read(self.path)
         own_tok = any(
@@ -138,7 +139,7 @@ class SpanNerAdapter:
         return int(sum(p.numel() * p.element_size() for p in self._model.parameters()))
 
     # -- preprocess -------------------------------------------------------------
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[SpanItem, _Options]:
         req = parse_extract(envelope, body)
         texts: list[str] = list(req.inputs)
         if not req.labels:
@@ -176,10 +177,10 @@ class SpanNerAdapter:
         )
 
     # -- forward ----------------------------------------------------------------
-    def forward(self, items: Sequence[Any]) -> list[Any]:
+    def forward(self, items: Sequence[SpanItem]) -> list[Spans]:
         """Per item: the (start word, width, label) index and score of every span above
         its threshold; the greedy choice among them is made in postprocess."""
-        out: list[Any] = [_EMPTY] * len(items)
+        out: list[Spans] = [_EMPTY] * len(items)
         rows = [i for i, it in enumerate(items) if it.num_words > 0]
         if not rows:
             return out
@@ -216,8 +217,10 @@ class SpanNerAdapter:
         return contextlib.nullcontext()
 
     # -- postprocess ------------------------------------------------------------
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        o: _Options = prepared.options
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[SpanItem, _Options], outputs: list[Spans]
+    ) -> bytes:
+        o = prepared.options
         results = []
         for text, starts, ends, (idx, scores) in zip(
             o.texts, o.starts, o.ends, outputs, strict=True

@@ -22,7 +22,7 @@ from ..runtimes import Head, Output, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
 from . import scoring
-from .base import Prepared, pad_batch
+from .base import Array, Family, Prepared, pad_batch, rows
 from .tokenize import TextTokenizer
 
 
@@ -38,6 +38,7 @@ class SparseEncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     truncate: bool = True
     top_k: int | None = None  # keep only the k heaviest terms per input
     return_tokens: bool = False  # add each kept term's vocabulary string
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model (the gateway's)
 
 
 _ENCODE = TypedDecoder(SparseEncodeRequest)
@@ -50,7 +51,7 @@ class SparseOptions:
     query: scoring.ScoreQuery | None = None  # set for score and rerank
 
 
-class SparseAdapter:
+class SparseAdapter(Family[list[int], SparseOptions, Array]):
     tasks = frozenset({Task.ENCODE, *scoring.SCORE_TASKS})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -79,7 +80,7 @@ class SparseAdapter:
         return self.runtime.memory_bytes()
 
     # -- preprocess -------------------------------------------------------------
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[list[int], SparseOptions]:
         if envelope.task in scoring.SCORE_TASKS:
             q = scoring.parse(envelope, body)
             texts = [q.query, *q.documents]
@@ -110,13 +111,15 @@ class SparseAdapter:
         return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
 
     # -- forward ----------------------------------------------------------------
-    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[list[int]]) -> Sequence[Array]:
         ids, mask = pad_batch(items, self.tokenizer.pad_id)
-        return self.runtime.run(ids, mask, Output.SPLADE)
+        return rows(self.runtime.run(ids, mask, Output.SPLADE))
 
     # -- postprocess ------------------------------------------------------------
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        o: SparseOptions = prepared.options
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[list[int], SparseOptions], outputs: list[Array]
+    ) -> bytes:
+        o = prepared.options
         if o.query is not None:
             query = np.asarray(outputs[0], dtype=np.float32)
             docs = np.stack(outputs[1:]).astype(np.float32, copy=False)

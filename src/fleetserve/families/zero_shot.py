@@ -19,32 +19,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any, Protocol, TypeVar
 
 from ..catalog import ModelSpec
 from ..runtimes import Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import dumps
-from .base import Prepared
+from .base import Array, Family, ItemT, Prepared
 from .extract import parse_extract
 
 METHODS = ("nli", "embedding")
+StateT = TypeVar("StateT")  # a method's own state for one request
+# an item of either method: token ids (embedding), or ids and token type ids (nli)
+ZeroShotItem = list[int] | tuple[list[int], list[int]]
 
 
-class Method(Protocol):
+class Method(Protocol[ItemT, StateT]):
     """How one zero-shot method turns texts and labels into items and scores."""
 
     def load(self) -> None: ...
 
-    def prepare(self, texts: list[str], labels: list[str]) -> Prepared:
+    def prepare(self, texts: list[str], labels: list[str]) -> Prepared[ItemT, StateT]:
         """Items for every text and label; ``options`` is the method's own state."""
         ...
 
-    def forward(self, items: Sequence[Any]) -> Any: ...
+    def forward(self, items: Sequence[ItemT]) -> Sequence[Array]: ...
 
-    def scores(self, state: Any, outputs: list[Any], multi_label: bool) -> np.ndarray[Any, Any]:
+    def scores(self, state: StateT, outputs: list[Array], multi_label: bool) -> Array:
         """``[texts, labels]`` probabilities."""
         ...
 
@@ -54,7 +55,7 @@ class _Options:
     labels: list[str]
     multi_label: bool
     threshold: float | None
-    state: Any  # the method's
+    state: object  # the method's
 
 
 def check_template(model: str, template: str) -> str:
@@ -63,7 +64,7 @@ def check_template(model: str, template: str) -> str:
     return template
 
 
-class ZeroShotAdapter:
+class ZeroShotAdapter(Family[ZeroShotItem, _Options, Array]):
     tasks = frozenset({Task.EXTRACT})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -71,7 +72,7 @@ class ZeroShotAdapter:
         self.runtime = runtime
         self.path = path
         method = str(spec.options.get("method", "nli"))
-        self.method: Method
+        self.method: Method[Any, Any]  # picked by the spec
         if method == "nli":
             from .zero_shot_nli import NliMethod
 
@@ -95,7 +96,7 @@ class ZeroShotAdapter:
     def memory_bytes(self) -> int:
         return self.runtime.memory_bytes()
 
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[ZeroShotItem, _Options]:
         req = parse_extract(envelope, body)
         if not req.labels:
             raise InvalidInput("labels must list at least one candidate label", field="labels")
@@ -109,14 +110,16 @@ class ZeroShotAdapter:
         texts: list[str] = list(req.inputs)
         p = self.method.prepare(texts, req.labels)
         threshold = self.threshold if req.threshold is None else req.threshold
-        p.options = _Options(req.labels, req.multi_label, threshold, p.options)
-        return p
+        opts = _Options(req.labels, req.multi_label, threshold, p.options)
+        return Prepared(p.items, opts, p.tokens, p.lengths)
 
-    def forward(self, items: Sequence[Any]) -> Any:
+    def forward(self, items: Sequence[ZeroShotItem]) -> Sequence[Array]:
         return self.method.forward(items)
 
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        o: _Options = prepared.options
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[ZeroShotItem, _Options], outputs: list[Array]
+    ) -> bytes:
+        o = prepared.options
         # one label cannot be normalized across labels: score it on its own, as transformers does
         multi = o.multi_label or len(o.labels) == 1
         scores = self.method.scores(o.state, outputs, multi)

@@ -27,9 +27,9 @@ import numpy as np
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
-from .base import Prepared, pad_batch
+from .base import Array, Prepared, pad_batch, rows
 from .tokenize import TextTokenizer
-from .zero_shot import check_template
+from .zero_shot import Method, check_template
 
 DEFAULT_TEMPLATE = "This text is about {}."
 
@@ -69,7 +69,7 @@ class _LabelCache:
                 self._data.popitem(last=False)
 
 
-class EmbeddingMethod:
+class EmbeddingMethod(Method[list[int], _State]):
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
         self.spec = spec
         self.runtime = runtime
@@ -90,7 +90,7 @@ class EmbeddingMethod:
         self._tok = TextTokenizer(self.path, self.spec.max_seq_len)
         self.runtime.load(self.path, Head.BASE)
 
-    def prepare(self, texts: list[str], labels: list[str]) -> Prepared:
+    def prepare(self, texts: list[str], labels: list[str]) -> Prepared[list[int], _State]:
         if self._tok is None:
             raise RuntimeError("adapter is not loaded")
         hyps = [self.template.format(label) for label in labels]
@@ -106,12 +106,12 @@ class EmbeddingMethod:
         items = ids[: len(texts)] + missing_ids
         return Prepared(items, _State(len(texts), hyps, cached, missing), tokens)
 
-    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[list[int]]) -> Sequence[Array]:
         ids, mask = pad_batch(items, self._tok.pad_id if self._tok else 0)
-        return self.runtime.run(ids, mask, self.output)
+        return rows(self.runtime.run(ids, mask, self.output))
 
-    def scores(self, state: Any, outputs: list[Any], multi_label: bool) -> np.ndarray[Any, Any]:
-        s: _State = state
+    def scores(self, state: _State, outputs: list[Array], multi_label: bool) -> Array:
+        s = state
         vecs = _unit(np.stack(outputs).astype(np.float64))
         fresh = {h: v.copy() for h, v in zip(s.missing, vecs[s.texts :], strict=True)}
         self.cache.put_many(fresh)

@@ -23,11 +23,12 @@ from tokenizers import Encoding, Tokenizer
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
-from .base import Prepared, pad_batch
+from .base import Array, Prepared, pad_batch, rows
 from .extract import fast_tokenizer
-from .zero_shot import check_template
+from .zero_shot import Method, check_template
 
 DEFAULT_TEMPLATE = "This example is {}."
+NliItem = tuple[list[int], list[int]]  # a (text, hypothesis) pair's ids and token type ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,7 @@ def nli_classes(label2id: dict[str, int]) -> tuple[int, int]:
     return ent, contr
 
 
-class NliMethod:
+class NliMethod(Method[NliItem, _State]):
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
         self.spec = spec
         self.runtime = runtime
@@ -76,7 +77,7 @@ class NliMethod:
         self.use_types = int(config.get("type_vocab_size") or 0) >= 2
         self.runtime.load(self.path, Head.SEQUENCE_CLASSIFICATION)
 
-    def prepare(self, texts: list[str], labels: list[str]) -> Prepared:
+    def prepare(self, texts: list[str], labels: list[str]) -> Prepared[NliItem, _State]:
         if self._tok is None or self._fallback is None:
             raise RuntimeError("adapter is not loaded")
         hyps = [self.template.format(label) for label in labels]
@@ -97,15 +98,15 @@ class NliMethod:
         except Exception:
             return self._fallback.encode(*pair)
 
-    def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    def forward(self, items: Sequence[NliItem]) -> Sequence[Array]:
         ids, mask = pad_batch([it[0] for it in items], self.pad_id)
         types = None
         if self.use_types:
             types, _ = pad_batch([it[1] for it in items], 0)
-        return self.runtime.run(ids, mask, Output.LOGITS, token_type_ids=types)
+        return rows(self.runtime.run(ids, mask, Output.LOGITS, token_type_ids=types))
 
-    def scores(self, state: Any, outputs: list[Any], multi_label: bool) -> np.ndarray[Any, Any]:
-        s: _State = state
+    def scores(self, state: _State, outputs: list[Array], multi_label: bool) -> Array:
+        s = state
         logits = np.stack(outputs).astype(np.float64).reshape(s.texts, s.labels, -1)
         if multi_label:
             pair = logits[..., [self.contradiction, self.entailment]]

@@ -5,9 +5,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import Generation, Head, Output, Runtime, SamplingParams
+from .base import (
+    Autocasting,
+    BatchGeneratingRuntime,
+    GeneratingRuntime,
+    Generation,
+    Head,
+    ModuleRuntime,
+    Output,
+    Runtime,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:  # each implementation serves its protocols (checked, never imported here)
+    from .external import ExternalRuntime
+    from .onnx import OnnxRuntime
+    from .openvino import OpenVinoRuntime
+    from .torch import TorchRuntime
+
+    _torch: type[ModuleRuntime] = TorchRuntime
+    _onnx: type[Runtime] = OnnxRuntime
+    _openvino: type[Runtime] = OpenVinoRuntime
+    _external: type[Runtime] = ExternalRuntime
+    _external_generates: type[BatchGeneratingRuntime] = ExternalRuntime
 
 DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
 
@@ -57,8 +79,12 @@ def create_runtime(
 
 __all__ = [
     "RUNTIMES",
+    "Autocasting",
+    "BatchGeneratingRuntime",
+    "GeneratingRuntime",
     "Generation",
     "Head",
+    "ModuleRuntime",
     "Output",
     "Runtime",
     "SamplingParams",

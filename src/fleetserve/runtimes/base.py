@@ -4,11 +4,19 @@ A runtime loads a transformer checkpoint with one *head* and runs padded batches
 returning one named *output*. Families own pre- and postprocessing; runtimes own
 weights, device, precision and the reductions that are best done on the device
 (pooling, SPLADE's max over tokens), so that only small arrays cross to numpy.
+
+Generation has a protocol of its own, :class:`GeneratingRuntime`, for runtimes that
+generate whole sequences themselves (the external bridge). With the torch runtime the
+generation family loads the model and runs its own engine, at the runtime's device and
+precision and under its autocast (:class:`Autocasting`). Families that run the module
+a runtime loaded (the image family) see it as a :class:`ModuleRuntime`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -65,6 +73,25 @@ class Runtime(Protocol):
         ...
 
 
+@runtime_checkable
+class Autocasting(Protocol):
+    """A runtime whose precision families may run their own modules under (the torch
+    runtime: bf16 autocast on CPU, a null context elsewhere)."""
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class ModuleRuntime(Runtime, Autocasting, Protocol):
+    """A runtime that lends its loaded ``torch.nn.Module`` (the torch runtime), for
+    families that need more than ``run`` (the image family's two towers)."""
+
+    @property
+    def model(self) -> Any:
+        """The loaded module; raises before ``load``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to sample one sequence (the generation family's and the external runtime's)."""
@@ -85,3 +112,32 @@ class Generation:
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
+
+
+@runtime_checkable
+class GeneratingRuntime(Protocol):
+    """A runtime that generates whole sequences itself: the external bridge to SGLang or
+    vLLM. The generation family keeps the tokenizer and sends token ids; the server
+    samples, batches and stops. ``generate`` is synchronous and thread-safe: the
+    generation runner calls it from one thread per sequence."""
+
+    def generate(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Generation:
+        """One sequence; streams text deltas to ``on_text`` when it is given."""
+        ...
+
+
+@runtime_checkable
+class BatchGeneratingRuntime(GeneratingRuntime, Protocol):
+    """A generating runtime that also takes many sequences at once (for the plain
+    runner's ``forward``, which runs a batch to the end)."""
+
+    def generate_batch(
+        self, requests: Sequence[tuple[list[int], SamplingParams]]
+    ) -> list[Generation]:
+        """Many sequences, sent concurrently; results in input order."""
+        ...

@@ -5,6 +5,9 @@ once, locally, and travel as token ids. Embeddings go out as one ``/v1/embedding
 request per batch; each generated sequence is one request (SGLang and vLLM batch
 concurrent requests themselves). ``generate`` is synchronous and thread-safe: the
 generation family calls it from one worker thread per sequence.
+
+It serves two protocols: :class:`~.base.Runtime` (embeddings) and
+:class:`~.base.BatchGeneratingRuntime` (generation: ``generate``, ``generate_batch``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from ..runtimes import Generation
+from .batcher import Job
 
 
 @dataclass(slots=True)
@@ -18,18 +20,19 @@ class Event:
     """One thing the generation thread tells the event loop.
 
     ``kind``: ``text`` (a chunk; ``text`` None opens the stream), ``done`` (``output``
-    is the Generation), ``expire``, ``crash`` (``error``), ``room`` (capacity freed) or
+    is the Generation), ``expire``, ``crash`` (``error``), ``fail`` (a ``FleetError``
+    answering this request only: its adapter was deleted), ``room`` (capacity freed) or
     ``fatal`` (the thread itself failed: the runner raises, which fails the worker).
     """
 
     kind: str
-    job: Any = None
+    job: Job | None = None
     text: str | None = None
-    output: Any = None
+    output: Generation | None = None
     error: BaseException | None = None
 
 
-def cost(job: Any) -> int:
+def cost(job: Job) -> int:
     """Tokens a job may hold in the cache: its prompt plus max_tokens."""
     return int(sum(job.prepared.lengths))
 
@@ -45,29 +48,29 @@ class WaitQueue:
             raise ValueError("max_batch_tokens must be positive")
         self.max_batch_tokens = max_batch_tokens
         self.pending_tokens = 0
-        self._jobs: deque[Any] = deque()
+        self._jobs: deque[Job] = deque()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def add(self, job: Any) -> None:
+    def add(self, job: Job) -> None:
         with self._lock:
             self._jobs.append(job)
             self.pending_tokens += cost(job)
 
-    def pop_if(self, fits: Callable[[int], bool]) -> Any | None:
-        """The oldest job if ``fits(its cost)``; jobs already failed are dropped."""
+    def pop_if(self, fits: Callable[[Job], bool]) -> Job | None:
+        """The oldest job if ``fits(it)``; jobs already failed are dropped."""
         with self._lock:
             while self._jobs and self._jobs[0].failed:
                 self.pending_tokens -= cost(self._jobs.popleft())
-            if not self._jobs or not fits(cost(self._jobs[0])):
+            if not self._jobs or not fits(self._jobs[0]):
                 return None
             job = self._jobs.popleft()
             self.pending_tokens -= cost(job)
             return job
 
-    def drain(self) -> list[Any]:
+    def drain(self) -> list[Job]:
         with self._lock:
             jobs = list(self._jobs)
             self._jobs.clear()
