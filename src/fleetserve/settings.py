@@ -96,22 +96,27 @@ class Settings:
     )
     log_level: str = setting("info", "Log level: debug, info, warning or error.")
     api_key: str = setting(
-        "", "If set, clients must send 'Authorization: Bearer <key>'.", secret=True
+        "",
+        "One API key (legacy): clients send 'Authorization: Bearer <key>'; it is tenant "
+        "'default' with every scope. Ignored when keys_file or keys is set.",
+        secret=True,
     )
     auth: str = setting(
         "auto",
-        "auto: keys from --keys-file or --keys if given, else --api-key if set, else open; "
-        "keys: require them (refuse to start without); open: no authentication.",
+        "auto: keys from --keys-file and --keys if given, else --api-key if set, else open; "
+        "keys: the same, but refuse to start without a key; open: no authentication (the "
+        "X-Tenant header picks the tenant). Anything else refuses to start.",
     )
     keys_file: str = setting(
         "",
-        "YAML file of API keys: a list of {sha256, tenant, scopes}. Keys are stored hashed "
-        "(`fleetserve keys add` prints a new key once and appends its hash).",
+        "YAML file of API keys: a list of {sha256, tenant, scopes, name}, scopes from infer, "
+        "adapters:write, admin. Keys are stored hashed (`fleetserve keys add` prints a new "
+        "key once and appends its hash); read at start, and a bad file refuses to start.",
     )
     keys: str = setting(
         "",
         "API keys as a secret: the keys file's YAML or JSON content inline (for a "
-        "Kubernetes secret in FLEETSERVE_KEYS).",
+        "Kubernetes secret in FLEETSERVE_KEYS); combined with keys_file if both are set.",
         secret=True,
     )
     # -- adapters (LoRA) --------------------------------------------------------------

@@ -24,6 +24,7 @@ from ..queue.factory import open_distributed, require_nats
 from ..settings import Settings
 from ..storage import sweep_forever
 from .app import Gateway
+from .auth import Authenticator
 
 log = logging.getLogger("fleetserve.gateway")
 
@@ -36,6 +37,7 @@ class GatewayProcess(Service):
     ) -> None:
         super().__init__()
         require_nats(settings)
+        self.auth = Authenticator.from_settings(settings)  # a bad key setting fails here
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
@@ -80,6 +82,7 @@ class GatewayProcess(Service):
             ready=lambda: bool(self.js is not None and self.js.healthy),
             models_info=self.models_info,
             alive=lambda: self.failed_stage() is None,
+            authenticator=self.auth,
         )
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         ttl = self.settings.payload_ttl
