@@ -20,6 +20,7 @@ COMMANDS = {
     "http": ("http_stack", "HTTP servers and frameworks, one fixed reply"),
     "families": ("families", "every model family, HTTP against in-process"),
     "fleet": ("fleet", "eviction policies on a Zipf trace; latency during a cold load"),
+    "lora": ("lora", "mixed-adapter batches against the base and one adapter per batch"),
 }
 
 

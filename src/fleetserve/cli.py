@@ -39,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     dlq.add_argument("--seq", type=int, action="append", help="Only these entries (replay).")
     dlq.add_argument("--limit", type=int, default=100, help="Entries to list [100].")
     Settings.add_arguments(dlq)
+    from .cli_keys import add_parser as keys_parser
+
+    keys_parser(sub)
+    from .cli_lora import add_parser as lora_parser
+
+    lora_parser(sub)
     models = sub.add_parser(
         "models",
         help="List the catalog; prepare models (convert, fetch, export) ahead of serving.",
@@ -86,6 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .tune.cli import ARGS as TUNE_ARGS
 
     extra |= TUNE_ARGS
+    from .cli_keys import ARGS as KEYS_ARGS
+
+    extra |= KEYS_ARGS
+    from .cli_lora import ARGS as LORA_ARGS
+
+    extra |= LORA_ARGS
     cli = {k: v for k, v in vars(args).items() if k not in extra}
     try:
         settings = Settings.load(env=os.environ, cli=cli)
@@ -104,10 +116,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError, FleetError) as exc:  # a broken profile file, say
             _error(console, exc)
             return 1
-    if args.command == "cluster":
-        from .cluster.supervisor import run_cluster
+    if args.command == "keys":
+        from .cli_keys import run as run_keys
 
         try:
+            return run_keys(args, settings)
+        except (ValueError, OSError) as exc:
+            _error(console, exc)
+            return 1
+    if args.command == "lora":
+        from .cli_lora import run as run_lora
+
+        return run_lora(args, settings)
+    if args.command == "cluster":
+        from .cluster.supervisor import run_cluster
+        from .gateway.auth import Authenticator
+
+        try:
+            Authenticator.from_settings(settings)  # a bad key setting fails before any process
             return run_cluster(settings, args.workers, os.environ, args.store_dir)
         except (ValueError, OSError, FleetError) as exc:
             _error(console, exc)

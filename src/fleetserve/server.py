@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -18,9 +18,13 @@ from .assembly import (
     log_choices,
 )
 from .catalog import Catalog
+
+if TYPE_CHECKING:
+    from .adapters_setup import Adapters
 from .catalog.sources import is_present
 from .fleet.memory import mib
 from .gateway import Gateway
+from .gateway.auth import Authenticator
 from .lifecycle import Service, run_process
 from .metrics import Metrics
 from .queue import MemoryQueue
@@ -36,6 +40,7 @@ class EmbeddedServer(Service):
         self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
     ) -> None:
         super().__init__()
+        self.auth = Authenticator.from_settings(settings)  # a bad key setting fails first
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
@@ -57,8 +62,10 @@ class EmbeddedServer(Service):
             ready=lambda: self.worker.ready and not self.tuning,
             models_info=self.models_info,
             alive=self.alive,
+            authenticator=self.auth,
         )
         self.port = 0
+        self.adapters: Adapters | None = None
 
     def alive(self) -> bool:
         """No worker stage crashed and no task died (``/healthz`` says 503 otherwise)."""
@@ -93,6 +100,7 @@ class EmbeddedServer(Service):
         return out
 
     async def start(self) -> None:
+        await self._open_adapters()
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         self.console.print(
             f"[bold green]fleetserve[/] API listening on http://{self.settings.host}:{self.port}"
@@ -101,12 +109,24 @@ class EmbeddedServer(Service):
         log_choices(self.choices, self.catalog, self.console)
         if self.tuning:
             await self._quick_tune()
+        if self.adapters is not None:  # the runners as tuning left them
+            from .adapters_setup import host_adapters
+
+            host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
         await self._load_models()
         await self.queue.start()
         self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
         while not self.worker.running and not self.ended("worker"):
             await asyncio.sleep(0.001)
         self.console.print(f"[bold green]fleetserve[/] ready: {len(self.runners)} model(s)")
+
+    async def _open_adapters(self) -> None:
+        """The adapter registry (cold tier), shared by the gateway and the worker."""
+        from .adapters_setup import open_registry
+
+        self.adapters = await open_registry(self.settings, self.catalog)
+        self.gateway.adapters = self.adapters.routes
+        self.gateway.calls = self.adapters.calls
 
     def _new_worker(self) -> Worker:
         return Worker(
@@ -164,6 +184,8 @@ class EmbeddedServer(Service):
         await self.stop_tasks()
         await self.queue.close()
         self.worker.close()
+        if self.adapters is not None:
+            await self.adapters.close()
 
 
 async def serve(settings: Settings) -> None:

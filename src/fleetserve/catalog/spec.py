@@ -8,6 +8,7 @@ from typing import Any
 
 from ..runtimes import RUNTIMES
 from ..wire import InvalidInput, parse_duration
+from .adapters import AdapterDecl, parse_adapters
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # int8: ONNX Runtime, behind a quality guard
 
@@ -139,6 +140,7 @@ SPEC_FIELDS = (
     "options",
     "runtime_options",
     "size",
+    "adapters",  # LoRA adapters registered at start: [{name, source, pinned}]
 )
 POOLINGS = ("mean", "cls", "none")
 KEEP_ALIVE_MAX = 86400.0  # a day; for longer, `pinned: true`
@@ -164,6 +166,7 @@ class ModelSpec:
     runtime_options: dict[str, Any] = field(default_factory=dict)  # e.g. an external URL
     size: str = ""  # declared size for `fleetserve models` when the weights are absent
     keep_alive: float = 0.0  # seconds resident after its last use (0: evictable when idle)
+    adapters: tuple[AdapterDecl, ...] = ()  # declared LoRA adapters (catalog/adapters.py)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
@@ -227,6 +230,7 @@ class ModelSpec:
             runtime_options=_mapping(d, "runtime_options", "runtime settings"),
             size=_text(d, "size"),
             keep_alive=keep_alive,
+            adapters=parse_adapters(d.get("adapters")),
         )
 
 

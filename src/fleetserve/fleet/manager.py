@@ -66,6 +66,7 @@ class Fleet:
         self.clock = clock
         self._trim = trim
         self._slots: dict[str, Slot] = {}
+        self.adapters: Callable[[], int] = lambda: 0  # bytes of the hot LoRA adapters
         self._room = asyncio.Lock()  # one making room at a time
         self._changed = asyncio.Event()  # work finished, a model left or loaded
         if metrics is not None:
@@ -83,8 +84,9 @@ class Fleet:
 
     def used(self, extra: Footprint = NOTHING) -> int:
         """Bytes held: every resident (and loading) model's weights plus the largest
-        activation peak among them (one batch runs at a time), with ``extra`` added."""
-        return held_together([*(s.held for s in self._slots.values()), extra])
+        activation peak among them (one batch runs at a time), with ``extra`` added,
+        and the hot adapters."""
+        return held_together([*(s.held for s in self._slots.values()), extra]) + self.adapters()
 
     def _footprint(self, s: Slot) -> Footprint:
         """What ``s`` holds, or would once loaded."""

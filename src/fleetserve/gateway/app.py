@@ -7,7 +7,6 @@ encoding, its bytes go back untouched.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -27,13 +26,17 @@ from ..wire import (
     InternalError,
     InvalidInput,
     NotFound,
+    Principal,
     Task,
-    Unauthorized,
     Unavailable,
     error_from_body,
+    split_model_name,
 )
+from ..wire import Scope as KeyScope
 from ..wire.codec import accept_of, encoding_of
 from . import envelope as env_mod
+from .auth import Authenticator, PrincipalApp, require
+from .calls import AdapterCalls
 from .errors import body_response, error_response
 from .http import Receive, Scope, Send, header, read_body, respond
 
@@ -56,7 +59,16 @@ class Gateway:
         alive: Callable[[], bool] | None = None,
         on_startup: Hook | None = None,
         on_shutdown: Hook | None = None,
+        authenticator: Authenticator | None = None,
+        adapters: PrincipalApp | None = None,
+        calls: AdapterCalls | None = None,
     ) -> None:
+        # the key ring first: a bad auth setting refuses to start (ValueError), never opens
+        self.auth = (
+            authenticator if authenticator is not None else Authenticator.from_settings(settings)
+        )
+        self.adapters = adapters  # /v1/adapters[/...]: it checks scopes itself
+        self.calls = calls  # resolves the adapter a request calls (None: no adapters here)
         self.settings = settings
         self.catalog = catalog
         self.queue = queue
@@ -64,13 +76,13 @@ class Gateway:
         self.ready = ready
         self.alive = alive or (lambda: True)  # False: a stage crashed, /healthz says 503
         self.models_info = models_info or self._catalog_info
-        self._api_key = settings.api_key
         self._startup = on_startup
         self._shutdown = on_shutdown
         # imported here: the dashboard reuses this package's HTTP helpers
         from ..dashboard import Dashboard
 
-        auth = self._authorize if self._api_key else None
+        log.info(self.auth.describe())
+        auth = None if self.auth.is_open else self._authorize
         self.dashboard = Dashboard.from_settings(settings, authorize=auth)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -97,11 +109,13 @@ class Gateway:
         method: str = scope["method"]
         accept = Encoding.JSON
         try:
-            if self._api_key and path.startswith("/v1/"):
-                self._authorize(scope)
+            # every /v1/ route needs a valid key (when keys are configured)
+            principal = self.auth.authenticate(scope) if path.startswith("/v1/") else None
             route = _route(method, path)
             if route is not None:  # inference first: the dashboard stays off the hot path
-                await self._infer(scope, receive, send, *route)
+                assert principal is not None
+                require(principal, KeyScope.INFER)
+                await self._infer(scope, receive, send, *route, principal=principal)
             elif method == "GET" and path == "/healthz":
                 ok = self.alive()
                 health = (200, {"status": "ok"}) if ok else (503, {"status": "failed"})
@@ -113,6 +127,9 @@ class Gateway:
             elif method == "GET" and path == "/v1/models":
                 body = {"object": "list", "data": self.models_info()}
                 await respond(send, *body_response(200, body, accept))
+            elif self.adapters is not None and _is_adapters(path):
+                assert principal is not None
+                await self.adapters(scope, receive, send, principal)
             elif method == "GET" and path == "/metrics":
                 await respond(send, 200, _TEXT, self.metrics.render())
             elif self.dashboard.handles(path):  # the page, its events and /v1/tuning/
@@ -123,7 +140,14 @@ class Gateway:
             await respond(send, *error_response(err, accept))
 
     async def _infer(
-        self, scope: Scope, receive: Receive, send: Send, task: Task, model: str | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        task: Task,
+        model: str | None,
+        *,
+        principal: Principal,
     ) -> None:
         t0 = time.perf_counter()
         accept = Encoding.JSON
@@ -133,13 +157,22 @@ class Gateway:
             accept = accept_of(header(scope, b"accept"), content_type)
             body = await read_body(scope, receive, self.settings.max_body_bytes)
             stream = False
+            route_model = model is not None  # native routes: an adapter may be a body field
             if model is None:
                 model, stream = env_mod.model_from_body(body, content_type)
             elif task is Task.GENERATE:
                 stream = env_mod.stream_flag(body, content_type)
             if not model:
                 raise InvalidInput("the model id in the path is empty", field="path")
-            self.catalog.get(model)
+            model, called = split_model_name(model)
+            if called is None and route_model:
+                called = env_mod.adapter_field(body, content_type)
+            spec = self.catalog.get(model)
+            adapter = None
+            if called is not None:
+                if self.calls is None:
+                    raise InvalidInput("this server serves no adapters", field="adapter")
+                adapter = await self.calls.resolve(principal, model, spec.family, called)
             if not self.ready():
                 raise Unavailable(
                     "not ready: models are loading or the worker failed",
@@ -159,8 +192,9 @@ class Gateway:
                 body_size=len(body),
                 timeout=timeout,
                 request_id=header(scope, b"x-request-id"),
-                tenant=header(scope, b"x-tenant"),
+                tenant=principal.tenant,  # the key's tenant (open: X-Tenant or default)
                 keep_alive=env_mod.parse_keep_alive(header(scope, b"x-keep-alive")),
+                adapter=adapter,
             )
             pending = await self.queue.publish(env, body)
             if stream:
@@ -237,12 +271,8 @@ class Gateway:
             self.metrics.stage_latency.labels(env.model, "total").observe(time.perf_counter() - t0)
 
     def _authorize(self, scope: Scope) -> None:
-        auth = header(scope, b"authorization") or ""
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token, self._api_key):
-            raise Unauthorized(
-                "missing or wrong API key (Authorization: Bearer <key>)", field="authorization"
-            )
+        """The dashboard's check (its data and events): a valid key with ``admin``."""
+        self.auth.authorize(scope, KeyScope.ADMIN)
 
     def _count(self, route: str, model: str | None, code: str) -> None:
         # unknown models are counted under one label to keep cardinality bounded
@@ -254,6 +284,10 @@ class Gateway:
             {"id": s.id, "object": "model", "owned_by": "fleetserve", "family": s.family}
             for s in self.catalog
         ]
+
+
+def _is_adapters(path: str) -> bool:
+    return path == "/v1/adapters" or path.startswith("/v1/adapters/")
 
 
 def _route(method: str, path: str) -> tuple[Task, str | None] | None:

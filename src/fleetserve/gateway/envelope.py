@@ -7,10 +7,13 @@ import uuid
 
 from ..wire import Encoding, Envelope, InvalidInput, Task, parse_duration
 from ..wire.codec import TypedDecoder
-from ..wire.requests import ModelOnly, StreamOnly
+from ..wire.requests import AdapterOnly, ModelOnly, StreamOnly
 
 _MODEL_ONLY = TypedDecoder(ModelOnly)
 _STREAM_ONLY = TypedDecoder(StreamOnly)
+_ADAPTER_ONLY = TypedDecoder(AdapterOnly)
+# the field's name as it appears in a JSON or a msgpack body (fixstr of 7 bytes)
+_ADAPTER_KEYS = (b'"adapter"', b"\xa7adapter")
 
 
 def model_from_body(body: bytes, encoding: Encoding) -> tuple[str, bool]:
@@ -20,6 +23,15 @@ def model_from_body(body: bytes, encoding: Encoding) -> tuple[str, bool]:
     if not head.model:
         raise InvalidInput("model must not be empty", field="model")
     return head.model, head.stream
+
+
+def adapter_field(body: bytes, encoding: Encoding) -> str | None:
+    """The ``adapter`` field of a native body; bodies that cannot hold one (the name
+    appears nowhere in their bytes) are not decoded at all."""
+    if not any(k in body for k in _ADAPTER_KEYS):
+        return None
+    adapter = _ADAPTER_ONLY.decode(body, encoding).adapter
+    return adapter or None
 
 
 def stream_flag(body: bytes, encoding: Encoding) -> bool:
@@ -61,6 +73,7 @@ def build(
     request_id: str | None,
     tenant: str | None,
     keep_alive: float | None = None,
+    adapter: str | None = None,
 ) -> Envelope:
     now = time.time()
     return Envelope(
@@ -75,4 +88,5 @@ def build(
         tenant=tenant or "default",
         enqueued_at=now,
         keep_alive=keep_alive,
+        adapter=adapter,
     )

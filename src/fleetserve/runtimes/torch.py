@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .base import Head, Output
+
+if TYPE_CHECKING:
+    from ..lora.mixed import LoraBank
 
 _CLASSES: dict[Head, Any] = {
     Head.BASE: AutoModel,
@@ -71,6 +74,7 @@ class TorchRuntime:
         if threads > 0:
             torch.set_num_threads(threads)
         self._model: Any = None
+        self._bank: LoraBank | None = None
         self.head = Head.BASE
 
     def load(self, path: Path, head: Head = Head.BASE) -> None:
@@ -80,7 +84,21 @@ class TorchRuntime:
         model = _CLASSES[Head(head)].from_pretrained(str(path), dtype=dtype)
         self._model = model.to(self.device).eval()
         self._forward = torch.compile(self._model, dynamic=True) if self.compile else self._model
+        self._bank = None
         self.head = Head(head)
+
+    def lora_bank(self) -> LoraBank:
+        """The loaded model's LoRA adapters (mixed per row; see :mod:`fleetserve.lora`).
+        Adapters wrap the model's linear layers, so a compiled forward gives way to the
+        eager one."""
+        if self._bank is None:
+            from ..lora.mixed import LoraBank
+            from ..lora.shapes import match_modules
+
+            # the deltas run at the precision the matmuls run at (bf16 under autocast)
+            self._bank = LoraBank(self.model, match_modules, dtype=_DTYPES[self.precision])
+            self._forward = self._model
+        return self._bank
 
     @property
     def model(self) -> Any:

@@ -132,8 +132,10 @@ def sparse_call(model: str, texts: str | list[str], options: Opts) -> Call[list[
     return _call(_model_path("encode", model), {"inputs": texts, **options}, decode)
 
 
-def score_call(model: str, query: str, items: list[str], truncate: bool) -> Call[list[float]]:
-    body = {"query": query, "items": items, "truncate": truncate}
+def score_call(
+    model: str, query: str, items: list[str], truncate: bool, adapter: str | None = None
+) -> Call[list[float]]:
+    body = {"query": query, "items": items, "truncate": truncate, "adapter": adapter}
     return _call(_model_path("score", model), body, lambda r: [float(s) for s in r["scores"]])
 
 

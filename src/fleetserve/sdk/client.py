@@ -22,16 +22,23 @@ Methods (the async client's are coroutines with the same arguments):
 - ``extract(model, inputs, labels=None, threshold=None, **options)``: the ``results``
   of ``/v1/extract``, one entry per input (entities for NER, labels and scores for
   zero-shot classification).
+- ``adapter="tenant/name[@version]"`` on ``encode``, ``encode_multivector``,
+  ``encode_sparse``, ``score`` and ``extract`` calls that LoRA adapter of the model.
+- ``upload_adapter(path, name, base=None, version=None, pinned=False)``,
+  ``list_adapters(base=None)``, ``get_adapter(id)`` and ``delete_adapter(id)``: the
+  ``/v1/adapters`` resource (``path``: a PEFT adapter directory).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
 
 import httpx
 
+from . import _adapters as a
 from . import _common as c
 from .async_client import AsyncClient
 from .results import Quantized, RerankResult, SparseVector
@@ -65,6 +72,7 @@ class Client(c.BaseClient):
         *,
         output_dtype: Literal["float32", "float16"] = ...,
         dequantize: bool = ...,
+        adapter: str | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array: ...
@@ -76,6 +84,7 @@ class Client(c.BaseClient):
         *,
         output_dtype: Literal["int8", "binary"],
         dequantize: Literal[True],
+        adapter: str | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array: ...
@@ -87,6 +96,7 @@ class Client(c.BaseClient):
         *,
         output_dtype: Literal["int8", "binary"],
         dequantize: Literal[False] = ...,
+        adapter: str | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Quantized: ...
@@ -98,6 +108,7 @@ class Client(c.BaseClient):
         *,
         output_dtype: str,
         dequantize: bool = ...,
+        adapter: str | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array | Quantized: ...
@@ -108,11 +119,13 @@ class Client(c.BaseClient):
         *,
         output_dtype: str = "float32",
         dequantize: bool = False,
+        adapter: str | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> Array | Quantized:
         """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
         result: Array | Quantized
+        options = {**options, "adapter": adapter}
         result = self._run(c.encode_call(model, texts, output_dtype, dequantize, options), timeout)
         return result
 
@@ -125,17 +138,25 @@ class Client(c.BaseClient):
         max_tokens: int | None = None,
         output_dtype: str = "float32",
         dequantize: bool = False,
+        adapter: str | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[Any]:
         """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
-        opts = {"is_query": is_query, "max_tokens": max_tokens, **options}
+        opts = {"is_query": is_query, "max_tokens": max_tokens, "adapter": adapter, **options}
         return self._run(c.multivector_call(model, texts, output_dtype, dequantize, opts), timeout)
 
     def encode_sparse(
-        self, model: str, texts: Texts, *, timeout: float | None = None, **options: Any
+        self,
+        model: str,
+        texts: Texts,
+        *,
+        adapter: str | None = None,
+        timeout: float | None = None,
+        **options: Any,
     ) -> list[SparseVector]:
         """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
+        options = {**options, "adapter": adapter}
         return self._run(c.sparse_call(model, texts, options), timeout)
 
     def score(
@@ -145,10 +166,11 @@ class Client(c.BaseClient):
         items: list[str],
         *,
         truncate: bool = True,
+        adapter: str | None = None,
         timeout: float | None = None,
     ) -> list[float]:
         """The score of each item against the query, in input order."""
-        return self._run(c.score_call(model, query, items, truncate), timeout)
+        return self._run(c.score_call(model, query, items, truncate, adapter), timeout)
 
     def rerank(
         self,
@@ -171,11 +193,53 @@ class Client(c.BaseClient):
         *,
         labels: list[str] | None = None,
         threshold: float | None = None,
+        adapter: str | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[Any]:
         """Entities or labels, one result per input."""
+        options = {**options, "adapter": adapter}
         return self._run(c.extract_call(model, inputs, labels, threshold, options), timeout)
+
+    # -- adapters (/v1/adapters) ------------------------------------------------------
+    def upload_adapter(
+        self,
+        path: str | Path,
+        name: str,
+        *,
+        base: str | None = None,
+        version: int | None = None,
+        pinned: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Upload the PEFT LoRA at ``path`` (its directory, or its safetensors file) as
+        ``name`` (``name`` or ``tenant/name``); returns the adapter with its ``id``
+        (``tenant/name@version``) and ``sha256``."""
+        return self._send(a.upload(path, name, base, version, pinned), timeout)
+
+    def list_adapters(
+        self, base: str | None = None, *, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The adapters this key sees (of ``base`` only, if given)."""
+        return self._send(a.listing(base), timeout)
+
+    def get_adapter(self, adapter: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """One adapter: ``tenant/name`` (the newest version) or ``tenant/name@N``."""
+        return self._send(a.get(adapter), timeout)
+
+    def delete_adapter(self, adapter: str, *, timeout: float | None = None) -> list[str]:
+        """Delete a version, or every version of ``tenant/name``; returns the ids."""
+        return self._send(a.delete(adapter), timeout)
+
+    def _send(self, req: a.Request[T], timeout: float | None) -> T:
+        t = self._t(timeout)
+        for attempt in range(self.max_retries + 1):
+            with c.network_errors(t):
+                resp = self._http.request(req.method, req.path, **req.kwargs(t))
+            if resp.status_code not in c.RETRY_STATUSES or attempt == self.max_retries:
+                return req.result(resp)
+            time.sleep(c.backoff(resp, attempt, self.max_backoff))
+        raise AssertionError("unreachable")
 
     def _run(self, call: c.Call[T], timeout: float | None) -> T:
         t = self._t(timeout)

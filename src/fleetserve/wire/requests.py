@@ -13,6 +13,7 @@ class EncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     output_dtype: str = "float32"
     dimensions: int | None = None
     truncate: bool = True
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -37,6 +38,12 @@ class StreamOnly(msgspec.Struct):
     stream: bool = False
 
 
+class AdapterOnly(msgspec.Struct):
+    """What the gateway extracts from a native body: the adapter to call, if any."""
+
+    adapter: str | None = None
+
+
 class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
     """``POST /v1/score/{model}``: score each item against the query.
 
@@ -47,6 +54,7 @@ class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
     query: str
     items: list[str]
     truncate: bool = True
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model
 
 
 class RerankDocument(msgspec.Struct):
@@ -80,6 +88,7 @@ class ExtractRequest(msgspec.Struct, forbid_unknown_fields=True):
     threshold: float | None = None  # None: the model spec's default
     multi_label: bool = False  # zero-shot classification: independent labels
     flat_ner: bool = True  # span NER: no overlapping spans
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model
 
 
 # -- generation (families/generate) -------------------------------------------------------
@@ -152,3 +161,4 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     stop: str | list[str] | None = None
     stream: bool = False
     response_format: ResponseFormat | None = None
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model

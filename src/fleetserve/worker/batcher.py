@@ -21,7 +21,7 @@ class Job:
     """One request in the worker: its message, prepared items and collected outputs."""
 
     msg: Message
-    prepared: Prepared
+    prepared: Prepared[Any, Any]
     pulled_at: float
     remaining: int = 0
     outputs: list[Any] | None = None
@@ -43,14 +43,18 @@ class WorkItem:
     index: int
     item: Any = field(repr=False)  # what the adapter's forward takes for this row
     length: int = 0  # its cost in tokens
+    adapter: str | None = None  # the LoRA adapter this row runs (None: the base model)
 
 
 class BatchFormer:
-    def __init__(self, max_batch_tokens: int, max_batch_size: int) -> None:
-        if max_batch_tokens < 1 or max_batch_size < 1:
+    """``max_adapters``: distinct LoRA adapters one batch may mix (the base is free)."""
+
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, max_adapters: int = 16) -> None:
+        if max_batch_tokens < 1 or max_batch_size < 1 or max_adapters < 1:
             raise ValueError("batch budgets must be positive")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.max_adapters = max_adapters
         self._items: deque[WorkItem] = deque()
         self.pending_tokens = 0
 
@@ -59,8 +63,9 @@ class BatchFormer:
 
     def add(self, job: Job) -> None:
         p = job.prepared
+        adapter = job.msg.envelope.adapter
         for i, (item, length) in enumerate(zip(p.items, p.lengths, strict=True)):
-            self._items.append(WorkItem(job, i, item, length))
+            self._items.append(WorkItem(job, i, item, length, adapter))
             self.pending_tokens += length
 
     def take(self) -> list[WorkItem]:
@@ -83,7 +88,12 @@ class BatchFormer:
                 break
         window.sort(key=lambda it: it.length)
         batch: list[WorkItem] = []
+        adapters: set[str] = set()
         for it in window:
+            if it.adapter is not None and it.adapter not in adapters:
+                if len(adapters) >= self.max_adapters:
+                    continue  # it waits for a batch with room for another adapter
+                adapters.add(it.adapter)
             n = len(batch) + 1
             if batch and (it.length * n > self.max_batch_tokens or n > self.max_batch_size):
                 break

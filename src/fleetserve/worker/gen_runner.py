@@ -18,15 +18,21 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter
-from ..families.generate.admission import Event, WaitQueue, cost
+from ..families.generate import GenerateAdapter
 from ..metrics import Metrics
-from ..wire import FleetError, InternalError
+from ..wire import AdapterNotFound, FleetError, InternalError
+from .adapters import Hosting
+from .admission import Event, WaitQueue, cost
 from .batcher import Job
-from .runner import AdapterFactory, ChunkFn, FailFn, FinishFn, Loadable, Measure, Verify
+from .loadable import AdapterFactory, FailFn, Loadable, Measure, Verify
+from .runner import ChunkFn, FinishFn
+
+if TYPE_CHECKING:
+    from ..families.generate.engine import Seq
 
 log = logging.getLogger("fleetserve.worker")
 IDLE_WAIT_S = 0.5  # the thread re-checks deadlines at least this often
@@ -36,7 +42,10 @@ class _Cancelled(Exception):
     """Raised from an external stream's callback to stop a cancelled sequence."""
 
 
-class GenerationRunner(Loadable):
+class GenerationRunner(Loadable, Hosting):
+    """Continuous batching; sequences of different adapters of the model share every
+    step, at most ``max_adapters`` distinct adapters at once."""
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -49,9 +58,11 @@ class GenerationRunner(Loadable):
         verify: Verify | None = None,
         measure: Measure | None = None,
         estimate: Callable[[], int] | None = None,
+        max_adapters: int = 16,
     ) -> None:
         self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
+        self.max_adapters = max_adapters
         # max_batch_tokens: prompt + max_tokens summed over the running sequences
         self.former = WaitQueue(max_batch_tokens or profile.max_batch_tokens)
         self.max_sequences = profile.max_batch_size
@@ -66,6 +77,17 @@ class GenerationRunner(Loadable):
         self._live: dict[int, Job] = {}  # admitted jobs, by id
         self._cost = 0  # tokens reserved by the admitted jobs
         self._lock = threading.Lock()  # _live and _cost (external mode ends jobs in a pool)
+
+    @property
+    def generation_adapter(self) -> GenerateAdapter:
+        """The loaded adapter, as the generation family's (streaming, the engine)."""
+        adapter = self.adapter
+        if not isinstance(adapter, GenerateAdapter):
+            raise TypeError(
+                f"model {self.spec.id}: the generation runner needs the generate family's "
+                f"adapter, not {type(adapter).__name__}"
+            )
+        return adapter
 
     def submit(self, job: Job) -> None:
         self.former.add(job)
@@ -118,7 +140,7 @@ class GenerationRunner(Loadable):
         elif job is None or job.failed:
             return
         elif ev.kind == "text" and chunk is not None:
-            adapter: Any = self.adapter
+            adapter = self.generation_adapter
             if ev.text is None:
                 body = adapter.stream_open(job.prepared)
             else:
@@ -128,12 +150,15 @@ class GenerationRunner(Loadable):
         elif ev.kind == "done":
             from ..families.generate.chat import GenOutput
 
+            assert ev.output is not None  # a done event carries its Generation
             streamed = chunk is not None and job.prepared.options.stream
             job.outputs = [GenOutput(ev.output, streamed=streamed)]
             job.remaining = 0
             finish(job)
         elif ev.kind == "expire":
             await expire(job, InternalError("expired"))
+        elif ev.kind == "fail" and isinstance(ev.error, FleetError) and self.fail is not None:
+            await self.fail(job, ev.error)
         elif ev.kind == "crash":
             exc = ev.error
             err = exc if isinstance(exc, FleetError) else None
@@ -158,7 +183,7 @@ class GenerationRunner(Loadable):
 
     def _serve(self) -> None:
         try:
-            if getattr(self.adapter, "external", False):
+            if self.generation_adapter.external:
                 self._serve_external()
             else:
                 self._serve_local()
@@ -166,7 +191,7 @@ class GenerationRunner(Loadable):
             log.exception("generation thread for %s failed", self.spec.id)
             self._post([Event("fatal", error=exc)])
 
-    def _admit(self, on_job: Any) -> None:
+    def _admit(self, on_job: Callable[[Job], object]) -> None:
         """Start waiting jobs while sequences and token budget allow (oldest first)."""
         while len(self._live) < self.max_sequences:
             job = self.former.pop_if(self._fits)
@@ -186,13 +211,24 @@ class GenerationRunner(Loadable):
             self._post(events)  # before on_job: an external sequence may stream at once
             try:
                 on_job(job)
+            except FleetError as exc:  # its adapter was deleted: this request only
+                self._leave(job)
+                self._post([Event("fail", job, error=exc)])
             except Exception as exc:  # e.g. a grammar that fails to load
                 self._leave(job)
                 self._post([Event("crash", job, error=exc)])
 
-    def _fits(self, tokens: int) -> bool:
+    def _fits(self, job: Job) -> bool:
+        """Room in the token budget, and for its adapter among the running ones."""
         with self._lock:
-            return not self._live or self._cost + tokens <= self.former.max_batch_tokens
+            if not self._live:
+                return True
+            key = job.msg.envelope.adapter
+            if key is not None:
+                running = {j.msg.envelope.adapter for j in self._live.values()} - {None}
+                if key not in running and len(running) >= self.max_adapters:
+                    return False
+            return self._cost + cost(job) <= self.former.max_batch_tokens
 
     def _leave(self, job: Job) -> None:
         with self._lock:
@@ -200,12 +236,16 @@ class GenerationRunner(Loadable):
                 self._cost -= cost(job)
 
     def _serve_local(self) -> None:
-        adapter: Any = self.adapter
+        adapter = self.generation_adapter
         engine = adapter.engine()
-        seqs: dict[int, Any] = {}
+        seqs: dict[int, Seq] = {}
 
         def start(job: Job) -> None:
             seq = adapter.sequence(job.prepared.items[0], tag=job)
+            key = job.msg.envelope.adapter
+            if key is not None and not self.alive(key):
+                raise AdapterNotFound(f"adapter {key!r} was deleted", field="adapter")
+            seq.adapter = key
             seqs[id(job)] = seq
             engine.add(seq)
 
@@ -274,7 +314,7 @@ class GenerationRunner(Loadable):
 
         t0 = time.perf_counter()
         try:
-            runtime: Any = self.adapter.runtime  # the external runtime: it generates
+            runtime = self.generation_adapter.external_runtime
             gen = runtime.generate(item.prompt, item.params, on_text if stream else None)
             event = Event("done", job, output=gen)
         except _Cancelled:

@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,8 +27,10 @@ from ..wire import (
     Reply,
     Unavailable,
 )
+from .adapters import submit_when_hot
 from .affinity import Affinity
 from .batcher import Job
+from .chunks import Chunks
 from .runner import Runner
 
 log = logging.getLogger("fleetserve.worker")
@@ -64,6 +66,7 @@ class Worker:
         self.fleet = fleet
         for model, r in self.runners.items():
             r.relieve = functools.partial(fleet.relieve, model)
+            r.fail = self._fail
         self.pull_timeout = pull_timeout
         self.max_deliver = max_deliver  # 1: a failed batch is answered 500 at once
         self.keepalive = keepalive  # seconds between in-progress acks for held work
@@ -73,7 +76,7 @@ class Worker:
         self.running = False
         self._jobs: set[Job] = set()
         self._loading: dict[int, Message] = {}  # waiting for their model to load
-        self._tails: dict[int, asyncio.Task[None]] = {}  # last chunk sent, per streamed job
+        self._chunks = Chunks(queue, self._spawner)
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
         self._tg: asyncio.TaskGroup | None = None
         self._room = asyncio.Event()
@@ -109,7 +112,7 @@ class Worker:
                             self._crash,
                             self._expire,
                             self._room,
-                            self._schedule_chunk,
+                            self._chunks.schedule,
                         )
                     )
                 tg.create_task(self._pull_loop())
@@ -249,7 +252,10 @@ class Worker:
         )
         job = Job(msg, prepared, pulled_at)
         self._jobs.add(job)
-        runner.submit(job)
+        if env.adapter is None:
+            runner.submit(job)
+        elif self._tg is not None:  # its adapter loads without holding up the pull loop
+            self._tg.create_task(submit_when_hot(runner, job, env.adapter, self._fail))
 
     # -- completion -------------------------------------------------------------
     def _schedule_finish(self, job: Job) -> None:
@@ -258,28 +264,14 @@ class Worker:
             raise RuntimeError("worker is not running")
         self._tg.create_task(self._finish(job))
 
-    def _schedule_chunk(self, job: Job, body: bytes) -> None:
-        """Send one chunk of a streamed reply, after the job's previous chunk."""
+    def _spawner(self) -> Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]:
         if self._tg is None:
             raise RuntimeError("worker is not running")
-        prev = self._tails.get(id(job))
-        self._tails[id(job)] = self._tg.create_task(self._send_chunk(job, body, prev))
-
-    async def _send_chunk(self, job: Job, body: bytes, prev: asyncio.Task[None] | None) -> None:
-        if prev is not None:
-            await prev
-        if not job.failed:
-            reply = Reply(body, job.msg.envelope.accept, final=False)
-            await self.queue.reply(job.msg, reply)
-
-    async def _chunks_sent(self, job: Job) -> None:
-        tail = self._tails.pop(id(job), None)
-        if tail is not None:
-            await tail
+        return self._tg.create_task
 
     async def _finish(self, job: Job) -> None:
         # the job stays in ``_jobs`` until answered, so a crash still answers it
-        await self._chunks_sent(job)
+        await self._chunks.sent(job)
         env = job.msg.envelope
         runner = self.runners[env.model]
         loop = asyncio.get_running_loop()
@@ -318,7 +310,7 @@ class Worker:
             return
         job.failed = True
         self._done(job)
-        await self._chunks_sent(job)
+        await self._chunks.sent(job)
         await self._answer(job.msg, err)
 
     async def _expire(self, job: Job, _err: FleetError) -> None:
@@ -328,7 +320,7 @@ class Worker:
             return
         job.failed = True
         self._done(job)
-        await self._chunks_sent(job)  # chunks still queued see job.failed and are dropped
+        await self._chunks.sent(job)  # chunks still queued see job.failed and are dropped
         await self.queue.term(job.msg)
 
     async def _crash(self, job: Job, err: FleetError) -> None:
@@ -339,8 +331,8 @@ class Worker:
         job.failed = True
         self._done(job)
         msg = job.msg
-        streamed = id(job) in self._tails  # the client has chunks: a retry would repeat them
-        await self._chunks_sent(job)
+        streamed = self._chunks.streamed(job)  # a retry would repeat the client's chunks
+        await self._chunks.sent(job)
         if msg.attempts < self.max_deliver and not streamed:
             self.metrics.retries.labels(msg.envelope.model).inc()
             await self.queue.nak(msg, delay=min(0.05 * 2**msg.attempts, 2.0))

@@ -5,37 +5,29 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..catalog import ModelSpec, Profile
-from ..families import FamilyAdapter, family_tasks
-from ..fleet.member import Footprint, Member, is_oom
-from ..fleet.memory import rss_bytes
+from ..families import FamilyAdapter
+from ..fleet.member import Member, is_oom
 from ..metrics import Metrics
-from ..wire import FleetError, InternalError, Task
+from ..wire import AdapterNotFound, FleetError, InternalError, Task
+from .adapters import Hosting
 from .batcher import BatchFormer, Job, WorkItem
-from .compute import compute_executor
+from .loadable import (
+    AdapterFactory,
+    FailFn,
+    Loadable,
+    Measure,
+    Relieve,
+    Verify,
+)
+
+__all__ = ["AdapterFactory", "FailFn", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
 
 FinishFn = Callable[[Job], None]  # schedules the reply; must not block
-FailFn = Callable[[Job, FleetError], Awaitable[None]]
 ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
-AdapterFactory = Callable[[], FamilyAdapter]
-
-
-class Verify(Protocol):
-    """A check of a loaded adapter that returns the one to serve (the quality gate):
-    ``prepare`` runs on the loader thread, ``judge`` on the compute thread."""
-
-    def prepare(self) -> FamilyAdapter: ...
-
-    def judge(self, adapter: FamilyAdapter, reference: FamilyAdapter) -> FamilyAdapter: ...
-
-
-Measure = Callable[[FamilyAdapter], int]  # a loaded adapter -> its activation peak (bytes)
-Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
 UNFIT = object()  # the output of an item that runs out of memory even alone
 
 
@@ -79,8 +71,17 @@ class Runner(Member, Protocol):
     def tasks(self) -> frozenset[Task]: ...
 
     relieve: Relieve | None
+    fail: FailFn | None  # answer a job with an error (an adapter deleted while queued)
 
     def submit(self, job: Job) -> None: ...
+
+    def takes(self, key: str) -> None:
+        """Raise a 400 if this model cannot serve adapter ``key``."""
+        ...
+
+    async def heat(self, key: str) -> None:
+        """Make adapter ``key`` ready to run (loaded off the hot path)."""
+        ...
 
     async def run(
         self,
@@ -94,161 +95,9 @@ class Runner(Member, Protocol):
     def close(self) -> None: ...
 
 
-class Loadable:
-    """Loading and unloading shared by runners; the fleet manager decides when.
-
-    ``eager`` runners (pinned, or named in ``--models``) load at start and gate
-    readiness; the others load on first use. Pinned ones never leave; the others may
-    be evicted and load again on their next use. A load resolves,
-    fetches, converts and loads the weights on a loader thread of its own, so the
-    compute thread keeps running other models' batches; only the warm-up, the quality
-    gate and the activation-peak batch run on the compute thread. It measures what the
-    model holds: its weights (the runtime's count, else the resident growth) plus the
-    activation peak of a full batch, the profile's own figure where the tuner measured one.
-    The resident growth is kept beside them (a first load's includes lazy imports).
-    """
-
-    spec: ModelSpec
-    profile: Profile
-    eager: bool
-    loaded: bool
-    _adapter: FamilyAdapter | None
-    _factory: AdapterFactory
-    _load_lock: asyncio.Lock | None
-    _forward: ThreadPoolExecutor
-    _verify: Verify | None
-    _measure: Measure | None
-    _estimate: Callable[[], int] | None
-    _measured: Footprint | None
-    relieve: Relieve | None
-
-    def _init_loadable(
-        self,
-        spec: ModelSpec,
-        profile: Profile,
-        adapter: FamilyAdapter | AdapterFactory,
-        eager: bool,
-        verify: Verify | None = None,
-        measure: Measure | None = None,
-        estimate: Callable[[], int] | None = None,
-    ) -> None:
-        """``adapter`` is a loaded-on-demand adapter, or a factory that builds one.
-        ``verify`` runs on the loaded adapter (on the compute thread) and returns the
-        adapter to serve: a quality gate may swap in another. ``measure`` gives the
-        activation peak of a full batch when the profile has no figure; ``estimate``
-        the footprint before the first load (from the weights on disk)."""
-        self.spec = spec
-        self.profile = profile
-        self._profile0 = profile
-        self._measure = measure
-        self._estimate = estimate
-        self._measured: Footprint | None = None
-        self._estimated: int | None = None
-        self.ever_loaded = False
-        self.memory: dict[str, int] = {}  # what the last load measured
-        self.relieve = None
-        if isinstance(adapter, FamilyAdapter):
-            self._adapter, self._factory = adapter, lambda: adapter
-        else:
-            self._adapter, self._factory = None, adapter
-        self.eager = eager
-        self._load_lock = None
-        self._verify = verify
-        self._forward = compute_executor()  # shared: one OpenMP pool per process
-
-    @property
-    def adapter(self) -> FamilyAdapter:
-        if self._adapter is None:
-            raise RuntimeError(f"model {self.spec.id} is not loaded")
-        return self._adapter
-
-    @property
-    def adapter_or_none(self) -> FamilyAdapter | None:
-        return self._adapter
-
-    @property
-    def tasks(self) -> frozenset[Task]:
-        """What this model serves, known before it is loaded."""
-        if self._adapter is not None:
-            return self._adapter.tasks
-        return family_tasks(self.spec.family)
-
-    @property
-    def model_id(self) -> str:
-        return self.spec.id
-
-    @property
-    def pinned(self) -> bool:
-        return self.spec.pinned
-
-    @property
-    def keep_alive(self) -> float:
-        return self.spec.keep_alive
-
-    def expected(self) -> Footprint:
-        """Measured at its last load; else the weights on disk and the profile's figure
-        (weights plus peak, as the tuner measured them)."""
-        if self._measured is not None:
-            return self._measured
-        if self._estimated is None:
-            self._estimated = self._estimate() if self._estimate is not None else 0
-        weights = self._estimated or self.profile.memory_bytes
-        return Footprint(weights, max(0, self.profile.memory_bytes - weights))
-
-    async def load(self) -> Footprint:
-        """Load the model (once; concurrent callers share it); what it holds."""
-        if self._load_lock is None:
-            self._load_lock = asyncio.Lock()
-        async with self._load_lock:
-            if self.loaded and self._measured is not None:
-                return self._measured
-            loop = asyncio.get_running_loop()
-            before = rss_bytes()
-            # a thread per load: it ends with the load, and its OpenMP pool with it
-            loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
-            try:
-                adapter = self._adapter
-                if adapter is None:
-                    adapter = await loop.run_in_executor(loader, self._factory)
-                await loop.run_in_executor(loader, adapter.load)
-                grown = max(0, rss_bytes() - before)  # a first load's has lazy imports
-                ref = None
-                if self._verify is not None:  # the gate's fp32 reference loads here too
-                    ref = await loop.run_in_executor(loader, self._verify.prepare)
-            finally:
-                loader.shutdown(wait=False)
-            weights = adapter.memory_bytes() or grown
-            await loop.run_in_executor(self._forward, adapter.warmup)
-            if self._verify is not None and ref is not None:
-                served = await loop.run_in_executor(self._forward, self._verify.judge, adapter, ref)
-                del ref
-                if served is not adapter:  # the gate swapped in its fp32 reference
-                    rt = served.runtime
-                    self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
-                    weights = served.memory_bytes() or weights
-                adapter = served
-            if self.profile.memory_bytes:  # the tuner measured weights plus peak
-                peak = max(0, self.profile.memory_bytes - weights)
-            elif self._measure is not None:
-                peak = await loop.run_in_executor(self._forward, self._measure, adapter)
-            else:
-                peak = 0
-            held = Footprint(weights, peak)
-            self.memory = {"weights": weights, "resident_growth": grown, "activation_peak": peak}
-            self._adapter = adapter
-            self._measured = held
-            self.loaded = self.ever_loaded = True
-            return held
-
-    def unload(self) -> None:
-        """Drop the adapter (the fleet frees the memory after): it loads again on use."""
-        self._adapter = None
-        self.loaded = False
-        self.profile = self._profile0
-
-
-class ModelRunner(Loadable):
-    """Runs the batch loop for one model: take a batch, forward it, route the rows."""
+class ModelRunner(Loadable, Hosting):
+    """Runs the batch loop for one model: take a batch, forward it, route the rows.
+    Rows of different adapters of the model share a batch (see ``worker.adapters``)."""
 
     def __init__(
         self,
@@ -262,11 +111,12 @@ class ModelRunner(Loadable):
         verify: Verify | None = None,
         measure: Measure | None = None,
         estimate: Callable[[], int] | None = None,
+        max_adapters: int = 16,
     ) -> None:
         self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         self.former = BatchFormer(
-            max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size
+            max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size, max_adapters
         )
         self._wake = asyncio.Event()
         self.loaded = False
@@ -299,14 +149,18 @@ class ModelRunner(Loadable):
                 await self._wake.wait()
                 continue
             batch = await self._skip_expired(batch, expire)
+            if batch and any(it.adapter for it in batch):
+                batch = await self._with_adapters(batch)
             if not batch:
                 continue
             t0 = time.perf_counter()
             try:
-                out = await self._forward_fitting([it.item for it in batch])
+                out = await self._forward_fitting(batch)
             except Exception as exc:  # a model failure fails this batch's requests only
                 await self._crash_all([it.job for it in batch], exc, crash)
                 continue
+            finally:
+                self._release_adapters(batch)
             unfit = [it.job for it, row in zip(batch, out, strict=True) if row is UNFIT]
             if unfit:  # items that do not fit even alone fail their own requests only
                 oom = MemoryError("out of memory: one item does not fit even in a batch alone")
@@ -330,25 +184,61 @@ class ModelRunner(Loadable):
             job.reason = f"inference failed: {type(exc).__name__}: {exc}"[:300]
             await crash(job, err)
 
-    async def _forward_fitting(self, items: list[Any], retried: bool = False) -> Sequence[Any]:
-        """Forward ``items``; out of memory, evict other models and retry once, then
+    async def _with_adapters(self, batch: list[WorkItem]) -> list[WorkItem]:
+        """Sort the batch by adapter (contiguous segments); answer 404 for adapters
+        deleted since their requests came; heat any that left the hot tier."""
+        keep: list[WorkItem] = []
+        for it in batch:
+            if it.adapter and not self.alive(it.adapter):
+                if not it.job.failed and self.fail is not None:
+                    await self.fail(it.job, AdapterNotFound(
+                        f"adapter {it.adapter!r} was deleted", field="adapter"
+                    ))  # fmt: skip
+                continue
+            keep.append(it)
+        keep.sort(key=lambda it: it.adapter or "")
+        for key in {it.adapter for it in keep if it.adapter}:
+            try:
+                await self.heat(key)
+            except FleetError as err:
+                for it in keep:
+                    if it.adapter == key and not it.job.failed and self.fail is not None:
+                        await self.fail(it.job, err)
+        keep = [it for it in keep if not it.job.failed]
+        if self._hosting is not None:
+            for key in {it.adapter for it in keep if it.adapter}:
+                self._hosting[1].busy[(self.spec.id, key)] += 1
+        return keep
+
+    def _release_adapters(self, batch: list[WorkItem]) -> None:
+        if self._hosting is not None:
+            for key in {it.adapter for it in batch if it.adapter}:
+                self._hosting[1].busy[(self.spec.id, key)] -= 1
+
+    def _planned(self, items: list[Any], keys: list[str | None]) -> Sequence[Any]:
+        with self.plan(keys):  # on the compute thread
+            return self.adapter.forward(items)
+
+    async def _forward_fitting(self, batch: list[WorkItem], retried: bool = False) -> Sequence[Any]:
+        """Forward ``batch``; out of memory, evict other models and retry once, then
         run the batch in halves. An item that does not fit even alone comes back as
         ``UNFIT``, so that only its request fails."""
         loop = asyncio.get_running_loop()
+        items, keys = [it.item for it in batch], [it.adapter for it in batch]
         try:
-            return await loop.run_in_executor(self._forward, self.adapter.forward, items)
+            return await loop.run_in_executor(self._forward, self._planned, items, keys)
         except Exception as exc:
             if not is_oom(exc):
                 raise
             traceback.clear_frames(exc.__traceback__)  # let go of the failed try's tensors
         if not retried and self.relieve is not None and await self.relieve():
-            return await self._forward_fitting(items, retried=True)
-        if len(items) == 1:
+            return await self._forward_fitting(batch, retried=True)
+        if len(batch) == 1:
             return [UNFIT]
-        half = len(items) // 2
+        half = len(batch) // 2
         self.metrics.retries.labels(self.spec.id).inc()
-        first = await self._forward_fitting(items[:half], retried=True)
-        return [*first, *await self._forward_fitting(items[half:], retried=True)]
+        first = await self._forward_fitting(batch[:half], retried=True)
+        return [*first, *await self._forward_fitting(batch[half:], retried=True)]
 
     def _route(
         self, batch: list[WorkItem], out: Sequence[Any], dt: float, finish: FinishFn

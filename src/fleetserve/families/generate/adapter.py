@@ -3,7 +3,8 @@
 With the torch runtime the model runs here, in the continuous-batching :class:`Engine`
 (driven by ``worker.gen_runner.GenerationRunner``; ``forward`` runs a batch to the end
 for the plain runner). With ``runtime: external`` the tokenizer stays here and each
-sequence goes to SGLang or vLLM through ``runtime.generate``.
+sequence goes to SGLang or vLLM through ``runtime.generate`` (a
+:class:`~fleetserve.runtimes.GeneratingRuntime`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...catalog import ModelSpec
-from ...runtimes import Generation, Head, Runtime, SamplingParams
+from ...runtimes import (
+    Autocasting,
+    BatchGeneratingRuntime,
+    GeneratingRuntime,
+    Generation,
+    Head,
+    Runtime,
+    SamplingParams,
+)
 from ...wire import Envelope, InvalidInput, Task
 from ...wire.codec import TypedDecoder
 from ...wire.requests import ChatCompletionRequest, GenerateRequest
-from ..base import Prepared
+from ..base import Family, Prepared
 from . import chat
 from .chat import GenItem, GenOptions, GenOutput
 
 if TYPE_CHECKING:
+    from ...lora.mixed import LoraBank
     from .constrain import Grammars
     from .engine import Engine, Seq
 
@@ -31,17 +41,18 @@ _GENERATE = TypedDecoder(GenerateRequest)
 DEFAULT_MAX_TOKENS = 512
 
 
-class GenerateAdapter:
+class GenerateAdapter(Family[GenItem, GenOptions, GenOutput]):
     tasks = frozenset({Task.CHAT, Task.GENERATE})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
         self.spec = spec
         self.runtime = runtime
         self.path = path
-        self.external = runtime.name == "external"
+        self._external = runtime if isinstance(runtime, GeneratingRuntime) else None
         self.tokenizer: Any = None
         self._decoder: Any = None
         self.model: Any = None  # the torch module (local runtime only)
+        self._bank: LoraBank | None = None
         self.grammars: Grammars | None = None
         self.context = spec.max_seq_len  # prompt + generated tokens
         self.eos_ids: list[int] = []
@@ -50,6 +61,19 @@ class GenerateAdapter:
         self.default_max_tokens = int(opts.get("max_tokens", DEFAULT_MAX_TOKENS))
         self.default_temperature = float(opts.get("temperature", 1.0))
         self.default_top_p = float(opts.get("top_p", 1.0))
+
+    @property
+    def external(self) -> bool:
+        """Whether the runtime generates whole sequences itself (``runtime: external``):
+        then the tokenizer stays here and the model runs on the server."""
+        return self._external is not None
+
+    @property
+    def external_runtime(self) -> GeneratingRuntime:
+        """The runtime that generates, when it is :attr:`external`."""
+        if self._external is None:
+            raise RuntimeError(f"model {self.spec.id} generates here, not on an external runtime")
+        return self._external
 
     # -- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -85,7 +109,7 @@ class GenerateAdapter:
         return int(sum(p.numel() * p.element_size() for p in self.model.parameters()))
 
     # -- preprocess -----------------------------------------------------------------------
-    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared:
+    def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[GenItem, GenOptions]:
         if self.tokenizer is None or self.grammars is None:
             raise RuntimeError("adapter is not loaded")
         req: ChatCompletionRequest | GenerateRequest
@@ -171,10 +195,12 @@ class GenerateAdapter:
         return ids
 
     # -- forward (a whole batch to the end; the GenerationRunner batches continuously) ---
-    def forward(self, items: Sequence[Any]) -> list[GenOutput]:
+    def forward(self, items: Sequence[GenItem]) -> list[GenOutput]:
         if self.external:
-            batch: Any = getattr(self.runtime, "generate_batch")  # noqa: B009
-            gens: list[Generation] = batch([(it.prompt, it.params) for it in items])
+            runtime = self.external_runtime
+            if not isinstance(runtime, BatchGeneratingRuntime):
+                raise TypeError(f"runtime {self.runtime.name!r} does not generate batches")
+            gens = runtime.generate_batch([(it.prompt, it.params) for it in items])
             return [GenOutput(g) for g in gens]
         engine = self.engine()
         seqs = [self.sequence(it) for it in items]
@@ -184,11 +210,33 @@ class GenerateAdapter:
             engine.step()
         return [GenOutput(self.generation(s)) for s in seqs]
 
+    def lora_bank(self) -> LoraBank:
+        """The loaded model's LoRA adapters, mixed per sequence (local runtime only)."""
+        if self._bank is None:
+            if self.external:
+                raise InvalidInput(
+                    f"model {self.spec.id!r} runs on the external runtime, which takes no "
+                    "adapters here",
+                    field="adapter",
+                )
+            if self.model is None:
+                raise RuntimeError("adapter is not loaded")
+            from ...lora.mixed import LoraBank
+            from ...lora.shapes import match_modules
+
+            dtype = next(self.model.parameters()).dtype
+            if self.runtime.precision == "bf16":  # bf16 autocast on CPU: fp32 weights
+                import torch
+
+                dtype = torch.bfloat16
+            self._bank = LoraBank(self.model, match_modules, dtype=dtype)
+        return self._bank
+
     def engine(self) -> Engine:
         """A fresh continuous-batching engine over the loaded model."""
         from .engine import Engine
 
-        autocast = getattr(self.runtime, "autocast", None)
+        autocast = self.runtime.autocast if isinstance(self.runtime, Autocasting) else None
         return Engine(
             self.model,
             eos_ids=self.eos_ids,
@@ -196,6 +244,7 @@ class GenerateAdapter:
             device=str(self.runtime.device),
             pad_id=self.eos_ids[0] if self.eos_ids else 0,
             autocast=autocast,
+            bank=self.lora_bank() if self.model is not None else None,
         )
 
     def sequence(self, item: GenItem, tag: Any = None) -> Seq:
@@ -216,9 +265,11 @@ class GenerateAdapter:
         return Generation(s.text, s.finish_reason or "stop", len(s.prompt), len(s.out))
 
     # -- postprocess and streaming --------------------------------------------------------
-    def postprocess(self, envelope: Envelope, prepared: Prepared, outputs: list[Any]) -> bytes:
-        o: GenOptions = prepared.options
-        out: GenOutput = outputs[0]
+    def postprocess(
+        self, envelope: Envelope, prepared: Prepared[GenItem, GenOptions], outputs: list[GenOutput]
+    ) -> bytes:
+        o = prepared.options
+        out = outputs[0]
         if o.stream:
             if out.streamed:
                 return chat.closing(o, out.generation)
@@ -226,9 +277,9 @@ class GenerateAdapter:
         return chat.body(o, out.generation, envelope.accept)
 
     @staticmethod
-    def stream_open(prepared: Prepared) -> bytes:
+    def stream_open(prepared: Prepared[GenItem, GenOptions]) -> bytes:
         return chat.opening(prepared.options)
 
     @staticmethod
-    def stream_text(prepared: Prepared, text: str) -> bytes:
+    def stream_text(prepared: Prepared[GenItem, GenOptions], text: str) -> bytes:
         return chat.chunk(prepared.options, {"content": text})

@@ -6,6 +6,10 @@ per-sequence position ids. Newcomers are prefilled between steps (together, left
 padded), and their cache is padded and concatenated onto the running one; finished
 sequences leave the cache at once, and columns that became padding for every row are
 trimmed. Call ``step`` from one thread.
+
+Sequences may run different LoRA adapters of the model (``Seq.adapter``, made hot in
+the ``bank`` beforehand): every forward pass plans each adapter's rows, so adapters
+mix across the running sequences as they would across a batch.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import functional as F
 
 from ...runtimes import SamplingParams
 from .sampling import TextStream, choose, new_generator, unpack_bitmask
+
+if TYPE_CHECKING:
+    from ...lora.mixed import LoraBank
 
 
 class Seq:
@@ -33,6 +40,7 @@ class Seq:
         *,
         matcher: Any = None,
         tag: Any = None,
+        adapter: str | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
@@ -41,6 +49,7 @@ class Seq:
         self.stream = stream
         self.matcher = matcher  # an llguidance LLMatcher, or None
         self.tag = tag  # the owner's handle (the worker's job)
+        self.adapter = adapter  # the LoRA adapter it runs (None: the base model)
         self.out: list[int] = []
         self.delta = ""  # text released during the last step
         self.finish_reason: str | None = None
@@ -68,8 +77,10 @@ class Engine:
         device: str = "cpu",
         pad_id: int = 0,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        bank: LoraBank | None = None,
     ) -> None:
         self.model = model
+        self.bank = bank
         self.eos = frozenset(eos_ids)
         self.vocab = vocab_size
         self.device = device
@@ -103,7 +114,7 @@ class Engine:
         changed: list[Seq] = []
         with torch.inference_mode(), self._autocast():
             if self.waiting:
-                fresh = list(self.waiting)
+                fresh = sorted(self.waiting, key=lambda s: s.adapter or "")  # segments
                 self.waiting.clear()
                 changed += self._prefill(fresh)
             self._evict()
@@ -127,14 +138,15 @@ class Engine:
             mask[i, width - len(s.prompt) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        out = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=pos.to(self.device),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with self._plan(seqs):
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=pos.to(self.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         for s in seqs:
             s.pos = len(s.prompt)
         self._choose(seqs, out.logits[:, -1])
@@ -148,17 +160,27 @@ class Engine:
         pos = torch.tensor([[s.pos] for s in seqs], dtype=torch.long, device=self.device)
         ones = torch.ones((len(seqs), 1), dtype=self._mask.dtype, device=self.device)
         self._mask = torch.cat([self._mask, ones], dim=1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self._mask,
-            position_ids=pos,
-            cache=self._cache,
-            use_cache=True,
-        )
+        with self._plan(seqs):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self._mask,
+                position_ids=pos,
+                cache=self._cache,
+                use_cache=True,
+            )
         for s in seqs:
             s.pos += 1
         self._choose(seqs, out.logits[:, -1])
         return list(seqs)
+
+    def _plan(self, seqs: Sequence[Seq]) -> contextlib.AbstractContextManager[None]:
+        """Each adapter's rows for one forward pass over ``seqs`` (in row order)."""
+        keys = [s.adapter for s in seqs]
+        if self.bank is None or not any(keys):
+            return contextlib.nullcontext()
+        from ...lora.mixed import segments_of
+
+        return self.bank.plan(segments_of(keys))
 
     # -- tokens ---------------------------------------------------------------------------
     def _choose(self, seqs: Sequence[Seq], logits: torch.Tensor) -> None:

@@ -1,0 +1,75 @@
+"""Assembly of the adapter machinery a process serves: the registry over the cold
+tier (the adapter store), the warm tier on local disk, the hot tier in memory, the
+``/v1/adapters`` routes and the resolution of adapter calls at the gateway.
+
+A gateway needs the registry, the routes and the calls; a worker the registry, the
+warm and hot tiers; the embedded server all of them, sharing one registry, so that a
+delete is seen by the worker at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .catalog import Catalog
+from .fleet.manager import Fleet
+from .fleet.memory import mib, parse_size
+from .gateway.adapters import AdapterRoutes
+from .gateway.calls import RegistryCalls
+from .lora.bases import CatalogBases
+from .lora.declared import register_declared
+from .lora.registry import AdapterRegistry
+from .lora.store import open_adapter_store
+from .lora.tiers import AdapterCache
+from .lora.validate import Limits
+from .settings import Settings
+from .worker.adapters import Hosting, HotTier
+from .worker.runner import Runner
+
+log = logging.getLogger("fleetserve")
+
+
+@dataclass
+class Adapters:
+    registry: AdapterRegistry
+    routes: AdapterRoutes
+    calls: RegistryCalls
+
+    async def close(self) -> None:
+        await self.registry.store.close()
+
+
+async def open_registry(
+    settings: Settings, catalog: Catalog, *, nats: Any = None, declared: bool = True
+) -> Adapters:
+    """The registry over ``settings.adapter_store`` (the NATS object store given a
+    connection), with the catalog's declared adapters registered."""
+    store = await open_adapter_store(settings, nats=nats)
+    registry = AdapterRegistry(
+        store, limits=Limits.from_settings(settings), bases=CatalogBases(catalog, settings)
+    )
+    if declared:
+        for info in await register_declared(registry, catalog, settings):
+            log.info("adapter %s of %s registered from the catalog", info.id, info.base)
+    routes = AdapterRoutes(registry, max_body_bytes=settings.max_body_bytes)
+    return Adapters(registry, routes, RegistryCalls(registry))
+
+
+def host_adapters(
+    settings: Settings, registry: AdapterRegistry, runners: Mapping[str, Runner], fleet: Fleet
+) -> HotTier:
+    """Let every runner that can host adapters serve them: the warm tier on this disk,
+    the hot tier within ``adapter_hot_bytes`` of the fleet's memory budget, whose
+    bytes count against that budget."""
+    cache = AdapterCache.from_settings(registry, settings)
+    cap = parse_size(settings.adapter_hot_bytes, limit=fleet.budget)
+    tier = HotTier(cap)
+    fleet.adapters = lambda: tier.nbytes
+    for r in runners.values():
+        if isinstance(r, Hosting):
+            r.host_adapters(cache, tier)
+    log.info("adapters: %s hot, %s on disk", mib(cap), mib(cache.max_bytes))
+    return tier

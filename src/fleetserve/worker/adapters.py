@@ -1,0 +1,254 @@
+"""Adapters in a worker: the hot tier, and a runner's hosting of its base's adapters.
+
+Requests for different adapters of one base model share the base's runner and its
+batches. Before a request's items join a batch, its adapter must be *hot*: read from
+the warm tier (local disk, filled from the object store) on a thread of its own and
+added to the model's :class:`~fleetserve.lora.mixed.LoraBank` on the compute thread
+between batches, so loading one never holds up other traffic. The hot tier is shared
+by the worker's models and bounded in bytes; the least recently used adapter that no
+batch is about to run leaves first.
+
+Adapters run on the torch runtime. A base served on another runtime (the tuned
+ONNX or OpenVINO profile) moves to torch, at the profile's precision where torch has
+it, when its first adapter request arrives: loaded beside the old one and swapped in
+between batches, after which base and adapter rows share every batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ..families import FamilyAdapter
+from ..lora.bases import ADAPTER_FAMILIES
+from ..wire import FleetError, InternalError, InvalidInput
+
+if TYPE_CHECKING:
+    from ..catalog import ModelSpec, Profile
+    from ..lora.mixed import LoraBank
+    from .batcher import Job
+    from .runner import Runner
+
+log = logging.getLogger("fleetserve.worker")
+
+
+class AdapterSource(Protocol):
+    """Where a worker finds adapters by their resolved id (``tenant/name@version``)."""
+
+    async def local(self, key: str) -> Path:
+        """A local directory with the adapter's two files (the warm tier); raises
+        ``AdapterNotFound`` if it was deleted."""
+        ...
+
+    def alive(self, key: str) -> bool:
+        """False once the adapter is known to be deleted (cheap: no I/O)."""
+        ...
+
+
+@runtime_checkable
+class AdapterHost(Protocol):
+    """A runtime (torch), or a family running its own model (generation), that runs
+    mixed-adapter batches."""
+
+    def lora_bank(self) -> LoraBank: ...
+
+
+def _host_of(adapter: FamilyAdapter | None) -> AdapterHost | None:
+    """What holds ``adapter``'s LoRA bank: the family (generation runs its own model)
+    or its runtime (torch); None on a runtime that cannot take adapters."""
+    if isinstance(adapter, AdapterHost):
+        return adapter
+    if adapter is not None and isinstance(adapter.runtime, AdapterHost):
+        return adapter.runtime
+    return None
+
+
+class HotTier:
+    """Every hot adapter of a worker, least recently used first, within ``cap`` bytes."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._lru: OrderedDict[tuple[str, str], tuple[int, LoraBank]] = OrderedDict()
+        self.busy: Counter[tuple[str, str]] = Counter()  # batches about to run them
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for n, _ in self._lru.values())
+
+    def touch(self, model: str, key: str) -> None:
+        if (model, key) in self._lru:
+            self._lru.move_to_end((model, key))
+
+    def admit(self, model: str, key: str, nbytes: int, bank: LoraBank) -> list[str]:
+        """Count a new hot adapter; evict the least recently used idle ones until all
+        fit (call on the compute thread). Returns the evicted ``model:key``s."""
+        self._lru[(model, key)] = (nbytes, bank)
+        evicted = []
+        for other in list(self._lru):
+            if self.nbytes <= self.cap:
+                break
+            if other == (model, key) or self.busy[other]:
+                continue
+            _, other_bank = self._lru.pop(other)
+            other_bank.remove(other[1])
+            evicted.append(f"{other[0]}:{other[1]}")
+        return evicted
+
+    def forget(self, model: str, keys: Iterable[str] | None = None) -> None:
+        """A model unloaded (its bank is gone) or adapters deleted."""
+        for m, k in list(self._lru):
+            if m == model and (keys is None or k in keys):
+                del self._lru[(m, k)]
+
+
+class Hosting:
+    """The adapter side of a ModelRunner (a mixin over ``Loadable``)."""
+
+    spec: ModelSpec
+    profile: Profile
+    _adapter: FamilyAdapter | None
+    _forward: ThreadPoolExecutor
+    _hosting: tuple[AdapterSource, HotTier] | None = None
+    _heating: dict[str, asyncio.Future[None]]
+    _rehosting: asyncio.Lock | None = None
+    torch_factory: Callable[[], FamilyAdapter] | None = None  # the model on torch
+
+    def host_adapters(self, source: AdapterSource, tier: HotTier) -> None:
+        """Serve adapters of this model: found in ``source``, counted in ``tier``."""
+        self._hosting = (source, tier)
+        self._heating = {}
+
+    def takes(self, key: str) -> None:
+        """Raise a 400 if this model cannot serve adapter ``key``."""
+        if self._hosting is None or self.spec.family not in ADAPTER_FAMILIES:
+            raise InvalidInput(
+                f"model {self.spec.id!r} ({self.spec.family}) cannot take adapters",
+                field="adapter",
+            )
+
+    def alive(self, key: str) -> bool:
+        return self._hosting is not None and self._hosting[0].alive(key)
+
+    def hot(self, key: str) -> bool:
+        host = _host_of(self._adapter)
+        return host is not None and key in host.lora_bank()
+
+    async def heat(self, key: str) -> None:
+        """Make ``key`` hot (concurrent callers share one load); raises its failure."""
+        if self.hot(key):
+            assert self._hosting is not None
+            self._hosting[1].touch(self.spec.id, key)
+            return
+        fut = self._heating.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(self._heat(key))
+            self._heating[key] = fut
+            fut.add_done_callback(lambda _f: self._heating.pop(key, None))
+        await asyncio.shield(fut)
+
+    async def _heat(self, key: str) -> None:
+        assert self._hosting is not None
+        source, tier = self._hosting
+        from ..lora.load import read_adapter
+
+        path = await source.local(key)
+        await self._to_torch()
+        loop = asyncio.get_running_loop()
+        reader = ThreadPoolExecutor(1, thread_name_prefix="adapter")
+        try:
+            tensors, scaling = await loop.run_in_executor(reader, read_adapter, path)
+        finally:
+            reader.shutdown(wait=False)
+        model = self.spec.id
+
+        def add() -> list[str]:  # on the compute thread, between batches
+            runtime = self.adapter_runtime()
+            hot = runtime.lora_bank().add(key, tensors, scaling)
+            return tier.admit(model, key, hot.nbytes, runtime.lora_bank())
+
+        evicted = await loop.run_in_executor(self._forward, add)
+        if evicted:
+            log.info("adapters left the hot tier: %s", ", ".join(evicted))
+
+    def adapter_runtime(self) -> AdapterHost:
+        host = _host_of(self._adapter)
+        if host is None:
+            raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
+        return host
+
+    async def _to_torch(self) -> None:
+        """Move the base onto torch if it runs elsewhere (once; between batches)."""
+        if self._rehosting is None:
+            self._rehosting = asyncio.Lock()
+        async with self._rehosting:
+            current = self._adapter
+            if current is None:
+                raise RuntimeError(f"model {self.spec.id} is not loaded")
+            if _host_of(current) is not None:
+                return
+            factory = self.torch_factory
+            if factory is None:
+                raise InvalidInput(
+                    f"model {self.spec.id!r} runs on {current.runtime.name}, which cannot "
+                    "take adapters",
+                    field="adapter",
+                )
+            loop = asyncio.get_running_loop()
+            loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+            try:
+                fresh = await loop.run_in_executor(loader, factory)
+                await loop.run_in_executor(loader, fresh.load)
+            finally:
+                loader.shutdown(wait=False)
+            await loop.run_in_executor(self._forward, fresh.warmup)
+            rt = fresh.runtime
+            log.info(
+                "%s moves from %s %s to %s %s to serve adapters",
+                self.spec.id,
+                current.runtime.name,
+                current.runtime.precision,
+                rt.name,
+                rt.precision,
+            )
+            self._adapter = fresh
+            self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
+
+    def plan(self, keys: list[str | None]) -> Any:
+        """The bank's plan for a batch whose row ``i`` runs ``keys[i]`` (a context
+        manager; a no-op when no row has an adapter)."""
+        import contextlib
+
+        if not any(keys):
+            return contextlib.nullcontext()
+        from ..lora.mixed import segments_of
+
+        return self.adapter_runtime().lora_bank().plan(segments_of(keys))
+
+    def unhost(self) -> None:
+        """The model left memory: its hot adapters went with it."""
+        if self._hosting is not None:
+            self._hosting[1].forget(self.spec.id)
+
+
+async def submit_when_hot(
+    runner: Runner, job: Job, key: str, fail: Callable[[Job, FleetError], Awaitable[None]]
+) -> None:
+    """Submit ``job`` once its adapter is hot; a failure (a 400 for a family that
+    takes none, a 404 for a deleted adapter) answers this request only."""
+    try:
+        runner.takes(key)
+        await runner.heat(key)
+    except FleetError as err:
+        await fail(job, err)
+        return
+    except Exception as exc:
+        log.exception("adapter %s failed to load for %s", key, runner.spec.id)
+        await fail(job, InternalError(f"adapter failed to load: {type(exc).__name__}"))
+        return
+    runner.submit(job)

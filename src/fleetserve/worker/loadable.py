@@ -1,0 +1,191 @@
+"""Loading and unloading a served model, shared by both kinds of runner."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Protocol
+
+from ..catalog import ModelSpec, Profile
+from ..families import FamilyAdapter, family_tasks
+from ..fleet.member import Footprint
+from ..fleet.memory import rss_bytes
+from ..wire import FleetError, Task
+from .adapters import Hosting
+from .batcher import Job
+from .compute import compute_executor
+
+FailFn = Callable[[Job, FleetError], Awaitable[None]]
+AdapterFactory = Callable[[], FamilyAdapter]
+
+
+class Verify(Protocol):
+    """A check of a loaded adapter that returns the one to serve (the quality gate):
+    ``prepare`` runs on the loader thread, ``judge`` on the compute thread."""
+
+    def prepare(self) -> FamilyAdapter: ...
+
+    def judge(self, adapter: FamilyAdapter, reference: FamilyAdapter) -> FamilyAdapter: ...
+
+
+Measure = Callable[[FamilyAdapter], int]  # a loaded adapter -> its activation peak (bytes)
+Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
+
+
+class Loadable:
+    """Loading and unloading shared by runners; the fleet manager decides when.
+
+    ``eager`` runners (pinned, or named in ``--models``) load at start and gate
+    readiness; the others load on first use. Pinned ones never leave; the others may
+    be evicted and load again on their next use. A load resolves,
+    fetches, converts and loads the weights on a loader thread of its own, so the
+    compute thread keeps running other models' batches; only the warm-up, the quality
+    gate and the activation-peak batch run on the compute thread. It measures what the
+    model holds: its weights (the runtime's count, else the resident growth) plus the
+    activation peak of a full batch, the profile's own figure where the tuner measured one.
+    The resident growth is kept beside them (a first load's includes lazy imports).
+    """
+
+    spec: ModelSpec
+    profile: Profile
+    eager: bool
+    loaded: bool
+    _adapter: FamilyAdapter | None
+    _factory: AdapterFactory
+    _load_lock: asyncio.Lock | None
+    _forward: ThreadPoolExecutor
+    _verify: Verify | None
+    _measure: Measure | None
+    _estimate: Callable[[], int] | None
+    _measured: Footprint | None
+    relieve: Relieve | None
+    fail: FailFn | None
+
+    def _init_loadable(
+        self,
+        spec: ModelSpec,
+        profile: Profile,
+        adapter: FamilyAdapter | AdapterFactory,
+        eager: bool,
+        verify: Verify | None = None,
+        measure: Measure | None = None,
+        estimate: Callable[[], int] | None = None,
+    ) -> None:
+        """``adapter`` is a loaded-on-demand adapter, or a factory that builds one.
+        ``verify`` runs on the loaded adapter (on the compute thread) and returns the
+        adapter to serve: a quality gate may swap in another. ``measure`` gives the
+        activation peak of a full batch when the profile has no figure; ``estimate``
+        the footprint before the first load (from the weights on disk)."""
+        self.spec = spec
+        self.profile = profile
+        self._profile0 = profile
+        self._measure = measure
+        self._estimate = estimate
+        self._measured: Footprint | None = None
+        self._estimated: int | None = None
+        self.ever_loaded = False
+        self.memory: dict[str, int] = {}  # what the last load measured
+        self.relieve = None
+        self.fail = None
+        if isinstance(adapter, FamilyAdapter):
+            self._adapter, self._factory = adapter, lambda: adapter
+        else:
+            self._adapter, self._factory = None, adapter
+        self.eager = eager
+        self._load_lock = None
+        self._verify = verify
+        self._forward = compute_executor()  # shared: one OpenMP pool per process
+
+    @property
+    def adapter(self) -> FamilyAdapter:
+        if self._adapter is None:
+            raise RuntimeError(f"model {self.spec.id} is not loaded")
+        return self._adapter
+
+    @property
+    def adapter_or_none(self) -> FamilyAdapter | None:
+        return self._adapter
+
+    @property
+    def tasks(self) -> frozenset[Task]:
+        """What this model serves, known before it is loaded."""
+        if self._adapter is not None:
+            return self._adapter.tasks
+        return family_tasks(self.spec.family)
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.id
+
+    @property
+    def pinned(self) -> bool:
+        return self.spec.pinned
+
+    @property
+    def keep_alive(self) -> float:
+        return self.spec.keep_alive
+
+    def expected(self) -> Footprint:
+        """Measured at its last load; else the weights on disk and the profile's figure
+        (weights plus peak, as the tuner measured them)."""
+        if self._measured is not None:
+            return self._measured
+        if self._estimated is None:
+            self._estimated = self._estimate() if self._estimate is not None else 0
+        weights = self._estimated or self.profile.memory_bytes
+        return Footprint(weights, max(0, self.profile.memory_bytes - weights))
+
+    async def load(self) -> Footprint:
+        """Load the model (once; concurrent callers share it); what it holds."""
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
+        async with self._load_lock:
+            if self.loaded and self._measured is not None:
+                return self._measured
+            loop = asyncio.get_running_loop()
+            before = rss_bytes()
+            # a thread per load: it ends with the load, and its OpenMP pool with it
+            loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+            try:
+                adapter = self._adapter
+                if adapter is None:
+                    adapter = await loop.run_in_executor(loader, self._factory)
+                await loop.run_in_executor(loader, adapter.load)
+                grown = max(0, rss_bytes() - before)  # a first load's has lazy imports
+                ref = None
+                if self._verify is not None:  # the gate's fp32 reference loads here too
+                    ref = await loop.run_in_executor(loader, self._verify.prepare)
+            finally:
+                loader.shutdown(wait=False)
+            weights = adapter.memory_bytes() or grown
+            await loop.run_in_executor(self._forward, adapter.warmup)
+            if self._verify is not None and ref is not None:
+                served = await loop.run_in_executor(self._forward, self._verify.judge, adapter, ref)
+                del ref
+                if served is not adapter:  # the gate swapped in its fp32 reference
+                    rt = served.runtime
+                    self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
+                    weights = served.memory_bytes() or weights
+                adapter = served
+            if self.profile.memory_bytes:  # the tuner measured weights plus peak
+                peak = max(0, self.profile.memory_bytes - weights)
+            elif self._measure is not None:
+                peak = await loop.run_in_executor(self._forward, self._measure, adapter)
+            else:
+                peak = 0
+            held = Footprint(weights, peak)
+            self.memory = {"weights": weights, "resident_growth": grown, "activation_peak": peak}
+            self._adapter = adapter
+            self._measured = held
+            self.loaded = self.ever_loaded = True
+            return held
+
+    def unload(self) -> None:
+        """Drop the adapter (the fleet frees the memory after): it loads again on use."""
+        if isinstance(self, Hosting):
+            self.unhost()
+        self._adapter = None
+        self.loaded = False
+        self.profile = self._profile0
