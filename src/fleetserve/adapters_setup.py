@@ -58,6 +58,20 @@ async def open_registry(
     return Adapters(registry, routes, RegistryCalls(registry))
 
 
+async def prepare_hosts(settings: Settings, runners: Mapping[str, Runner]) -> None:
+    """With ``adapter_hosts=eager``, the torch copies of the loaded models now."""
+    if settings.adapter_hosts not in ("eager", "lazy"):
+        raise ValueError(f"adapter_hosts must be eager or lazy, not {settings.adapter_hosts!r}")
+    if settings.adapter_hosts == "lazy":
+        return
+    for model, r in runners.items():
+        if r.loaded and isinstance(r, Hosting):
+            try:
+                await r.prepare_adapters()
+            except Exception as exc:  # adapters then fail alone; the base serves
+                log.warning("%s: no torch copy for adapters: %s", model, exc)
+
+
 def host_adapters(
     settings: Settings, registry: AdapterRegistry, runners: Mapping[str, Runner], fleet: Fleet
 ) -> HotTier:
@@ -67,7 +81,7 @@ def host_adapters(
     cache = AdapterCache.from_settings(registry, settings)
     cap = parse_size(settings.adapter_hot_bytes, limit=fleet.budget)
     tier = HotTier(cap)
-    fleet.adapters = lambda: tier.nbytes
+    fleet.adapters = lambda: tier.held
     for r in runners.values():
         if isinstance(r, Hosting):
             r.host_adapters(cache, tier)

@@ -31,6 +31,7 @@ from .queue import MemoryQueue
 from .settings import Settings
 from .tune.quick import wanted as quick_wanted
 from .worker import Worker
+from .worker.adapters import Hosting
 
 
 class EmbeddedServer(Service):
@@ -95,6 +96,7 @@ class EmbeddedServer(Service):
                     "tasks": sorted(t.value for t in r.tasks),
                     "dimensions": getattr(r.adapter_or_none, "dim", None) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,
+                    "adapters": r.hosting_info() if isinstance(r, Hosting) else {},
                 }
             )
         return out
@@ -114,6 +116,10 @@ class EmbeddedServer(Service):
 
             host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
         await self._load_models()
+        if self.adapters is not None:
+            from .adapters_setup import prepare_hosts
+
+            await prepare_hosts(self.settings, self.runners)
         await self.queue.start()
         self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
         while not self.worker.running and not self.ended("worker"):

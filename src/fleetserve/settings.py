@@ -134,6 +134,11 @@ class Settings:
         "10%", "Memory for loaded adapters per worker (the hot tier): a size or a percent of "
         "the memory budget; least recently used leave first."
     )  # fmt: skip
+    adapter_hosts: str = setting(
+        "eager", "eager: a model loaded at start whose profile runs on ONNX or OpenVINO also "
+        "loads its torch copy for adapter batches then, so a first upload serves at once; "
+        "lazy: on its first adapter request."
+    )  # fmt: skip
     max_adapter_rank: int = setting(64, "Largest LoRA rank an upload may have.")
     max_adapter_bytes: int = setting(
         256 * 1024 * 1024, "Largest adapter upload (bytes of adapter_model.safetensors)."

@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -25,6 +25,9 @@ from ..settings import Settings
 from ..storage import sweep_forever
 from .app import Gateway
 from .auth import Authenticator
+
+if TYPE_CHECKING:
+    from ..adapters_setup import Adapters
 
 log = logging.getLogger("fleetserve.gateway")
 
@@ -46,6 +49,7 @@ class GatewayProcess(Service):
         self.registry = Registry()
         self.js: Any = None
         self.gateway: Gateway | None = None
+        self.adapters: Adapters | None = None
         self.port = 0
 
     def models_info(self) -> list[dict[str, Any]]:
@@ -74,6 +78,9 @@ class GatewayProcess(Service):
     async def start(self) -> None:
         self.js, queue, store = await open_distributed(self.settings, self.node)
         await self.registry.listen(self.js.nc, self.settings.queue_prefix)
+        from ..adapters_setup import open_registry  # the NATS object store by default
+
+        self.adapters = await open_registry(self.settings, self.catalog, nats=self.js.nc)
         self.gateway = Gateway(
             self.settings,
             self.catalog,
@@ -83,6 +90,8 @@ class GatewayProcess(Service):
             models_info=self.models_info,
             alive=lambda: self.failed_stage() is None,
             authenticator=self.auth,
+            adapters=self.adapters.routes,
+            calls=self.adapters.calls,
         )
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         ttl = self.settings.payload_ttl
@@ -97,6 +106,8 @@ class GatewayProcess(Service):
         if self.gateway is not None:
             self.gateway.dashboard.close()  # end open event streams, or uvicorn waits
         await self.stop_tasks()
+        if self.adapters is not None:
+            await self.adapters.close()
         if self.js is not None:
             await self.js.close()
 

@@ -268,6 +268,17 @@ class AdapterRegistry:
         self._infos[aid] = info
         return info
 
+    async def committed(self, adapter: AdapterId) -> bool:
+        """Whether version ``adapter`` is still committed (the list of versions is
+        re-read at most every ``ttl`` seconds: deletes through other gateways show)."""
+        if str(adapter) in self.deleted:
+            return False
+        return adapter.version in await self._committed(adapter.key)
+
+    def cached(self, adapter: AdapterId) -> AdapterInfo | None:
+        """The info of version ``adapter`` if this process has read it (no I/O)."""
+        return self._infos.get(adapter)
+
     async def files(self, adapter: str | AdapterId) -> tuple[bytes, bytes]:
         """(adapter_config.json, adapter_model.safetensors) from the store."""
         info = await self.info(adapter)

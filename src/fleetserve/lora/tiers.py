@@ -94,6 +94,21 @@ class AdapterCache:
         """False once ``key`` (``tenant/name@version``) is known to be deleted; no I/O."""
         return key not in self._dead and key not in self.registry.deleted
 
+    async def check(self, key: str) -> None:
+        """``AdapterNotFound`` if version ``key`` was deleted, through any gateway (seen
+        within the registry's ``ttl``); then ``alive`` says so too, without I/O."""
+        aid = parse_adapter_id(key)
+        if aid.version is not None and (
+            not self.alive(key) or not await self.registry.committed(aid)
+        ):
+            self._dead.add(key)
+            raise AdapterNotFound(f"adapter {key!r} was deleted", field="adapter")
+
+    def pinned(self, key: str) -> bool:
+        """Whether ``key`` was uploaded pinned (it then never leaves the hot tier)."""
+        info = self.registry.cached(parse_adapter_id(key))
+        return info is not None and info.pinned
+
     async def local(self, adapter: str | AdapterId) -> Path:
         """The adapter's directory on this disk, fetched once (newest version if the id
         has none); ``AdapterNotFound`` if it is not, or no longer, in the store."""

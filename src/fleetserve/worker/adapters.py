@@ -9,9 +9,10 @@ by the worker's models and bounded in bytes; the least recently used adapter tha
 batch is about to run leaves first.
 
 Adapters run on the torch runtime. A base served on another runtime (the tuned
-ONNX or OpenVINO profile) moves to torch, at the profile's precision where torch has
-it, when its first adapter request arrives: loaded beside the old one and swapped in
-between batches, after which base and adapter rows share every batch.
+ONNX or OpenVINO profile) keeps it for batches of base rows only, and gets a torch
+copy at the profile's precision (where torch has it) for batches with adapter rows,
+base rows included: loaded at start for a model loaded at start
+(``--adapter-hosts eager``), else on its first adapter request, off the hot path.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -50,6 +50,14 @@ class AdapterSource(Protocol):
         """False once the adapter is known to be deleted (cheap: no I/O)."""
         ...
 
+    async def check(self, key: str) -> None:
+        """Raise ``AdapterNotFound`` if the adapter was deleted (through any gateway)."""
+        ...
+
+    def pinned(self, key: str) -> bool:
+        """Whether the adapter was uploaded pinned: it never leaves the hot tier."""
+        ...
+
 
 @runtime_checkable
 class AdapterHost(Protocol):
@@ -76,24 +84,36 @@ class HotTier:
         self.cap = cap
         self._lru: OrderedDict[tuple[str, str], tuple[int, LoraBank]] = OrderedDict()
         self.busy: Counter[tuple[str, str]] = Counter()  # batches about to run them
+        self.pinned: set[tuple[str, str]] = set()  # never evicted
+        self.copies: dict[str, int] = {}  # model -> bytes of its torch copy for adapters
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the hot adapters (what ``cap`` bounds)."""
         return sum(n for n, _ in self._lru.values())
+
+    @property
+    def held(self) -> int:
+        """Everything adapters hold here: the hot ones and the torch copies of bases."""
+        return self.nbytes + sum(self.copies.values())
 
     def touch(self, model: str, key: str) -> None:
         if (model, key) in self._lru:
             self._lru.move_to_end((model, key))
 
-    def admit(self, model: str, key: str, nbytes: int, bank: LoraBank) -> list[str]:
-        """Count a new hot adapter; evict the least recently used idle ones until all
-        fit (call on the compute thread). Returns the evicted ``model:key``s."""
+    def admit(
+        self, model: str, key: str, nbytes: int, bank: LoraBank, *, pinned: bool = False
+    ) -> list[str]:
+        """Count a new hot adapter; evict the least recently used idle, unpinned ones
+        until all fit (call on the compute thread). Returns the evicted ``model:key``s."""
         self._lru[(model, key)] = (nbytes, bank)
+        if pinned:
+            self.pinned.add((model, key))
         evicted = []
         for other in list(self._lru):
             if self.nbytes <= self.cap:
                 break
-            if other == (model, key) or self.busy[other]:
+            if other == (model, key) or self.busy[other] or other in self.pinned:
                 continue
             _, other_bank = self._lru.pop(other)
             other_bank.remove(other[1])
@@ -102,9 +122,12 @@ class HotTier:
 
     def forget(self, model: str, keys: Iterable[str] | None = None) -> None:
         """A model unloaded (its bank is gone) or adapters deleted."""
+        if keys is None:
+            self.copies.pop(model, None)
         for m, k in list(self._lru):
             if m == model and (keys is None or k in keys):
                 del self._lru[(m, k)]
+                self.pinned.discard((m, k))
 
 
 class Hosting:
@@ -117,6 +140,7 @@ class Hosting:
     _hosting: tuple[AdapterSource, HotTier] | None = None
     _heating: dict[str, asyncio.Future[None]]
     _rehosting: asyncio.Lock | None = None
+    _copy: FamilyAdapter | None = None  # the base on torch, beside a non-torch runtime
     torch_factory: Callable[[], FamilyAdapter] | None = None  # the model on torch
 
     def host_adapters(self, source: AdapterSource, tier: HotTier) -> None:
@@ -136,13 +160,37 @@ class Hosting:
         return self._hosting is not None and self._hosting[0].alive(key)
 
     def hot(self, key: str) -> bool:
-        host = _host_of(self._adapter)
+        host = _host_of(self.host_family)
         return host is not None and key in host.lora_bank()
+
+    @property
+    def host_family(self) -> FamilyAdapter | None:
+        """The family adapter that runs batches with adapter rows: the served one where
+        its runtime takes adapters, else its torch copy (None until there is one)."""
+        if _host_of(self._adapter) is not None:
+            return self._adapter
+        return self._copy
+
+    def hosting_info(self) -> dict[str, object]:
+        """For ``/v1/models``: where adapter batches run and how many adapters are hot."""
+        host = self.host_family
+        if self._hosting is None or host is None:
+            return {}
+        rt = host.runtime
+        bank = _host_of(host)
+        hot = len(bank.lora_bank()) if bank is not None else 0
+        return {"runtime": rt.name, "precision": rt.precision, "hot": hot}
+
+    async def prepare_adapters(self) -> None:
+        """Load the torch copy now (a model loaded at start, before any adapter)."""
+        if self._hosting is not None and self.torch_factory is not None:
+            await self._to_torch()
 
     async def heat(self, key: str) -> None:
         """Make ``key`` hot (concurrent callers share one load); raises its failure."""
+        assert self._hosting is not None
+        await self._hosting[0].check(key)  # deleted since the gateway resolved it: 404
         if self.hot(key):
-            assert self._hosting is not None
             self._hosting[1].touch(self.spec.id, key)
             return
         fut = self._heating.get(key)
@@ -170,27 +218,28 @@ class Hosting:
         def add() -> list[str]:  # on the compute thread, between batches
             runtime = self.adapter_runtime()
             hot = runtime.lora_bank().add(key, tensors, scaling)
-            return tier.admit(model, key, hot.nbytes, runtime.lora_bank())
+            pinned = source.pinned(key)
+            return tier.admit(model, key, hot.nbytes, runtime.lora_bank(), pinned=pinned)
 
         evicted = await loop.run_in_executor(self._forward, add)
         if evicted:
             log.info("adapters left the hot tier: %s", ", ".join(evicted))
 
     def adapter_runtime(self) -> AdapterHost:
-        host = _host_of(self._adapter)
+        host = _host_of(self.host_family)
         if host is None:
             raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
         return host
 
     async def _to_torch(self) -> None:
-        """Move the base onto torch if it runs elsewhere (once; between batches)."""
+        """A torch copy of the base if it runs elsewhere (once, on a loader thread)."""
         if self._rehosting is None:
             self._rehosting = asyncio.Lock()
         async with self._rehosting:
             current = self._adapter
             if current is None:
                 raise RuntimeError(f"model {self.spec.id} is not loaded")
-            if _host_of(current) is not None:
+            if _host_of(current) is not None or self._copy is not None:
                 return
             factory = self.torch_factory
             if factory is None:
@@ -209,15 +258,16 @@ class Hosting:
             await loop.run_in_executor(self._forward, fresh.warmup)
             rt = fresh.runtime
             log.info(
-                "%s moves from %s %s to %s %s to serve adapters",
+                "%s: batches with adapters run on %s %s (base-only batches stay on %s %s)",
                 self.spec.id,
-                current.runtime.name,
-                current.runtime.precision,
                 rt.name,
                 rt.precision,
+                current.runtime.name,
+                current.runtime.precision,
             )
-            self._adapter = fresh
-            self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
+            self._copy = fresh
+            assert self._hosting is not None
+            self._hosting[1].copies[self.spec.id] = fresh.memory_bytes()
 
     def plan(self, keys: list[str | None]) -> Any:
         """The bank's plan for a batch whose row ``i`` runs ``keys[i]`` (a context
@@ -231,7 +281,8 @@ class Hosting:
         return self.adapter_runtime().lora_bank().plan(segments_of(keys))
 
     def unhost(self) -> None:
-        """The model left memory: its hot adapters went with it."""
+        """The model left memory: its torch copy and hot adapters went with it."""
+        self._copy = None
         if self._hosting is not None:
             self._hosting[1].forget(self.spec.id)
 

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -53,6 +53,10 @@ def ack_wait_for(profile: Profile, settings: Settings) -> float:
     return max(2.0, 10 * full / 1e3)
 
 
+if TYPE_CHECKING:
+    from ..adapters_setup import Adapters
+
+
 class WorkerProcess(Service):
     """Tasks: "http" and "worker" (essential), "heartbeat" and "metrics"."""
 
@@ -74,6 +78,7 @@ class WorkerProcess(Service):
         self.fleet = build_fleet(settings, self.runners, self.metrics, self.console)
         self.peers = Registry()  # the other workers' heartbeats: what they hold
         self.worker: Worker | None = None
+        self.adapters: Adapters | None = None
         self.js: Any = None
         self.port = 0
         self._busy = {m: (time.monotonic(), 0.0) for m in self.runners}
@@ -127,6 +132,14 @@ class WorkerProcess(Service):
         self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
         keepalive = min(waits.values(), default=5.0) / 3
         await self.peers.listen(self.js.nc, self.settings.queue_prefix)
+        from ..adapters_setup import host_adapters, open_registry, prepare_hosts
+
+        # adapters uploaded through any gateway: from the NATS object store by default
+        self.adapters = await open_registry(
+            self.settings, self.catalog, nats=self.js.nc, declared=False
+        )
+        host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
+        await prepare_hosts(self.settings, self.runners)
         self.worker = Worker(
             queue,
             self.runners,
@@ -176,6 +189,8 @@ class WorkerProcess(Service):
 
     async def stop(self) -> None:
         await self.stop_tasks()
+        if self.adapters is not None:
+            await self.adapters.close()
         if self.js is not None:
             await self.js.close()
         if self.worker is not None:

@@ -216,8 +216,15 @@ class ModelRunner(Loadable, Hosting):
                 self._hosting[1].busy[(self.spec.id, key)] -= 1
 
     def _planned(self, items: list[Any], keys: list[str | None]) -> Sequence[Any]:
-        with self.plan(keys):  # on the compute thread
+        """On the compute thread: a batch with adapter rows runs on the adapters' host
+        (the torch copy, where the tuned runtime takes none), others as served."""
+        if not any(keys):
             return self.adapter.forward(items)
+        host = self.host_family
+        if host is None:
+            raise RuntimeError(f"model {self.spec.id} has no adapter runtime")
+        with self.plan(keys):
+            return host.forward(items)
 
     async def _forward_fitting(self, batch: list[WorkItem], retried: bool = False) -> Sequence[Any]:
         """Forward ``batch``; out of memory, evict other models and retry once, then
