@@ -5,11 +5,12 @@ in one run on one machine:
 
 - dense MiniLM: closed-loop clients send the same traffic (4 short texts a request)
   to the base model, and spread evenly over 8 rank-16 adapters (called as
-  ``base:adapter`` through ``/v1/embeddings``), first with mixed batches, then on a
-  server that runs one adapter per batch (``--max-adapters-per-batch 1``, SIE's way);
-  the base is measured on its tuned runtime and, after adapters moved it, on torch;
-- upload to first served request for a rank-16 MiniLM adapter (the first one, which
-  moves the base onto torch, and the next);
+  ``base:adapter`` through ``/v1/embeddings``), on three servers: as tuned (the base
+  on its tuned runtime, adapter batches on torch), with the base on torch as well
+  (a profile directory saying so: the same runtime as adapter batches), and one
+  adapter per batch (``--max-adapters-per-batch 1``, SIE's way);
+- upload to first served request for a rank-16 MiniLM adapter (the first and the
+  second);
 - SmolLM2 chat: tokens per second of the base against 4 adapters.
 
 Phases alternate in rounds; medians over rounds. Writes
@@ -24,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from rich.markup import escape
 from .fleet import machine_facts
 from .fleet_server import Server
 from .lora_models import MINILM, SMOLLM, make_adapters, upload
-from .lora_report import table, write
+from .lora_report import BASE, MIXED, MIXED_TORCH, SINGLE, TUNED, table, write
 
 TEXTS = [
     "How long does a building permit take?",
@@ -152,51 +154,70 @@ def rounds(
     return {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in seen.items()}
 
 
+def torch_profiles(root: Path, model: str) -> Path:
+    """A profile directory that serves ``model`` on torch at the precision this machine's
+    profile picks (the same runtime as adapter batches): the base on torch alone."""
+    from fleetserve.assembly import build_profiles
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.profiles import write_profile_file
+    from fleetserve.settings import Settings
+
+    choice = build_profiles(Settings()).choose(Catalog.load().get(model))
+    precision = choice.profile.precision if choice.profile.precision != "int8" else "fp32"
+    profile = replace(choice.profile, runtime="torch", precision=precision)
+    write_profile_file(root, model, profile, {"written_by": "python -m benchmarks lora"})
+    return root
+
+
 def dense(args: argparse.Namespace, work: Path, console: Console) -> dict[str, Any]:
     adapters = make_adapters(MINILM, work / "minilm", 8, rank=16, targets=("query", "value"))
-    args_common = ["--models", MINILM]
+    common = ["--models", MINILM]
+    logs, src = work / "logs", Path("src")
     out: dict[str, Any] = {}
-    mixed = Server("lora-mixed", args_common, work / "logs", src=Path("src"))
-    single = Server(
-        "lora-single", [*args_common, "--max-adapters-per-batch", "1"], work / "logs",
-        src=Path("src"),
+    tuned = Server("lora-tuned", common, logs, src=src)
+    on_torch = Server(
+        "lora-torch", [*common, "--profile-dir", str(torch_profiles(work / "p", MINILM))],
+        logs, src=src,
     )  # fmt: skip
+    single = Server("lora-single", [*common, "--max-adapters-per-batch", "1"], logs, src=src)
+    servers = (tuned, on_torch, single)
     try:
-        mixed.wait_ready()
-        single.wait_ready()
-        base = embed(lambda i: MINILM)
-        n, secs = args.clients, args.seconds
-        tuned = rounds(
-            {"base (tuned runtime)": lambda: closed_loop(mixed.url, n, secs, base)},
-            args.rounds,
-            console,
-        )
+        for srv in servers:
+            srv.wait_ready()
         out["upload"] = {
-            "first adapter (moves the base to torch)": first_served(mixed, adapters[0], "a0"),
-            "second adapter": first_served(mixed, adapters[1], "a1"),
+            "first adapter": first_served(tuned, adapters[0], "a0"),
+            "second adapter": first_served(tuned, adapters[1], "a1"),
         }
-        ids = ["default/a0", "default/a1"]
-        for k, path in enumerate(adapters[2:], start=2):
-            ids.append(upload(mixed.url, path, f"a{k}", MINILM)["id"])
-        for k, path in enumerate(adapters):
-            upload(single.url, path, f"a{k}", MINILM)
+        for srv in servers:
+            for k, path in enumerate(adapters):
+                if srv is not tuned or k >= 2:
+                    upload(srv.url, path, f"a{k}", MINILM)
+        ids = [f"default/a{k}" for k in range(len(adapters))]
+        base = embed(lambda i: MINILM)
         spread = embed(lambda i: f"{MINILM}:{ids[i % len(ids)]}")
+        n, secs = args.clients, args.seconds
         phases = {
-            "base (torch, beside adapters)": lambda: closed_loop(mixed.url, n, secs, base),
-            "8 adapters, mixed batches": lambda: closed_loop(mixed.url, n, secs, spread),
-            "8 adapters, one per batch": lambda: closed_loop(single.url, n, secs, spread),
+            TUNED: lambda: closed_loop(tuned.url, n, secs, base),
+            MIXED: lambda: closed_loop(tuned.url, n, secs, spread),
+            BASE: lambda: closed_loop(on_torch.url, n, secs, base),
+            MIXED_TORCH: lambda: closed_loop(on_torch.url, n, secs, spread),
+            SINGLE: lambda: closed_loop(single.url, n, secs, spread),
         }
-        out["throughput"] = {**tuned, **rounds(phases, args.rounds, console)}
-        out["runtime_after"] = runtime_of(mixed)
+        out["throughput"] = rounds(phases, args.rounds, console)
+        out["runtimes"] = {srv.name: runtime_of(srv) for srv in servers}
     finally:
-        mixed.stop()
-        single.stop()
+        for srv in servers:
+            srv.stop()
     return out
 
 
-def runtime_of(srv: Server) -> str:
+def runtime_of(srv: Server) -> dict[str, Any]:
+    """Where the base's batches ran, and its adapters' (``/v1/models``)."""
     info = srv.models().get(MINILM, {})
-    return str(info.get("runtime", "")) + " " + str(info.get("precision", ""))
+    return {
+        "base": f"{info.get('runtime', '')} {info.get('precision', '')}",
+        "adapters": info.get("adapters", {}),
+    }
 
 
 def generation(args: argparse.Namespace, work: Path, console: Console) -> dict[str, Any]:

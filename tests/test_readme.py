@@ -101,3 +101,48 @@ def test_the_fleet_examples_run_as_shown(real_server: ServerThread) -> None:
     cmd.insert(1, "-w%{http_code}")
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert got.stdout.endswith("200"), (cmd, got.stdout, got.stderr)
+
+
+@pytest.fixture(scope="module")
+def legal_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's ./legal-lora: a rank-16 PEFT LoRA on the bundled MiniLM."""
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import resolve
+
+    from .conftest import REAL
+    from .tiny_lora import make_lora
+
+    root = tmp_path_factory.mktemp("readme-lora")
+    base = resolve(REAL, Catalog.load().get(REAL).sources, root / "hub")
+    return make_lora(base, root / "legal-lora", rank=16, alpha=32, scale=0.02, base_name=REAL)
+
+
+@pytest.mark.slow
+def test_the_lora_python_example(real_server: ServerThread, legal_lora: Path) -> None:
+    (code,) = [b for b in blocks("python") if "upload_adapter" in b]
+    code = code.replace(DEFAULT_URL, real_server.url).replace("./legal-lora", str(legal_lora))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md lora block", "exec"), {})
+    assert out.getvalue().splitlines() == ["default/legal (1, 384)", "384"]
+
+
+@pytest.mark.slow
+def test_the_lora_commands_run_as_shown(real_server: ServerThread, legal_lora: Path) -> None:
+    (block,) = [b for b in blocks("bash") if "lora add" in b]
+    lines = [ln.split("#", 1)[0].strip() for ln in block.replace("\\\n", "").splitlines()]
+    add, ls, curl = (ln for ln in lines if ln)
+    port = real_server.url.rsplit(":", 1)[1]
+    for cmd in (add.replace("./legal-lora", str(legal_lora)), ls):
+        argv = shlex.split(cmd)
+        out = subprocess.run(
+            [str(README.parent / argv[0]), *argv[1:], "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "default/legal@" in out.stdout, out.stdout
+    cmd = shlex.split(curl.replace("localhost:8080", real_server.url))
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert len(json.loads(got.stdout)["data"][0]["embedding"]) == 384, got.stdout

@@ -73,12 +73,16 @@ async def prepare_hosts(settings: Settings, runners: Mapping[str, Runner]) -> No
 
 
 def host_adapters(
-    settings: Settings, registry: AdapterRegistry, runners: Mapping[str, Runner], fleet: Fleet
+    settings: Settings,
+    registry: AdapterRegistry,
+    runners: Mapping[str, Runner],
+    fleet: Fleet,
+    node: str = "",
 ) -> HotTier:
     """Let every runner that can host adapters serve them: the warm tier on this disk,
     the hot tier within ``adapter_hot_bytes`` of the fleet's memory budget, whose
     bytes count against that budget."""
-    cache = AdapterCache.from_settings(registry, settings)
+    cache = AdapterCache.from_settings(registry, settings, node)
     cap = parse_size(settings.adapter_hot_bytes, limit=fleet.budget)
     tier = HotTier(cap)
     fleet.adapters = lambda: tier.held

@@ -86,6 +86,7 @@ def test_from_dict_reads_profiles_and_cost() -> None:
         ({**MINIMAL, "pooling": "max"}, "allowed: mean, cls, none"),
         ({**MINIMAL, "id": 7}, "key 'id' must be a non-empty string"),
         ({**MINIMAL, "id": ""}, "key 'id' must be a non-empty string"),
+        ({**MINIMAL, "id": "llama3:8b"}, "has a ':', which calls an adapter"),
         ({**MINIMAL, "max_seq_len": "abc"}, "key 'max_seq_len' must be an integer >= 1, not 'abc'"),
         ({**MINIMAL, "max_seq_len": 0}, "key 'max_seq_len' must be an integer >= 1"),
         ({**MINIMAL, "dimensions": 1.5}, "key 'dimensions' must be an integer"),

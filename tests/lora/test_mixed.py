@@ -50,7 +50,7 @@ def test_a_mixed_batch_equals_peft_alone_row_by_row(bert: Path, tmp_path: Path) 
         bank.add(key, tensors, scaling)
     rows = [None, "t/a", "t/b", "t/a", None, "t/c"]
     inputs = batch(len(rows))
-    with torch.inference_mode(), bank.plan(segments_of(rows)):
+    with torch.inference_mode(), bank.plan(segments_of(rows), len(rows)):
         mixed = model(**inputs).last_hidden_state
     with torch.inference_mode():
         base = model(**inputs).last_hidden_state  # no plan: the base model itself
@@ -101,7 +101,7 @@ def test_a_decoder_mixes_adapters_across_rows(tmp_path: Path) -> None:
     rows = ["t/y", None, "t/x", "t/y"]
     inputs = batch(len(rows), seed=5)
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    with torch.inference_mode(), bank.plan(segments_of(rows)):
+    with torch.inference_mode(), bank.plan(segments_of(rows), len(rows)):
         mixed = model(**inputs).logits
     for key, path in paths.items():
         with torch.inference_mode():

@@ -55,7 +55,7 @@ def mixed_equals_peft(base: Path, adapters: dict[str, Path], head: str, out: str
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 5000, (len(rows), 12), generator=g)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    with torch.inference_mode(), bank.plan(segments_of(rows)):
+    with torch.inference_mode(), bank.plan(segments_of(rows), len(rows)):
         mixed = getattr(model(**inputs), out)
     for key, path in adapters.items():
         with torch.inference_mode():

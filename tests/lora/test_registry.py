@@ -69,7 +69,12 @@ async def test_create_get_list_delete_and_versions(store: AdapterStore, kit: Kit
         await r.get(ALICE, "alice/legal")
     with pytest.raises(AdapterNotFound):
         await r.delete(ALICE, "alice/legal")
-    assert await store.keys() == []
+    # only each deleted version's claim and tombstone stay: a number is never reused
+    assert {k.rsplit("/", 1)[1] for k in await store.keys()} == {"claim", "deleted"}
+    again = await r.create(ALICE, "legal", kit.lora.config, kit.lora.weights, base=BASE)
+    assert str(again.id) == "alice/legal@6"
+    with pytest.raises(Conflict, match="never reused"):
+        await r.create(ALICE, "legal", kit.lora.config, kit.lora.weights, version=2)
 
 
 async def test_tenants_see_their_own_and_public_adapters(store: AdapterStore, kit: Kit) -> None:
@@ -96,7 +101,8 @@ async def test_tenants_see_their_own_and_public_adapters(store: AdapterStore, ki
     with pytest.raises(Forbidden):
         await r.delete(READER, "alice/mine")
     await r.delete(ADMIN, "alice/mine")
-    assert [k.split("/")[1] for k in await store.keys()] == ["public"] * 4
+    live = [k for k in await store.keys() if not k.endswith(("/claim", "/deleted"))]
+    assert [k.split("/")[1] for k in live] == ["public"] * 3  # alice's: a tombstone
 
 
 async def test_two_uploads_at_once_one_wins_one_409(store: AdapterStore, kit: Kit) -> None:

@@ -121,7 +121,7 @@ async def test_a_new_cache_adopts_what_is_on_disk(
     assert not (tmp_path / "warm" / ".tmp-leftover").exists()
 
 
-async def test_a_version_reused_after_a_delete_gets_fresh_bytes(
+async def test_a_name_uploaded_again_after_a_delete_gets_fresh_bytes(
     reg: AdapterRegistry,
     kit: Kit,
     tmp_path: Path,
@@ -130,6 +130,8 @@ async def test_a_version_reused_after_a_delete_gets_fresh_bytes(
     old = await cache.local("alice/a@1")
     await reg.delete(ALICE, "alice/a")
     info = await reg.create(ALICE, "a", kit.lora2.config, kit.lora2.weights)
-    assert str(info.id) == "alice/a@1"
-    new = await cache.local("alice/a@1")
+    assert str(info.id) == "alice/a@2"  # a deleted version's number is never reused
+    with pytest.raises(AdapterNotFound):
+        await cache.local("alice/a@1")
+    new = await cache.local("alice/a")
     assert new != old and (new / WEIGHTS).read_bytes() == kit.lora2.weights

@@ -273,3 +273,33 @@ def test_a_killed_device_process_loses_no_request(
     for text, _, body in [*results, *after]:
         np.testing.assert_allclose(body["embeddings"][0], expected[text], atol=1e-5)
     assert metric("fleetserve_device_restarts_total", 'device="cpu:0"') == 1
+
+
+def test_each_device_process_serves_adapters_from_the_object_store(
+    stack: tuple[GatewayThread, str], tiny_catalog: Path, tmp_path: Path
+) -> None:
+    from ..lora.test_serving import reference, upload
+    from ..tiny_lora import make_lora
+
+    gw, wid = stack
+    wait_for(lambda: (gw.beat(wid) or {}).get("ready"), 30, "the device processes")
+    base = tiny_catalog.parent / "model"
+    path = make_lora(base, tmp_path / "dev-lora", seed=9)
+    r = upload(gw.url, path, f"dev-{next(_prefixes)}")
+    assert r.status_code == 201, r.text
+    aid = r.json()["id"]
+    want = reference(base, path, TEXTS[:4])
+    with ThreadPoolExecutor(4) as pool:  # spread over both device processes
+        got = list(
+            pool.map(
+                lambda _: httpx.post(
+                    f"{gw.url}/v1/encode/{TINY}",
+                    json={"inputs": TEXTS[:4], "adapter": aid, "normalize": False},
+                    timeout=30,
+                ),
+                range(8),
+            )
+        )
+    for resp in got:
+        assert resp.status_code == 200, resp.text
+        np.testing.assert_allclose(np.asarray(resp.json()["embeddings"]), want, atol=1e-5)

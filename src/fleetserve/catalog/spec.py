@@ -191,6 +191,11 @@ class ModelSpec:
             )
         if not isinstance(model_id, str) or not model_id.strip():
             raise ValueError(f"key 'id' must be a non-empty string, not {model_id!r}")
+        if ":" in model_id:
+            raise ValueError(
+                f"key 'id' {model_id!r} has a ':', which calls an adapter (base:adapter); "
+                "name the model without one"
+            )
         from ..families import FAMILIES  # here: the families package imports this one
 
         family = _choice(d, "family", "dense", tuple(FAMILIES))

@@ -48,6 +48,7 @@ class Segment:
 @dataclass(slots=True)
 class _State:
     plan: tuple[Segment, ...] = ()
+    rows: int = 0  # the batch's rows, when a plan is set
     modules: dict[str, MixedLinear] = field(default_factory=dict)
 
 
@@ -62,6 +63,13 @@ class MixedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self.base(x)
+        if self._state.plan and x.shape[0] != self._state.rows:
+            # e.g. DeBERTa projects its shared relative positions with query_proj: a
+            # delta there would reach every row, so such a target cannot be mixed
+            raise RuntimeError(
+                f"adapters target {self.name}, which this model also applies to a tensor "
+                f"of {x.shape[0]} rows in a batch of {self._state.rows}: not per row"
+            )
         for seg in self._state.plan:
             w = seg.adapter.weights.get(self.name)
             if w is None:
@@ -156,18 +164,19 @@ class LoraBank:
 
     # -- one forward pass -----------------------------------------------------------
     @contextlib.contextmanager
-    def plan(self, segments: Sequence[tuple[str, Rows]]) -> Iterator[None]:
-        """Within this block, rows ``rows`` of the batch run adapter ``key``."""
+    def plan(self, segments: Sequence[tuple[str, Rows]], rows: int) -> Iterator[None]:
+        """Within this block, a batch of ``rows`` rows runs each segment's adapter on
+        its rows (the others run the base)."""
         plan = []
-        for key, rows in segments:
-            if isinstance(rows, torch.Tensor):
-                rows = rows.to(self.device)
-            plan.append(Segment(self.get(key), rows))
-        self._state.plan = tuple(plan)
+        for key, where in segments:
+            if isinstance(where, torch.Tensor):
+                where = where.to(self.device)
+            plan.append(Segment(self.get(key), where))
+        self._state.plan, self._state.rows = tuple(plan), rows
         try:
             yield
         finally:
-            self._state.plan = ()
+            self._state.plan, self._state.rows = (), 0
 
 
 def segments_of(keys: Sequence[str | None]) -> list[tuple[str, Rows]]:

@@ -6,12 +6,14 @@ Store layout, one directory per version::
     adapters/<tenant>/<name>/<version>/adapter_config.json
     adapters/<tenant>/<name>/<version>/adapter_model.safetensors
     adapters/<tenant>/<name>/<version>/info.json                  the commit marker
+    adapters/<tenant>/<name>/<version>/deleted                    a deleted version
 
 An upload is validated before anything is written. It then *claims* its version with
 the store's create-if-absent (so two gateways racing for one version end in one
 winner and one 409), writes the two files, and writes ``info.json`` last: a version
-without it is invisible, and a failed write deletes what it wrote. A delete removes
-``info.json`` first. Versions are immutable, so their infos are cached for good; the
+without it is invisible, and a failed write deletes what it wrote. A delete writes a
+tombstone, then removes ``info.json`` and the files; its claim stays, so a version
+number is never given out twice. Versions are immutable, so their infos are cached for good; the
 list of a name's versions is cached for ``ttl`` seconds and re-read on a miss, so
 uploads through other gateways are seen.
 
@@ -51,6 +53,7 @@ from .validate import CONFIG, WEIGHTS, Limits, config_base, read_config, validat
 ROOT = "adapters"
 INFO = "info.json"
 CLAIM = "claim"
+DELETED = "deleted"  # a deleted version's tombstone: versions are never reused
 FILES = (CONFIG, WEIGHTS)
 
 
@@ -197,6 +200,12 @@ class AdapterRegistry:
         elif version in done:
             raise Conflict(f"adapter {aid.at(version)} exists already", field="version")
         vid = aid.at(version)
+        if version in every and version not in done:
+            gone = await self.store.keys(f"{version_dir(vid)}/{DELETED}")
+            if gone:
+                raise Conflict(
+                    f"adapter {vid} was deleted; versions are never reused", field="version"
+                )
         token = json.dumps({"upload": uuid.uuid4().hex, "created": self._clock()}).encode()
         if not await self.store.create(f"{version_dir(vid)}/{CLAIM}", token):
             raise Conflict(f"adapter {vid} is being uploaded by another request", field="name")
@@ -212,10 +221,11 @@ class AdapterRegistry:
             await self._remove(info.id)
             raise
 
-    async def _remove(self, vid: AdapterId) -> None:
-        """Delete one version's objects, the commit marker first and the claim last."""
+    async def _remove(self, vid: AdapterId, *, keep_claim: bool = False) -> None:
+        """Delete one version's objects, the commit marker first and the claim last
+        (kept for a deleted version, beside its tombstone)."""
         root = version_dir(vid)
-        for leaf in (INFO, *FILES, CLAIM):
+        for leaf in (INFO, *FILES) if keep_claim else (INFO, *FILES, CLAIM):
             with contextlib.suppress(Exception):
                 await self.store.delete(f"{root}/{leaf}")
 
@@ -234,7 +244,9 @@ class AdapterRegistry:
         if not gone:
             raise AdapterNotFound(f"no adapter {aid}", field="adapter")
         for v in gone:
-            await self._remove(aid.at(v))
+            # the tombstone first: the version stays taken, so caches keyed by it hold
+            await self.store.put(f"{version_dir(aid.at(v))}/{DELETED}", b"")
+            await self._remove(aid.at(v), keep_claim=True)
             self._infos.pop(aid.at(v), None)
             self.deleted.add(str(aid.at(v)))
         self._listed.pop(aid.key, None)
@@ -340,7 +352,7 @@ class AdapterRegistry:
         """Delete versions a crashed upload left without ``info.json``, once their claim
         is ``max_age`` seconds old; returns how many."""
         keys = await self.store.keys(f"{ROOT}/")
-        committed = {k.rsplit("/", 1)[0] for k in keys if k.endswith(f"/{INFO}")}
+        committed = {k.rsplit("/", 1)[0] for k in keys if k.endswith((f"/{INFO}", f"/{DELETED}"))}
         swept = 0
         for key in keys:
             root, _, leaf = key.rpartition("/")

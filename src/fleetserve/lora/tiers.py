@@ -70,12 +70,17 @@ class AdapterCache:
         self._scan()
 
     @classmethod
-    def from_settings(cls, registry: AdapterRegistry, settings: Any) -> AdapterCache:
-        """``<cache_dir>/adapters`` within ``adapter_cache_bytes`` (a size or a percent
-        of that file system)."""
+    def from_settings(
+        cls, registry: AdapterRegistry, settings: Any, node: str = ""
+    ) -> AdapterCache:
+        """``<cache_dir>/adapters[/<node>]`` within ``adapter_cache_bytes`` (a size or a
+        percent of that file system). Processes sharing a cache directory (workers of
+        one host) each pass their own ``node``: one directory serves one process."""
         from ..fleet.memory import parse_size
 
         root = Path(settings.cache_dir).expanduser() / "adapters"
+        if node:
+            root = root / node
         root.mkdir(parents=True, exist_ok=True)
         try:
             cap = parse_size(settings.adapter_cache_bytes, limit=shutil.disk_usage(root).total)

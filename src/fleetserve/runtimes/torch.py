@@ -56,6 +56,7 @@ class TorchRuntime:
     tuner offers it as ``torch_compile`` and keeps it only where that pays."""
 
     name = "torch"
+    takes_adapters = True  # LoRA adapters, mixed per row (lora_bank)
 
     def __init__(
         self,

@@ -18,7 +18,9 @@ base rows included: loaded at start for a model loaded at start
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..families import FamilyAdapter
 from ..lora.bases import ADAPTER_FAMILIES
-from ..wire import FleetError, InternalError, InvalidInput
+from ..wire import AdapterNotFound, FleetError, InternalError, InvalidInput
 
 if TYPE_CHECKING:
     from ..catalog import ModelSpec, Profile
@@ -41,9 +43,13 @@ log = logging.getLogger("fleetserve.worker")
 class AdapterSource(Protocol):
     """Where a worker finds adapters by their resolved id (``tenant/name@version``)."""
 
-    async def local(self, key: str) -> Path:
-        """A local directory with the adapter's two files (the warm tier); raises
-        ``AdapterNotFound`` if it was deleted."""
+    def hold(self, key: str) -> contextlib.AbstractAsyncContextManager[Path]:
+        """A local directory with the adapter's two files (the warm tier), kept while
+        the block reads it; raises ``AdapterNotFound`` if it was deleted."""
+        ...
+
+    def forget(self, key: str) -> int:
+        """Drop the adapter's local copies (it was deleted)."""
         ...
 
     def alive(self, key: str) -> bool:
@@ -64,6 +70,9 @@ class AdapterHost(Protocol):
     """A runtime (torch), or a family running its own model (generation), that runs
     mixed-adapter batches."""
 
+    @property
+    def takes_adapters(self) -> bool: ...
+
     def lora_bank(self) -> LoraBank: ...
 
 
@@ -71,9 +80,9 @@ def _host_of(adapter: FamilyAdapter | None) -> AdapterHost | None:
     """What holds ``adapter``'s LoRA bank: the family (generation runs its own model)
     or its runtime (torch); None on a runtime that cannot take adapters."""
     if isinstance(adapter, AdapterHost):
-        return adapter
+        return adapter if adapter.takes_adapters else None
     if adapter is not None and isinstance(adapter.runtime, AdapterHost):
-        return adapter.runtime
+        return adapter.runtime if adapter.runtime.takes_adapters else None
     return None
 
 
@@ -86,6 +95,15 @@ class HotTier:
         self.busy: Counter[tuple[str, str]] = Counter()  # batches about to run them
         self.pinned: set[tuple[str, str]] = set()  # never evicted
         self.copies: dict[str, int] = {}  # model -> bytes of its torch copy for adapters
+        self._lock = threading.Lock()  # busy: batches, generation threads, the compute thread
+
+    def mark(self, model: str, key: str, delta: int) -> None:
+        """A batch (or a running sequence) is about to use ``key`` (+1), or is done (-1):
+        an adapter in use never leaves."""
+        with self._lock:
+            self.busy[(model, key)] += delta
+            if self.busy[(model, key)] <= 0:
+                del self.busy[(model, key)]
 
     @property
     def nbytes(self) -> int:
@@ -110,14 +128,15 @@ class HotTier:
         if pinned:
             self.pinned.add((model, key))
         evicted = []
-        for other in list(self._lru):
-            if self.nbytes <= self.cap:
-                break
-            if other == (model, key) or self.busy[other] or other in self.pinned:
-                continue
-            _, other_bank = self._lru.pop(other)
-            other_bank.remove(other[1])
-            evicted.append(f"{other[0]}:{other[1]}")
+        with self._lock:
+            for other in list(self._lru):
+                if self.nbytes <= self.cap:
+                    break
+                if other == (model, key) or self.busy.get(other) or other in self.pinned:
+                    continue
+                _, other_bank = self._lru.pop(other)
+                other_bank.remove(other[1])
+                evicted.append(f"{other[0]}:{other[1]}")
         return evicted
 
     def forget(self, model: str, keys: Iterable[str] | None = None) -> None:
@@ -183,13 +202,25 @@ class Hosting:
 
     async def prepare_adapters(self) -> None:
         """Load the torch copy now (a model loaded at start, before any adapter)."""
-        if self._hosting is not None and self.torch_factory is not None:
+        if (
+            self._hosting is not None
+            and self.torch_factory is not None
+            and self.spec.family in ADAPTER_FAMILIES
+        ):
             await self._to_torch()
+
+    def mark(self, key: str, delta: int) -> None:
+        if self._hosting is not None:
+            self._hosting[1].mark(self.spec.id, key, delta)
 
     async def heat(self, key: str) -> None:
         """Make ``key`` hot (concurrent callers share one load); raises its failure."""
         assert self._hosting is not None
-        await self._hosting[0].check(key)  # deleted since the gateway resolved it: 404
+        try:
+            await self._hosting[0].check(key)  # deleted since the gateway resolved it: 404
+        except AdapterNotFound:
+            await self._drop(key)
+            raise
         if self.hot(key):
             self._hosting[1].touch(self.spec.id, key)
             return
@@ -205,12 +236,12 @@ class Hosting:
         source, tier = self._hosting
         from ..lora.load import read_adapter
 
-        path = await source.local(key)
         await self._to_torch()
         loop = asyncio.get_running_loop()
         reader = ThreadPoolExecutor(1, thread_name_prefix="adapter")
         try:
-            tensors, scaling = await loop.run_in_executor(reader, read_adapter, path)
+            async with source.hold(key) as path:  # not evicted from disk while read
+                tensors, scaling = await loop.run_in_executor(reader, read_adapter, path)
         finally:
             reader.shutdown(wait=False)
         model = self.spec.id
@@ -224,6 +255,17 @@ class Hosting:
         evicted = await loop.run_in_executor(self._forward, add)
         if evicted:
             log.info("adapters left the hot tier: %s", ", ".join(evicted))
+
+    async def _drop(self, key: str) -> None:
+        """A deleted adapter leaves memory and disk (pinned or not)."""
+        assert self._hosting is not None
+        source, tier = self._hosting
+        source.forget(key)
+        host = _host_of(self.host_family)
+        if host is not None and key in host.lora_bank():
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._forward, host.lora_bank().remove, key)
+        tier.forget(self.spec.id, [key])
 
     def adapter_runtime(self) -> AdapterHost:
         host = _host_of(self.host_family)
@@ -278,7 +320,7 @@ class Hosting:
             return contextlib.nullcontext()
         from ..lora.mixed import segments_of
 
-        return self.adapter_runtime().lora_bank().plan(segments_of(keys))
+        return self.adapter_runtime().lora_bank().plan(segments_of(keys), len(keys))
 
     def unhost(self) -> None:
         """The model left memory: its torch copy and hot adapters went with it."""
@@ -288,18 +330,29 @@ class Hosting:
 
 
 async def submit_when_hot(
-    runner: Runner, job: Job, key: str, fail: Callable[[Job, FleetError], Awaitable[None]]
+    runner: Runner,
+    job: Job,
+    key: str,
+    fail: Callable[[Job, FleetError], Awaitable[None]],
+    done: Callable[[], None],
 ) -> None:
     """Submit ``job`` once its adapter is hot; a failure (a 400 for a family that
-    takes none, a 404 for a deleted adapter) answers this request only."""
+    takes none, a 404 for a deleted adapter) answers this request only. ``done`` is
+    called when it no longer waits here (its tokens count in the pull budget till then)."""
     try:
         runner.takes(key)
         await runner.heat(key)
-    except FleetError as err:
-        await fail(job, err)
-        return
     except Exception as exc:
-        log.exception("adapter %s failed to load for %s", key, runner.spec.id)
-        await fail(job, InternalError(f"adapter failed to load: {type(exc).__name__}"))
+        done()
+        await fail(job, as_fleet_error(exc, key, runner.spec.id))
         return
+    done()
     runner.submit(job)
+
+
+def as_fleet_error(exc: Exception, key: str, model: str) -> FleetError:
+    """What a request for adapter ``key`` is answered when making it hot failed."""
+    if isinstance(exc, FleetError):
+        return exc
+    log.exception("adapter %s failed to load for %s", key, model, exc_info=exc)
+    return InternalError(f"adapter failed to load: {type(exc).__name__}")

@@ -16,8 +16,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
+from typing import Any
 
 from rich.console import Console
 
@@ -64,7 +66,9 @@ class DeviceProcess(Service):
         self.device = device
         self.console = console
         self.metrics = Metrics()
-        catalog = build_catalog(settings)
+        self.catalog = catalog = build_catalog(settings)
+        self.adapters: Any = None
+        self._nats: Any = None
         profiles = build_profiles(settings)
         self.runners = {
             s.id: build_runner(s, settings, self.metrics, profiles.choose(s)) for s in catalog
@@ -81,6 +85,27 @@ class DeviceProcess(Service):
     def alive(self) -> bool:
         return (self.worker is None or self.worker.failed is None) and self.failed_stage() is None
 
+    async def _host_adapters(self) -> None:
+        """Adapters from the adapter store (the NATS object store by default, over a
+        connection of this process's own), the warm tier in a directory of its own."""
+        from ..adapters_setup import host_adapters, open_registry, prepare_hosts
+
+        nats = None
+        if self.settings.nats and not self.settings.adapter_store:
+            from ..queue.nats_conn import connect
+
+            nats = await connect(
+                self.settings.nats,
+                name=f"fleetserve-{self.device}-adapters",
+                retry_for=self.settings.nats_connect_timeout,
+            )
+        self._nats = nats
+        self.adapters = await open_registry(self.settings, self.catalog, nats=nats, declared=False)
+        node = f"{self.settings.worker_id or socket.gethostname()}-{self.device}"
+        registry = self.adapters.registry
+        host_adapters(self.settings, registry, self.runners, self.fleet, node=node)
+        await prepare_hosts(self.settings, self.runners)
+
     async def run(self) -> int:
         """Serve until the worker fails (1) or the parent goes away (0)."""
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
@@ -94,6 +119,7 @@ class DeviceProcess(Service):
                     continue
                 took = time.perf_counter() - t0
                 self.console.print(f"  {self.device}: loaded {m} in {took:.1f}s", markup=False)
+            await self._host_adapters()
             await self.queue.start()
             waits = [ack_wait_for(r.profile, self.settings) for r in self.runners.values()]
             self.worker = Worker(
@@ -123,6 +149,10 @@ class DeviceProcess(Service):
         finally:
             await self.stop_tasks()
             await self.queue.close()
+            if self.adapters is not None:
+                await self.adapters.close()
+            if self._nats is not None:
+                await self._nats.close()
             if self.worker is not None:
                 self.worker.close()
 

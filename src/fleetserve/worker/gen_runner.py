@@ -24,7 +24,7 @@ from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter
 from ..families.generate import GenerateAdapter
 from ..metrics import Metrics
-from ..wire import AdapterNotFound, FleetError, InternalError
+from ..wire import AdapterNotFound, FleetError, InternalError, Unavailable
 from .adapters import Hosting
 from .admission import Event, WaitQueue, cost
 from .batcher import Job
@@ -77,6 +77,7 @@ class GenerationRunner(Loadable, Hosting):
         self._live: dict[int, Job] = {}  # admitted jobs, by id
         self._cost = 0  # tokens reserved by the admitted jobs
         self._lock = threading.Lock()  # _live and _cost (external mode ends jobs in a pool)
+        self._marked: dict[int, str] = {}  # the adapter each running job holds in use
 
     @property
     def generation_adapter(self) -> GenerateAdapter:
@@ -234,6 +235,9 @@ class GenerationRunner(Loadable, Hosting):
         with self._lock:
             if self._live.pop(id(job), None) is not None:
                 self._cost -= cost(job)
+            key = self._marked.pop(id(job), None)
+        if key is not None:
+            self.mark(key, -1)
 
     def _serve_local(self) -> None:
         adapter = self.generation_adapter
@@ -243,8 +247,16 @@ class GenerationRunner(Loadable, Hosting):
         def start(job: Job) -> None:
             seq = adapter.sequence(job.prepared.items[0], tag=job)
             key = job.msg.envelope.adapter
-            if key is not None and not self.alive(key):
-                raise AdapterNotFound(f"adapter {key!r} was deleted", field="adapter")
+            if key is not None:
+                if not self.alive(key):
+                    raise AdapterNotFound(f"adapter {key!r} was deleted", field="adapter")
+                self.mark(key, +1)  # in use while the sequence runs (released in _leave)
+                self._marked[id(job)] = key
+                if not self.hot(key):  # it left memory while the job waited to start
+                    raise Unavailable(
+                        f"adapter {key!r} left memory before its sequence started; retry",
+                        retry_after=1.0,
+                    )
             seq.adapter = key
             seqs[id(job)] = seq
             engine.add(seq)

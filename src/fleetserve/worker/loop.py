@@ -76,6 +76,7 @@ class Worker:
         self.running = False
         self._jobs: set[Job] = set()
         self._loading: dict[int, Message] = {}  # waiting for their model to load
+        self._heating: dict[int, Message] = {}  # jobs waiting for their adapter to load
         self._chunks = Chunks(queue, self._spawner)
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
         self._tg: asyncio.TaskGroup | None = None
@@ -96,7 +97,7 @@ class Worker:
     @property
     def idle(self) -> bool:
         """Nothing waits in any model's batch former and no load is under way."""
-        return not self._loading and self._pending_tokens() == 0
+        return not self._loading and not self._heating and self._pending_tokens() == 0
 
     async def run(self) -> None:
         """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
@@ -129,7 +130,8 @@ class Worker:
     # -- intake -----------------------------------------------------------------
     def _pending_tokens(self) -> int:
         """Tokens waiting here: in the batch formers, and in requests whose model loads."""
-        waiting = sum(m.envelope.cost_hint for m in self._loading.values())
+        parked = [*self._loading.values(), *self._heating.values()]
+        waiting = sum(m.envelope.cost_hint for m in parked)
         return waiting + sum(r.former.pending_tokens for r in self.runners.values())
 
     async def _pull_loop(self) -> None:
@@ -213,6 +215,11 @@ class Worker:
         if self._loading.pop(id(msg), None) is not None:
             self._room.set()
 
+    def _heated(self, msg: Message) -> None:
+        """``msg``'s adapter is hot (or failed): its tokens leave the count."""
+        if self._heating.pop(id(msg), None) is not None:
+            self._room.set()
+
     def _done(self, job: Job) -> None:
         """The job is answered (or given back): its use of the model ends."""
         if job in self._jobs:
@@ -255,7 +262,9 @@ class Worker:
         if env.adapter is None:
             runner.submit(job)
         elif self._tg is not None:  # its adapter loads without holding up the pull loop
-            self._tg.create_task(submit_when_hot(runner, job, env.adapter, self._fail))
+            self._heating[id(msg)] = msg  # counted in the pull budget while it waits
+            unpark = functools.partial(self._heated, msg)
+            self._tg.create_task(submit_when_hot(runner, job, env.adapter, self._fail, unpark))
 
     # -- completion -------------------------------------------------------------
     def _schedule_finish(self, job: Job) -> None:

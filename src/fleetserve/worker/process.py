@@ -138,7 +138,8 @@ class WorkerProcess(Service):
         self.adapters = await open_registry(
             self.settings, self.catalog, nats=self.js.nc, declared=False
         )
-        host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
+        registry = self.adapters.registry
+        host_adapters(self.settings, registry, self.runners, self.fleet, node=self.node)
         await prepare_hosts(self.settings, self.runners)
         self.worker = Worker(
             queue,

@@ -12,8 +12,8 @@ from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter
 from ..fleet.member import Member, is_oom
 from ..metrics import Metrics
-from ..wire import AdapterNotFound, FleetError, InternalError, Task
-from .adapters import Hosting
+from ..wire import AdapterNotFound, InternalError, Task
+from .adapters import Hosting, as_fleet_error
 from .batcher import BatchFormer, Job, WorkItem
 from .loadable import (
     AdapterFactory,
@@ -197,23 +197,25 @@ class ModelRunner(Loadable, Hosting):
                 continue
             keep.append(it)
         keep.sort(key=lambda it: it.adapter or "")
-        for key in {it.adapter for it in keep if it.adapter}:
+        keys = {it.adapter for it in keep if it.adapter}
+        for key in keys:  # in use before any heats: heating one never evicts another
+            self.mark(key, +1)
+        for key in keys:
             try:
-                await self.heat(key)
-            except FleetError as err:
+                await self.heat(key)  # hot already, unless it left since its request came
+            except Exception as exc:
+                err = as_fleet_error(exc, key, self.spec.id)
                 for it in keep:
                     if it.adapter == key and not it.job.failed and self.fail is not None:
                         await self.fail(it.job, err)
         keep = [it for it in keep if not it.job.failed]
-        if self._hosting is not None:
-            for key in {it.adapter for it in keep if it.adapter}:
-                self._hosting[1].busy[(self.spec.id, key)] += 1
+        for key in keys - {it.adapter for it in keep}:
+            self.mark(key, -1)
         return keep
 
     def _release_adapters(self, batch: list[WorkItem]) -> None:
-        if self._hosting is not None:
-            for key in {it.adapter for it in batch if it.adapter}:
-                self._hosting[1].busy[(self.spec.id, key)] -= 1
+        for key in {it.adapter for it in batch if it.adapter}:
+            self.mark(key, -1)
 
     def _planned(self, items: list[Any], keys: list[str | None]) -> Sequence[Any]:
         """On the compute thread: a batch with adapter rows runs on the adapters' host

@@ -210,6 +210,11 @@ class GenerateAdapter(Family[GenItem, GenOptions, GenOutput]):
             engine.step()
         return [GenOutput(self.generation(s)) for s in seqs]
 
+    @property
+    def takes_adapters(self) -> bool:
+        """LoRA adapters run on the local model, not on the external runtime."""
+        return not self.external
+
     def lora_bank(self) -> LoraBank:
         """The loaded model's LoRA adapters, mixed per sequence (local runtime only)."""
         if self._bank is None:

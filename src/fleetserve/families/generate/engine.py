@@ -180,7 +180,7 @@ class Engine:
             return contextlib.nullcontext()
         from ...lora.mixed import segments_of
 
-        return self.bank.plan(segments_of(keys))
+        return self.bank.plan(segments_of(keys), len(keys))
 
     # -- tokens ---------------------------------------------------------------------------
     def _choose(self, seqs: Sequence[Seq], logits: torch.Tensor) -> None:
