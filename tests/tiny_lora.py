@@ -73,7 +73,9 @@ def make_lora(
             if "lora_" in name:
                 p.copy_(torch.randn_like(p) * scale)
     model.peft_config["default"].base_model_name_or_path = base_name or str(base)
-    model.save_pretrained(str(out))
+    with warnings.catch_warnings():  # a name that is no path: PEFT looks it up online
+        warnings.simplefilter("ignore")
+        model.save_pretrained(str(out))
     return out
 
 

@@ -70,9 +70,15 @@ def build_profiles(settings: Settings) -> Profiles:
 def weights_path(spec: ModelSpec, settings: Settings) -> Path:
     """Where ``spec``'s weights are on this machine: fetched or converted once if need
     be; a ``ModelNotFound`` listing every place looked in if they are nowhere."""
+    return resolve_sources(spec.id, spec.sources, settings)
+
+
+def resolve_sources(name: str, sources: tuple[str, ...], settings: Settings) -> Path:
+    """The first of ``sources`` on this machine (fetched or converted once), with the
+    settings' caches and object-store credentials."""
     return resolve(
-        spec.id,
-        spec.sources,
+        name,
+        sources,
         Path(settings.hf_cache).expanduser(),
         cache_dir=Path(settings.cache_dir).expanduser(),
         objects=ObjectStoreConfig(

@@ -52,8 +52,9 @@ def test_workers_keep_the_models_they_hold_and_do_not_thrash(
         assert wait_for(settled, 10), httpx.get(rc.api + "/v1/models").json()
         loads = rc.worker_metric('fleetserve_model_loads_total{model="aff/a",outcome="ok"}')
         loads += rc.worker_metric('fleetserve_model_loads_total{model="aff/b",outcome="ok"}')
-        # each model loaded once, and a few times more while heartbeats spread: not
-        # once every other request, as two workers that pull anything would
-        assert loads <= 8, loads
+        # each model loaded once, and a few times more while heartbeats spread (9 seen
+        # once in a full run on 2 busy cores): not once every other request (~80), as
+        # two workers that pull anything would
+        assert loads <= 12, loads
     finally:
         rc.cluster.stop()

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.adapters import AdapterDecl
-from ..catalog.fetch import ObjectStoreConfig
-from ..catalog.sources import resolve
 from ..wire import (
     PUBLIC_TENANT,
     AdapterNotFound,
@@ -92,18 +90,9 @@ async def _same(registry: AdapterRegistry, name: str, sha: str) -> tuple[Adapter
 
 
 def _resolve(decl: AdapterDecl, settings: Any) -> Path:
-    return resolve(
-        decl.name,
-        (decl.source,),
-        Path(settings.hf_cache).expanduser(),
-        cache_dir=Path(settings.cache_dir).expanduser(),
-        objects=ObjectStoreConfig(
-            settings.s3_endpoint,
-            settings.s3_region,
-            settings.s3_access_key_id,
-            settings.s3_secret_access_key,
-        ),
-    )
+    from ..assembly import resolve_sources  # here: assembly imports the worker side
+
+    return resolve_sources(decl.name, (decl.source,), settings)
 
 
 def read_dir(path: Path) -> tuple[bytes, bytes, list[str]]:

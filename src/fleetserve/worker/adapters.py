@@ -228,8 +228,13 @@ class Hosting:
         if fut is None:
             fut = asyncio.ensure_future(self._heat(key))
             self._heating[key] = fut
-            fut.add_done_callback(lambda _f: self._heating.pop(key, None))
+            fut.add_done_callback(lambda f: self._heated(key, f))
         await asyncio.shield(fut)
+
+    def _heated(self, key: str, fut: asyncio.Future[None]) -> None:
+        self._heating.pop(key, None)
+        if not fut.cancelled():
+            fut.exception()  # retrieved: its awaiters (if any are left) raise it
 
     async def _heat(self, key: str) -> None:
         assert self._hosting is not None
