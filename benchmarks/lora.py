@@ -171,15 +171,18 @@ def torch_profiles(root: Path, model: str) -> Path:
 
 def dense(args: argparse.Namespace, work: Path, console: Console) -> dict[str, Any]:
     adapters = make_adapters(MINILM, work / "minilm", 8, rank=16, targets=("query", "value"))
-    common = ["--models", MINILM]
     logs, src = work / "logs", Path("src")
+
+    def common(name: str) -> list[str]:  # each server's adapters in a store of its own
+        return ["--models", MINILM, "--adapter-store", (work / f"store-{name}").as_uri()]
+
     out: dict[str, Any] = {}
-    tuned = Server("lora-tuned", common, logs, src=src)
-    on_torch = Server(
-        "lora-torch", [*common, "--profile-dir", str(torch_profiles(work / "p", MINILM))],
-        logs, src=src,
-    )  # fmt: skip
-    single = Server("lora-single", [*common, "--max-adapters-per-batch", "1"], logs, src=src)
+    tuned = Server("lora-tuned", common("tuned"), logs, src=src)
+    profiles = str(torch_profiles(work / "p", MINILM))
+    on_torch = Server("lora-torch", [*common("torch"), "--profile-dir", profiles], logs, src=src)
+    single = Server(
+        "lora-single", [*common("single"), "--max-adapters-per-batch", "1"], logs, src=src
+    )
     servers = (tuned, on_torch, single)
     try:
         for srv in servers:
@@ -221,7 +224,9 @@ def runtime_of(srv: Server) -> dict[str, Any]:
 
 
 def generation(args: argparse.Namespace, work: Path, console: Console) -> dict[str, Any]:
-    srv = Server("lora-chat", ["--models", SMOLLM], work / "logs", src=Path("src"))
+    store = (work / "store-chat").as_uri()
+    args_ = ["--models", SMOLLM, "--adapter-store", store]
+    srv = Server("lora-chat", args_, work / "logs", src=Path("src"))
     try:
         srv.wait_ready()
         adapters = make_adapters(
