@@ -86,3 +86,24 @@ def peft_model(base: Path, adapter: Path, head: str = "base") -> Any:
     with warnings.catch_warnings():  # PEFT calls a transformers API deprecated in v5
         warnings.simplefilter("ignore", FutureWarning)
         return PeftModel.from_pretrained(load_base(base, head), str(adapter)).eval()
+
+
+def save_merged(base: Path, adapter: Path, head: str, out: Path) -> Path:
+    """PEFT's ``merge_and_unload`` of ``adapter`` into ``base``, saved as a model of its
+    own with the base's other files (tokenizer, chat template, projection heads)."""
+    from safetensors.torch import load_file, save_file
+
+    model = peft_model(base, adapter, head).merge_and_unload()
+    model.save_pretrained(str(out))
+    weights, kept = out / "model.safetensors", load_file(str(base / "model.safetensors"))
+    tensors = load_file(str(weights))  # keep what the head class drops (ColBERT's linear)
+    extra = {  # not merged under this name or without its prefix ("bert.")
+        k: v for k, v in kept.items() if k not in tensors and k.partition(".")[2] not in tensors
+    }
+    save_file({**extra, **tensors}, str(weights), metadata={"format": "pt"})
+    for f in base.iterdir():  # tokenizer, projection heads
+        if not (out / f.name).exists():
+            if f.is_dir():
+                continue
+            (out / f.name).write_bytes(f.read_bytes())
+    return out

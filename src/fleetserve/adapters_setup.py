@@ -26,7 +26,7 @@ from .lora.store import open_adapter_store
 from .lora.tiers import AdapterCache
 from .lora.validate import Limits
 from .settings import Settings
-from .worker.adapters import Hosting, HotTier
+from .worker.adapters import HotTier
 from .worker.runner import Runner
 
 log = logging.getLogger("fleetserve")
@@ -65,7 +65,7 @@ async def prepare_hosts(settings: Settings, runners: Mapping[str, Runner]) -> No
     if settings.adapter_hosts == "lazy":
         return
     for model, r in runners.items():
-        if r.loaded and isinstance(r, Hosting):
+        if r.loaded:
             try:
                 await r.prepare_adapters()
             except Exception as exc:  # adapters then fail alone; the base serves
@@ -87,7 +87,6 @@ def host_adapters(
     tier = HotTier(cap)
     fleet.adapters = lambda: tier.held
     for r in runners.values():
-        if isinstance(r, Hosting):
-            r.host_adapters(cache, tier)
+        r.host_adapters(cache, tier)
     log.info("adapters: %s hot, %s on disk", mib(cap), mib(cache.max_bytes))
     return tier

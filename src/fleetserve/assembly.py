@@ -33,7 +33,6 @@ from .runtimes import create_runtime
 from .settings import Settings
 from .wire import FleetError
 from .worker import ModelRunner
-from .worker.adapters import Hosting
 from .worker.gen_runner import GenerationRunner
 from .worker.runner import Runner
 
@@ -152,7 +151,7 @@ def build_runner(
         estimate=estimate,
         max_adapters=settings.max_adapters_per_batch,
     )
-    if isinstance(runner, Hosting) and not missing_extra("torch"):
+    if not missing_extra("torch"):
         # adapters run on torch: at the profile's precision where torch has it
         torch_precision = profile.precision if profile.precision != "int8" else "fp32"
         runner.torch_factory = lambda: make_adapter(torch_precision, "torch")

@@ -31,7 +31,6 @@ from .queue import MemoryQueue
 from .settings import Settings
 from .tune.quick import wanted as quick_wanted
 from .worker import Worker
-from .worker.adapters import Hosting
 
 
 class EmbeddedServer(Service):
@@ -96,7 +95,7 @@ class EmbeddedServer(Service):
                     "tasks": sorted(t.value for t in r.tasks),
                     "dimensions": getattr(r.adapter_or_none, "dim", None) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,
-                    "adapters": r.hosting_info() if isinstance(r, Hosting) else {},
+                    "adapters": r.hosting_info(),
                 }
             )
         return out

@@ -17,7 +17,7 @@ from tests.conftest import ServerThread, tiny_settings
 from tests.lora.test_serving import upload
 from tests.tiny_colbert import build_hf_colbert
 from tests.tiny_extract import build_token_classifier
-from tests.tiny_lora import make_lora, peft_model
+from tests.tiny_lora import make_lora, save_merged
 from tests.tiny_onnx import build_head
 from tests.tiny_rerank import build_cross_encoder
 from tests.tinymodels import write_spec
@@ -58,26 +58,6 @@ CASES: dict[str, tuple[Callable[[Path], Path], str, dict[str, Any], str, dict[st
 }
 
 
-def merged(base: Path, adapter: Path, head: str, out: Path) -> Path:
-    """The adapter merged into the base, saved beside the base's other files."""
-    from safetensors.torch import load_file, save_file
-
-    model = peft_model(base, adapter, head).merge_and_unload()
-    model.save_pretrained(str(out))
-    weights, kept = out / "model.safetensors", load_file(str(base / "model.safetensors"))
-    tensors = load_file(str(weights))  # keep what the head class drops (ColBERT's linear)
-    extra = {  # not merged under this name or without its prefix ("bert.")
-        k: v for k, v in kept.items() if k not in tensors and k.partition(".")[2] not in tensors
-    }
-    save_file({**extra, **tensors}, str(weights), metadata={"format": "pt"})
-    for f in base.iterdir():  # tokenizer, projection heads
-        if not (out / f.name).exists():
-            if f.is_dir():
-                continue
-            (out / f.name).write_bytes(f.read_bytes())
-    return out
-
-
 @pytest.fixture(scope="module")
 def served(
     tmp_path_factory: pytest.TempPathFactory,
@@ -90,8 +70,8 @@ def served(
         path = make_lora(base, root / f"{family}-lora", seed=30, head=head, scale=0.2)
         adapters[family] = path
         write_spec(cat, f"tiny/{family}", base, **spec)
-        write_spec(cat, f"tiny/{family}-merged", merged(base, path, head, root / f"{family}-m"),
-                   **spec)  # fmt: skip
+        merged = save_merged(base, path, head, root / f"{family}-m")
+        write_spec(cat, f"tiny/{family}-merged", merged, **spec)
     write_spec(cat, "tiny/zero-shot", root / "ner", family="zero_shot")
     settings = tiny_settings(
         cat, models="tiny/*", cache_dir=str(root / "cache"),

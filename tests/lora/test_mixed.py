@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -10,17 +9,10 @@ import torch
 
 from fleetserve.lora.load import read_adapter
 from fleetserve.lora.mixed import LoraBank, segments_of
+from fleetserve.lora.shapes import match_modules
 from tests.tiny_generate import build_llama
 from tests.tiny_lora import LLAMA_TARGETS, load_base, make_lora, peft_model
 from tests.tinymodels import build_bert
-
-
-def suffix_resolve(names: Sequence[str], modules: Sequence[str]) -> Mapping[str, str]:
-    out = {}
-    for n in names:
-        (hit,) = [m for m in modules if m == n or m.endswith("." + n)]
-        out[n] = hit
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +36,7 @@ def test_a_mixed_batch_equals_peft_alone_row_by_row(bert: Path, tmp_path: Path) 
         "t/c": make_lora(bert, tmp_path / "c", rank=2, seed=3, use_rslora=True),
     }
     model = load_base(bert)
-    bank = LoraBank(model, suffix_resolve, dtype=torch.float32)
+    bank = LoraBank(model, match_modules, dtype=torch.float32)
     for key, path in adapters.items():
         tensors, scaling = read_adapter(path)
         bank.add(key, tensors, scaling)
@@ -76,7 +68,7 @@ def test_segments_are_slices_when_sorted_and_indices_otherwise() -> None:
 
 def test_removed_adapters_leave_the_base_unchanged(bert: Path, tmp_path: Path) -> None:
     model = load_base(bert)
-    bank = LoraBank(model, suffix_resolve, dtype=torch.float32)
+    bank = LoraBank(model, match_modules, dtype=torch.float32)
     tensors, scaling = read_adapter(make_lora(bert, tmp_path / "a", seed=4))
     bank.add("t/a", tensors, scaling)
     inputs = batch(6)
@@ -95,7 +87,7 @@ def test_a_decoder_mixes_adapters_across_rows(tmp_path: Path) -> None:
         for i, k in enumerate(["t/x", "t/y"])
     }
     model = load_base(llama, "causal_lm")
-    bank = LoraBank(model, suffix_resolve, dtype=torch.float32)
+    bank = LoraBank(model, match_modules, dtype=torch.float32)
     for key, path in paths.items():
         bank.add(key, *read_adapter(path))
     rows = ["t/y", None, "t/x", "t/y"]
@@ -146,7 +138,7 @@ def test_continuous_batching_mixes_adapters_across_running_sequences(tmp_path: P
         return [s.out for s in seqs]
 
     model = load_base(llama, "causal_lm")
-    bank = LoraBank(model, suffix_resolve, dtype=torch.float32)
+    bank = LoraBank(model, match_modules, dtype=torch.float32)
     for key, path in paths.items():
         bank.add(key, *read_adapter(path))
     mixed = run(model, bank, keys)

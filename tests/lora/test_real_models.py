@@ -5,7 +5,6 @@ tuned precision stays within the quality gate."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -28,10 +27,6 @@ SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TEXTS = ["How long does a building permit take?", "Do I need a permit for a shed?"]
 
 
-def resolve_modules(names: Sequence[str], modules: Sequence[str]) -> Mapping[str, str]:
-    return match_modules(names, modules)
-
-
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     spec = Catalog.load().get(REAL)
@@ -48,7 +43,7 @@ def smollm(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def mixed_equals_peft(base: Path, adapters: dict[str, Path], head: str, out: str) -> None:
     model = load_base(base, head)
-    bank = LoraBank(model, resolve_modules, dtype=torch.float32)
+    bank = LoraBank(model, match_modules, dtype=torch.float32)
     for key, path in adapters.items():
         bank.add(key, *read_adapter(path))
     rows: list[str | None] = [*adapters, None, *adapters]

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ServerThread, tiny_settings
 from tests.lora.test_serving import upload
 from tests.tiny_generate import build_llama
-from tests.tiny_lora import LLAMA_TARGETS, make_lora, peft_model
+from tests.tiny_lora import LLAMA_TARGETS, make_lora, save_merged
 from tests.tinymodels import write_spec
 
 CHAT = "tiny/chat"
@@ -35,11 +35,7 @@ def setup(
         path = make_lora(llama, root / name, targets=LLAMA_TARGETS, seed=20 + i, scale=0.3,
                          head="causal_lm")  # fmt: skip
         adapters[name] = path
-        model = peft_model(llama, path, "causal_lm").merge_and_unload()
-        model.save_pretrained(str(root / f"merged-{name}"))
-        for f in llama.iterdir():  # the tokenizer and its chat template
-            if not (root / f"merged-{name}" / f.name).exists():
-                (root / f"merged-{name}" / f.name).write_bytes(f.read_bytes())
+        save_merged(llama, path, "causal_lm", root / f"merged-{name}")
         write_spec(cat, f"tiny/merged-{name}", root / f"merged-{name}", **spec)
     settings = tiny_settings(
         cat, models="tiny/*", cache_dir=str(root / "cache"),

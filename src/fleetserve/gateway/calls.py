@@ -29,14 +29,9 @@ class RegistryCalls:
         self.registry = registry
 
     async def resolve(self, principal: Principal, base: str, family: str, text: str) -> str:
-        from ..lora.bases import ADAPTER_FAMILIES
+        from ..lora.bases import check_takes_adapters
 
-        if family not in ADAPTER_FAMILIES:
-            raise InvalidInput(
-                f"model {base!r} ({family}) cannot take adapters; families that can: "
-                + ", ".join(sorted(ADAPTER_FAMILIES)),
-                field="adapter",
-            )
+        check_takes_adapters(base, family)
         info = await self.registry.get(principal, text)
         if info.base != base:
             raise InvalidInput(

@@ -18,6 +18,16 @@ ADAPTER_FAMILIES = frozenset({"dense", "sparse", "multivector", "cross_encoder",
 Shapes = Mapping[str, tuple[int, int]]
 
 
+def check_takes_adapters(model: str, family: str) -> None:
+    """A 400 naming the model unless its family takes adapters."""
+    if family not in ADAPTER_FAMILIES:
+        raise InvalidInput(
+            f"model {model!r} ({family}) cannot take adapters; families that can: "
+            + ", ".join(sorted(ADAPTER_FAMILIES)),
+            field="adapter",
+        )
+
+
 class Bases(Protocol):
     """The served base models, as the registry needs them."""
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..catalog import ModelSpec
 from ..catalog.adapters import AdapterDecl
 from ..wire import (
     PUBLIC_TENANT,
@@ -37,13 +38,13 @@ ATTEMPTS = 5
 
 
 async def register_declared(
-    registry: AdapterRegistry, catalog: Iterable[Any], settings: Any
+    registry: AdapterRegistry, catalog: Iterable[ModelSpec], settings: Any
 ) -> list[AdapterInfo]:
     """Register every adapter the catalog's specs declare; returns those registered
     or kept (failures are logged, not raised)."""
     out: list[AdapterInfo] = []
     for spec in catalog:
-        for decl in getattr(spec, "adapters", ()):
+        for decl in spec.adapters:
             try:
                 out.append(await register_one(registry, spec.id, decl, settings))
             except (FleetError, OSError, ValueError) as exc:

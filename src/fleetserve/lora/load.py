@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from .shapes import strip_peft
+
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
-_PREFIX = "base_model.model."
 
 
 def scaling_of(config: dict[str, object]) -> float:
@@ -28,7 +29,7 @@ def read_adapter(path: Path) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor
     flat = load_file(str(path / WEIGHTS))
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in flat.items():
-        name = key.removeprefix(_PREFIX)
+        name = strip_peft(key)
         for part in ("lora_A", "lora_B"):
             marker = f".{part}."
             if marker in name:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..families import FamilyAdapter
-from ..lora.bases import ADAPTER_FAMILIES
+from ..lora.bases import ADAPTER_FAMILIES, check_takes_adapters
 from ..wire import AdapterNotFound, FleetError, InternalError, InvalidInput
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class HotTier:
 
 
 class Hosting:
-    """The adapter side of a ModelRunner (a mixin over ``Loadable``)."""
+    """The adapter side of every runner (the base of ``Loadable``)."""
 
     spec: ModelSpec
     profile: Profile
@@ -169,10 +169,10 @@ class Hosting:
 
     def takes(self, key: str) -> None:
         """Raise a 400 if this model cannot serve adapter ``key``."""
-        if self._hosting is None or self.spec.family not in ADAPTER_FAMILIES:
+        check_takes_adapters(self.spec.id, self.spec.family)
+        if self._hosting is None:
             raise InvalidInput(
-                f"model {self.spec.id!r} ({self.spec.family}) cannot take adapters",
-                field="adapter",
+                f"this worker serves no adapters of {self.spec.id!r}", field="adapter"
             )
 
     def alive(self, key: str) -> bool:
@@ -230,6 +230,15 @@ class Hosting:
             self._heating[key] = fut
             fut.add_done_callback(lambda f: self._heated(key, f))
         await asyncio.shield(fut)
+
+    async def ensure_hot(self, key: str) -> None:
+        """For the batch loop: no I/O when ``key`` is hot (its request's ``heat`` checked
+        it in the store); else heat it again (it left the hot tier meanwhile)."""
+        if self.hot(key):
+            assert self._hosting is not None
+            self._hosting[1].touch(self.spec.id, key)
+            return
+        await self.heat(key)
 
     def _heated(self, key: str, fut: asyncio.Future[None]) -> None:
         self._heating.pop(key, None)

@@ -25,7 +25,6 @@ from ..families import FamilyAdapter
 from ..families.generate import GenerateAdapter
 from ..metrics import Metrics
 from ..wire import AdapterNotFound, FleetError, InternalError, Unavailable
-from .adapters import Hosting
 from .admission import Event, WaitQueue, cost
 from .batcher import Job
 from .loadable import AdapterFactory, FailFn, Loadable, Measure, Verify
@@ -42,7 +41,7 @@ class _Cancelled(Exception):
     """Raised from an external stream's callback to stop a cancelled sequence."""
 
 
-class GenerationRunner(Loadable, Hosting):
+class GenerationRunner(Loadable):
     """Continuous batching; sequences of different adapters of the model share every
     step, at most ``max_adapters`` distinct adapters at once."""
 

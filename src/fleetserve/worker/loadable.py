@@ -34,7 +34,7 @@ Measure = Callable[[FamilyAdapter], int]  # a loaded adapter -> its activation p
 Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
 
 
-class Loadable:
+class Loadable(Hosting):
     """Loading and unloading shared by runners; the fleet manager decides when.
 
     ``eager`` runners (pinned, or named in ``--models``) load at start and gate
@@ -184,8 +184,7 @@ class Loadable:
 
     def unload(self) -> None:
         """Drop the adapter (the fleet frees the memory after): it loads again on use."""
-        if isinstance(self, Hosting):
-            self.unhost()
+        self.unhost()
         self._adapter = None
         self.loaded = False
         self.profile = self._profile0

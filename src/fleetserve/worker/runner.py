@@ -13,7 +13,7 @@ from ..families import FamilyAdapter
 from ..fleet.member import Member, is_oom
 from ..metrics import Metrics
 from ..wire import AdapterNotFound, InternalError, Task
-from .adapters import Hosting, as_fleet_error
+from .adapters import AdapterSource, HotTier, as_fleet_error
 from .batcher import BatchFormer, Job, WorkItem
 from .loadable import (
     AdapterFactory,
@@ -75,6 +75,14 @@ class Runner(Member, Protocol):
 
     def submit(self, job: Job) -> None: ...
 
+    torch_factory: Callable[[], FamilyAdapter] | None  # the model on torch, for adapters
+
+    def host_adapters(self, source: AdapterSource, tier: HotTier) -> None: ...
+
+    async def prepare_adapters(self) -> None: ...
+
+    def hosting_info(self) -> dict[str, object]: ...
+
     def takes(self, key: str) -> None:
         """Raise a 400 if this model cannot serve adapter ``key``."""
         ...
@@ -95,7 +103,7 @@ class Runner(Member, Protocol):
     def close(self) -> None: ...
 
 
-class ModelRunner(Loadable, Hosting):
+class ModelRunner(Loadable):
     """Runs the batch loop for one model: take a batch, forward it, route the rows.
     Rows of different adapters of the model share a batch (see ``worker.adapters``)."""
 
@@ -202,7 +210,7 @@ class ModelRunner(Loadable, Hosting):
             self.mark(key, +1)
         for key in keys:
             try:
-                await self.heat(key)  # hot already, unless it left since its request came
+                await self.ensure_hot(key)  # hot already, unless it left since it came
             except Exception as exc:
                 err = as_fleet_error(exc, key, self.spec.id)
                 for it in keep:
