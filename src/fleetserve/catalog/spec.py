@@ -38,6 +38,8 @@ PROFILE_FIELDS = (
     "max_batch_size",
     "cost",
     "memory_bytes",
+    "interactive_cost",
+    "priority_cap",
 )
 COST_FIELDS = ("fixed_ms", "per_token_ms", "per_padded_token_ms")
 
@@ -55,6 +57,17 @@ class Profile:
     threads: int = 0  # intra-op threads per process (0: the runtime's default, all cores)
     processes: int = 1  # worker processes per device (fleetserve worker --devices)
     memory_bytes: int = 0  # measured footprint: weights plus the activation peak (0: unknown)
+    # requests predicted to cost at most this many tokens are interactive by default
+    interactive_cost: int = 2048
+    # the largest batch (padded tokens) while interactive work waits (0: max_batch_tokens);
+    # `fleetserve tune` sets it from the cost model so that a batch runs in ~25 ms
+    priority_cap: int = 0
+
+    @property
+    def interactive_batch_tokens(self) -> int:
+        """The batch budget while interactive work is waiting."""
+        cap = self.priority_cap or self.max_batch_tokens
+        return max(1, min(cap, self.max_batch_tokens))
 
     @classmethod
     def from_dict(cls, hardware: str, d: dict[str, Any]) -> Profile:
@@ -92,6 +105,8 @@ class Profile:
             threads=_count(d, "threads", 0, hardware, minimum=0),
             processes=_count(d, "processes", 1, hardware),
             memory_bytes=_count(d, "memory_bytes", 0, hardware, minimum=0),
+            interactive_cost=_count(d, "interactive_cost", 2048, hardware, minimum=0),
+            priority_cap=_count(d, "priority_cap", 0, hardware, minimum=0),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,6 +120,8 @@ class Profile:
             "max_batch_size": self.max_batch_size,
             "cost": {k: round(getattr(self.cost, k), 6) for k in COST_FIELDS},
             "memory_bytes": self.memory_bytes,
+            "interactive_cost": self.interactive_cost,
+            "priority_cap": self.priority_cap,
         }
 
 

@@ -32,7 +32,7 @@ from .errors import (
     UnsupportedMediaType,
     error_from_body,
 )
-from .types import Encoding, Envelope, OutputDtype, Reply, Task
+from .types import Encoding, Envelope, OutputDtype, Part, Priority, Reply, Task, parse_priority
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -53,8 +53,10 @@ __all__ = [
     "NotFound",
     "OutputDtype",
     "Overloaded",
+    "Part",
     "PayloadTooLarge",
     "Principal",
+    "Priority",
     "Reply",
     "Scope",
     "Task",
@@ -64,5 +66,6 @@ __all__ = [
     "error_from_body",
     "parse_adapter_id",
     "parse_duration",
+    "parse_priority",
     "split_model_name",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import InvalidInput
-from .types import Encoding, Envelope, Reply, Task
+from .types import Encoding, Envelope, Part, Priority, Reply, Task
 
 REQUEST_ID = "Fleetserve-Request-Id"
 MODEL = "Fleetserve-Model"
@@ -27,6 +27,8 @@ ADAPTER = "Fleetserve-Adapter"
 ENQUEUED_AT = "Fleetserve-Enqueued-At"
 KEEP_ALIVE = "Fleetserve-Keep-Alive"  # seconds, when the request set one
 REPLY_TO = "Fleetserve-Reply-To"
+PRIORITY = "Fleetserve-Priority"  # interactive | batch (absent: batch)
+PART = "Fleetserve-Part"  # parent:start:stop on a slice a worker put back
 PAYLOAD = "Fleetserve-Payload"  # a payload-store key; the body is then empty
 ERROR = "Fleetserve-Error"  # on replies: "1" when the body is an error body (JSON)
 TIMINGS = "Fleetserve-Timings"  # on replies: JSON object of floats
@@ -92,6 +94,10 @@ def envelope_headers(env: Envelope, reply_to: str, payload: str | None = None) -
         h[KEEP_ALIVE] = repr(env.keep_alive)
     if payload is not None:
         h[PAYLOAD] = payload
+    if env.priority is not Priority.BATCH:
+        h[PRIORITY] = env.priority.value
+    if env.part is not None:
+        h[PART] = env.part.header()
     return h
 
 
@@ -112,7 +118,9 @@ def _number(h: Mapping[str, str], name: str, kind: type[int] | type[float]) -> f
         ) from None
 
 
-def _enum(h: Mapping[str, str], name: str, kind: type[Task] | type[Encoding]) -> str:
+def _enum(
+    h: Mapping[str, str], name: str, kind: type[Task] | type[Encoding] | type[Priority]
+) -> str:
     raw = _need(h, name)
     try:
         return kind(raw).value
@@ -138,8 +146,22 @@ def routed_from_headers(h: Mapping[str, str] | None) -> Routed:
         adapter=h.get(ADAPTER) or None,
         enqueued_at=_number(h, ENQUEUED_AT, float),
         keep_alive=_number(h, KEEP_ALIVE, float) if h.get(KEEP_ALIVE) else None,
+        priority=Priority(_enum(h, PRIORITY, Priority)) if h.get(PRIORITY) else Priority.BATCH,
+        part=_part(h),
     )
     return Routed(env, _need(h, REPLY_TO), h.get(PAYLOAD) or None)
+
+
+def _part(h: Mapping[str, str]) -> Part | None:
+    raw = h.get(PART)
+    if not raw:
+        return None
+    try:
+        return Part.parse(raw)
+    except ValueError:
+        raise InvalidInput(
+            f"message header {PART} is malformed: {raw[:60]!r}", field=PART
+        ) from None
 
 
 def reply_headers(reply: Reply) -> tuple[dict[str, str], bytes]:

@@ -33,6 +33,49 @@ class OutputDtype(enum.StrEnum):
     BINARY = "binary"  # sign bits packed 8 per byte (numpy packbits, big-endian bit order)
 
 
+class Priority(enum.StrEnum):
+    """A request's class: interactive work is served before batch work.
+
+    The gateway picks it from the predicted cost (the profile's ``interactive_cost``)
+    unless ``X-Priority`` says otherwise; a request too large to be interactive is
+    served as batch whatever it claims."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+def parse_priority(raw: str) -> Priority:
+    """``interactive`` or ``batch`` (any case); a ``ValueError`` naming both otherwise."""
+    try:
+        return Priority(raw.strip().lower())
+    except ValueError:
+        raise ValueError(f"must be 'interactive' or 'batch', not {raw[:40]!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A slice of a larger request that a worker put back for others to share.
+
+    Items ``start`` to ``stop`` (of the parent's prepared items) travel as the body,
+    already prepared (``wire.items``); the reply carries their raw outputs back to the
+    worker that holds the parent, which answers the client once, in order."""
+
+    parent: str  # the request id of the request this slice belongs to
+    start: int
+    stop: int
+
+    def header(self) -> str:
+        return f"{self.parent}:{self.start}:{self.stop}"
+
+    @classmethod
+    def parse(cls, raw: str) -> Part:
+        parent, start, stop = raw.rsplit(":", 2)
+        a, b = int(start), int(stop)
+        if not parent or a < 0 or b <= a:
+            raise ValueError(f"bad part {raw[:60]!r}")
+        return cls(parent, a, b)
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """What the gateway attaches to a raw body. Workers plan from it without decoding."""
@@ -48,6 +91,12 @@ class Envelope:
     adapter: str | None = None
     enqueued_at: float = 0.0
     keep_alive: float | None = None  # seconds to keep the model resident after this use
+    priority: Priority = Priority.BATCH
+    part: Part | None = None  # a slice of another request, put back by a worker
+
+    @property
+    def interactive(self) -> bool:
+        return self.priority is Priority.INTERACTIVE
 
 
 @dataclass(slots=True)

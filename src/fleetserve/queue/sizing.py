@@ -1,0 +1,61 @@
+"""How much to pull and what to put back: pure decisions, shared with the simulator.
+
+A pull asks the queue for ``pull_batch`` messages: the budget divided by a high
+quantile of the lane's recent costs, not their mean. On a mixed workload (many small
+requests, a few large ones) the mean is dragged down by the small ones, so a pull
+sized from it brings several large requests that do not fit and must be put back.
+Sized from the 90th percentile, a pull rarely overshoots; when it undershoots, the
+worker pulls again as soon as its batch former has room.
+
+``keep`` decides, for messages that arrived in one pull, which to keep: each one
+while the cost so far stays within the budget plus ``slack`` (the first is always
+kept). The rest are put back at once for another worker.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+MAX_BATCH = 256  # messages one pull request may ask for
+QUANTILE = 0.9
+WINDOW = 256  # recent costs remembered per lane
+SLACK = 0.5  # keep up to 1.5x the budget: the former holds two budgets before pausing
+
+
+class CostWindow:
+    """The recent costs of one lane (model and class)."""
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self._costs: deque[int] = deque(maxlen=size)
+
+    def __len__(self) -> int:
+        return len(self._costs)
+
+    def add(self, cost: int) -> None:
+        self._costs.append(max(1, int(cost)))
+
+    def quantile(self, q: float = QUANTILE) -> float:
+        """The ``q`` quantile of recent costs (1.0 before any were seen)."""
+        if not self._costs:
+            return 1.0
+        ordered = sorted(self._costs)
+        return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+def pull_batch(budget: int, window: CostWindow, q: float = QUANTILE) -> int:
+    """Messages to ask for so that, at the lane's ``q`` cost, they fit ``budget``."""
+    return max(1, min(MAX_BATCH, int(budget / max(window.quantile(q), 1.0))))
+
+
+def keep(costs: Sequence[int], budget: int, slack: float = SLACK) -> list[bool]:
+    """Which of ``costs`` (in arrival order) to keep; the first always is."""
+    limit = budget * (1.0 + slack)
+    out: list[bool] = []
+    spent = 0
+    for cost in costs:
+        fits = not out or spent + cost <= limit
+        out.append(fits)
+        if fits:
+            spent += cost
+    return out
