@@ -1,4 +1,5 @@
-"""What the sync and async clients share: request building, decoding, retry policy."""
+"""What the sync and async clients share: their settings, request headers, decoding,
+retry policy, and the chunk plan of a long call."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ import contextlib
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 import numpy as np
@@ -17,30 +17,88 @@ from ..wire import (
     Encoding,
     FleetError,
     InternalError,
+    InvalidInput,
+    Priority,
     Unavailable,
     error_from_body,
+    parse_priority,
 )
-from ..wire.codec import array_from_wire, dumps, loads
-from .results import Quantized, RerankResult, SparseVector
+from ..wire.codec import encoding_of, loads
+from ._chunks import Limits, Span, limits_by_model, plan
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from ._calls import Job
 
 MSGPACK = Encoding.MSGPACK.value
 T = TypeVar("T")
-Opts = dict[str, Any]
 Array = np.ndarray[Any, Any]
 Texts = str | list[str]
+MODELS = "/v1/models"
+
+
+def priority_of(raw: str | None) -> Priority | None:
+    """``"interactive"`` or ``"batch"`` (``X-Priority``); anything else is refused here."""
+    if raw is None:
+        return None
+    try:
+        return parse_priority(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"priority {exc}", field="priority") from None
 
 
 class BaseClient:
-    """What the sync and async clients hold: the server and the retry policy."""
+    """What the sync and async clients hold: the server, the retry policy, the
+    pipelining of long calls and the limits the server advertised (fetched once)."""
 
-    def __init__(self, base_url: str, timeout: float, max_retries: int, max_backoff: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float,
+        max_retries: int,
+        max_backoff: float,
+        *,
+        max_in_flight: int = 4,
+        progress: bool = False,
+        priority: str | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
         self.base_url = base_url
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_backoff = max_backoff
+        self.max_in_flight = max_in_flight
+        self.progress = progress
+        self.priority = priority_of(priority)
+        self._limits: dict[str, Limits] | None = None  # per model, from GET /v1/models
 
     def _t(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else timeout
+
+    def _show(self, progress: bool | Progress | None) -> bool | Progress:
+        return self.progress if progress is None else progress
+
+    def _priority(self, priority: str | None) -> Priority | None:
+        return priority_of(priority) or self.priority
+
+    def _spans(self, job: Job[Any], sizes: list[int]) -> list[Span] | None:
+        """The chunks of a long call (after the limits are fetched); None: one request."""
+        limits = (self._limits or {}).get(job.model, Limits())
+        spans = plan(sizes, limits, job.base_bytes(), job.extra_tokens)
+        return spans if len(spans) > 1 else None
+
+    def _keep_limits(self, resp: httpx.Response | None) -> None:
+        """Cache what ``GET /v1/models`` said (nothing usable: the safe defaults)."""
+        found: dict[str, Limits] = {}
+        if resp is not None and resp.status_code == 200:
+            try:
+                enc = encoding_of(resp.headers.get("content-type"))
+                found = limits_by_model(loads(resp.content, enc))
+            except FleetError:
+                pass
+        self._limits = found
 
 
 RETRY_STATUSES = (429, 503)
@@ -58,120 +116,17 @@ class Call(Generic[T]):
     body: bytes
     decode: Callable[[Any], T]
 
-    def headers(self, timeout: float | None) -> dict[str, str]:
+    def headers(self, timeout: float | None, priority: Priority | None = None) -> dict[str, str]:
         headers = {"content-type": MSGPACK, "accept": MSGPACK}
         if timeout is not None:
             headers["x-request-timeout"] = repr(float(timeout))
+        if priority is not None:
+            headers["x-priority"] = priority.value
         return headers
 
     def result(self, resp: httpx.Response) -> T:
         raise_for_error(resp)
         return self.decode(loads(resp.content, Encoding.MSGPACK))
-
-
-def _call(path: str, body: dict[str, Any], decode: Callable[[Any], T]) -> Call[T]:
-    clean = {k: v for k, v in body.items() if v is not None}
-    return Call(path, dumps(clean, Encoding.MSGPACK), decode)
-
-
-def _model_path(route: str, model: str) -> str:
-    return f"/v1/{route}/{quote(model, safe='/')}"
-
-
-def encode_call(
-    model: str, texts: str | list[str], output_dtype: str, dequantize: bool, options: Opts
-) -> Call[Any]:
-    body = {"inputs": texts, **options}
-    if output_dtype != "float32":
-        body["output_dtype"] = output_dtype
-
-    def decode(reply: Any) -> Any:
-        scales = reply.get("scales")
-        return _vectors(reply, array_from_wire(reply["embeddings"]), scales, dequantize)
-
-    return _call(_model_path("encode", model), body, decode)
-
-
-def multivector_call(
-    model: str, texts: str | list[str], output_dtype: str, dequantize: bool, options: Opts
-) -> Call[list[Any]]:
-    body = {"inputs": texts, **options}
-    if output_dtype != "float32":
-        body["output_dtype"] = output_dtype
-
-    def decode(reply: Any) -> list[Any]:
-        mats = [array_from_wire(m) for m in reply["embeddings"]]
-        scales = reply.get("scales") or [None] * len(mats)
-        return [_vectors(reply, m, s, dequantize) for m, s in zip(mats, scales, strict=True)]
-
-    return _call(_model_path("encode", model), body, decode)
-
-
-def _vectors(reply: Any, values: Any, scales: Any, dequantize: bool) -> Any:
-    """A float array as sent, or the :class:`Quantized` form of int8 and binary vectors."""
-    dtype = reply.get("output_dtype")
-    if dtype not in ("int8", "binary"):
-        return values
-    scale_arr = None if scales is None else np.asarray(array_from_wire(scales), np.float32)
-    dims = int(reply.get("dimensions") or values.shape[-1])
-    q = Quantized(dtype, values, scale_arr, dims)
-    return q.dequantize() if dequantize else q
-
-
-def sparse_call(model: str, texts: str | list[str], options: Opts) -> Call[list[SparseVector]]:
-    def decode(reply: Any) -> list[SparseVector]:
-        return [
-            SparseVector(
-                np.asarray(array_from_wire(e["indices"]), np.uint32),
-                np.asarray(array_from_wire(e["values"]), np.float32),
-                e.get("tokens"),
-            )
-            for e in reply["embeddings"]
-        ]
-
-    return _call(_model_path("encode", model), {"inputs": texts, **options}, decode)
-
-
-def score_call(
-    model: str, query: str, items: list[str], truncate: bool, adapter: str | None = None
-) -> Call[list[float]]:
-    body = {"query": query, "items": items, "truncate": truncate, "adapter": adapter}
-    return _call(_model_path("score", model), body, lambda r: [float(s) for s in r["scores"]])
-
-
-def rerank_call(
-    model: str, query: str, documents: list[str], top_n: int | None, return_documents: bool
-) -> Call[list[RerankResult]]:
-    body = {
-        "model": model,
-        "query": query,
-        "documents": documents,
-        "top_n": top_n,
-        "return_documents": return_documents,
-    }
-
-    def decode(reply: Any) -> list[RerankResult]:
-        return [
-            RerankResult(
-                int(r["index"]),
-                float(r["relevance_score"]),
-                (r.get("document") or {}).get("text"),
-            )
-            for r in reply["results"]
-        ]
-
-    return _call("/v1/rerank", body, decode)
-
-
-def extract_call(
-    model: str,
-    inputs: str | list[str],
-    labels: list[str] | None,
-    threshold: float | None,
-    options: Opts,
-) -> Call[list[Any]]:
-    body = {"inputs": inputs, "labels": labels, "threshold": threshold, **options}
-    return _call(_model_path("extract", model), body, lambda r: list(r["results"]))
 
 
 def raise_for_error(resp: httpx.Response) -> None:

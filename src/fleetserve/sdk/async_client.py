@@ -8,13 +8,20 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
 
 import httpx
 
+from ..wire import Priority
 from . import _adapters as a
+from . import _calls as k
 from . import _common as c
+from ._chunks import sizes_if_large
+from ._pipeline import Bar, in_tasks
 from .results import Quantized, RerankResult, SparseVector
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 T = TypeVar("T")
 Array = c.Array
@@ -31,11 +38,23 @@ class AsyncClient(c.BaseClient):
         max_backoff: float = 10.0,
         api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_in_flight: int = 4,
+        progress: bool = False,
+        priority: str | None = None,
     ) -> None:
-        super().__init__(base_url, timeout, max_retries, max_backoff)
+        super().__init__(
+            base_url,
+            timeout,
+            max_retries,
+            max_backoff,
+            max_in_flight=max_in_flight,
+            progress=progress,
+            priority=priority,
+        )
         self._http = httpx.AsyncClient(
             base_url=base_url, timeout=timeout, transport=transport, headers=c.auth_headers(api_key)
         )
+        self._limits_lock = asyncio.Lock()
 
     @overload
     async def encode(
@@ -46,6 +65,8 @@ class AsyncClient(c.BaseClient):
         output_dtype: Literal["float32", "float16"] = ...,
         dequantize: bool = ...,
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array: ...
@@ -58,6 +79,8 @@ class AsyncClient(c.BaseClient):
         output_dtype: Literal["int8", "binary"],
         dequantize: Literal[True],
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array: ...
@@ -70,6 +93,8 @@ class AsyncClient(c.BaseClient):
         output_dtype: Literal["int8", "binary"],
         dequantize: Literal[False] = ...,
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Quantized: ...
@@ -82,6 +107,8 @@ class AsyncClient(c.BaseClient):
         output_dtype: str,
         dequantize: bool = ...,
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array | Quantized: ...
@@ -93,15 +120,15 @@ class AsyncClient(c.BaseClient):
         output_dtype: str = "float32",
         dequantize: bool = False,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> Array | Quantized:
         """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
         result: Array | Quantized
-        options = {**options, "adapter": adapter}
-        result = await self._run(
-            c.encode_call(model, texts, output_dtype, dequantize, options), timeout
-        )
+        job = k.encode_job(model, texts, output_dtype, dequantize, {**options, "adapter": adapter})
+        result = await self._job(job, timeout, priority, progress)
         return result
 
     async def encode_multivector(
@@ -114,14 +141,15 @@ class AsyncClient(c.BaseClient):
         output_dtype: str = "float32",
         dequantize: bool = False,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[Any]:
         """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
         opts = {"is_query": is_query, "max_tokens": max_tokens, "adapter": adapter, **options}
-        return await self._run(
-            c.multivector_call(model, texts, output_dtype, dequantize, opts), timeout
-        )
+        job = k.multivector_job(model, texts, output_dtype, dequantize, opts)
+        return await self._job(job, timeout, priority, progress)
 
     async def encode_sparse(
         self,
@@ -129,12 +157,14 @@ class AsyncClient(c.BaseClient):
         texts: Texts,
         *,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[SparseVector]:
         """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
-        options = {**options, "adapter": adapter}
-        return await self._run(c.sparse_call(model, texts, options), timeout)
+        job = k.sparse_job(model, texts, {**options, "adapter": adapter})
+        return await self._job(job, timeout, priority, progress)
 
     async def score(
         self,
@@ -144,10 +174,13 @@ class AsyncClient(c.BaseClient):
         *,
         truncate: bool = True,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
     ) -> list[float]:
         """The score of each item against the query, in input order."""
-        return await self._run(c.score_call(model, query, items, truncate, adapter), timeout)
+        job = k.score_job(model, query, items, truncate, adapter)
+        return await self._job(job, timeout, priority, progress)
 
     async def rerank(
         self,
@@ -157,11 +190,13 @@ class AsyncClient(c.BaseClient):
         *,
         top_n: int | None = None,
         return_documents: bool = False,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
     ) -> list[RerankResult]:
         """The documents ranked against the query, best first (``top_n`` of them)."""
-        call = c.rerank_call(model, query, documents, top_n, return_documents)
-        return await self._run(call, timeout)
+        job = k.rerank_job(model, query, documents, top_n, return_documents)
+        return await self._job(job, timeout, priority, progress)
 
     async def extract(
         self,
@@ -171,12 +206,14 @@ class AsyncClient(c.BaseClient):
         labels: list[str] | None = None,
         threshold: float | None = None,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[Any]:
         """Entities or labels, one result per input."""
-        options = {**options, "adapter": adapter}
-        return await self._run(c.extract_call(model, inputs, labels, threshold, options), timeout)
+        job = k.extract_job(model, inputs, labels, threshold, {**options, "adapter": adapter})
+        return await self._job(job, timeout, priority, progress)
 
     # -- adapters (/v1/adapters) ------------------------------------------------------
     async def upload_adapter(
@@ -218,9 +255,46 @@ class AsyncClient(c.BaseClient):
             await asyncio.sleep(c.backoff(resp, attempt, self.max_backoff))
         raise AssertionError("unreachable")
 
-    async def _run(self, call: c.Call[T], timeout: float | None) -> T:
+    async def _job(
+        self,
+        job: k.Job[T],
+        timeout: float | None,
+        priority: str | None,
+        progress: bool | Progress | None,
+    ) -> T:
+        """One request, or the chunks of a long list pipelined (see ``fleetserve.Client``)."""
+        chosen = self._priority(priority)
+        sizes = sizes_if_large(job.items)
+        if sizes is not None and self._limits is None:
+            await self._fetch_limits()
+        spans = None if sizes is None else self._spans(job, sizes)
+        with Bar(self._show(progress), job.count, job.model) as bar:
+            if spans is None:
+                out = await self._run(job.whole(), timeout, chosen)
+                bar.advance(job.count)
+                return out
+            bulk = chosen or Priority.BATCH  # a split call is bulk work
+
+            async def send(call: c.Call[T]) -> T:
+                return await self._run(call, timeout, bulk)
+
+            return await in_tasks(job, spans, send, self.max_in_flight, bar)
+
+    async def _fetch_limits(self) -> None:
+        async with self._limits_lock:
+            if self._limits is not None:
+                return
+            try:
+                resp: httpx.Response | None = await self._http.get(c.MODELS, timeout=self.timeout)
+            except httpx.HTTPError:
+                resp = None
+            self._keep_limits(resp)
+
+    async def _run(
+        self, call: c.Call[T], timeout: float | None, priority: Priority | None = None
+    ) -> T:
         t = self._t(timeout)
-        headers = call.headers(t)
+        headers = call.headers(t, priority)
         for attempt in range(self.max_retries + 1):
             with c.network_errors(t):
                 resp = await self._http.post(

@@ -27,21 +27,43 @@ Methods (the async client's are coroutines with the same arguments):
 - ``upload_adapter(path, name, base=None, version=None, pinned=False)``,
   ``list_adapters(base=None)``, ``get_adapter(id)`` and ``delete_adapter(id)``: the
   ``/v1/adapters`` resource (``path``: a PEFT adapter directory).
+
+Long lists: a call of more than a few dozen items (or 64 KiB) on ``encode``,
+``encode_multivector``, ``encode_sparse``, ``score``, ``rerank`` or ``extract`` goes
+as chunks sized from the limits the server advertises in ``GET /v1/models`` (fetched
+once per client; safe defaults where it says nothing), ``max_in_flight`` of them at a
+time, and comes back as the one result a single request returns, in input order.
+``timeout`` applies to each request. A failed chunk fails the call with its error,
+naming the item's index in the whole list. ``progress=True`` (per call, or per client)
+shows one rich progress bar over the items on stderr; a ``rich.progress.Progress``
+gets a task of its own instead.
+
+``priority="interactive" | "batch"`` (per call, or per client) is sent as
+``X-Priority``; unset, the server decides by predicted cost, except that the chunks of
+a split call go as ``batch``.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
 
 import httpx
 
+from ..wire import Priority
 from . import _adapters as a
+from . import _calls as k
 from . import _common as c
+from ._chunks import sizes_if_large
+from ._pipeline import Bar, in_threads
 from .async_client import AsyncClient
 from .results import Quantized, RerankResult, SparseVector
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 T = TypeVar("T")
 Array = c.Array
@@ -58,11 +80,23 @@ class Client(c.BaseClient):
         max_backoff: float = 10.0,
         api_key: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        max_in_flight: int = 4,
+        progress: bool = False,
+        priority: str | None = None,
     ) -> None:
-        super().__init__(base_url, timeout, max_retries, max_backoff)
+        super().__init__(
+            base_url,
+            timeout,
+            max_retries,
+            max_backoff,
+            max_in_flight=max_in_flight,
+            progress=progress,
+            priority=priority,
+        )
         self._http = httpx.Client(
             base_url=base_url, timeout=timeout, transport=transport, headers=c.auth_headers(api_key)
         )
+        self._limits_lock = threading.Lock()
 
     @overload
     def encode(
@@ -73,6 +107,8 @@ class Client(c.BaseClient):
         output_dtype: Literal["float32", "float16"] = ...,
         dequantize: bool = ...,
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array: ...
@@ -85,6 +121,8 @@ class Client(c.BaseClient):
         output_dtype: Literal["int8", "binary"],
         dequantize: Literal[True],
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array: ...
@@ -97,6 +135,8 @@ class Client(c.BaseClient):
         output_dtype: Literal["int8", "binary"],
         dequantize: Literal[False] = ...,
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Quantized: ...
@@ -109,6 +149,8 @@ class Client(c.BaseClient):
         output_dtype: str,
         dequantize: bool = ...,
         adapter: str | None = ...,
+        priority: str | None = ...,
+        progress: bool | Progress | None = ...,
         timeout: float | None = ...,
         **options: Any,
     ) -> Array | Quantized: ...
@@ -120,13 +162,15 @@ class Client(c.BaseClient):
         output_dtype: str = "float32",
         dequantize: bool = False,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> Array | Quantized:
         """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
         result: Array | Quantized
-        options = {**options, "adapter": adapter}
-        result = self._run(c.encode_call(model, texts, output_dtype, dequantize, options), timeout)
+        job = k.encode_job(model, texts, output_dtype, dequantize, {**options, "adapter": adapter})
+        result = self._job(job, timeout, priority, progress)
         return result
 
     def encode_multivector(
@@ -139,12 +183,15 @@ class Client(c.BaseClient):
         output_dtype: str = "float32",
         dequantize: bool = False,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[Any]:
         """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
         opts = {"is_query": is_query, "max_tokens": max_tokens, "adapter": adapter, **options}
-        return self._run(c.multivector_call(model, texts, output_dtype, dequantize, opts), timeout)
+        job = k.multivector_job(model, texts, output_dtype, dequantize, opts)
+        return self._job(job, timeout, priority, progress)
 
     def encode_sparse(
         self,
@@ -152,12 +199,14 @@ class Client(c.BaseClient):
         texts: Texts,
         *,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[SparseVector]:
         """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
-        options = {**options, "adapter": adapter}
-        return self._run(c.sparse_call(model, texts, options), timeout)
+        job = k.sparse_job(model, texts, {**options, "adapter": adapter})
+        return self._job(job, timeout, priority, progress)
 
     def score(
         self,
@@ -167,10 +216,13 @@ class Client(c.BaseClient):
         *,
         truncate: bool = True,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
     ) -> list[float]:
         """The score of each item against the query, in input order."""
-        return self._run(c.score_call(model, query, items, truncate, adapter), timeout)
+        job = k.score_job(model, query, items, truncate, adapter)
+        return self._job(job, timeout, priority, progress)
 
     def rerank(
         self,
@@ -180,11 +232,13 @@ class Client(c.BaseClient):
         *,
         top_n: int | None = None,
         return_documents: bool = False,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
     ) -> list[RerankResult]:
         """The documents ranked against the query, best first (``top_n`` of them)."""
-        call = c.rerank_call(model, query, documents, top_n, return_documents)
-        return self._run(call, timeout)
+        job = k.rerank_job(model, query, documents, top_n, return_documents)
+        return self._job(job, timeout, priority, progress)
 
     def extract(
         self,
@@ -194,12 +248,14 @@ class Client(c.BaseClient):
         labels: list[str] | None = None,
         threshold: float | None = None,
         adapter: str | None = None,
+        priority: str | None = None,
+        progress: bool | Progress | None = None,
         timeout: float | None = None,
         **options: Any,
     ) -> list[Any]:
         """Entities or labels, one result per input."""
-        options = {**options, "adapter": adapter}
-        return self._run(c.extract_call(model, inputs, labels, threshold, options), timeout)
+        job = k.extract_job(model, inputs, labels, threshold, {**options, "adapter": adapter})
+        return self._job(job, timeout, priority, progress)
 
     # -- adapters (/v1/adapters) ------------------------------------------------------
     def upload_adapter(
@@ -241,9 +297,44 @@ class Client(c.BaseClient):
             time.sleep(c.backoff(resp, attempt, self.max_backoff))
         raise AssertionError("unreachable")
 
-    def _run(self, call: c.Call[T], timeout: float | None) -> T:
+    def _job(
+        self,
+        job: k.Job[T],
+        timeout: float | None,
+        priority: str | None,
+        progress: bool | Progress | None,
+    ) -> T:
+        """One request, or the chunks of a long list pipelined (see the module docstring)."""
+        chosen = self._priority(priority)
+        sizes = sizes_if_large(job.items)
+        if sizes is not None and self._limits is None:
+            self._fetch_limits()
+        spans = None if sizes is None else self._spans(job, sizes)
+        with Bar(self._show(progress), job.count, job.model) as bar:
+            if spans is None:
+                out = self._run(job.whole(), timeout, chosen)
+                bar.advance(job.count)
+                return out
+            bulk = chosen or Priority.BATCH  # a split call is bulk work
+
+            def send(call: c.Call[T]) -> T:
+                return self._run(call, timeout, bulk)
+
+            return in_threads(job, spans, send, self.max_in_flight, bar)
+
+    def _fetch_limits(self) -> None:
+        with self._limits_lock:
+            if self._limits is not None:
+                return
+            try:
+                resp: httpx.Response | None = self._http.get(c.MODELS, timeout=self.timeout)
+            except httpx.HTTPError:
+                resp = None
+            self._keep_limits(resp)
+
+    def _run(self, call: c.Call[T], timeout: float | None, priority: Priority | None = None) -> T:
         t = self._t(timeout)
-        headers = call.headers(t)
+        headers = call.headers(t, priority)
         for attempt in range(self.max_retries + 1):
             with c.network_errors(t):
                 resp = self._http.post(call.path, content=call.body, headers=headers, timeout=t + 1)
