@@ -21,6 +21,7 @@ COMMANDS = {
     "families": ("families", "every model family, HTTP against in-process"),
     "fleet": ("fleet", "eviction policies on a Zipf trace; latency during a cold load"),
     "lora": ("lora", "mixed-adapter batches against the base and one adapter per batch"),
+    "priority": ("priority", "queries under bulk load; the broker hop; against infinity"),
 }
 
 

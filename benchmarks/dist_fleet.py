@@ -54,10 +54,17 @@ class WorkerInfo:
 
 
 class Fleet:
-    def __init__(self, model: str, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        log_dir: Path,
+        env: Mapping[str, str] | None = None,
+        settings: Mapping[str, Any] | None = None,  # more flags for every child
+    ) -> None:
         self.model = model
         self.log_dir = log_dir
         self.env = dict(env) if env is not None else None
+        self.settings = dict(settings or {})
         self.nats = NatsServer()
         self.children: list[Child] = []
 
@@ -90,7 +97,7 @@ class Fleet:
         return HttpTarget(name, [], "/v1/embeddings", self.model, "/readyz", port=port)
 
     def _common(self, **extra: Any) -> dict[str, Any]:
-        return {"models": self.model, "log_level": "warning", **extra}
+        return {"models": self.model, "log_level": "warning", **self.settings, **extra}
 
     def embedded(self, name: str) -> HttpTarget:
         """``fleetserve serve``: gateway, in-process queue and worker in one process."""

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from fleetserve.queue import Message, PendingReply, QueueStats, WorkQueue
+from fleetserve.queue.cancels import CancelListener
 from fleetserve.settings import Settings
 from fleetserve.wire import Envelope, Reply
 
@@ -121,7 +122,14 @@ class PushQueue:
             await q.refresh(models)
 
     # -- a router only publishes: the worker side belongs to the workers' queues --------
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
+    ) -> list[Message]:
         raise NotImplementedError("a push router does not pull")
 
     async def ack(self, msg: Message) -> None:
@@ -141,6 +149,13 @@ class PushQueue:
 
     async def reply(self, msg: Message, reply: Reply) -> None:
         raise NotImplementedError("a push router does not reply")
+
+    async def cancel(self, request_id: str, until: float) -> None:
+        for q in self.queues:  # only the one it went to holds it; the others drop it
+            await q.cancel(request_id, until)
+
+    def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
+        raise NotImplementedError("a push router does not hear cancels: workers do")
 
 
 async def serve_router(settings: Settings, prefixes: Sequence[str], policy: str) -> None:

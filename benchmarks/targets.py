@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import numpy as np
@@ -37,6 +37,7 @@ class HttpTarget:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     cwd: Path | None = None  # the server's working directory (default: this one)
+    log: IO[bytes] | None = None  # its output, closed by stop()
 
     @property
     def url(self) -> str:
@@ -46,6 +47,7 @@ class HttpTarget:
         self.port = free_port()
         argv = [a.replace("{port}", str(self.port)) for a in self.argv]
         log = open(log_dir / f"{self.name}.log", "wb")  # noqa: SIM115 - lives with the process
+        self.log = log
         self.proc = subprocess.Popen(
             argv,
             stdout=log,
@@ -91,6 +93,8 @@ class HttpTarget:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.log is not None:
+            self.log.close()
 
 
 def fleetserve_target(
