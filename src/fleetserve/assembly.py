@@ -136,21 +136,21 @@ def build_runner(
         )
         return weights_estimate(found, profile.precision) if found is not None else 0
 
-    cls: type[ModelRunner] | type[GenerationRunner] = ModelRunner
+    runner: ModelRunner | GenerationRunner
     if spec.family == "generate":
-        cls = GenerationRunner
-    runner = cls(
-        spec,
-        profile,
-        make_adapter,
-        metrics,
-        settings.max_batch_tokens,
-        eager=eager,
-        verify=verify,
-        measure=measure,
-        estimate=estimate,
-        max_adapters=settings.max_adapters_per_batch,
-    )
+        runner = GenerationRunner(
+            spec, profile, make_adapter, metrics, settings.max_batch_tokens,
+            eager=eager, verify=verify, measure=measure, estimate=estimate,
+            max_adapters=settings.max_adapters_per_batch,
+        )  # fmt: skip
+    else:
+        runner = ModelRunner(
+            spec, profile, make_adapter, metrics, settings.max_batch_tokens,
+            eager=eager, verify=verify, measure=measure, estimate=estimate,
+            max_adapters=settings.max_adapters_per_batch,
+            interactive_tokens=choice.interactive_batch_tokens,
+            hold=settings.interactive_hold, age_limit=settings.batch_age_limit,
+        )  # fmt: skip
     if not missing_extra("torch"):
         # adapters run on torch: at the profile's precision where torch has it
         torch_precision = profile.precision if profile.precision != "int8" else "fp32"

@@ -98,9 +98,24 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.cancelled = Counter(
+            "fleetserve_cancelled",
+            "Work stopped because its client went away, by where it was: queued (never "
+            "pulled, or pulled after its cancel), loading (waiting for its model or "
+            "adapter), batched (not started), running or generating. Work stopped at "
+            "its deadline counts in fleetserve_expired.",
+            ["model", "where"],
+            registry=r,
+        )
         self.retries = Counter(
             "fleetserve_retries",
             "Requests put back after their batch failed, to be tried again.",
+            ["model"],
+            registry=r,
+        )
+        self.slices = Counter(
+            "fleetserve_slices",
+            "Parts of requests too large for one batch, put back for other workers to share.",
             ["model"],
             registry=r,
         )

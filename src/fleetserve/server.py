@@ -45,7 +45,9 @@ class EmbeddedServer(Service):
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
         self.metrics = Metrics()
-        self.queue = MemoryQueue(settings.max_queue_depth, settings.retry_after)
+        self.queue = MemoryQueue(
+            settings.max_queue_depth, settings.retry_after, age_limit=settings.batch_age_limit
+        )
         self.profiles = build_profiles(settings)
         self.choices = {s.id: self.profiles.choose(s) for s in self.catalog}
         self.runners = {
@@ -63,6 +65,7 @@ class EmbeddedServer(Service):
             models_info=self.models_info,
             alive=self.alive,
             authenticator=self.auth,
+            interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
         )
         self.port = 0
         self.adapters: Adapters | None = None
@@ -96,6 +99,13 @@ class EmbeddedServer(Service):
                     "dimensions": getattr(r.adapter_or_none, "dim", None) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,
                     "adapters": r.hosting_info(),
+                    "limits": {  # what the SDK sizes the chunks of a long call from
+                        "max_body_bytes": self.settings.max_body_bytes,
+                        "max_batch_tokens": r.former.max_batch_tokens,
+                        "max_batch_size": r.profile.max_batch_size,
+                        "max_seq_len": spec.max_seq_len,
+                        "request_timeout_s": self.settings.request_timeout,
+                    },
                 }
             )
         return out

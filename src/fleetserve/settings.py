@@ -74,6 +74,14 @@ class Settings:
         "hold it takes it (distributed mode: workers pull for the models they hold first)."
     )  # fmt: skip
     request_timeout: float = setting(30.0, "Default request deadline in seconds.")
+    batch_age_limit: float = setting(
+        2.0, "Seconds batch-class work may wait in a worker while interactive work goes "
+        "first; older batch work takes the next batch (no starvation)."
+    )  # fmt: skip
+    interactive_hold: float = setting(
+        1.0, "Seconds after an interactive request during which batches stay capped at the "
+        "profile's priority_cap, so that the next query does not wait behind a full batch."
+    )  # fmt: skip
     generation_timeout: float = setting(
         300.0, "Default deadline in seconds for chat and generate requests (long outputs)."
     )

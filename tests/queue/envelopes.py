@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from fleetserve.wire import Encoding, Envelope, Task
+from fleetserve.wire import Encoding, Envelope, Priority, Task
 
 _ids = itertools.count()
 
@@ -17,6 +17,8 @@ def env(
     *,
     deadline_in: float = 30.0,
     encoding: Encoding = Encoding.JSON,
+    priority: Priority = Priority.BATCH,
+    waited: float = 0.0,
 ) -> Envelope:
     now = time.time()
     return Envelope(
@@ -27,5 +29,6 @@ def env(
         accept=encoding,
         cost_hint=cost,
         deadline=now + deadline_in,
-        enqueued_at=now,
+        enqueued_at=now - waited,
+        priority=priority,
     )

@@ -13,10 +13,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from fleetserve.queue import JetStreamQueue, MemoryQueue, PendingReply, StreamOptions, WorkQueue
+from fleetserve.queue import (
+    JetStreamQueue,
+    MemoryQueue,
+    Message,
+    PendingReply,
+    StreamOptions,
+    WorkQueue,
+)
 from fleetserve.queue.offload import OffloadingQueue
 from fleetserve.storage import MemoryStore, Offload
-from fleetserve.wire import DeadlineExceeded, Encoding, Overloaded, Reply
+from fleetserve.wire import DeadlineExceeded, Encoding, Overloaded, Priority, Reply
 
 from .envelopes import env
 from .test_local import LocalStack
@@ -295,3 +302,42 @@ async def test_close_releases_pullers_and_marks_unhealthy(queue: WorkQueue) -> N
     await queue.close()
     assert await asyncio.wait_for(task, 2) == []
     assert not queue.healthy
+
+
+# -- priority classes (issue 12) --------------------------------------------------------
+
+
+async def test_interactive_work_is_pulled_before_older_batch_work(queue: WorkQueue) -> None:
+    for i in range(3):
+        await queue.publish(env(rid=f"bulk-{i}", cost=10), b"")
+    await queue.publish(env(rid="query", cost=1, priority=Priority.INTERACTIVE), b"")
+    # each class oldest first, interactive before batch (the budget takes them all)
+    got = await pull_all(queue, 4)
+    assert [m.envelope.request_id for m in got] == ["query", "bulk-0", "bulk-1", "bulk-2"]
+    assert got[0].envelope.priority is Priority.INTERACTIVE
+    assert await settled(queue, "m/a", 0)
+
+
+async def test_a_small_budget_takes_the_interactive_request(queue: WorkQueue) -> None:
+    await queue.publish(env(rid="bulk", cost=10), b"")
+    await queue.publish(env(rid="query", cost=1, priority=Priority.INTERACTIVE), b"")
+    [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
+    assert msg.envelope.request_id == "query"
+
+
+async def test_batch_work_that_waited_too_long_goes_first(queue: WorkQueue) -> None:
+    # the age limit is 2 s (the default); this one has waited 10
+    await queue.publish(env(rid="old-bulk", cost=1, waited=10.0), b"")
+    await queue.publish(env(rid="query", cost=1, priority=Priority.INTERACTIVE), b"")
+    got = await pull_all(queue, 2)
+    assert [m.envelope.request_id for m in got] == ["old-bulk", "query"]
+
+
+async def pull_all(queue: WorkQueue, n: int) -> list[Message]:
+    """``n`` messages in one pull where the queue has them ready together (a
+    distributed queue may deliver a pull's worth in pieces: keep pulling)."""
+    got: list[Message] = []
+    end = time.monotonic() + 3.0
+    while len(got) < n and time.monotonic() < end:
+        got += await queue.pull(["m/a"], budget=1000, timeout=0.5)
+    return got

@@ -40,16 +40,42 @@ def test_subject_tokens_are_reversible_and_safe() -> None:
 
 
 async def test_put_back_is_counted_and_goes_to_the_head(queue: JetStreamQueue) -> None:
+    model = "org/m-1.5"
+    for _ in range(5):
+        await queue.publish(env(cost=1), b"x")
+    assert len(await drain(queue, model, 5)) == 5  # it learns: requests cost 1
     for _ in range(4):
         await queue.publish(env(cost=10), b"x")
-    first = await queue.pull(["org/m-1.5"], budget=100, timeout=1)  # learns the cost
-    for m in first:
-        await queue.nak(m)
-    got = await queue.pull(["org/m-1.5"], budget=15, timeout=1)
+    # sized for cost-1 requests, the pull asks for 15 and gets all 4: 3 go back
+    got = await queue.pull([model], budget=15, timeout=1)
     assert len(got) == 1
-    assert sum(queue.stats.put_backs.values()) >= 0  # counted whenever over-pulled
-    rest = await queue.pull(["org/m-1.5"], budget=1000, timeout=1)
-    assert len(got) + len(rest) == 4
+    assert queue.stats.put_backs == {model: 3}
+    # now sized from the 90th percentile of recent costs (10): no more put-backs
+    for _ in range(3):
+        assert len(await queue.pull([model], budget=15, timeout=1)) == 1
+    assert queue.stats.put_backs == {model: 3}
+
+
+async def drain(queue: JetStreamQueue, model: str, n: int) -> list[object]:
+    got: list[object] = []
+    end = time.monotonic() + 3
+    while len(got) < n and time.monotonic() < end:
+        for m in await queue.pull([model], budget=1000, timeout=0.5):
+            got.append(m)
+            await queue.ack(m)
+    return got
+
+
+async def test_each_class_has_its_own_subject(queue: JetStreamQueue) -> None:
+    from fleetserve.wire import Priority
+
+    o = queue.options
+    assert o.subject("a/b") == f"{o.prefix}.work.a_2Fb"  # batch: as before classes
+    assert o.subject("a/b", Priority.INTERACTIVE) == f"{o.prefix}.work.a_2Fb.i"
+    e = make_env("a/b", 1, priority=Priority.INTERACTIVE)
+    await queue.publish(e, b"x")
+    info = await queue.js.stream_info(o.stream, subjects_filter=f"{o.prefix}.work.>")
+    assert info.state.subjects == {o.subject("a/b", Priority.INTERACTIVE): 1}
 
 
 async def test_dead_letter_keeps_the_message_and_reason(queue: JetStreamQueue) -> None:

@@ -29,7 +29,7 @@ import yaml
 
 from .hardware import Hardware
 from .rules import fallback_chain, missing_extra, rule_profile
-from .spec import ModelSpec, Profile
+from .spec import INTERACTIVE_BATCH_MS, ModelSpec, Profile
 
 FILE_KEYS = ("model", "hardware_class", "profile", "provenance")
 HOW = ("tuned", "catalog", "fallback", "rule")
@@ -58,6 +58,17 @@ class Choice:
     reason: str
     file: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def interactive_batch_tokens(self) -> int:
+        """The batch budget while interactive work waits: the profile's ``priority_cap``;
+        for a tuned profile written before it had one, the same rule from its fitted
+        cost model; otherwise no cap (a cost model nobody fitted is no evidence)."""
+        p = self.profile
+        cap = p.priority_cap
+        if not cap and self.how == "tuned":
+            cap = p.cost.tokens_within(INTERACTIVE_BATCH_MS)
+        return max(1, min(cap or p.max_batch_tokens, p.max_batch_tokens))
 
     def describe(self) -> dict[str, Any]:
         """For ``GET /v1/models`` and ``fleetserve models``."""

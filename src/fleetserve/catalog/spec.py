@@ -28,6 +28,18 @@ class CostModel:
         padded = max_len * batch_size
         return self.fixed_ms + self.per_token_ms * tokens + self.per_padded_token_ms * padded
 
+    def tokens_within(self, ms: float) -> int:
+        """The largest batch (padded tokens, a multiple of 64, at least 64) predicted to
+        run within ``ms``. Dense batches (every row full) are the worst case, so real
+        tokens count as padded ones."""
+        per_token = self.per_token_ms + self.per_padded_token_ms
+        if per_token <= 0:
+            return 1 << 30
+        return max(64, int(max(0.0, ms - self.fixed_ms) / per_token) // 64 * 64)
+
+
+INTERACTIVE_BATCH_MS = 25.0  # a batch that runs while a query waits should take about this
+
 
 PROFILE_FIELDS = (
     "precision",
@@ -59,15 +71,10 @@ class Profile:
     memory_bytes: int = 0  # measured footprint: weights plus the activation peak (0: unknown)
     # requests predicted to cost at most this many tokens are interactive by default
     interactive_cost: int = 2048
-    # the largest batch (padded tokens) while interactive work waits (0: max_batch_tokens);
-    # `fleetserve tune` sets it from the cost model so that a batch runs in ~25 ms
+    # the largest batch (padded tokens) while interactive work waits; `fleetserve tune`
+    # sets it from the fitted cost model so that such a batch runs in about 25 ms
+    # (0: see ``Choice.interactive_batch_tokens``)
     priority_cap: int = 0
-
-    @property
-    def interactive_batch_tokens(self) -> int:
-        """The batch budget while interactive work is waiting."""
-        cap = self.priority_cap or self.max_batch_tokens
-        return max(1, min(cap, self.max_batch_tokens))
 
     @classmethod
     def from_dict(cls, hardware: str, d: dict[str, Any]) -> Profile:

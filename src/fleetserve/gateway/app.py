@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..catalog import Catalog
+from ..catalog.spec import Profile
 from ..metrics import Metrics
 from ..queue import WorkQueue
 from ..queue.base import PendingReply
@@ -37,6 +38,7 @@ from ..wire.codec import accept_of, encoding_of
 from . import envelope as env_mod
 from .auth import Authenticator, PrincipalApp, require
 from .calls import AdapterCalls
+from .disconnect import Watched
 from .errors import body_response, error_response
 from .http import Receive, Scope, Send, header, read_body, respond
 
@@ -62,6 +64,7 @@ class Gateway:
         authenticator: Authenticator | None = None,
         adapters: PrincipalApp | None = None,
         calls: AdapterCalls | None = None,
+        interactive_cost: Callable[[str], int] | None = None,
     ) -> None:
         # the key ring first: a bad auth setting refuses to start (ValueError), never opens
         self.auth = (
@@ -69,6 +72,8 @@ class Gateway:
         )
         self.adapters = adapters  # /v1/adapters[/...]: it checks scopes itself
         self.calls = calls  # resolves the adapter a request calls (None: no adapters here)
+        # a model's interactive threshold (its profile's), in predicted tokens
+        self.interactive_cost = interactive_cost or (lambda _model: Profile.interactive_cost)
         self.settings = settings
         self.catalog = catalog
         self.queue = queue
@@ -184,6 +189,10 @@ class Gateway:
                 else self.settings.request_timeout
             )
             timeout = env_mod.parse_timeout(header(scope, b"x-request-timeout"), default)
+            claimed = env_mod.parse_priority_header(header(scope, b"x-priority"))
+            priority = env_mod.classify(
+                env_mod.cost_of(len(body)), claimed, self.interactive_cost(model)
+            )
             env = env_mod.build(
                 model=model,
                 task=task,
@@ -195,8 +204,10 @@ class Gateway:
                 tenant=principal.tenant,  # the key's tenant (open: X-Tenant or default)
                 keep_alive=env_mod.parse_keep_alive(header(scope, b"x-keep-alive")),
                 adapter=adapter,
+                priority=priority,
             )
-            pending = await self.queue.publish(env, body)
+            # a client that hangs up (or a deadline that passes) cancels the work
+            pending = Watched(await self.queue.publish(env, body), receive, self.queue, env)
             if stream:
                 await self._stream(send, pending, env, route, t0)
                 return
@@ -222,6 +233,7 @@ class Gateway:
             (b"x-queue-time-ms", f"{reply.timings.get('queue_ms', 0.0):.3f}".encode()),
             (b"x-inference-time-ms", f"{reply.timings.get('inference_ms', 0.0):.3f}".encode()),
             (b"x-total-time-ms", f"{total * 1e3:.3f}".encode()),
+            (b"x-priority", env.priority.value.encode()),
         ]
         await respond(send, 200, headers, reply.body)
 
@@ -240,6 +252,7 @@ class Gateway:
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
             (b"x-request-id", env.request_id.encode()),
+            (b"x-priority", env.priority.value.encode()),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         code = "ok"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..wire import Encoding, Envelope, InvalidInput, Task, parse_duration
+from ..wire import Encoding, Envelope, InvalidInput, Priority, Task, parse_duration, parse_priority
 from ..wire.codec import TypedDecoder
 from ..wire.requests import AdapterOnly, ModelOnly, StreamOnly
 
@@ -54,6 +54,37 @@ def parse_timeout(raw: str | None, default: float) -> float:
     return value
 
 
+# a request that claims interactive is served so only up to this many times the
+# model's interactive_cost: a tenant cannot starve others by labelling bulk interactive
+CLAIM_FACTOR = 4
+
+
+def parse_priority_header(raw: str | None) -> Priority | None:
+    """The ``X-Priority`` header: ``interactive`` or ``batch``; ``None`` when absent."""
+    if raw is None:
+        return None
+    try:
+        return parse_priority(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"X-Priority {exc}", field="x-priority") from None
+
+
+def classify(cost: int, claimed: Priority | None, interactive_cost: int) -> Priority:
+    """The class a request is served in: from its predicted ``cost`` unless the client
+    claimed one; a claim of interactive above ``CLAIM_FACTOR`` times the threshold is
+    served as batch (the response's ``X-Priority`` says so)."""
+    if claimed is Priority.BATCH:
+        return Priority.BATCH
+    limit = interactive_cost * (CLAIM_FACTOR if claimed is Priority.INTERACTIVE else 1)
+    return Priority.INTERACTIVE if cost <= limit else Priority.BATCH
+
+
+def cost_of(body_size: int) -> int:
+    """The predicted cost in tokens, before anything is decoded: about four bytes of
+    body per token (the worker refines it after tokenizing)."""
+    return max(1, body_size // 4)
+
+
 def parse_keep_alive(raw: str | None) -> float | None:
     """The ``X-Keep-Alive`` header: how long the model stays resident after this
     request (``30s``, ``5m``, seconds), at most a day; ``None`` when absent."""
@@ -74,6 +105,7 @@ def build(
     tenant: str | None,
     keep_alive: float | None = None,
     adapter: str | None = None,
+    priority: Priority = Priority.BATCH,
 ) -> Envelope:
     now = time.time()
     return Envelope(
@@ -82,11 +114,11 @@ def build(
         task=task,
         content_type=content_type,
         accept=accept,
-        # about four bytes of body per token; the worker refines it after tokenizing
-        cost_hint=max(1, body_size // 4),
+        cost_hint=cost_of(body_size),
         deadline=now + timeout,
         tenant=tenant or "default",
         enqueued_at=now,
         keep_alive=keep_alive,
         adapter=adapter,
+        priority=priority,
     )

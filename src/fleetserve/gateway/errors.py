@@ -21,6 +21,7 @@ STATUS: dict[str, int] = {
     "internal_error": 500,
     "unavailable": 503,
     "deadline_exceeded": 504,
+    "cancelled": 499,  # nginx's Client Closed Request: the client hung up
 }
 
 

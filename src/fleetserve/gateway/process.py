@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ..assembly import build_catalog
+from ..assembly import build_catalog, build_profiles
 from ..catalog import Catalog
+from ..catalog.spec import Profile
 from ..cluster.presence import Registry
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
@@ -71,9 +72,21 @@ class GatewayProcess(Service):
                     "bytes": max((int(h.get("bytes") or 0) for h in holders), default=0),
                     "keep_alive": spec.keep_alive,
                     "loaded": any(h.get("loaded") for h in holders),
+                    "limits": {  # the workers' batch budgets are theirs: not known here
+                        "max_body_bytes": self.settings.max_body_bytes,
+                        "max_seq_len": spec.max_seq_len,
+                        "request_timeout_s": self.settings.request_timeout,
+                    },
                 }
             )
         return out
+
+    def _interactive_cost(self) -> Callable[[str], int]:
+        """Each model's interactive threshold, from its profile for this machine's class
+        (the workers' may differ; the threshold is in predicted tokens, not time)."""
+        profiles = build_profiles(self.settings)
+        costs = {s.id: profiles.choose(s).profile.interactive_cost for s in self.catalog}
+        return lambda model: costs.get(model, Profile.interactive_cost)
 
     async def start(self) -> None:
         self.js, queue, store = await open_distributed(self.settings, self.node)
@@ -92,6 +105,7 @@ class GatewayProcess(Service):
             authenticator=self.auth,
             adapters=self.adapters.routes,
             calls=self.adapters.calls,
+            interactive_cost=self._interactive_cost(),
         )
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         ttl = self.settings.payload_ttl

@@ -11,15 +11,19 @@ the dead-letter store keeps the message with the reason.
 
 ``depth`` is synchronous and, for a distributed queue, eventually consistent:
 ``refresh`` brings it up to date for the given models.
+
+A gateway whose client hung up (or whose deadline passed) calls ``cancel``; workers
+hear of it through ``on_cancel`` and stop that work wherever it is (``cancels.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ..wire import Envelope, Reply
+from .cancels import CancelListener
 
 
 @dataclass(slots=True)
@@ -81,8 +85,16 @@ class WorkQueue(Protocol):
         """
         ...
 
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
-        """Up to ``budget`` total cost (at least one message) within ``timeout`` seconds.
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
+    ) -> list[Message]:
+        """Up to ``budget`` total cost (at least one message) within ``timeout`` seconds,
+        interactive work first (``interactive_only``: nothing else).
 
         Returns an empty list when nothing arrived in time.
         """
@@ -110,6 +122,17 @@ class WorkQueue(Protocol):
 
     async def reply(self, msg: Message, reply: Reply) -> None:
         """Send the reply to the gateway that published ``msg``."""
+        ...
+
+    async def cancel(self, request_id: str, until: float) -> None:
+        """The client of ``request_id`` is gone, or its deadline passed: its work (and
+        its slices') stops wherever it is, waiting here or in any worker. ``until`` is
+        its deadline, after which none of it would run anyway."""
+        ...
+
+    def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
+        """Call ``listener`` for each cancel this queue hears of (the workers' side);
+        returns the call that removes it."""
         ...
 
     def depth(self, model: str) -> int:

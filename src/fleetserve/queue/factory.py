@@ -47,6 +47,7 @@ async def open_distributed(
         retry_after=settings.retry_after,
         node=node,
         connect_for=settings.nats_connect_timeout,
+        age_limit=settings.batch_age_limit,
     )
     await js.start()
     if ack_waits and js.puller is not None:

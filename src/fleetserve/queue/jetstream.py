@@ -1,9 +1,10 @@
 """The distributed WorkQueue: NATS JetStream.
 
-- One work-queue stream, ``<PREFIX>_WORK``, with one subject per model
-  (``<prefix>.work.<model token>``). Its per-subject limit, with ``discard new``, is
+- One work-queue stream, ``<PREFIX>_WORK``, with one subject per model and class
+  (``<prefix>.work.<model token>`` for batch work, ``...<model token>.i`` for
+  interactive work). Its per-subject limit, with ``discard new``, is
   the bounded queue: a full model answers ``Overloaded`` at publish.
-- One durable pull consumer per model, shared by every worker that serves it.
+- One durable pull consumer per model and class, shared by every worker that serves it.
 - The envelope travels in headers (``wire.headers``); bodies are never decoded here.
 - Replies go over core NATS to ``<prefix>.reply.<node>``, one subject per gateway.
 - ``dead_letter`` copies the message, with the reason, to ``<PREFIX>_DLQ``.
@@ -17,14 +18,16 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire import Envelope, Overloaded, Reply, Unavailable
+from ..wire import Envelope, Overloaded, Priority, Reply, Unavailable
 from ..wire import headers as H
 from .base import Message, QueueStats
+from .cancels import CancelListener
 from .dlq import DeadLetters
+from .js_cancel import CancelChannel
 from .js_pull import Puller
 from .nats_conn import connect
 from .pending import Pending
@@ -53,8 +56,11 @@ class StreamOptions:
     def stream(self) -> str:
         return f"{self.prefix.upper().replace('.', '_')}_WORK"
 
-    def subject(self, model: str) -> str:
-        return f"{self.prefix}.work.{H.subject_token(model)}"
+    def subject(self, model: str, priority: Priority = Priority.BATCH) -> str:
+        """A model's lane for a class: batch work on ``<prefix>.work.<model>``, as
+        before classes existed, interactive work on ``<prefix>.work.<model>.i``."""
+        base = f"{self.prefix}.work.{H.subject_token(model)}"
+        return base if priority is Priority.BATCH else f"{base}.i"
 
 
 class JetStreamQueue:
@@ -68,12 +74,14 @@ class JetStreamQueue:
         retry_after: float = 1.0,
         node: str | None = None,
         connect_for: float = 30.0,
+        age_limit: float = 2.0,
     ) -> None:
         self.url = url
         self.options = options or StreamOptions()
         self.retry_after = retry_after
         self.node = node or uuid.uuid4().hex[:12]
         self.connect_for = connect_for
+        self.age_limit = age_limit  # seconds before batch work goes ahead of interactive
         self.stats = QueueStats()
         self.nc: Any = None
         self.js: Any = None
@@ -86,6 +94,7 @@ class JetStreamQueue:
         self._unsure: set[int] = set()  # deliveries whose final reply may have been lost
         self._streamed: set[int] = set()  # deliveries that sent chunks: never redone
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._cancels = CancelChannel(self.options.prefix)  # <prefix>.cancel, core NATS
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:
@@ -102,9 +111,12 @@ class JetStreamQueue:
         self.dlq = DeadLetters(self.nc, self.js, self.options, self.stats)
         await self.dlq.ensure()
         await self.dlq.watch_max_deliveries()
-        self.puller = Puller(self.nc, self.js, self.options, self.stats, self.dlq)
+        self.puller = Puller(
+            self.nc, self.js, self.options, self.stats, self.dlq, age_limit=self.age_limit
+        )
         await self.puller.start()
         await self.nc.subscribe(self._reply_subject, cb=self._on_reply)
+        await self._cancels.start(self.nc)
         self._closed = False
 
     async def _ensure_stream(self) -> None:
@@ -198,7 +210,10 @@ class JetStreamQueue:
         headers = H.envelope_headers(envelope, self._reply_subject, payload)
         try:
             await self.js.publish(
-                self.options.subject(envelope.model), body, headers=headers, timeout=5
+                self.options.subject(envelope.model, envelope.priority),
+                body,
+                headers=headers,
+                timeout=5,
             )
         except Exception as exc:
             pending.cancel()
@@ -232,16 +247,31 @@ class JetStreamQueue:
     def _forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 
+    async def cancel(self, request_id: str, until: float) -> None:
+        self._forget(request_id)
+        await self._cancels.send(request_id, until)
+
+    def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
+        return self._cancels.on_cancel(listener)
+
     # -- worker side --------------------------------------------------------------
     def _puller(self) -> Puller:
         if self.puller is None:
             raise Unavailable("the queue is not started")
         return self.puller
 
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
+    ) -> list[Message]:
         if self._closed:
             return []
-        return await self._puller().pull(models, budget, timeout)
+        classes = (Priority.INTERACTIVE,) if interactive_only else tuple(Priority)
+        return await self._puller().pull(models, budget, timeout, classes)
 
     async def ack(self, msg: Message) -> None:
         self._streamed.discard(msg.delivery_id)

@@ -1,14 +1,18 @@
-"""Pulling from JetStream within a cost budget, oldest first across models.
+"""Pulling from JetStream within a cost budget: interactive work first, then batch
+work, each oldest first across models.
 
-Each model has one durable pull consumer; a worker keeps at most one pull request
-open per model, on its own inbox subject, so status replies (404 no messages, 408
-expired) are attributed without ambiguity. A pull first asks every model for what is
-ready now (``no_wait``); if nothing is, it long-polls with ``no_wait`` plus
-``expires``, which the server ends as soon as it has delivered what was ready.
+Each model has two lanes, one per priority class, each a subject with one durable
+pull consumer. A worker keeps at most one pull request open per lane, on its own
+inbox subject, so status replies (404 no messages, 408 expired) are attributed
+without ambiguity. A pull first asks every lane for what is ready now (``no_wait``);
+if nothing is, it long-polls with ``no_wait`` plus ``expires``, which the server ends
+as soon as it has delivered what was ready.
 
-The batch size asked for comes from the budget and a running average of each model's
-cost hints. What arrives beyond the budget is put back at once (NAK, no delay) so
-that another worker takes it; the put-back rate is counted.
+The batch size asked for comes from the budget and a high quantile of the lane's
+recent costs (``queue.sizing``). What arrives beyond the budget (and its slack) is put
+back at once (NAK, no delay) so that another worker takes it; the put-back rate is
+counted. Batch work older than ``age_limit`` gets one message ahead of interactive
+work, so that it never starves.
 """
 
 from __future__ import annotations
@@ -21,16 +25,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..wire import FleetError, InternalError
+from ..wire import FleetError, InternalError, Priority
 from ..wire import headers as H
 from .base import Message, QueueStats
+from .sizing import CostWindow, keep, priority_order, pull_batch
 
 if TYPE_CHECKING:
     from .dlq import DeadLetters
     from .jetstream import StreamOptions
 
 log = logging.getLogger("fleetserve.queue")
-MAX_BATCH = 256
+Lane = tuple[str, Priority]  # a model and a class: one subject, one consumer
+_CLASS_TOKEN = {Priority.INTERACTIVE: "i", Priority.BATCH: "b"}
+_TOKEN_CLASS = {v: k for k, v in _CLASS_TOKEN.items()}
 
 
 @dataclass(slots=True)
@@ -47,33 +54,47 @@ class Puller:
         options: StreamOptions,
         stats: QueueStats,
         dlq: DeadLetters,
+        age_limit: float = 2.0,
     ) -> None:
         self.nc = nc
+        self.age_limit = age_limit
         self.js = js
         self.options = options
         self.stats = stats
         self.dlq = dlq
         self._inbox = f"{nc.new_inbox()}"
-        self._buffer: list[tuple[int, str, Any]] = []  # (stream seq, model, raw msg)
-        self._open: dict[str, _Request] = {}
+        self._buffer: list[tuple[int, Lane, Any]] = []  # (stream seq, lane, raw msg)
+        self._open: dict[Lane, _Request] = {}
         self._arrived = asyncio.Event()
-        self._consumers: set[str] = set()
-        self._avg_cost: dict[str, float] = {}
-        self._pending: dict[str, int] = {}  # num_pending as last seen
-        self._oldest: dict[str, float | None] = {}  # its oldest message's enqueue time
-        self._naked: dict[str, int] = {}  # naked by us, not yet redelivered
+        self._consumers: set[Lane] = set()
+        self._costs: dict[Lane, CostWindow] = {}
+        self._pending: dict[Lane, int] = {}  # num_pending as last seen
+        self._oldest: dict[Lane, float | None] = {}  # its oldest message's enqueue time
+        self._naked: dict[Lane, int] = {}  # naked by us, not yet redelivered
         self._held: dict[int, Any] = {}
         self._ids = 0
         self._closed = False
         self._sub: Any = None
+        self._keeper: asyncio.Future[None] | None = None
         self.ack_waits: dict[str, float] = {}  # per model, sized from its profile
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+        self._sub = await self.nc.subscribe(f"{self._inbox}.>", cb=self._on_msg)
+        self._keeper = asyncio.ensure_future(self._keep_buffered())
+
+    async def _keep_buffered(self) -> None:
+        """Delivered here but not yet handed out (the worker's batch former is full):
+        still ours, so that JetStream does not redeliver them after ``ack_wait``."""
+        while not self._closed:  # ack_waits may change after start
+            await asyncio.sleep(min([self.options.ack_wait, *self.ack_waits.values()]) / 3)
+            for _, _, raw in list(self._buffer):
+                await _quietly(raw.in_progress())
 
     async def close(self) -> None:
         self._closed = True
         self._arrived.set()
+        if self._keeper is not None:
+            self._keeper.cancel()
         for _, _, raw in self._buffer:  # delivered to us but never handed out
             await _quietly(raw.nak())
         self._buffer.clear()
@@ -84,18 +105,31 @@ class Puller:
         self._consumers.clear()
 
     # -- consumers ----------------------------------------------------------------
-    def _durable(self, model: str) -> str:
-        return f"w-{H.subject_token(model)}"
+    def _durable(self, lane: Lane) -> str:
+        model, cls = lane
+        return f"w-{H.subject_token(model)}-{_CLASS_TOKEN[cls]}"
 
-    async def _ensure_consumer(self, model: str) -> None:
-        if model in self._consumers:
+    def _lane_of(self, subject: str) -> Lane | None:
+        """The lane of a delivery (its work subject) or a status (our inbox)."""
+        work = f"{self.options.prefix}.work."
+        if subject.startswith(work):
+            token, _, cls = subject[len(work) :].partition(".")
+            return H.model_from_token(token), _TOKEN_CLASS.get(cls, Priority.BATCH)
+        if subject.startswith(self._inbox + "."):
+            token, _, cls = subject[len(self._inbox) + 1 :].partition(".")
+            return H.model_from_token(token), _TOKEN_CLASS.get(cls, Priority.BATCH)
+        return None
+
+    async def _ensure_consumer(self, lane: Lane) -> None:
+        if lane in self._consumers:
             return
         from nats.js import api
 
         o = self.options
+        model, cls = lane
         config = api.ConsumerConfig(
-            durable_name=self._durable(model),
-            filter_subject=o.subject(model),
+            durable_name=self._durable(lane),
+            filter_subject=o.subject(model, cls),
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.ack_waits.get(model, o.ack_wait),
             max_deliver=o.max_deliver,
@@ -108,47 +142,47 @@ class Puller:
             if getattr(exc, "err_code", None) != 10148:  # exists with another config
                 raise
             await self.js.update_consumer(o.stream, config)
-        self._consumers.add(model)
+        self._consumers.add(lane)
 
     # -- deliveries -----------------------------------------------------------------
     async def _on_msg(self, raw: Any) -> None:
-        token = raw.subject.rsplit(".", 1)[1]
-        model = H.model_from_token(token)
-        req = self._open.get(model)
+        lane = self._lane_of(raw.subject)
+        if lane is None:
+            return
+        req = self._open.get(lane)
         hdrs = raw.headers or {}
         status = hdrs.get("Status")
         if not raw.reply:  # a status: 404 no messages, 408 expired, 409 ...
             if status is not None:
-                self._open.pop(model, None)
+                self._open.pop(lane, None)
                 pend = hdrs.get("Nats-Pending-Messages")
                 if pend is not None and pend.isdigit():
-                    self._pending[model] = int(pend)
+                    self._pending[lane] = int(pend)
                 self._arrived.set()
             return
         if req is not None:
             req.left -= 1
             if req.left <= 0:
-                self._open.pop(model, None)
+                self._open.pop(lane, None)
         meta = raw.metadata
-        self._pending[model] = meta.num_pending
+        self._pending[lane] = meta.num_pending
         if meta.num_delivered > 1:
-            self.stats.bump(self.stats.redeliveries, model)
-            waiting = self._naked.get(model, 0)
+            self.stats.bump(self.stats.redeliveries, lane[0])
+            waiting = self._naked.get(lane, 0)
             if waiting:
-                self._naked[model] = waiting - 1
-        self._buffer.append((meta.sequence.stream, model, raw))
+                self._naked[lane] = waiting - 1
+        self._buffer.append((meta.sequence.stream, lane, raw))
         self._arrived.set()
 
-    def _ask(self, model: str, budget: int, expires: float | None) -> None:
-        avg = self._avg_cost.get(model, 1.0)
-        batch = max(1, min(MAX_BATCH, int(budget / max(avg, 1.0))))
+    def _ask(self, lane: Lane, budget: int, expires: float | None) -> None:
+        batch = pull_batch(budget, self._costs.setdefault(lane, CostWindow()))
         req: dict[str, Any] = {"batch": batch, "no_wait": True}
         loop = asyncio.get_running_loop()
         if expires:
             req["expires"] = int(expires * 1e9)
-        self._open[model] = _Request(batch, loop.time() + (expires or 0.0) + 2.0)
-        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.options.stream}.{self._durable(model)}"
-        reply = f"{self._inbox}.{H.subject_token(model)}"
+        self._open[lane] = _Request(batch, loop.time() + (expires or 0.0) + 2.0)
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.options.stream}.{self._durable(lane)}"
+        reply = f"{self._inbox}.{H.subject_token(lane[0])}.{_CLASS_TOKEN[lane[1]]}"
         task = asyncio.ensure_future(
             self.nc.publish(subject, json.dumps(req).encode(), reply=reply)
         )
@@ -160,18 +194,26 @@ class Puller:
             if r.until < now:
                 del self._open[m]
 
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        classes: Sequence[Priority] = (Priority.INTERACTIVE, Priority.BATCH),
+    ) -> list[Message]:
+        """Up to ``budget`` from the lanes of ``models`` and ``classes``."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
-        for m in models:
-            await self._ensure_consumer(m)
-        wanted = set(models)
-        if not any(m in wanted for _, m, _ in self._buffer):
-            # what is ready now, from every model at once
-            asked = [m for m in models if m not in self._open]
-            for m in asked:
-                self._ask(m, budget, None)
-            while any(m in self._open for m in asked) and not self._closed:
+        lanes = [(m, p) for p in classes for m in models]
+        for lane in lanes:
+            await self._ensure_consumer(lane)
+        wanted = set(lanes)
+        if not any(lane in wanted for _, lane, _ in self._buffer):
+            # what is ready now, from every lane at once
+            asked = [lane for lane in lanes if lane not in self._open]
+            for lane in asked:
+                self._ask(lane, budget, None)
+            while any(lane in self._open for lane in asked) and not self._closed:
                 self._arrived.clear()
                 if await _wait(self._arrived, end - loop.time()) is False:
                     break
@@ -183,37 +225,38 @@ class Puller:
             if left <= 0:
                 return []
             self._expire_stale()
-            for m in models:
-                if m not in self._open:
-                    self._ask(m, budget, max(left, 0.001))
+            for lane in lanes:
+                if lane not in self._open:
+                    self._ask(lane, budget, max(left, 0.001))
             self._arrived.clear()
             if await _wait(self._arrived, left) is False:
                 return await self._take(wanted, budget)
         return []
 
-    async def _take(self, wanted: set[str], budget: int) -> list[Message]:
-        mine = sorted((b for b in self._buffer if b[1] in wanted), key=lambda b: b[0])
+    async def _take(self, wanted: set[Lane], budget: int) -> list[Message]:
+        mine = [b for b in self._buffer if b[1] in wanted]
         if not mine:
             return []
         self._buffer = [b for b in self._buffer if b[1] not in wanted]
+        msgs: list[Message] = []
+        for _, lane, raw in sorted(mine, key=lambda b: b[0]):  # oldest first
+            msg = await self._to_message(raw)
+            if msg is not None:
+                self._costs.setdefault(lane, CostWindow()).add(msg.envelope.cost_hint)
+                msgs.append(msg)
+        order = priority_order([m.envelope for m in msgs], self.age_limit)
+        msgs = [msgs[i] for i in order]
         out: list[Message] = []
-        spent = 0
-        for _, model, raw in mine:
-            msg = await self._to_message(model, raw)
-            if msg is None:
-                continue
-            cost = msg.envelope.cost_hint
-            prev = self._avg_cost.get(model)
-            self._avg_cost[model] = cost if prev is None else 0.8 * prev + 0.2 * cost
-            if out and spent + cost > budget:  # over-pulled: put it back for anyone
-                self.stats.bump(self.stats.put_backs, model)
+        keeps = keep([m.envelope.cost_hint for m in msgs], budget)
+        for msg, kept in zip(msgs, keeps, strict=True):
+            if kept:
+                out.append(msg)
+            else:  # over-pulled: put it back for anyone
+                self.stats.bump(self.stats.put_backs, msg.envelope.model)
                 await self.settle(msg, "nak")
-                continue
-            out.append(msg)
-            spent += cost
         return out
 
-    async def _to_message(self, model: str, raw: Any) -> Message | None:
+    async def _to_message(self, raw: Any) -> Message | None:
         try:
             routed = H.routed_from_headers(raw.headers)
         except FleetError as err:
@@ -243,8 +286,8 @@ class Puller:
         if how == "ack":  # confirmed, so a finished request is surely not redelivered
             await _quietly(raw.ack_sync(timeout=2.0))
         elif how == "nak":
-            model = msg.envelope.model
-            self._naked[model] = self._naked.get(model, 0) + 1
+            lane = (msg.envelope.model, msg.envelope.priority)
+            self._naked[lane] = self._naked.get(lane, 0) + 1
             await _quietly(raw.nak(delay or None))
         else:
             await _quietly(raw.term())
@@ -256,41 +299,43 @@ class Puller:
 
     # -- depth ----------------------------------------------------------------------
     def depth(self, model: str) -> int:
-        return self._pending.get(model, 0) + self._naked.get(model, 0)
+        return sum(
+            self._pending.get((model, p), 0) + self._naked.get((model, p), 0) for p in Priority
+        )
 
     def oldest_wait(self, model: str) -> float:
         """Seconds the oldest message not yet delivered for ``model`` has waited, as of
         the last ``refresh`` (0 when none waits)."""
-        at = self._oldest.get(model)
-        return max(0.0, time.time() - at) if at else 0.0
+        ats = [at for p in Priority if (at := self._oldest.get((model, p)))]
+        return max(0.0, time.time() - min(ats)) if ats else 0.0
 
-    async def _oldest_at(self, model: str, after: int) -> float | None:
-        """When the first message for ``model`` past stream sequence ``after`` was
+    async def _oldest_at(self, lane: Lane, after: int) -> float | None:
+        """When the first message of ``lane`` past stream sequence ``after`` was
         enqueued (the consumer has delivered everything up to ``after``)."""
         try:
             raw = await self.js.get_msg(
-                self.options.stream, seq=after + 1, subject=self.options.subject(model), next=True
+                self.options.stream, seq=after + 1, subject=self.options.subject(*lane), next=True
             )
             return float((raw.headers or {}).get(H.ENQUEUED_AT) or 0.0) or None
         except Exception:  # taken meanwhile, or the connection is down
             return None
 
     async def refresh(self, models: Sequence[str]) -> None:
-        for m in models:
+        for lane in [(m, p) for m in models for p in Priority]:
             try:
-                info = await self.js.consumer_info(self.options.stream, self._durable(m))
-                self._pending[m] = info.num_pending
-                self._oldest[m] = None
+                info = await self.js.consumer_info(self.options.stream, self._durable(lane))
+                self._pending[lane] = info.num_pending
+                self._oldest[lane] = None
                 if info.num_pending:
-                    self._oldest[m] = await self._oldest_at(m, info.delivered.stream_seq)
+                    self._oldest[lane] = await self._oldest_at(lane, info.delivered.stream_seq)
             except Exception:  # no consumer yet: everything stored is waiting
-                subject = self.options.subject(m)
+                subject = self.options.subject(*lane)
                 try:
                     si = await self.js.stream_info(self.options.stream, subjects_filter=subject)
                 except Exception:
                     continue  # the connection is down; keep the last figure
-                self._pending[m] = (si.state.subjects or {}).get(subject, 0)
-                self._oldest[m] = await self._oldest_at(m, 0) if self._pending[m] else None
+                self._pending[lane] = n = (si.state.subjects or {}).get(subject, 0)
+                self._oldest[lane] = await self._oldest_at(lane, 0) if n else None
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> bool:

@@ -16,6 +16,9 @@ device process runs a normal Worker whose queue is a :class:`LocalQueueClient`.
   dead-lettered with an error reply.
 - Buffered messages are kept alive upstream with ``touch``; a device's own touches
   are passed on, so a wedged device's work is still redelivered upstream in time.
+- A cancel heard upstream removes the request's buffered messages (terminated
+  upstream) and goes on to every device process, whose worker stops what it holds; a
+  device's own cancels go upstream.
 """
 
 from __future__ import annotations
@@ -34,9 +37,13 @@ import msgspec
 
 from ..wire import InternalError, InvalidInput, Reply
 from .base import PendingReply, WorkQueue
+from .cancels import Cancel as CancelWork
+from .cancels import concerns
 from .local_buffer import Entry, LocalBuffer
 from .local_proto import (
+    Abandon,
     Cancel,
+    Cancelled,
     Depths,
     Done,
     Hello,
@@ -81,6 +88,7 @@ class LocalQueueServer:
         *,
         touch_every: float = 1.0,
         max_deliver: int = 0,
+        age_limit: float = 2.0,
         on_hello: Callable[[dict[str, Any]], None] | None = None,
         on_lost: Callable[[dict[str, Any], int], None] | None = None,
     ) -> None:
@@ -90,7 +98,7 @@ class LocalQueueServer:
         self.max_deliver = max_deliver  # 0: a device crash never dead-letters
         self.on_hello = on_hello
         self.on_lost = on_lost
-        self.buffer = LocalBuffer(upstream)
+        self.buffer = LocalBuffer(upstream, age_limit)
         self.stats = self.buffer.stats
         self._conns: set[_Conn] = set()
         self._server: asyncio.Server | None = None
@@ -98,6 +106,7 @@ class LocalQueueServer:
         self._serving: set[asyncio.Task[Any]] = set()  # one per connection
         self._handlers: set[asyncio.Task[Any]] = set()  # pulls
         self._ops: set[asyncio.Task[None]] = set()  # upstream operations: finished at close
+        self._unlisten: Callable[[], None] | None = None  # from upstream cancels
 
     # -- views ------------------------------------------------------------------------
     @property
@@ -124,6 +133,7 @@ class LocalQueueServer:
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        self._unlisten = self.upstream.on_cancel(self._on_cancel)
         fetch, touch = self.buffer.fetch_forever(), self.buffer.touch_forever(self.touch_every)
         self._tasks.append(asyncio.create_task(fetch, name="local-queue-fetch"))
         self._tasks.append(asyncio.create_task(touch, name="local-queue-touch"))
@@ -132,6 +142,8 @@ class LocalQueueServer:
         """Stop serving; what is still here goes back upstream (NAK) for anyone."""
         if self._server is not None:
             self._server.close()
+        if self._unlisten is not None:
+            self._unlisten()
         for c in list(self._conns):
             c.writer.close()  # its reader sees the end and drops it
         if self._serving:
@@ -192,6 +204,19 @@ class LocalQueueServer:
                 watch[1].cancel()
         elif isinstance(f, Refresh):
             self._op(self._refresh(conn, f))
+        elif isinstance(f, Abandon):
+            self._op(self.upstream.cancel(f.request_id, f.until))
+
+    def _on_cancel(self, c: CancelWork) -> None:
+        """Heard upstream: buffered messages of it go (never handed out); every device
+        is told, the first with what was dropped here, so that it is counted once."""
+        gone = [e for e in self.buffer.entries if concerns(e.msg.envelope, c.request_id)]
+        for e in gone:
+            self.buffer.entries.remove(e)
+            self._op(self.upstream.term(e.msg))
+        dropped = [*c.dropped, *(e.model for e in gone)]
+        for i, conn in enumerate(list(self._conns)):
+            conn.send(Cancelled(c.request_id, c.until, dropped if i == 0 else []))
 
     def _drop(self, conn: _Conn) -> None:
         """The device process is gone: what it held goes to the others."""
@@ -219,7 +244,9 @@ class LocalQueueServer:
 
     # -- pulling ------------------------------------------------------------------------
     async def _pull(self, conn: _Conn, f: Pull) -> None:
-        got = await self.buffer.want(conn.held, f.models, f.budget, f.timeout)
+        got = await self.buffer.want(
+            conn.held, f.models, f.budget, f.timeout, interactive_only=f.interactive_only
+        )
         msgs = [WireMsg(e.lid, e.msg.envelope, e.msg.body, e.attempts, e.msg.payload) for e in got]
         conn.send(Pulled(f.rid, msgs, {m: self.depth(m) for m in f.models}))
 

@@ -3,8 +3,8 @@
 Device processes ask with ``want`` (models, budget, timeout). One fetch loop pulls
 upstream for everyone who waits, within the sum of their budgets: a long poll when
 nothing here fits anyone, a quick top-up when something does. What arrives is handed
-out first come, first served; what nobody took stays here for the next who asks, and
-is kept alive upstream with ``touch``.
+out first come, first served, interactive work first; what nobody took stays here for
+the next who asks, and is kept alive upstream with ``touch``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .base import Message, QueueStats, WorkQueue
+from .sizing import priority_order
 
 log = logging.getLogger("fleetserve.queue.local")
 POLL = 0.5  # longest upstream long-poll, so that a new set of models is picked up soon
@@ -43,11 +44,13 @@ class _Waiter:
     budget: int
     until: float
     future: asyncio.Future[list[Entry]]
+    interactive_only: bool = False
 
 
 class LocalBuffer:
-    def __init__(self, upstream: WorkQueue) -> None:
+    def __init__(self, upstream: WorkQueue, age_limit: float = 2.0) -> None:
         self.upstream = upstream
+        self.age_limit = age_limit  # seconds before batch work goes ahead of interactive
         self.stats = QueueStats()  # redeliveries here: NAKs and crashed devices
         self.entries: list[Entry] = []
         self.delayed: set[Entry] = set()  # NAK-ed with a delay: back soon
@@ -62,12 +65,19 @@ class LocalBuffer:
         return self.upstream.depth(model) + sum(1 for e in self.entries if e.model == model)
 
     async def want(
-        self, held: dict[int, Entry], models: Sequence[str], budget: int, timeout: float
+        self,
+        held: dict[int, Entry],
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
     ) -> list[Entry]:
         """Up to ``budget`` (at least one message) within ``timeout``; recorded in ``held``."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[Entry]] = loop.create_future()
-        w = _Waiter(held, set(models), max(1, budget), loop.time() + timeout, fut)
+        until = loop.time() + timeout
+        w = _Waiter(held, set(models), max(1, budget), until, fut, interactive_only)
         self._waiters.append(w)
         self._demand.set()
         if self._polling or timeout <= 0:  # the fetch loop is busy: serve from here now
@@ -144,7 +154,7 @@ class LocalBuffer:
             if w.future.done():
                 self._waiters.remove(w)
                 continue
-            got = self._take(w.models, w.budget)
+            got = self._take(w.models, w.budget, w.interactive_only)
             if got:
                 for e in got:
                     e.lid = next(self._lids)
@@ -152,12 +162,16 @@ class LocalBuffer:
                 w.future.set_result(got)
                 self._waiters.remove(w)
 
-    def _take(self, models: set[str], budget: int) -> list[Entry]:
+    def _take(self, models: set[str], budget: int, interactive_only: bool = False) -> list[Entry]:
         taken: list[Entry] = []
         spent = 0
-        for e in self.entries:
-            if e.model not in models:
-                continue
+        mine = [  # in arrival order
+            e
+            for e in self.entries
+            if e.model in models and (e.msg.envelope.interactive or not interactive_only)
+        ]
+        order = priority_order([e.msg.envelope for e in mine], self.age_limit)
+        for e in (mine[i] for i in order):
             cost = e.msg.envelope.cost_hint
             if taken and spent + cost > budget:
                 break

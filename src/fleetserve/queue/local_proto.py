@@ -1,8 +1,9 @@
 """The machine-local queue's wire: msgpack frames over a Unix socket.
 
 Each frame is a 4-byte big-endian length, then one msgpack-encoded tagged struct.
-Device processes (clients) send requests; every request but ``Hello`` and
-``Cancel`` carries an ``rid`` that the parent echoes in its answer. The envelope
+Device processes (clients) send requests; every request but ``Hello``, ``Cancel``
+and ``Abandon`` carries an ``rid`` that the parent echoes in its answer. The parent
+also sends ``Cancelled`` unasked: a cancel it heard upstream. The envelope
 and the reply travel as the ``wire`` dataclasses themselves (msgspec encodes them).
 """
 
@@ -20,6 +21,8 @@ import msgspec
 
 from ..wire import Envelope, FleetError, Reply, Unavailable, error_from_body
 from .base import Message, QueueStats
+from .cancels import Cancel as CancelWork
+from .cancels import CancelListener, Listeners
 from .pending import Pending
 
 log = logging.getLogger("fleetserve.queue.local")
@@ -64,6 +67,7 @@ class Pull(msgspec.Struct, tag="pull"):
     models: list[str]
     budget: int
     timeout: float
+    interactive_only: bool = False
 
 
 class Settle(msgspec.Struct, tag="settle"):
@@ -100,6 +104,13 @@ class Refresh(msgspec.Struct, tag="refresh"):
     models: list[str]
 
 
+class Abandon(msgspec.Struct, tag="abandon"):
+    """Cancel the work of ``request_id`` everywhere (``WorkQueue.cancel`` upstream)."""
+
+    request_id: str
+    until: float
+
+
 # -- parent -> device process ----------------------------------------------------------
 class Done(msgspec.Struct, tag="done"):
     rid: int
@@ -125,8 +136,17 @@ class Replied(msgspec.Struct, tag="replied"):
     error: WireError | None = None
 
 
-ToParent = Hello | Pull | Settle | SendReply | Publish | Cancel | Refresh
-ToDevice = Done | Pulled | Depths | Replied
+class Cancelled(msgspec.Struct, tag="cancelled"):
+    """A cancel heard upstream: the device's worker stops that work wherever it is.
+    ``dropped``: models of messages the parent removed from its buffer (counted once)."""
+
+    request_id: str
+    until: float
+    dropped: list[str] = msgspec.field(default_factory=list)
+
+
+ToParent = Hello | Pull | Settle | SendReply | Publish | Cancel | Refresh | Abandon
+ToDevice = Done | Pulled | Depths | Replied | Cancelled
 
 _encoder = msgspec.msgpack.Encoder()
 parent_decoder = msgspec.msgpack.Decoder(ToParent)
@@ -172,6 +192,7 @@ class LocalQueueClient:
         self._depths: dict[str, int] = {}
         self._rids = itertools.count(1)
         self._closed = True
+        self._cancels = Listeners()
 
     async def start(self) -> None:
         self._reader, self._writer = await asyncio.open_unix_connection(self.path)
@@ -232,6 +253,9 @@ class LocalQueueClient:
                 except msgspec.DecodeError as exc:
                     log.error("the local queue sent a bad frame: %s", exc)
                     break
+                if isinstance(f, Cancelled):
+                    self._cancels.emit(CancelWork(f.request_id, f.until, tuple(f.dropped)))
+                    continue
                 if isinstance(f, Replied):
                     final = f.reply is None or f.reply.final
                     pending = self._pending.pop(f.rid, None) if final else self._pending.get(f.rid)
@@ -286,11 +310,20 @@ class LocalQueueClient:
             raise Unavailable("not connected to the local queue", retry_after=1.0)
         return pending
 
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
+    ) -> list[Message]:
         if not self.healthy:  # as if nothing came: a pull loop must not spin
             await asyncio.sleep(max(timeout, 0.0))
             return []
-        answer = await self._call(lambda r: Pull(r, list(models), budget, timeout))
+        answer = await self._call(
+            lambda r: Pull(r, list(models), budget, timeout, interactive_only)
+        )
         if not isinstance(answer, Pulled):
             return []
         self._depths.update(answer.depths)
@@ -327,3 +360,9 @@ class LocalQueueClient:
         answer = await self._call(lambda r: Refresh(r, list(models)))
         if isinstance(answer, Depths):
             self._depths.update(answer.depths)
+
+    async def cancel(self, request_id: str, until: float) -> None:
+        self._send(Abandon(request_id, until))  # no answer: the parent passes it upstream
+
+    def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
+        return self._cancels.add(listener)

@@ -1,28 +1,36 @@
 """The in-process WorkQueue: the embedded default.
 
-One bounded FIFO per model; workers in the same event loop pull from it. Replies
-resolve asyncio futures directly, so the reply bytes are handed over untouched.
+One bounded FIFO per model and priority class; workers in the same event loop pull
+from it, interactive work first (oldest first across models), then batch work. Batch
+work whose oldest message has waited ``age_limit`` seconds gets one message into the
+next pull ahead of interactive work, so that it never starves. Replies resolve
+asyncio futures directly, so the reply bytes are handed over untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ..wire import Envelope, Overloaded, Reply
+from ..wire import Envelope, Overloaded, Priority, Reply
 from .base import Message, QueueStats
+from .cancels import Cancel, CancelListener, Listeners, concerns
 from .pending import Pending
 
 
 class MemoryQueue:
     """A bounded per-model FIFO in one event loop."""
 
-    def __init__(self, max_depth: int = 1024, retry_after: float = 1.0) -> None:
+    def __init__(
+        self, max_depth: int = 1024, retry_after: float = 1.0, age_limit: float = 2.0
+    ) -> None:
         self._max_depth = max_depth
         self._retry_after = retry_after
-        self._queues: dict[str, deque[Message]] = {}
+        self._age_limit = age_limit
+        self._queues: dict[tuple[str, Priority], deque[Message]] = {}
         self._inflight: dict[int, Message] = {}
         self._pending: dict[str, Pending] = {}
         self._ids = itertools.count(1)
@@ -30,6 +38,7 @@ class MemoryQueue:
         self._closed = False
         self.stats = QueueStats()
         self.dead: deque[tuple[Message, str]] = deque(maxlen=1000)
+        self._cancels = Listeners()  # the workers in this process
 
     async def start(self) -> None:
         self._closed = False
@@ -43,15 +52,14 @@ class MemoryQueue:
         return not self._closed
 
     def depth(self, model: str) -> int:
-        q = self._queues.get(model)
-        return len(q) if q else 0
+        return sum(len(self._queues.get((model, p), ())) for p in Priority)
 
     async def refresh(self, models: Sequence[str]) -> None:
         return None
 
     async def publish(self, envelope: Envelope, body: bytes, payload: str | None = None) -> Pending:
-        q = self._queues.setdefault(envelope.model, deque())
-        if len(q) >= self._max_depth:
+        q = self._queues.setdefault((envelope.model, envelope.priority), deque())
+        if self.depth(envelope.model) >= self._max_depth:
             raise Overloaded(
                 f"queue for {envelope.model!r} is full ({self._max_depth} waiting)",
                 retry_after=self._retry_after,
@@ -62,11 +70,18 @@ class MemoryQueue:
         self._arrived.set()
         return pending
 
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
+    ) -> list[Message]:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while not self._closed:
-            got = self._take(models, budget)
+            got = self._take(models, budget, interactive_only)
             if got:
                 return got
             self._arrived.clear()
@@ -80,16 +95,31 @@ class MemoryQueue:
                 return []
         return []
 
-    def _take(self, models: Sequence[str], budget: int) -> list[Message]:
+    def _head(self, models: Sequence[str], priority: Priority) -> deque[Message] | None:
+        """The lane of ``priority`` whose first message is oldest, across ``models``."""
+        best: deque[Message] | None = None
+        for m in models:
+            q = self._queues.get((m, priority))
+            if q and (best is None or q[0].delivery_id < best[0].delivery_id):
+                best = q
+        return best
+
+    def _starving(self, models: Sequence[str]) -> bool:
+        q = self._head(models, Priority.BATCH)
+        return q is not None and time.time() - q[0].envelope.enqueued_at > self._age_limit
+
+    def _take(
+        self, models: Sequence[str], budget: int, interactive_only: bool = False
+    ) -> list[Message]:
         taken: list[Message] = []
         spent = 0
+        aged = not interactive_only and self._starving(models)  # one old batch one first
         while True:
-            # oldest first across the requested models
-            best: deque[Message] | None = None
-            for m in models:
-                q = self._queues.get(m)
-                if q and (best is None or q[0].delivery_id < best[0].delivery_id):
-                    best = q
+            best = self._head(models, Priority.BATCH) if aged else None
+            aged = False
+            best = best or self._head(models, Priority.INTERACTIVE)
+            if not interactive_only:
+                best = best or self._head(models, Priority.BATCH)
             if best is None:
                 break
             cost = best[0].envelope.cost_hint
@@ -117,7 +147,8 @@ class MemoryQueue:
             return  # finished meanwhile
         msg.attempts += 1
         self.stats.bump(self.stats.redeliveries, msg.envelope.model)
-        self._queues.setdefault(msg.envelope.model, deque()).appendleft(msg)
+        lane = (msg.envelope.model, msg.envelope.priority)
+        self._queues.setdefault(lane, deque()).appendleft(msg)
         self._arrived.set()
 
     async def touch(self, msg: Message) -> None:
@@ -139,3 +170,18 @@ class MemoryQueue:
 
     def _forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
+
+    async def cancel(self, request_id: str, until: float) -> None:
+        """Waiting messages of the request go at once (never pulled); the workers here
+        stop what they hold of it."""
+        dropped: list[str] = []
+        for lane in self._queues.values():
+            gone = [m for m in lane if concerns(m.envelope, request_id)]
+            for m in gone:
+                lane.remove(m)
+                dropped.append(m.envelope.model)
+        self._forget(request_id)
+        self._cancels.emit(Cancel(request_id, until, tuple(dropped)))
+
+    def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
+        return self._cancels.add(listener)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from ..storage import Offload, PayloadMissing
 from ..wire import Envelope, InternalError, Reply
 from .base import Message, PendingReply, QueueStats, WorkQueue
+from .cancels import CancelListener
 
 log = logging.getLogger("fleetserve.offload")
 
@@ -96,9 +97,17 @@ class OffloadingQueue:
             raise
         return _Pending(pending, self.offload, envelope)
 
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
+    ) -> list[Message]:
         out = []
-        for msg in await self.inner.pull(models, budget, timeout):
+        got = await self.inner.pull(models, budget, timeout, interactive_only=interactive_only)
+        for msg in got:
             if msg.payload is None or time.time() > msg.envelope.deadline:
                 out.append(msg)  # expired work is dropped unread by the worker
                 continue
@@ -140,3 +149,10 @@ class OffloadingQueue:
 
     async def refresh(self, models: Sequence[str]) -> None:
         await self.inner.refresh(models)
+
+    async def cancel(self, request_id: str, until: float) -> None:
+        """Its payloads stay for the sweeper: a worker may be reading the body now."""
+        await self.inner.cancel(request_id, until)
+
+    def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
+        return self.inner.on_cancel(listener)

@@ -9,18 +9,22 @@ worker pulls again as soon as its batch former has room.
 
 ``keep`` decides, for messages that arrived in one pull, which to keep: each one
 while the cost so far stays within the budget plus ``slack`` (the first is always
-kept). The rest are put back at once for another worker.
+kept). The rest are put back at once for another worker. The worker asks with the
+room its batch former has left, so the queue keeps to the budget exactly.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
+
+from ..wire import Envelope
 
 MAX_BATCH = 256  # messages one pull request may ask for
 QUANTILE = 0.9
 WINDOW = 256  # recent costs remembered per lane
-SLACK = 0.5  # keep up to 1.5x the budget: the former holds two budgets before pausing
+SLACK = 0.0  # the budget is already the room the worker has left (WorkQueue's contract)
 
 
 class CostWindow:
@@ -59,3 +63,18 @@ def keep(costs: Sequence[int], budget: int, slack: float = SLACK) -> list[bool]:
         if fits:
             spent += cost
     return out
+
+
+def priority_order(envs: Sequence[Envelope], age_limit: float, now: float = 0.0) -> list[int]:
+    """Indices of ``envs`` (each class in arrival order) in the order to serve them:
+    interactive first, then batch; but the oldest batch request goes first of all once
+    it has waited more than ``age_limit`` seconds, so that batch work never starves."""
+    now = now or time.time()
+    order = sorted(range(len(envs)), key=lambda i: not envs[i].interactive)
+    batch = [i for i in order if not envs[i].interactive]
+    if batch and envs[order[0]].interactive:
+        oldest = min(batch, key=lambda i: envs[i].enqueued_at)
+        if now - envs[oldest].enqueued_at > age_limit:
+            order.remove(oldest)
+            order.insert(0, oldest)
+    return order

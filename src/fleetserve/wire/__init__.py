@@ -17,6 +17,7 @@ from .durations import parse_duration
 from .errors import (
     ERROR_TYPES,
     AdapterNotFound,
+    Cancelled,
     Conflict,
     DeadlineExceeded,
     FleetError,
@@ -41,6 +42,7 @@ __all__ = [
     "PUBLIC_TENANT",
     "AdapterId",
     "AdapterNotFound",
+    "Cancelled",
     "Conflict",
     "DeadlineExceeded",
     "Encoding",

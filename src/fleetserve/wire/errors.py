@@ -118,6 +118,13 @@ class InternalError(FleetError):
     code = "internal_error"
 
 
+class Cancelled(FleetError):
+    """The client went away (or its deadline passed) and its work was stopped. Counted
+    in metrics and logs as 499, after nginx; no client is there to receive it."""
+
+    code = "cancelled"
+
+
 ERROR_TYPES: dict[str, type[FleetError]] = {
     cls.code: cls
     for cls in (
@@ -134,6 +141,7 @@ ERROR_TYPES: dict[str, type[FleetError]] = {
         Unavailable,
         DeadlineExceeded,
         InternalError,
+        Cancelled,
     )
 }
 

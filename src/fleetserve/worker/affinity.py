@@ -35,12 +35,16 @@ class Affinity:
         budget: int,
         timeout: float,
         idle: Callable[[], bool],
+        *,
+        interactive_only: bool = False,
     ) -> list[Message]:
         hot = [m for m in models if self.fleet.state(m) in HELD]
         cold = [m for m in models if m not in hot]
         overdue = [m for m in cold if self.oldest_wait(m) >= self.wait and not self._left(m)]
         if hot or overdue:
-            msgs = await queue.pull(overdue + hot, budget, timeout)
+            msgs = await queue.pull(
+                overdue + hot, budget, timeout, interactive_only=interactive_only
+            )
             if msgs:
                 return msgs
         spare = [m for m in cold if m not in overdue and not self.peer_holds(m)]
@@ -48,7 +52,8 @@ class Affinity:
             if not hot and not overdue:
                 await asyncio.sleep(timeout)
             return []
-        return await queue.pull(spare, budget, 0.05 if hot else timeout)
+        wait = 0.05 if hot else timeout
+        return await queue.pull(spare, budget, wait, interactive_only=interactive_only)
 
     def _left(self, model: str) -> bool:
         """Failed here, and held elsewhere: left to the holders for the cool-down."""

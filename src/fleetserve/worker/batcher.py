@@ -3,6 +3,12 @@
 Items are taken oldest first into a window, sorted by length inside it (to cut
 padding), then packed while the padded size (max length x batch size) fits the
 profile's token budget. One request's items may be spread across several batches.
+
+Interactive items go first: while any wait, the next batch holds only them. Batches
+are capped at ``interactive_tokens`` (the profile's ``priority_cap``) while interactive
+work waits and for ``hold`` seconds after the last interactive request, so that the
+next query does not wait behind a full batch. Batch items that have waited here more
+than ``age_limit`` seconds take the next batch, so that batch work never starves.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ class Job:
     prepared: Prepared[Any, Any]
     pulled_at: float
     remaining: int = 0
+    # the item ranges served here (None: all); the rest are parts other workers serve
+    spans: list[tuple[int, int]] | None = None
     outputs: list[Any] | None = None
     infer_s: float = 0.0
     failed: bool = False
@@ -44,29 +52,61 @@ class WorkItem:
     item: Any = field(repr=False)  # what the adapter's forward takes for this row
     length: int = 0  # its cost in tokens
     adapter: str | None = None  # the LoRA adapter this row runs (None: the base model)
+    interactive: bool = False
 
 
 class BatchFormer:
-    """``max_adapters``: distinct LoRA adapters one batch may mix (the base is free)."""
+    """``max_adapters``: distinct LoRA adapters one batch may mix (the base is free).
+    ``interactive_tokens``: the batch budget while interactive work is about (0: the
+    full budget); ``hold`` and ``age_limit`` in seconds (see the module's docstring)."""
 
-    def __init__(self, max_batch_tokens: int, max_batch_size: int, max_adapters: int = 16) -> None:
+    def __init__(
+        self,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        max_adapters: int = 16,
+        *,
+        interactive_tokens: int = 0,
+        hold: float = 1.0,
+        age_limit: float = 2.0,
+    ) -> None:
         if max_batch_tokens < 1 or max_batch_size < 1 or max_adapters < 1:
             raise ValueError("batch budgets must be positive")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_adapters = max_adapters
+        self.interactive_tokens = min(interactive_tokens or max_batch_tokens, max_batch_tokens)
+        self.hold = hold
+        self.age_limit = age_limit
         self._items: deque[WorkItem] = deque()
+        self._interactive = 0  # interactive items waiting
+        self._last_interactive = -1e18  # monotonic time an interactive job last came
         self.pending_tokens = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def interactive_waiting(self) -> bool:
+        return self._interactive > 0
+
     def add(self, job: Job) -> None:
         p = job.prepared
-        adapter = job.msg.envelope.adapter
-        for i, (item, length) in enumerate(zip(p.items, p.lengths, strict=True)):
-            self._items.append(WorkItem(job, i, item, length, adapter))
-            self.pending_tokens += length
+        env = job.msg.envelope
+        if env.interactive:
+            self._last_interactive = time.monotonic()
+        for start, stop in job.spans or [(0, len(p.items))]:
+            for i in range(start, stop):
+                length = p.lengths[i]
+                it = WorkItem(job, i, p.items[i], length, env.adapter, env.interactive)
+                self._items.append(it)
+                self.pending_tokens += length
+                self._interactive += env.interactive
+
+    def budget(self) -> int:
+        """The token budget of the next batch: capped while interactive work is about."""
+        about = self._interactive > 0 or time.monotonic() - self._last_interactive < self.hold
+        return self.interactive_tokens if about else self.max_batch_tokens
 
     def take(self) -> list[WorkItem]:
         """The next batch (empty when nothing is pending). Items of failed jobs are dropped."""
@@ -77,15 +117,16 @@ class BatchFormer:
         head = self._items[0].job
         if head.msg.attempts > 1:
             return self._alone(head)
-        window: list[WorkItem] = []
-        window_tokens = 0
-        for it in self._items:
-            if it.job.failed:
-                continue
-            window.append(it)
-            window_tokens += it.length
-            if window_tokens >= 2 * self.max_batch_tokens or len(window) >= 2 * self.max_batch_size:
-                break
+        budget = self.budget()
+        only: bool | None = None  # which class this batch takes (None: any)
+        if self._interactive > 0:
+            oldest = next((it for it in self._items if not it.interactive), None)
+            aged = oldest is not None and time.time() - oldest.job.pulled_at > self.age_limit
+            only = not aged
+        window = self._window(only, budget)
+        if not window and only is not None:  # its items all failed since they came
+            self._interactive = sum(it.interactive and not it.job.failed for it in self._items)
+            window = self._window(None, budget)
         window.sort(key=lambda it: it.length)
         batch: list[WorkItem] = []
         adapters: set[str] = set()
@@ -95,10 +136,24 @@ class BatchFormer:
                     continue  # it waits for a batch with room for another adapter
                 adapters.add(it.adapter)
             n = len(batch) + 1
-            if batch and (it.length * n > self.max_batch_tokens or n > self.max_batch_size):
+            if batch and (it.length * n > budget or n > self.max_batch_size):
                 break
             batch.append(it)
         return self._remove(batch)
+
+    def _window(self, only: bool | None, budget: int) -> list[WorkItem]:
+        """Items to choose the batch from, oldest first: of one class (``only``: whether
+        interactive) or any; about two batches' worth."""
+        window: list[WorkItem] = []
+        tokens = 0
+        for it in self._items:
+            if it.job.failed or (only is not None and it.interactive != only):
+                continue
+            window.append(it)
+            tokens += it.length
+            if tokens >= 2 * budget or len(window) >= 2 * self.max_batch_size:
+                break
+        return window
 
     def _alone(self, job: Job) -> list[WorkItem]:
         """A retried request (its batch failed before) runs without others: if it is the
@@ -118,14 +173,16 @@ class BatchFormer:
         chosen = {id(it) for it in batch}
         self._items = deque(it for it in self._items if id(it) not in chosen)
         for it in batch:
-            self.pending_tokens -= it.length
+            self._drop(it)
         return batch
 
     def _drop(self, it: WorkItem) -> None:
         self.pending_tokens -= it.length
+        self._interactive -= it.interactive
 
     def drain(self) -> list[WorkItem]:
         items = list(self._items)
         self._items.clear()
         self.pending_tokens = 0
+        self._interactive = 0
         return items

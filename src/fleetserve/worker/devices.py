@@ -180,6 +180,7 @@ class DevicePool(Service):
             os.path.join(self._dir, "queue.sock"),
             touch_every=min(waits.values(), default=5.0) / 3,
             max_deliver=self.settings.max_deliver,
+            age_limit=self.settings.batch_age_limit,
             on_hello=self._on_hello,
             on_lost=self._on_lost,
         )

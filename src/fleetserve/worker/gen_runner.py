@@ -4,9 +4,11 @@ It has the surface of :class:`~.runner.ModelRunner`, so the worker drives it the
 same way, but it batches sequences, not requests: a dedicated thread runs the
 family's engine step by step, admits waiting jobs between steps (the newcomer is
 prefilled, then decodes with the others), and lets finished ones leave at once.
-Cancelled and expired jobs stop generating at the next step. Events cross to the
-event loop with ``call_soon_threadsafe``: text chunks of streamed requests, finished
-jobs, failures. With ``runtime: external`` the thread hands each admitted sequence to
+Cancelled (a client gone: ``worker.cancel``) and expired jobs stop at the next step
+and leave the cache; a long prompt is prefilled a chunk a step, so it stops between
+chunks too (``families.generate.engine``). Events cross to the event loop with
+``call_soon_threadsafe``: text chunks of streamed requests, finished jobs,
+failures. With ``runtime: external`` the thread hands each admitted sequence to
 a pool that calls ``runtime.generate`` (SGLang or vLLM batch them there).
 """
 
@@ -276,7 +278,8 @@ class GenerationRunner(Loadable):
                 self._post(events)
                 self._signal.wait(IDLE_WAIT_S)
                 continue
-            width, t0 = len(engine.running) + len(engine.waiting), time.perf_counter()
+            width = len(engine.running) + len(engine.prefilling) + len(engine.waiting)
+            t0 = time.perf_counter()
             try:
                 changed = self._forward.submit(engine.step).result()
             except Exception as exc:

@@ -20,17 +20,22 @@ from ..fleet.policy import GDSF
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
 from ..wire import (
+    Encoding,
+    Envelope,
     FleetError,
     InternalError,
     InvalidInput,
     ModelNotFound,
     Reply,
+    Task,
     Unavailable,
 )
 from .adapters import submit_when_hot
 from .affinity import Affinity
 from .batcher import Job
+from .cancel import Canceller
 from .chunks import Chunks
+from .parts import Parts, outputs_body, plan, prepared_of
 from .runner import Runner
 
 log = logging.getLogger("fleetserve.worker")
@@ -40,6 +45,7 @@ log = logging.getLogger("fleetserve.worker")
 INLINE_BODY_BYTES = 2048
 INLINE_OUTPUT_VALUES = 4096
 UNBOUNDED = 1 << 62  # a fleet with no memory budget
+FULL_POLL = 0.02  # seconds between pulls for interactive work while the formers are full
 
 
 class Worker:
@@ -78,9 +84,20 @@ class Worker:
         self._loading: dict[int, Message] = {}  # waiting for their model to load
         self._heating: dict[int, Message] = {}  # jobs waiting for their adapter to load
         self._chunks = Chunks(queue, self._spawner)
+        self._parts = Parts(queue, self._spawner)
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
         self._tg: asyncio.TaskGroup | None = None
         self._room = asyncio.Event()
+        self.cancels = Canceller(  # work whose client went away stops wherever it is
+            queue,
+            metrics,
+            jobs=self._jobs,
+            loading=self._loading,
+            heating=self._heating,
+            settle=self._settle_cancelled,
+            unpark=self._unpark,
+            spawn=self._spawner,
+        )
         budgets = [r.former.max_batch_tokens for r in self.runners.values()] or [1]
         self.pull_budget = max(budgets)
 
@@ -101,6 +118,7 @@ class Worker:
 
     async def run(self) -> None:
         """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
+        unlisten = self.queue.on_cancel(self.cancels.heard)  # clients that went away
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -124,6 +142,7 @@ class Worker:
             log.error("worker stage crashed; failing the worker", exc_info=exc)
             await self._fail_all(Unavailable("the worker failed; retry later", retry_after=1.0))
         finally:
+            unlisten()
             self.running = False
             self.metrics.worker_up.set(0)
 
@@ -135,25 +154,32 @@ class Worker:
         return waiting + sum(r.former.pending_tokens for r in self.runners.values())
 
     async def _pull_loop(self) -> None:
+        """Pull while the batch formers have room (up to two budgets). When they are
+        full, only interactive work comes in (it goes first), polled every
+        ``FULL_POLL`` seconds until room frees up: a query never waits in the queue
+        behind the bulk work this worker already holds."""
         models = list(self.runners)
         high_water = 2 * self.pull_budget
         while True:
-            while self._pending_tokens() >= high_water:
-                self._room.clear()
-                await self._room.wait()
             for m in models:
                 self.metrics.queue_depth.labels(m).set(self.queue.depth(m))
+            pending = self._pending_tokens()
+            full = pending >= high_water
+            room = self.pull_budget if full else high_water - pending
+            wait = FULL_POLL if full else self.pull_timeout
             if self.affinity is None:
-                msgs = await self.queue.pull(models, self.pull_budget, self.pull_timeout)
+                msgs = await self.queue.pull(models, room, wait, interactive_only=full)
             else:
                 msgs = await self.affinity.pull(
-                    self.queue, models, self.pull_budget, self.pull_timeout, lambda: self.idle
+                    self.queue, models, room, wait, lambda: self.idle, interactive_only=full
                 )
             for msg in msgs:
                 await self._admit(msg)
 
     async def _admit(self, msg: Message) -> None:
         env = msg.envelope
+        if await self.cancels.pulled(msg):  # its client went away while it was queued
+            return
         runner = self.runners.get(env.model)
         if runner is None:
             await self._answer(msg, ModelNotFound(f"this worker does not serve {env.model!r}"))
@@ -224,6 +250,7 @@ class Worker:
         """The job is answered (or given back): its use of the model ends."""
         if job in self._jobs:
             self._jobs.discard(job)
+            self._parts.forget(job)
             self.fleet.release(job.msg.envelope.model)
 
     async def _prepare(self, msg: Message, runner: Runner) -> None:
@@ -239,7 +266,9 @@ class Worker:
             return
         loop = asyncio.get_running_loop()
         try:
-            if len(msg.body) <= INLINE_BODY_BYTES:
+            if env.part is not None:  # prepared by the worker that holds its request
+                prepared = prepared_of(msg.body)
+            elif len(msg.body) <= INLINE_BODY_BYTES:
                 prepared = runner.adapter.preprocess(env, msg.body)
             else:
                 prepared = await loop.run_in_executor(
@@ -257,14 +286,26 @@ class Worker:
         self.metrics.stage_latency.labels(env.model, "queue").observe(
             max(pulled_at - env.enqueued_at, 0.0)
         )
+        if await self.cancels.pulled(msg):  # cancelled while its model loaded, or meanwhile
+            self.fleet.release(env.model)
+            return
         job = Job(msg, prepared, pulled_at)
         self._jobs.add(job)
+        ranges = plan(job, self.pull_budget) if self._may_share(env) else None
+        if ranges is not None:  # far larger than a batch: other workers share it
+            self.metrics.slices.labels(env.model).inc(len(ranges) - 1)
+            job.spans = await self._parts.share(job, ranges, self._schedule_finish, self._fail)
         if env.adapter is None:
             runner.submit(job)
         elif self._tg is not None:  # its adapter loads without holding up the pull loop
             self._heating[id(msg)] = msg  # counted in the pull budget while it waits
             unpark = functools.partial(self._heated, msg)
             self._tg.create_task(submit_when_hot(runner, job, env.adapter, self._fail, unpark))
+
+    def _may_share(self, env: Envelope) -> bool:
+        """Whether a large request may be sliced: other workers pull from this queue,
+        and its model runs batches (a generation is one sequence)."""
+        return self.shared_queue and env.task not in (Task.GENERATE, Task.CHAT)
 
     # -- completion -------------------------------------------------------------
     def _schedule_finish(self, job: Job) -> None:
@@ -288,7 +329,9 @@ class Worker:
         if job.outputs is None:  # a job always has at least one item
             raise RuntimeError(f"job {env.request_id} finished without outputs")
         try:
-            if _values(job.outputs) <= INLINE_OUTPUT_VALUES:
+            if env.part is not None:  # the raw outputs, for the worker holding its request
+                body = outputs_body(job.outputs)
+            elif _values(job.outputs) <= INLINE_OUTPUT_VALUES:
                 body = runner.adapter.postprocess(env, job.prepared, job.outputs)
             else:
                 body = await loop.run_in_executor(
@@ -310,7 +353,8 @@ class Worker:
             "inference_ms": job.infer_s * 1e3,
         }
         self._done(job)
-        await self.queue.reply(job.msg, Reply(body, env.accept, timings=timings))
+        accept = Encoding.MSGPACK if env.part is not None else env.accept
+        await self.queue.reply(job.msg, Reply(body, accept, timings=timings))
         await self.queue.ack(job.msg)
 
     async def _fail(self, job: Job, err: FleetError) -> None:
@@ -330,6 +374,14 @@ class Worker:
         job.failed = True
         self._done(job)
         await self._chunks.sent(job)  # chunks still queued see job.failed and are dropped
+        await self.queue.term(job.msg)
+
+    async def _settle_cancelled(self, job: Job) -> None:
+        """Its client went away (``cancels`` failed it: its items and sequence are
+        dropped): its use of the model ends and it is terminated, with no reply."""
+        self._room.set()
+        self._done(job)
+        await self._chunks.sent(job)
         await self.queue.term(job.msg)
 
     async def _crash(self, job: Job, err: FleetError) -> None:

@@ -120,11 +120,20 @@ class ModelRunner(Loadable):
         measure: Measure | None = None,
         estimate: Callable[[], int] | None = None,
         max_adapters: int = 16,
+        interactive_tokens: int = 0,
+        hold: float = 1.0,
+        age_limit: float = 2.0,
     ) -> None:
         self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
+        tokens = max_batch_tokens or profile.max_batch_tokens
         self.former = BatchFormer(
-            max_batch_tokens or profile.max_batch_tokens, profile.max_batch_size, max_adapters
+            tokens,
+            profile.max_batch_size,
+            max_adapters,
+            interactive_tokens=min(interactive_tokens or tokens, tokens),
+            hold=hold,
+            age_limit=age_limit,
         )
         self._wake = asyncio.Event()
         self.loaded = False

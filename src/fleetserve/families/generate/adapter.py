@@ -61,6 +61,9 @@ class GenerateAdapter(Family[GenItem, GenOptions, GenOutput]):
         self.default_max_tokens = int(opts.get("max_tokens", DEFAULT_MAX_TOKENS))
         self.default_temperature = float(opts.get("temperature", 1.0))
         self.default_top_p = float(opts.get("top_p", 1.0))
+        # prompt tokens per forward pass of a long prompt's prefill (None: the engine's)
+        chunk = opts.get("prefill_chunk")
+        self.prefill_chunk = int(chunk) if chunk is not None else None
 
     @property
     def external(self) -> bool:
@@ -239,7 +242,7 @@ class GenerateAdapter(Family[GenItem, GenOptions, GenOutput]):
 
     def engine(self) -> Engine:
         """A fresh continuous-batching engine over the loaded model."""
-        from .engine import Engine
+        from .engine import PREFILL_CHUNK, Engine
 
         autocast = self.runtime.autocast if isinstance(self.runtime, Autocasting) else None
         return Engine(
@@ -250,6 +253,7 @@ class GenerateAdapter(Family[GenItem, GenOptions, GenOutput]):
             pad_id=self.eos_ids[0] if self.eos_ids else 0,
             autocast=autocast,
             bank=self.lora_bank() if self.model is not None else None,
+            prefill_chunk=self.prefill_chunk or PREFILL_CHUNK,
         )
 
     def sequence(self, item: GenItem, tag: Any = None) -> Seq:

@@ -7,6 +7,12 @@ padded), and their cache is padded and concatenated onto the running one; finish
 sequences leave the cache at once, and columns that became padding for every row are
 trimmed. Call ``step`` from one thread.
 
+A prompt longer than ``prefill_chunk`` tokens is prefilled in chunks of that many, one
+chunk a step (the oldest such prompt first), in a cache of its own, while the running
+sequences go on decoding: a long prompt neither stalls the others for its whole
+prefill nor runs on for long once cancelled (``Seq.cancelled`` is honoured at every
+step, so between its chunks too).
+
 Sequences may run different LoRA adapters of the model (``Seq.adapter``, made hot in
 the ``bank`` beforehand): every forward pass plans each adapter's rows, so adapters
 mix across the running sequences as they would across a batch.
@@ -27,6 +33,8 @@ from .sampling import TextStream, choose, new_generator, unpack_bitmask
 
 if TYPE_CHECKING:
     from ...lora.mixed import LoraBank
+
+PREFILL_CHUNK = 512  # prompt tokens per forward pass when a long prompt is prefilled
 
 
 class Seq:
@@ -67,6 +75,15 @@ class Seq:
         return self.stream.text
 
 
+class _Fill:
+    """A long prompt being prefilled a chunk a step, in a cache of its own."""
+
+    def __init__(self, seq: Seq, cache: Any) -> None:
+        self.seq = seq
+        self.cache = cache
+        self.done = 0  # prompt tokens in its cache so far
+
+
 class Engine:
     def __init__(
         self,
@@ -78,8 +95,12 @@ class Engine:
         pad_id: int = 0,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         bank: LoraBank | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
+        if prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be at least 1")
         self.model = model
+        self.prefill_chunk = prefill_chunk
         self.bank = bank
         self.eos = frozenset(eos_ids)
         self.vocab = vocab_size
@@ -88,6 +109,8 @@ class Engine:
         self._autocast = autocast or contextlib.nullcontext
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
+        self.filling: list[_Fill] = []  # long prompts, prefilled a chunk a step
+        self.steps = 0  # calls of ``step`` that ran a forward pass
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [running, cache length], 1 = real token
 
@@ -96,27 +119,42 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.filling
+
+    @property
+    def prefilling(self) -> list[Seq]:
+        """The long prompts whose prefill is under way."""
+        return [f.seq for f in self.filling]
 
     def reset(self) -> list[Seq]:
         """Drop every sequence (after a failed step); returns them."""
-        dropped = [*self.running, *self.waiting]
-        self.running, self.waiting = [], deque()
+        dropped = [*self.running, *self.prefilling, *self.waiting]
+        self.running, self.waiting, self.filling = [], deque(), []
         self._cache = self._mask = None
         return dropped
 
     def step(self) -> list[Seq]:
-        """Prefill the newcomers, decode one token for every running sequence, and drop
-        the finished; returns the sequences with new text or a finish."""
-        for s in [*self.running, *self.waiting]:
+        """Prefill the newcomers (a long prompt by one chunk), decode one token for
+        every running sequence, and drop the finished and the cancelled; returns the
+        sequences with new text or a finish."""
+        for s in [*self.running, *self.prefilling, *self.waiting]:
             s.delta = ""
         self.waiting = deque(s for s in self.waiting if not s.cancelled)
+        self.filling = [f for f in self.filling if not f.seq.cancelled]  # its cache goes
         changed: list[Seq] = []
+        if self.idle:
+            return changed
+        self.steps += 1
         with torch.inference_mode(), self._autocast():
             if self.waiting:
                 fresh = sorted(self.waiting, key=lambda s: s.adapter or "")  # segments
                 self.waiting.clear()
-                changed += self._prefill(fresh)
+                short = [s for s in fresh if len(s.prompt) <= self.prefill_chunk]
+                self.filling += [_Fill(s, _new_cache()) for s in fresh if s not in short]
+                if short:
+                    changed += self._prefill(short)
+            if self.filling and self._advance(self.filling[0]):  # oldest first
+                changed.append(self.filling.pop(0).seq)
             self._evict()
             if self.running:
                 changed += self._decode()
@@ -128,8 +166,6 @@ class Engine:
 
     # -- forward passes -------------------------------------------------------------------
     def _prefill(self, seqs: list[Seq]) -> list[Seq]:
-        from transformers import DynamicCache
-
         width = max(len(s.prompt) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -137,7 +173,7 @@ class Engine:
             ids[i, width - len(s.prompt) :] = torch.tensor(s.prompt)
             mask[i, width - len(s.prompt) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = _new_cache()
         with self._plan(seqs):
             out = self.model(
                 input_ids=ids.to(self.device),
@@ -152,6 +188,31 @@ class Engine:
         self._choose(seqs, out.logits[:, -1])
         self._merge(cache, mask.to(self.device), seqs)
         return seqs
+
+    def _advance(self, f: _Fill) -> bool:
+        """Prefill the next chunk of a long prompt; True when its prefill is done (it
+        then has its first token and has joined the running sequences)."""
+        s = f.seq
+        end = min(f.done + self.prefill_chunk, len(s.prompt))
+        ids = torch.tensor([s.prompt[f.done : end]], dtype=torch.long, device=self.device)
+        pos = torch.arange(f.done, end, dtype=torch.long, device=self.device).unsqueeze(0)
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        with self._plan([s]):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                cache=f.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        f.done = end
+        if end < len(s.prompt):
+            return False
+        s.pos = len(s.prompt)
+        self._choose([s], out.logits[:, -1])
+        self._merge(f.cache, mask, [s])
+        return True
 
     def _decode(self) -> list[Seq]:
         seqs = self.running
@@ -255,6 +316,12 @@ class Engine:
             layer.values = layer.values[idx, :, start:]
         self._mask = mask[:, start:]
         self.running = [self.running[i] for i in keep]
+
+
+def _new_cache() -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
 
 
 def _lpad(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""Interactive work first in the batch former, capped batches while it is about, and
+the age rule that keeps batch work from starving (issue 12, item 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from fleetserve.wire import Priority
+from fleetserve.worker.batcher import BatchFormer, Job
+
+from .test_batcher import job, take_all
+
+
+def interactive(*lengths: int) -> Job:
+    j = job(*lengths)
+    j.msg.envelope = dataclasses.replace(j.msg.envelope, priority=Priority.INTERACTIVE)
+    return j
+
+
+def test_interactive_items_take_the_next_batch_alone() -> None:
+    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50, interactive_tokens=40)
+    bulk = job(*[10] * 20)
+    bf.add(bulk)
+    query = interactive(5, 5)
+    bf.add(query)
+    assert bf.interactive_waiting
+    first = bf.take()
+    assert {it.job for it in first} == {query}  # no bulk rows ride along
+    assert not bf.interactive_waiting
+    # bulk goes on, capped at 40 padded tokens while interactive work was seen lately
+    rest = take_all(bf)
+    assert all(max(it.length for it in b) * len(b) <= 40 for b in rest)
+    assert sum(len(b) for b in rest) == 20
+
+
+def test_without_interactive_work_batches_use_the_full_budget() -> None:
+    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50, interactive_tokens=40, hold=0.0)
+    bf.add(job(*[10] * 20))
+    assert [len(b) for b in take_all(bf)] == [10, 10]
+
+
+def test_the_cap_holds_for_a_while_after_the_last_query() -> None:
+    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50, interactive_tokens=40, hold=30.0)
+    bf.add(interactive(5))
+    bf.take()
+    bf.add(job(*[10] * 8))
+    assert bf.budget() == 40 and len(bf.take()) == 4
+    bf.hold = 0.0  # the hold is over
+    assert bf.budget() == 100 and len(bf.take()) == 4  # what is left
+
+
+def test_batch_work_that_waited_too_long_takes_the_next_batch() -> None:
+    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50, age_limit=2.0)
+    old = job(10, 10)
+    old.pulled_at = time.time() - 10  # waited here 10 s behind interactive work
+    bf.add(old)
+    bf.add(interactive(5))
+    assert {it.job for it in bf.take()} == {old}
+    assert bf.interactive_waiting
+
+
+def test_failed_interactive_requests_do_not_stall_batch_work() -> None:
+    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50)
+    bulk = job(10, 10)
+    bf.add(bulk)
+    query = interactive(5)
+    bf.add(query)
+    query.failed = True  # its client went away
+    assert {it.job for it in bf.take()} == {bulk}
+    assert not bf.interactive_waiting and bf.take() == []
+
+
+def test_a_job_with_spans_adds_only_those_items() -> None:
+    bf = BatchFormer(max_batch_tokens=1000, max_batch_size=50)
+    j = job(*range(1, 11))
+    j.spans = [(0, 3), (7, 10)]
+    bf.add(j)
+    assert sorted(it.index for it in bf.take()) == [0, 1, 2, 7, 8, 9]
+    assert bf.pending_tokens == 0
