@@ -67,9 +67,16 @@ class Recording(MemoryQueue):
         self.pulls = 0
         self.pull_delay = pull_delay
 
-    async def pull(self, models: Sequence[str], budget: int, timeout: float) -> list[Message]:
+    async def pull(
+        self,
+        models: Sequence[str],
+        budget: int,
+        timeout: float,
+        *,
+        interactive_only: bool = False,
+    ) -> list[Message]:
         self.pulls += 1
-        got = await super().pull(models, budget, timeout)
+        got = await super().pull(models, budget, timeout, interactive_only=interactive_only)
         if got and self.pull_delay:
             await asyncio.sleep(self.pull_delay)
         return got
@@ -252,3 +259,18 @@ async def test_announce_and_a_parent_that_goes_away(stack: LocalStack) -> None:
     assert time.monotonic() - t0 >= 0.04  # no spinning in a pull loop
     await c.ack(Message(env(), b"", 1))  # quietly nothing: upstream redelivers
     await c.close()
+
+
+async def test_a_full_device_asking_for_queries_hoards_no_batch_work(stack: LocalStack) -> None:
+    from fleetserve.wire import Priority
+
+    for i in range(2):
+        await stack.publish(env(rid=f"bulk-{i}"), b"b")
+    # its formers are full: it asks for interactive work only, and gets none yet
+    got = await stack.pull(["m/a"], budget=10, timeout=0.2, interactive_only=True)
+    assert got == [] and stack.server.buffered == 0  # the batch work stays upstream
+    await stack.publish(env(rid="query", priority=Priority.INTERACTIVE), b"q")
+    [msg] = await stack.pull(["m/a"], budget=10, timeout=1, interactive_only=True)
+    assert msg.envelope.request_id == "query"
+    bulk = await stack.pull(["m/a"], budget=10, timeout=1)  # room again: the batch work
+    assert sorted(m.envelope.request_id for m in bulk) == ["bulk-0", "bulk-1"]

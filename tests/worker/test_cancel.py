@@ -45,6 +45,14 @@ def test_the_cancel_set_knows_requests_and_their_slices() -> None:
     assert not ids.hit(_env("r2/0-4", Part("r2", 0, 4)))
 
 
+def test_a_retry_with_the_same_id_after_the_cancel_is_not_cancelled() -> None:
+    ids = CancelSet(clock=lambda: 1000.0)
+    ids.add("r1", 2000.0)
+    before = dataclasses.replace(_env("r1"), enqueued_at=999.0)
+    retry = dataclasses.replace(_env("r1"), enqueued_at=1001.0)  # sent again later
+    assert ids.hit(before) and not ids.hit(retry)
+
+
 def test_the_cancel_set_is_bounded_and_forgets_after_the_deadline() -> None:
     now = [1000.0]
     ids = CancelSet(cap=3, clock=lambda: now[0])

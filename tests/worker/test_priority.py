@@ -4,7 +4,6 @@ the age rule that keeps batch work from starving (issue 12, item 1)."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from fleetserve.wire import Priority
 from fleetserve.worker.batcher import BatchFormer, Job
@@ -50,13 +49,24 @@ def test_the_cap_holds_for_a_while_after_the_last_query() -> None:
     assert bf.budget() == 100 and len(bf.take()) == 4  # what is left
 
 
-def test_batch_work_that_waited_too_long_takes_the_next_batch() -> None:
-    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50, age_limit=2.0)
-    old = job(10, 10)
-    old.pulled_at = time.time() - 10  # waited here 10 s behind interactive work
-    bf.add(old)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_batch_work_kept_from_every_batch_too_long_takes_the_next() -> None:
+    clock = Clock()
+    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50, age_limit=2.0, clock=clock)
+    bulk = job(10, 10)
+    bf.add(bulk)
     bf.add(interactive(5))
-    assert {it.job for it in bf.take()} == {old}
+    assert {it.job.msg.envelope.priority for it in bf.take()} == {Priority.INTERACTIVE}
+    clock.now = 10.0  # queries kept coming: batch work has had no batch for 10 s
+    bf.add(interactive(5))
+    assert {it.job for it in bf.take()} == {bulk}
     assert bf.interactive_waiting
 
 
@@ -78,3 +88,40 @@ def test_a_job_with_spans_adds_only_those_items() -> None:
     bf.add(j)
     assert sorted(it.index for it in bf.take()) == [0, 1, 2, 7, 8, 9]
     assert bf.pending_tokens == 0
+
+
+def test_under_constant_queries_batch_work_gets_a_batch_per_age_limit() -> None:
+    clock = Clock()
+    bf = BatchFormer(max_batch_tokens=20, max_batch_size=50, age_limit=2.0, clock=clock)
+    bf.add(job(*[10] * 8))
+    kinds = []
+    for t in range(8):  # a query every second, each taking the next batch
+        clock.now = float(t)
+        bf.add(interactive(5))
+        kinds.append("q" if bf.take()[0].interactive else "b")
+    assert kinds == ["q", "q", "q", "b", "q", "q", "b", "q"]  # a query waits one batch
+
+
+def test_a_cancelled_query_behind_batch_work_leaves_the_counts_right() -> None:
+    bf = BatchFormer(max_batch_tokens=1000, max_batch_size=50)
+    bf.add(job(10, 10))
+    query = interactive(5)
+    bf.add(query)
+    query.failed = True
+    take_all(bf)
+    assert not bf.interactive_waiting and bf.interactive_tokens_pending == 0
+    bf.add(interactive(5))
+    assert bf.interactive_waiting
+
+
+def test_generation_admits_interactive_requests_first() -> None:
+    from fleetserve.worker.admission import WaitQueue
+
+    q = WaitQueue(max_batch_tokens=100)
+    first, second, query = job(10), job(10), interactive(5)
+    for j in (first, second, query):
+        q.add(j)
+    assert q.interactive_tokens_pending == 5 and q.pending_tokens == 25
+    order = [q.pop_if(lambda _: True) for _ in range(3)]
+    assert order == [query, first, second]
+    assert q.pending_tokens == 0 and q.interactive_tokens_pending == 0

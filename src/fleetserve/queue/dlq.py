@@ -78,7 +78,9 @@ class DeadLetters:
         headers[H.DLQ_REASON] = reason[:500]
         headers[H.DLQ_SUBJECT] = raw.subject
         headers[H.DLQ_ATTEMPTS] = str(attempts)
-        token = raw.subject.rsplit(".", 1)[-1]
+        work = f"{self.options.prefix}.work."
+        subject = raw.subject[len(work) :] if raw.subject.startswith(work) else raw.subject
+        token = subject.split(".", 1)[0]  # the model's token (a lane may follow it)
         await self.js.publish(f"{self.options.prefix}.dlq.{token}", raw.data, headers=headers)
         model = headers.get(H.MODEL) or H.model_from_token(token)
         self.stats.bump(self.stats.dead_letters, model)

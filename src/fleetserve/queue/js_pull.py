@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire import FleetError, InternalError, Priority
 from ..wire import headers as H
 from .base import Message, QueueStats
-from .sizing import CostWindow, keep, priority_order, pull_batch
+from .sizing import CostWindow, choose, pull_batch
 
 if TYPE_CHECKING:
     from .dlq import DeadLetters
@@ -106,8 +106,12 @@ class Puller:
 
     # -- consumers ----------------------------------------------------------------
     def _durable(self, lane: Lane) -> str:
+        """Batch work keeps the consumer it had before classes existed (a work-queue
+        stream allows one consumer per subject): ``w-<model>``; interactive work has
+        ``wi-<model>`` (``-`` is a character tokens keep, so the names never clash)."""
         model, cls = lane
-        return f"w-{H.subject_token(model)}-{_CLASS_TOKEN[cls]}"
+        kind = "w" if cls is Priority.BATCH else "wi"
+        return f"{kind}-{H.subject_token(model)}"
 
     def _lane_of(self, subject: str) -> Lane | None:
         """The lane of a delivery (its work subject) or a status (our inbox)."""
@@ -188,6 +192,10 @@ class Puller:
         )
         task.add_done_callback(_log_failure)
 
+    def _starving(self, lane: Lane) -> bool:
+        at = self._oldest.get(lane)
+        return at is not None and time.time() - at > self.age_limit
+
     def _expire_stale(self) -> None:
         now = asyncio.get_running_loop().time()
         for m, r in list(self._open.items()):
@@ -209,14 +217,20 @@ class Puller:
             await self._ensure_consumer(lane)
         wanted = set(lanes)
         if not any(lane in wanted for _, lane, _ in self._buffer):
-            # what is ready now, from every lane at once
-            asked = [lane for lane in lanes if lane not in self._open]
-            for lane in asked:
-                self._ask(lane, budget, None)
-            while any(lane in self._open for lane in asked) and not self._closed:
-                self._arrived.clear()
-                if await _wait(self._arrived, end - loop.time()) is False:
-                    break
+            # what is ready now: interactive lanes first, then batch lanes for the
+            # budget they left (asking both at once would put back what did not fit)
+            room = budget
+            for cls in classes:
+                asked = [lane for lane in lanes if lane[1] is cls and lane not in self._open]
+                if room <= 0:  # only a lane whose work waited too long (as of refresh)
+                    asked = [lane for lane in asked if self._starving(lane)]
+                for lane in asked:
+                    self._ask(lane, max(room, 1), None)
+                while any(lane in self._open for lane in asked) and not self._closed:
+                    self._arrived.clear()
+                    if await _wait(self._arrived, end - loop.time()) is False:
+                        break
+                room = budget - sum(_cost(raw) for _, lane, raw in self._buffer if lane in wanted)
         while not self._closed:
             got = await self._take(wanted, budget)
             if got:
@@ -244,16 +258,11 @@ class Puller:
             if msg is not None:
                 self._costs.setdefault(lane, CostWindow()).add(msg.envelope.cost_hint)
                 msgs.append(msg)
-        order = priority_order([m.envelope for m in msgs], self.age_limit)
-        msgs = [msgs[i] for i in order]
-        out: list[Message] = []
-        keeps = keep([m.envelope.cost_hint for m in msgs], budget)
-        for msg, kept in zip(msgs, keeps, strict=True):
-            if kept:
-                out.append(msg)
-            else:  # over-pulled: put it back for anyone
-                self.stats.bump(self.stats.put_backs, msg.envelope.model)
-                await self.settle(msg, "nak")
+        kept, back = choose([m.envelope for m in msgs], budget, self.age_limit)
+        for i in back:  # over-pulled: put it back for anyone
+            self.stats.bump(self.stats.put_backs, msgs[i].envelope.model)
+            await self.settle(msgs[i], "nak")
+        out = [msgs[i] for i in kept]
         return out
 
     async def _to_message(self, raw: Any) -> Message | None:
@@ -336,6 +345,12 @@ class Puller:
                     continue  # the connection is down; keep the last figure
                 self._pending[lane] = n = (si.state.subjects or {}).get(subject, 0)
                 self._oldest[lane] = await self._oldest_at(lane, 0) if n else None
+
+
+def _cost(raw: Any) -> int:
+    """A delivery's cost hint, before its headers are parsed (1 if they do not say)."""
+    value = (raw.headers or {}).get(H.COST, "1")
+    return int(value) if value.isdigit() else 1
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> bool:

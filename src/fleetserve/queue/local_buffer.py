@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .base import Message, QueueStats, WorkQueue
-from .sizing import priority_order
+from .sizing import choose
 
 log = logging.getLogger("fleetserve.queue.local")
 POLL = 0.5  # longest upstream long-poll, so that a new set of models is picked up soon
@@ -111,8 +111,10 @@ class LocalBuffer:
                 self._demand.clear()
                 continue
             models = list(dict.fromkeys(m for w in live for m in sorted(w.models)))
-            wanted = set(models)
-            here = sum(e.msg.envelope.cost_hint for e in self.entries if e.model in wanted)
+            # devices whose formers are full take interactive work only: fetch only that
+            # for them, and count only what some waiter can take
+            only = all(w.interactive_only for w in live)
+            here = sum(e.msg.envelope.cost_hint for e in self.entries if self._any_takes(live, e))
             short = sum(w.budget for w in live) - here
             servable = any(self._fits(w) for w in live)
             if short > 0:
@@ -121,7 +123,7 @@ class LocalBuffer:
                 self._polling = not servable
                 t0 = loop.time()
                 try:
-                    got = await self.upstream.pull(models, short, timeout)
+                    got = await self.upstream.pull(models, short, timeout, interactive_only=only)
                     failing = False
                 except Exception as exc:  # disconnected: the upstream queue reconnects
                     (log.debug if failing else log.warning)("pulling upstream failed: %s", exc)
@@ -146,7 +148,11 @@ class LocalBuffer:
                     log.debug("touch failed: %s", exc)
 
     def _fits(self, w: _Waiter) -> bool:
-        return any(e.model in w.models for e in self.entries)
+        return any(_takes(w, e) for e in self.entries)
+
+    @staticmethod
+    def _any_takes(waiters: Sequence[_Waiter], e: Entry) -> bool:
+        return any(_takes(w, e) for w in waiters)
 
     def dispatch(self) -> None:
         """Hand buffered work to the waiting devices, first come first served."""
@@ -163,20 +169,13 @@ class LocalBuffer:
                 self._waiters.remove(w)
 
     def _take(self, models: set[str], budget: int, interactive_only: bool = False) -> list[Entry]:
-        taken: list[Entry] = []
-        spent = 0
         mine = [  # in arrival order
             e
             for e in self.entries
             if e.model in models and (e.msg.envelope.interactive or not interactive_only)
         ]
-        order = priority_order([e.msg.envelope for e in mine], self.age_limit)
-        for e in (mine[i] for i in order):
-            cost = e.msg.envelope.cost_hint
-            if taken and spent + cost > budget:
-                break
-            taken.append(e)
-            spent += cost
+        kept, _ = choose([e.msg.envelope for e in mine], budget, self.age_limit)
+        taken = [mine[i] for i in kept]
         if taken:
             gone = set(map(id, taken))
             self.entries = [e for e in self.entries if id(e) not in gone]
@@ -212,3 +211,8 @@ class LocalBuffer:
         self.entries.clear()
         self.delayed.clear()
         return left
+
+
+def _takes(w: _Waiter, e: Entry) -> bool:
+    """Whether waiter ``w`` may be handed entry ``e``."""
+    return e.model in w.models and (e.msg.envelope.interactive or not w.interactive_only)

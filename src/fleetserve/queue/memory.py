@@ -2,8 +2,8 @@
 
 One bounded FIFO per model and priority class; workers in the same event loop pull
 from it, interactive work first (oldest first across models), then batch work. Batch
-work whose oldest message has waited ``age_limit`` seconds gets one message into the
-next pull ahead of interactive work, so that it never starves. Replies resolve
+work whose oldest message has waited ``age_limit`` seconds gets one message into a
+pull that interactive work filled, so that it never starves. Replies resolve
 asyncio futures directly, so the reply bytes are handed over untouched.
 """
 
@@ -111,25 +111,29 @@ class MemoryQueue:
     def _take(
         self, models: Sequence[str], budget: int, interactive_only: bool = False
     ) -> list[Message]:
+        """Interactive first, then batch, each oldest first across models, within the
+        budget (the first always); batch work that waited ``age_limit`` gets one in."""
         taken: list[Message] = []
         spent = 0
-        aged = not interactive_only and self._starving(models)  # one old batch one first
-        while True:
-            best = self._head(models, Priority.BATCH) if aged else None
-            aged = False
-            best = best or self._head(models, Priority.INTERACTIVE)
-            if not interactive_only:
-                best = best or self._head(models, Priority.BATCH)
-            if best is None:
-                break
-            cost = best[0].envelope.cost_hint
-            if taken and spent + cost > budget:
-                break
-            msg = best.popleft()
-            self._inflight[msg.delivery_id] = msg
-            taken.append(msg)
-            spent += cost
+        classes = (Priority.INTERACTIVE,) if interactive_only else tuple(Priority)
+        for cls in classes:
+            while (q := self._head(models, cls)) is not None:
+                cost = q[0].envelope.cost_hint
+                if taken and spent + cost > budget:
+                    break
+                taken.append(self._pop(q))
+                spent += cost
+        filled = all(m.envelope.interactive for m in taken)  # the budget went to queries
+        if not interactive_only and filled and self._starving(models):
+            q = self._head(models, Priority.BATCH)
+            assert q is not None
+            taken.append(self._pop(q))  # one old batch request as well
         return taken
+
+    def _pop(self, q: deque[Message]) -> Message:
+        msg = q.popleft()
+        self._inflight[msg.delivery_id] = msg
+        return msg
 
     async def ack(self, msg: Message) -> None:
         self._inflight.pop(msg.delivery_id, None)

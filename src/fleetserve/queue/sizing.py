@@ -65,16 +65,27 @@ def keep(costs: Sequence[int], budget: int, slack: float = SLACK) -> list[bool]:
     return out
 
 
-def priority_order(envs: Sequence[Envelope], age_limit: float, now: float = 0.0) -> list[int]:
-    """Indices of ``envs`` (each class in arrival order) in the order to serve them:
-    interactive first, then batch; but the oldest batch request goes first of all once
-    it has waited more than ``age_limit`` seconds, so that batch work never starves."""
-    now = now or time.time()
-    order = sorted(range(len(envs)), key=lambda i: not envs[i].interactive)
-    batch = [i for i in order if not envs[i].interactive]
-    if batch and envs[order[0]].interactive:
-        oldest = min(batch, key=lambda i: envs[i].enqueued_at)
-        if now - envs[oldest].enqueued_at > age_limit:
-            order.remove(oldest)
-            order.insert(0, oldest)
-    return order
+def priority_order(envs: Sequence[Envelope]) -> list[int]:
+    """Indices of ``envs`` in the order to serve them: interactive first, then batch,
+    each in arrival order."""
+    return sorted(range(len(envs)), key=lambda i: not envs[i].interactive)
+
+
+def choose(
+    envs: Sequence[Envelope], budget: int, age_limit: float, now: float = 0.0
+) -> tuple[list[int], list[int]]:
+    """Which of ``envs`` (in arrival order) to keep, in the order to serve them, and
+    which to put back: interactive first, within ``budget`` (the first always kept).
+    If no batch request is kept although one has waited more than ``age_limit``
+    seconds, the oldest such is kept as well: batch work never starves."""
+    order = priority_order(envs)
+    flags = keep([envs[i].cost_hint for i in order], budget)
+    kept = [i for i, f in zip(order, flags, strict=True) if f]
+    back = [i for i, f in zip(order, flags, strict=True) if not f]
+    waiting = [i for i in back if not envs[i].interactive]
+    if waiting and all(envs[i].interactive for i in kept):
+        oldest = min(waiting, key=lambda i: envs[i].enqueued_at)
+        if (now or time.time()) - envs[oldest].enqueued_at > age_limit:
+            kept.append(oldest)
+            back.remove(oldest)
+    return kept, back

@@ -48,6 +48,7 @@ class WaitQueue:
             raise ValueError("max_batch_tokens must be positive")
         self.max_batch_tokens = max_batch_tokens
         self.pending_tokens = 0
+        self.interactive_tokens_pending = 0
         self._jobs: deque[Job] = deque()
         self._lock = threading.Lock()
 
@@ -55,24 +56,39 @@ class WaitQueue:
         return len(self._jobs)
 
     def add(self, job: Job) -> None:
+        """Interactive jobs go ahead of batch ones (each class in arrival order)."""
         with self._lock:
-            self._jobs.append(job)
+            if job.msg.envelope.interactive:
+                at = next(
+                    (i for i, j in enumerate(self._jobs) if not j.msg.envelope.interactive), None
+                )
+                self._jobs.insert(len(self._jobs) if at is None else at, job)
+                self.interactive_tokens_pending += cost(job)
+            else:
+                self._jobs.append(job)
             self.pending_tokens += cost(job)
 
     def pop_if(self, fits: Callable[[Job], bool]) -> Job | None:
-        """The oldest job if ``fits(it)``; jobs already failed are dropped."""
+        """The first job (interactive first, then the oldest) if ``fits(it)``; jobs
+        already failed are dropped."""
         with self._lock:
             while self._jobs and self._jobs[0].failed:
-                self.pending_tokens -= cost(self._jobs.popleft())
+                self._forget(self._jobs.popleft())
             if not self._jobs or not fits(self._jobs[0]):
                 return None
             job = self._jobs.popleft()
-            self.pending_tokens -= cost(job)
+            self._forget(job)
             return job
+
+    def _forget(self, job: Job) -> None:
+        self.pending_tokens -= cost(job)
+        if job.msg.envelope.interactive:
+            self.interactive_tokens_pending -= cost(job)
 
     def drain(self) -> list[Job]:
         with self._lock:
             jobs = list(self._jobs)
             self._jobs.clear()
             self.pending_tokens = 0
+            self.interactive_tokens_pending = 0
             return jobs

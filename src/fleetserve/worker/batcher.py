@@ -7,14 +7,16 @@ profile's token budget. One request's items may be spread across several batches
 Interactive items go first: while any wait, the next batch holds only them. Batches
 are capped at ``interactive_tokens`` (the profile's ``priority_cap``) while interactive
 work waits and for ``hold`` seconds after the last interactive request, so that the
-next query does not wait behind a full batch. Batch items that have waited here more
-than ``age_limit`` seconds take the next batch, so that batch work never starves.
+next query does not wait behind a full batch. If interactive work has kept batch work
+from any batch for ``age_limit`` seconds, batch work takes the next one, so that it
+never starves (and a query waits for at most one such batch).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +71,7 @@ class BatchFormer:
         interactive_tokens: int = 0,
         hold: float = 1.0,
         age_limit: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch_tokens < 1 or max_batch_size < 1 or max_adapters < 1:
             raise ValueError("batch budgets must be positive")
@@ -80,7 +83,10 @@ class BatchFormer:
         self.age_limit = age_limit
         self._items: deque[WorkItem] = deque()
         self._interactive = 0  # interactive items waiting
+        self.interactive_tokens_pending = 0  # their tokens
         self._last_interactive = -1e18  # monotonic time an interactive job last came
+        self._clock = clock
+        self._batch_turn = clock()  # when batch work last had a batch (or none waited)
         self.pending_tokens = 0
 
     def __len__(self) -> int:
@@ -94,7 +100,7 @@ class BatchFormer:
         p = job.prepared
         env = job.msg.envelope
         if env.interactive:
-            self._last_interactive = time.monotonic()
+            self._last_interactive = self._clock()
         for start, stop in job.spans or [(0, len(p.items))]:
             for i in range(start, stop):
                 length = p.lengths[i]
@@ -102,10 +108,11 @@ class BatchFormer:
                 self._items.append(it)
                 self.pending_tokens += length
                 self._interactive += env.interactive
+                self.interactive_tokens_pending += length if env.interactive else 0
 
     def budget(self) -> int:
         """The token budget of the next batch: capped while interactive work is about."""
-        about = self._interactive > 0 or time.monotonic() - self._last_interactive < self.hold
+        about = self._interactive > 0 or self._clock() - self._last_interactive < self.hold
         return self.interactive_tokens if about else self.max_batch_tokens
 
     def take(self) -> list[WorkItem]:
@@ -118,15 +125,18 @@ class BatchFormer:
         if head.msg.attempts > 1:
             return self._alone(head)
         budget = self.budget()
+        now = self._clock()
+        batch_waits = len(self._items) > self._interactive
         only: bool | None = None  # which class this batch takes (None: any)
         if self._interactive > 0:
-            oldest = next((it for it in self._items if not it.interactive), None)
-            aged = oldest is not None and time.time() - oldest.job.pulled_at > self.age_limit
-            only = not aged
+            starved = batch_waits and now - self._batch_turn > self.age_limit
+            only = not starved  # a batch of batch work once per age_limit at least
         window = self._window(only, budget)
-        if not window and only is not None:  # its items all failed since they came
-            self._interactive = sum(it.interactive and not it.job.failed for it in self._items)
+        if not window and only:  # the interactive items all failed since they came
+            self._purge()
             window = self._window(None, budget)
+        if not batch_waits or not only:
+            self._batch_turn = now  # batch work has this batch (or none waits)
         window.sort(key=lambda it: it.length)
         batch: list[WorkItem] = []
         adapters: set[str] = set()
@@ -140,6 +150,13 @@ class BatchFormer:
                 break
             batch.append(it)
         return self._remove(batch)
+
+    def _purge(self) -> None:
+        """Drop the items of failed jobs (anywhere, not only at the head)."""
+        for it in self._items:
+            if it.job.failed:
+                self._drop(it)
+        self._items = deque(it for it in self._items if not it.job.failed)
 
     def _window(self, only: bool | None, budget: int) -> list[WorkItem]:
         """Items to choose the batch from, oldest first: of one class (``only``: whether
@@ -179,10 +196,12 @@ class BatchFormer:
     def _drop(self, it: WorkItem) -> None:
         self.pending_tokens -= it.length
         self._interactive -= it.interactive
+        self.interactive_tokens_pending -= it.length if it.interactive else 0
 
     def drain(self) -> list[WorkItem]:
         items = list(self._items)
         self._items.clear()
         self.pending_tokens = 0
         self._interactive = 0
+        self.interactive_tokens_pending = 0
         return items

@@ -43,12 +43,15 @@ Spawn = Callable[[Coroutine[Any, Any, None]], object]
 
 class CancelSet:
     """Request ids cancelled recently, each kept until its deadline (plus ``SKEW``);
-    at most ``cap`` of them, the oldest leaving first."""
+    at most ``cap`` of them, the oldest leaving first. A cancel stops only what was
+    published before it was heard: a client that retries with the same
+    ``X-Request-Id`` after hanging up is served."""
 
     def __init__(self, cap: int = 16384, clock: Callable[[], float] = time.time) -> None:
         self.cap = cap
         self._clock = clock
         self._until: OrderedDict[str, float] = OrderedDict()  # in the order they came
+        self._at: dict[str, float] = {}  # when each was heard
         self._expiry: list[tuple[float, str]] = []  # a heap: the first to expire on top
 
     def __len__(self) -> int:
@@ -60,23 +63,28 @@ class CancelSet:
     def add(self, request_id: str, until: float) -> None:
         until += SKEW
         self._until[request_id] = until
+        self._at[request_id] = self._clock()
         self._until.move_to_end(request_id)
         heapq.heappush(self._expiry, (until, request_id))
         while len(self._until) > self.cap:
-            self._until.popitem(last=False)
+            self._at.pop(self._until.popitem(last=False)[0], None)
         now = self._clock()
         while self._expiry and self._expiry[0][0] < now:
             when, rid = heapq.heappop(self._expiry)
             if self._until.get(rid) == when:
                 del self._until[rid]
+                self._at.pop(rid, None)
         if len(self._expiry) > 2 * self.cap:  # ids that left by the cap: rebuild
             self._expiry = [(u, r) for r, u in self._until.items()]
             heapq.heapify(self._expiry)
 
     def hit(self, envelope: Envelope) -> bool:
-        """Whether the request, or the request it is a slice of, was cancelled."""
+        """Whether the request, or the request it is a slice of, was cancelled (after
+        it was published)."""
         part = envelope.part
-        return envelope.request_id in self or (part is not None and part.parent in self)
+        rid = part.parent if part is not None and part.parent in self else envelope.request_id
+        at = self._at.get(rid)
+        return at is not None and envelope.enqueued_at <= at
 
 
 class Canceller:

@@ -37,6 +37,7 @@ from .cancel import Canceller
 from .chunks import Chunks
 from .parts import Parts, outputs_body, plan, prepared_of
 from .runner import Runner
+from .settle import Settling
 
 log = logging.getLogger("fleetserve.worker")
 
@@ -48,7 +49,7 @@ UNBOUNDED = 1 << 62  # a fleet with no memory budget
 FULL_POLL = 0.02  # seconds between pulls for interactive work while the formers are full
 
 
-class Worker:
+class Worker(Settling):
     def __init__(
         self,
         queue: WorkQueue,
@@ -165,8 +166,15 @@ class Worker:
                 self.metrics.queue_depth.labels(m).set(self.queue.depth(m))
             pending = self._pending_tokens()
             full = pending >= high_water
-            room = self.pull_budget if full else high_water - pending
-            wait = FULL_POLL if full else self.pull_timeout
+            room = high_water - pending
+            wait = self.pull_timeout
+            if full:  # interactive work only, up to one budget of it waiting here
+                self._room.clear()
+                room = self.pull_budget - self._interactive_tokens()
+                if room <= 0:
+                    await self._room.wait()
+                    continue
+                wait = FULL_POLL
             if self.affinity is None:
                 msgs = await self.queue.pull(models, room, wait, interactive_only=full)
             else:
@@ -175,6 +183,9 @@ class Worker:
                 )
             for msg in msgs:
                 await self._admit(msg)
+
+    def _interactive_tokens(self) -> int:
+        return sum(r.former.interactive_tokens_pending for r in self.runners.values())
 
     async def _admit(self, msg: Message) -> None:
         env = msg.envelope
@@ -292,9 +303,14 @@ class Worker:
         job = Job(msg, prepared, pulled_at)
         self._jobs.add(job)
         ranges = plan(job, self.pull_budget) if self._may_share(env) else None
-        if ranges is not None:  # far larger than a batch: other workers share it
+        # shared only while few others wait: behind a backlog parts would wait for it
+        if ranges is not None and self.queue.depth(env.model) < len(ranges):
             self.metrics.slices.labels(env.model).inc(len(ranges) - 1)
-            job.spans = await self._parts.share(job, ranges, self._schedule_finish, self._fail)
+            job.spans = await self._parts.share(
+                job, ranges, self._schedule_finish, self._fail, runner.submit
+            )
+            if job.failed:  # cancelled while its parts went out
+                return
         if env.adapter is None:
             runner.submit(job)
         elif self._tg is not None:  # its adapter loads without holding up the pull loop
@@ -352,94 +368,12 @@ class Worker:
             "queue_ms": max(job.pulled_at - env.enqueued_at, 0.0) * 1e3,
             "inference_ms": job.infer_s * 1e3,
         }
+        if job.failed:  # cancelled (or failed) while it was postprocessed: settled there
+            return
         self._done(job)
         accept = Encoding.MSGPACK if env.part is not None else env.accept
         await self.queue.reply(job.msg, Reply(body, accept, timings=timings))
         await self.queue.ack(job.msg)
-
-    async def _fail(self, job: Job, err: FleetError) -> None:
-        self._room.set()
-        if job.failed:
-            return
-        job.failed = True
-        self._done(job)
-        await self._chunks.sent(job)
-        await self._answer(job.msg, err)
-
-    async def _expire(self, job: Job, _err: FleetError) -> None:
-        self.metrics.expired.labels(job.msg.envelope.model).inc()
-        self._room.set()
-        if job.failed:
-            return
-        job.failed = True
-        self._done(job)
-        await self._chunks.sent(job)  # chunks still queued see job.failed and are dropped
-        await self.queue.term(job.msg)
-
-    async def _settle_cancelled(self, job: Job) -> None:
-        """Its client went away (``cancels`` failed it: its items and sequence are
-        dropped): its use of the model ends and it is terminated, with no reply."""
-        self._room.set()
-        self._done(job)
-        await self._chunks.sent(job)
-        await self.queue.term(job.msg)
-
-    async def _crash(self, job: Job, err: FleetError) -> None:
-        """The model raised on this job's batch: retry it (alone) or dead-letter it."""
-        self._room.set()
-        if job.failed:
-            return
-        job.failed = True
-        self._done(job)
-        msg = job.msg
-        streamed = self._chunks.streamed(job)  # a retry would repeat the client's chunks
-        await self._chunks.sent(job)
-        if msg.attempts < self.max_deliver and not streamed:
-            self.metrics.retries.labels(msg.envelope.model).inc()
-            await self.queue.nak(msg, delay=min(0.05 * 2**msg.attempts, 2.0))
-            return
-        reply = Reply(content_type=msg.envelope.accept, error=err.to_body())
-        await self.queue.reply(msg, reply)
-        reason = job.reason or err.message
-        await self.queue.dead_letter(msg, f"{reason} (attempt {msg.attempts})")
-
-    async def _keepalive_loop(self, every: float) -> None:
-        """In-progress acks, so that held work is not redelivered while it waits here."""
-        while True:
-            await asyncio.sleep(every)
-            for msg in [*(job.msg for job in self._jobs), *self._loading.values()]:
-                await self.queue.touch(msg)
-
-    async def _answer(self, msg: Message, err: FleetError) -> None:
-        """Reply with an error body, then ack: the request is finished."""
-        reply = Reply(content_type=msg.envelope.accept, error=err.to_body())
-        if err.retry_after is not None:
-            reply.timings["retry_after"] = err.retry_after
-        await self.queue.reply(msg, reply)
-        await self.queue.ack(msg)
-
-    async def _fail_all(self, err: FleetError) -> None:
-        """A crashed worker gives back what it holds. On a shared queue other workers
-        take it (NAK); alone (embedded) it answers it, and what is queued, with 503."""
-        for r in self.runners.values():
-            r.former.drain()
-        parked = list(self._loading.values())  # waiting for a load that will not finish
-        self._loading.clear()
-        if self.shared_queue:
-            for job in list(self._jobs):
-                job.failed = True
-                self._done(job)
-                await self.queue.nak(job.msg)
-            for msg in parked:
-                await self.queue.nak(msg)
-            return
-        for job in list(self._jobs):
-            await self._fail(job, err)
-        for msg in parked:
-            await self._answer(msg, err)
-        while msgs := await self.queue.pull(list(self.runners), 1 << 30, 0.0):
-            for msg in msgs:
-                await self._answer(msg, err)
 
     def close(self) -> None:
         for r in self.runners.values():

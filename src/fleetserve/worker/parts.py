@@ -89,39 +89,54 @@ class Parts:
         self._tasks: dict[int, list[asyncio.Task[None]]] = {}
 
     async def share(
-        self, job: Job, ranges: list[tuple[int, int]], finish: Callable[[Job], None], fail: Fail
+        self,
+        job: Job,
+        ranges: list[tuple[int, int]],
+        finish: Callable[[Job], None],
+        fail: Fail,
+        submit: Callable[[Job], None],
     ) -> list[tuple[int, int]]:
         """Publish ``ranges[1:]`` as parts; returns the ranges served here: the first,
-        and from a part the queue refused (it is full) on, the rest as well."""
+        and from a part the queue refused (it is full) on, the rest as well. A part
+        that comes back with a retryable error (no room over there) is served here
+        with ``submit``."""
         env = job.msg.envelope
         p = job.prepared
         tasks: list[asyncio.Task[None]] = []
         attempt = uuid.uuid4().hex[:8]
         for start, stop in ranges[1:]:
-            body = items.pack({"items": p.items[start:stop], "lengths": p.lengths[start:stop]})
-            part = part_envelope(env, start, stop, sum(p.lengths[start:stop]), attempt)
+            if job.failed:  # cancelled meanwhile: publish no more
+                break
             try:
+                body = items.pack({"items": p.items[start:stop], "lengths": p.lengths[start:stop]})
+                part = part_envelope(env, start, stop, sum(p.lengths[start:stop]), attempt)
                 pending = await self.queue.publish(part, body)
-            except FleetError as err:  # the queue is full: serve the rest here
-                log.info("serving the rest of %s here: %s", env.request_id, err.message)
+            except (FleetError, TypeError) as exc:  # full, or its items cannot travel
+                log.info("serving the rest of %s here: %s", env.request_id, exc)
                 return [ranges[0], (start, ranges[-1][1])]
-            tasks.append(self._spawn()(self._gather(job, pending, start, stop, finish, fail)))
+            gather = self._gather(job, pending, (start, stop), finish, fail, submit)
+            tasks.append(self._spawn()(gather))
+        if tasks and not job.failed:
             self._tasks[id(job)] = tasks
+        else:
+            for t in tasks:
+                t.cancel()
         return [ranges[0]]
 
     async def _gather(
         self,
         job: Job,
         pending: PendingReply,
-        start: int,
-        stop: int,
+        span: tuple[int, int],
         finish: Callable[[Job], None],
         fail: Fail,
+        submit: Callable[[Job], None],
     ) -> None:
+        start, stop = span
         try:
             reply = await pending.wait(max(0.0, job.msg.envelope.deadline - time.time()))
             if reply.error is not None:
-                raise error_from_body(reply.error)
+                raise error_from_body(reply.error, retry_after=reply.timings.get("retry_after"))
             try:
                 rows = items.unpack(reply.body)
             except ValueError as exc:
@@ -129,8 +144,14 @@ class Parts:
             if not isinstance(rows, list) or len(rows) != stop - start:
                 raise InvalidInput("a part's reply has the wrong number of outputs")
         except FleetError as err:
-            if not job.failed:
-                await fail(job, err)
+            if job.failed:
+                return
+            if err.retry_after is not None and job.msg.envelope.adapter is None:
+                log.info("serving part %s of %s here: %s", span, job.msg.envelope.request_id, err)
+                job.spans = [span]
+                submit(job)
+                return
+            await fail(job, err)
             return
         finally:
             pending.cancel()
