@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -148,7 +149,7 @@ def build_runner(
             spec, profile, make_adapter, metrics, settings.max_batch_tokens,
             eager=eager, verify=verify, measure=measure, estimate=estimate,
             max_adapters=settings.max_adapters_per_batch,
-            interactive_tokens=choice.interactive_batch_tokens,
+            interactive_tokens=interactive_tokens(choice, settings),
             hold=settings.interactive_hold, age_limit=settings.batch_age_limit,
         )  # fmt: skip
     if not missing_extra("torch"):
@@ -156,6 +157,19 @@ def build_runner(
         torch_precision = profile.precision if profile.precision != "int8" else "fp32"
         runner.torch_factory = lambda: make_adapter(torch_precision, "torch")
     return runner
+
+
+def interactive_tokens(choice: Choice, settings: Settings) -> int:
+    """The batch cap while queries wait (``Choice.interactive_batch_tokens``), for the
+    threads this process runs with: a profile tuned on every core predicts a batch on
+    half of them to take twice as long, so the cap that keeps it ~25 ms is halved."""
+    cap = choice.interactive_batch_tokens
+    cores = os.cpu_count() or 1
+    tuned = choice.profile.threads or cores
+    running = settings.torch_threads or choice.profile.threads or cores
+    if running < tuned:
+        cap = max(64, cap * running // tuned // 64 * 64)
+    return cap
 
 
 def build_fleet(
