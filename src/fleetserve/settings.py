@@ -79,8 +79,9 @@ class Settings:
         "first; older batch work takes the next batch (no starvation)."
     )  # fmt: skip
     interactive_hold: float = setting(
-        1.0, "Seconds after an interactive request during which batches stay capped at the "
-        "profile's priority_cap, so that the next query does not wait behind a full batch."
+        5.0, "Seconds after an interactive request during which batches stay capped at the "
+        "profile's priority_cap, so that the next query does not wait behind a full batch "
+        "(each worker sees only the queries it pulls: a few seconds covers their gaps)."
     )  # fmt: skip
     generation_timeout: float = setting(
         300.0, "Default deadline in seconds for chat and generate requests (long outputs)."

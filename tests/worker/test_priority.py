@@ -125,3 +125,18 @@ def test_generation_admits_interactive_requests_first() -> None:
     order = [q.pop_if(lambda _: True) for _ in range(3)]
     assert order == [query, first, second]
     assert q.pending_tokens == 0 and q.interactive_tokens_pending == 0
+
+
+def test_a_retried_batch_request_waits_behind_queries_and_then_runs_alone() -> None:
+    bf = BatchFormer(max_batch_tokens=100, max_batch_size=50, interactive_tokens=40)
+    retried = job(10, 10, 10, 10, 10, 10)
+    retried.msg.attempts = 2  # its batch failed before: it runs alone
+    bf.add(retried)
+    other = job(10)
+    bf.add(other)
+    query = interactive(5)
+    bf.add(query)
+    assert {it.job for it in bf.take()} == {query}
+    alone = bf.take()
+    assert {it.job for it in alone} == {retried}
+    assert max(it.length for it in alone) * len(alone) <= 40  # capped while queries are about

@@ -69,7 +69,7 @@ class BatchFormer:
         max_adapters: int = 16,
         *,
         interactive_tokens: int = 0,
-        hold: float = 1.0,
+        hold: float = 5.0,
         age_limit: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -121,9 +121,6 @@ class BatchFormer:
             self._drop(self._items.popleft())
         if not self._items:
             return []
-        head = self._items[0].job
-        if head.msg.attempts > 1:
-            return self._alone(head)
         budget = self.budget()
         now = self._clock()
         batch_waits = len(self._items) > self._interactive
@@ -131,6 +128,11 @@ class BatchFormer:
         if self._interactive > 0:
             starved = batch_waits and now - self._batch_turn > self.age_limit
             only = not starved  # a batch of batch work once per age_limit at least
+        head = self._items[0].job
+        if head.msg.attempts > 1 and only in (None, head.msg.envelope.interactive):
+            if not head.msg.envelope.interactive:
+                self._batch_turn = now
+            return self._alone(head, budget)
         window = self._window(only, budget)
         if not window and only:  # the interactive items all failed since they came
             self._purge()
@@ -172,16 +174,17 @@ class BatchFormer:
                 break
         return window
 
-    def _alone(self, job: Job) -> list[WorkItem]:
+    def _alone(self, job: Job, budget: int) -> list[WorkItem]:
         """A retried request (its batch failed before) runs without others: if it is the
-        poison, it fails alone, and innocent requests are not retried with it."""
+        poison, it fails alone, and innocent requests are not retried with it. (Behind
+        interactive work it waits like any batch work.)"""
         batch: list[WorkItem] = []
         for it in self._items:
             if it.job is not job:
                 continue
             n = len(batch) + 1
             width = max([it.length, *(b.length for b in batch)])
-            if batch and (width * n > self.max_batch_tokens or n > self.max_batch_size):
+            if batch and (width * n > budget or n > self.max_batch_size):
                 break
             batch.append(it)
         return self._remove(batch)

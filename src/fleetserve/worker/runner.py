@@ -126,7 +126,7 @@ class ModelRunner(Loadable):
         estimate: Callable[[], int] | None = None,
         max_adapters: int = 16,
         interactive_tokens: int = 0,
-        hold: float = 1.0,
+        hold: float = 5.0,
         age_limit: float = 2.0,
     ) -> None:
         self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
