@@ -1,8 +1,9 @@
-"""The pull-versus-push simulation: bookkeeping, equivalences, search and the CLI."""
+"""The pull-versus-push simulation: cost models, bookkeeping, equivalences, search, CLI."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,12 +15,16 @@ from fleetserve.bench.sim import (
     MIXED_FLEET,
     POLICIES,
     Params,
+    Workload,
     at_load,
     capacity_rps,
+    find_cost,
     fleet_speeds,
+    from_catalog,
     make_workload,
     max_load_at_slo,
     simulate,
+    workload_for,
 )
 from fleetserve.bench.sim.fleet import (
     GIB,
@@ -30,17 +35,47 @@ from fleetserve.bench.sim.fleet import (
     parse_bytes,
     simulate_fleet,
 )
+from fleetserve.bench.sim.former import Former
 from fleetserve.bench.sim.policies import _Sim
+from fleetserve.bench.sim.puller import Msg
+from fleetserve.catalog import CostModel
+from fleetserve.catalog.profiles import (
+    bundled_dir,
+    profile_path,
+    read_profile_file,
+    write_profile_file,
+)
+from fleetserve.catalog.spec import Profile
 
-SMALL = Params.from_catalog(requests=800)
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+SMALL = from_catalog("cpu", requests=800)
 
 
-def test_params_come_from_the_fitted_catalog_profile() -> None:
-    p = Params.from_catalog()
-    assert "cpu" in p.cost_source
-    assert (p.cost.fixed_ms, p.cost.per_padded_token_ms) == (7.0, 0.11)
+def test_the_cpu_cost_model_is_the_tuned_profile_and_fitted() -> None:
+    pf = read_profile_file(profile_path(bundled_dir(), MODEL, "cpu-amx"), "cpu-amx", True)
+    p = from_catalog("cpu")
+    assert p.cost == pf.profile.cost and p.cost_fitted and p.cost_label == "cpu (fitted)"
     assert (p.max_batch_tokens, p.max_batch_size, p.max_seq_len) == (2048, 32, 256)
-    assert any("cost model" in line and "0.11" in line for line in p.describe())
+    assert "cpu-amx" in p.cost_source and "fitted by fleetserve tune" in p.cost_source
+    # no priority_cap in the profile: the worker's rule, a batch of about 25 ms
+    assert p.interactive_batch_tokens == p.cost.tokens_within(25.0) < p.max_batch_tokens
+    assert "FITTED" in p.describe()[0]
+
+
+def test_the_gpu_cost_model_is_assumed_without_a_tuned_gpu_profile(tmp_path: Path) -> None:
+    p = from_catalog("gpu")
+    assert not p.cost_fitted and p.cost_label == "gpu (assumed)"
+    assert p.cost == CostModel(2.0, 0.0005, 0.0002)  # the spec's cuda starting points
+    assert (p.max_batch_tokens, p.interactive_batch_tokens) == (32768, 32768)  # no cap
+    assert "ASSUMED" in p.describe()[0] and "budgets 'cuda'" in p.cost_source
+    # a profile that `fleetserve tune` wrote on a GPU (bench/gpu.sh) makes it fitted
+    tuned = Profile("cuda-sm90", max_batch_tokens=16384, cost=CostModel(1.0, 0.0002, 0.0001))
+    prov = {"written_by": "fleetserve tune", "date": "2026-12-02", "machine": "H100"}
+    write_profile_file(tmp_path, MODEL, tuned, prov)
+    cs = find_cost("gpu", MODEL, tmp_path)
+    assert cs.fitted and cs.profile.cost == tuned.cost and "cuda-sm90" in cs.source
+    with pytest.raises(ValueError, match="cost model"):
+        find_cost("tpu")
 
 
 def test_fleet_keeps_the_proportions() -> None:
@@ -58,6 +93,10 @@ def test_workload_is_seeded_and_within_bounds() -> None:
     assert all(1 <= len(x) <= 256 for x in a.items)
     assert all(8 <= t <= SMALL.max_seq_len for x in a.items for t in x)
     assert sum(len(x) == 1 for x in a.items) > len(a.items) / 2  # most requests are small
+    # a duration asks for more requests, and the longer workload extends the shorter
+    speeds = fleet_speeds(SMALL, 4)
+    long = workload_for(replace(SMALL, duration_s=10.0), speeds, 3)
+    assert len(long.items) > len(a.items) and long.items[:800] == a.items
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -79,33 +118,39 @@ def test_every_request_completes_exactly_once(policy: str, load: float) -> None:
     assert all(d >= a for d, a in zip(sim.done, sim.arrivals, strict=True))
     assert run.completed == len(wl.items)
     assert run.items_completed == sum(len(x) for x in wl.items)
-    assert sum(sim.pending) == 0 and not any(sim.local)
-    assert 0 < run.utilization <= 1 and 0 < run.batch_fill <= 1.5
+    assert all(f.pending == 0 and not f for f in sim.formers)
+    assert 0 < run.utilization <= 1 and 0 < run.batch_fill <= 1.0
     if load < 1:  # the fleet keeps up
         assert run.throughput_rps == pytest.approx(run.offered_rps, rel=0.05)
 
 
 @pytest.mark.parametrize("load", [0.05, 0.5, 0.9])
-def test_one_worker_pull_and_push_are_the_same(load: float) -> None:
-    p = replace(SMALL, fleet=HOMOGENEOUS, rtt_ms=0.0)
+def test_one_worker_that_pulls_everything_is_push(load: float) -> None:
+    # no request is sliced (at most 8 x 256 tokens, under two budgets) and the worker
+    # pulls whatever waits: the queue adds nothing, and both serve the same batches
+    p = replace(SMALL, fleet=HOMOGENEOUS, rtt_ms=0.0, mix=((1.0, 1, 8),), high_water=1e6)
     wl = make_workload(p, 5)
-    runs = [at_load(wl, [1.0], load, pol, p) for pol in POLICIES]
-    for r in runs[1:]:
-        assert (r.p50_ms, r.p99_ms, r.throughput_rps, r.batches) == (
-            runs[0].p50_ms,
-            runs[0].p99_ms,
-            runs[0].throughput_rps,
-            runs[0].batches,
-        )
+    pull, push = (at_load(wl, [1.0], load, pol, p) for pol in ("pull", "push-lor"))
+    assert (pull.p50_ms, pull.p99_ms, pull.batches) == (push.p50_ms, push.p99_ms, push.batches)
+    assert pull.parts == 0 and pull.pulls > 0
 
 
-def test_put_backs_are_counted() -> None:
+def test_put_backs_and_parts_are_counted() -> None:
     wl = make_workload(SMALL, 1)
     speeds = fleet_speeds(SMALL, 8)
     pull = at_load(wl, speeds, 0.9, "pull", SMALL)
-    assert pull.pulls > 0 and pull.put_backs > 0
+    assert pull.pulls > 0 and pull.put_backs > 0 and pull.parts > 0
     push = at_load(wl, speeds, 0.9, "push-lor", SMALL)
-    assert push.pulls == push.put_backs == 0
+    assert push.pulls == push.put_backs == push.parts == 0
+
+
+def test_pull_shares_a_big_request_and_push_cannot() -> None:
+    # ten requests of 256 items, far apart: pull slices each over the 8 workers
+    wl = Workload([1.0] * 10, [[200] * 256] * 10, [200 * 256] * 10)
+    p = replace(SMALL, fleet=HOMOGENEOUS, warmup=0.0, requests=10)
+    pull, push = (simulate(wl, [1.0] * 8, 0.1, pol, p) for pol in ("pull", "push-loc"))
+    assert pull.parts >= 10 * 20  # 51,200 tokens in slices of about one budget (2048)
+    assert pull.p99_ms < push.p99_ms / 4
 
 
 def test_round_robin_breaks_first_on_a_mixed_fleet() -> None:
@@ -120,17 +165,47 @@ def test_round_robin_breaks_first_on_a_mixed_fleet() -> None:
     assert rr.p99_ms > 3 * pull.p99_ms
 
 
+def test_a_stale_router_view_hurts_least_outstanding() -> None:
+    # seen 1 s late, the fleet's completions: the router cannot tell fast workers from
+    # slow ones (1x to 4x) and routes nearly round robin (lag 0: p99 ~0.4 s, 1 s: ~3 s)
+    p = replace(SMALL, requests=3000)
+    wl = make_workload(p, 0)
+    speeds = fleet_speeds(p, 16)
+    fresh, stale = (at_load(wl, speeds, 0.5, "push-lor", replace(p, lag_ms=x)) for x in (0, 1e3))
+    assert stale.p99_ms > 3 * fresh.p99_ms
+    assert fresh.lag_ms == 0 and stale.lag_ms == 1000
+
+
+def test_the_former_serves_interactive_work_first_within_the_cap() -> None:
+    f = Former(budget=2048, cap=512, max_size=32, age_limit_ms=2000.0, hold_ms=1000.0)
+    f.add(Msg(0, [100] * 20, 0.0, False), 0.0)
+    f.add(Msg(1, [100] * 8, 0.0, True), 10.0)
+    first = f.take(20.0)  # only interactive items, within the cap
+    assert [(m.rid, c) for m, c in first.done] == [(1, 5)] and first.budget == 512
+    second = f.take(30.0)
+    assert [(m.rid, c) for m, c in second.done] == [(1, 3)]
+    capped = f.take(40.0)  # no query waits, but one came 30 ms ago: still capped
+    assert [(m.rid, c) for m, c in capped.done] == [(0, 5)]
+    full = f.take(1100.0)  # the hold is over: the full budget
+    assert [(m.rid, c) for m, c in full.done] == [(0, 15)] and full.budget == 2048
+    assert not f and f.pending == 0
+    # batch work that has waited 2 s goes before waiting queries
+    f.add(Msg(2, [100] * 4, 0.0, False), 2000.0)
+    f.add(Msg(3, [100], 0.0, True), 4100.0)
+    assert [m.rid for m, _ in f.take(4200.0).done] == [2]
+
+
 def test_slo_search_returns_a_load_within_the_slo() -> None:
-    p = replace(SMALL, slo_ms=3000.0, search_steps=4)
+    p = replace(SMALL, slo_ms=1000.0, search_steps=4)
     wl = make_workload(p, 0)
     speeds = fleet_speeds(p, 8)
     best, tried = max_load_at_slo(wl, speeds, "pull", p)
     assert best is not None and best in tried
-    assert best.p99_ms <= 3000.0
+    assert best.p99_ms <= 1000.0
     assert best.throughput_rps >= p.min_goodput * best.offered_rps
     assert len(tried) == 1 + p.search_steps
     above = [r for r in tried if r.load > best.load]
-    assert all(r.p99_ms > 3000.0 or r.throughput_rps < 0.98 * r.offered_rps for r in above)
+    assert all(r.p99_ms > 1000.0 or r.throughput_rps < 0.98 * r.offered_rps for r in above)
     # an SLO below the lowest load's p99: nothing qualifies
     none, tried = max_load_at_slo(wl, speeds, "pull", replace(p, slo_ms=1.0))
     assert none is None and len(tried) == 1
@@ -149,22 +224,47 @@ def test_bad_inputs() -> None:
         Params(fleet=(("x", 0.0, 1.0),))
     with pytest.raises(ValueError):
         Params(mix=((1.0, 0, 4),))
+    with pytest.raises(ValueError, match="lag"):
+        Params(lag_ms=-1.0)
+    with pytest.raises(ValueError, match="high water"):
+        Params(high_water=-1.0)
 
 
 def test_cli_writes_markdown_json_and_png(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["sim", "--workers", "2,4", "--requests", "300", "--steps", "2", "--jobs", "1"]
-    assert bench_main([*argv, "--out", str(tmp_path), "--fleet", "a:1:0.5,b:3:0.5"]) == 0
+    argv = ["sim", "--workers", "3", "--requests", "200", "--duration-s", "0", "--steps", "1"]
+    argv += [
+        "--lags",
+        "0,20",
+        "--jobs",
+        "1",
+        "--variants",
+        "hw1/nofull",
+        "--fleet",
+        "a:1:0.5,b:3:0.5",
+    ]
+    assert bench_main([*argv, "--out", str(tmp_path), "--name", "s"]) == 0
     out = capsys.readouterr().out
-    assert "cost model" in out and "pull" in out and "push-lor" in out
-    data = json.loads((tmp_path / "sim.json").read_text())
-    assert [r["workers"] for r in data["headline"]] == [2, 4]
-    assert {p["policy"] for p in data["points"]} == set(POLICIES)
-    assert data["params"]["slo_ms"] > 0 and data["assumptions"]
-    md = (tmp_path / "sim.md").read_text()
-    assert "Assumptions" in md and "| workers |" in md and "pull / push-lor" in md
-    assert (tmp_path / "sim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "FITTED" in out and "ASSUMED" in out and "push-lor" in out
+    assert "gpu (assumed) cost model" in out and "cpu (fitted) cost model" in out
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert [(c["name"], c["status"]) for c in data["cost_models"]] == [
+        ("cpu", "fitted"),
+        ("gpu", "assumed"),
+    ]
+    keys = {(r["cost"], r["workers"], r["lag_ms"]) for r in data["headline"]}
+    assert keys == {(c, 3, lag) for c in ("cpu (fitted)", "gpu (assumed)") for lag in (0, 20)}
+    # pull once per cost model and fleet size (and once more with high water 1), push per lag
+    assert len(data["points"]) == 2 * (1 + 1 + 3 * 2)
+    assert all("pull[hw1/nofull]_vs_push-lor" in r for r in data["headline"])
+    assert all(v["slo_ms"] > 0 for v in data["params"].values()) and data["assumptions"]
+    assert data["command"].startswith("fleetserve bench sim --workers 3")
+    md = (tmp_path / "s.md").read_text()
+    assert "Assumptions: gpu (assumed)" in md and "| workers | lag ms |" in md
+    assert "pull/push-lor" in md and "ASSUMED" in md
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not math.isnan(data["headline"][0]["pull_slo_rps"])
 
 
 # ---- the fleet-memory scenario (bench/sim/fleet.py) -----------------------------------

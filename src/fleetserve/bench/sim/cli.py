@@ -1,4 +1,5 @@
-"""``fleetserve bench sim``: the pull-versus-push simulation, as tables, markdown, JSON, PNG.
+"""``fleetserve bench sim``: pull against push at each router lag and cost model, as tables,
+markdown, JSON and a PNG.
 
 ``fleetserve bench sim fleet``: the fleet-memory scenario (many models, a memory budget
 per worker, cold loads, GDSF or LRU eviction, affinity on or off), as a table, JSON, PNG.
@@ -19,24 +20,21 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from ...catalog import CostModel
-from .params import DEFAULT_MIX, DEFAULT_MODEL, HOMOGENEOUS, MIXED_FLEET, POLICIES, Params
+from .costs import COST_MODELS, from_catalog
+from .params import DEFAULT_MIX, DEFAULT_MODEL, HOMOGENEOUS, LAGS, MIXED_FLEET, POLICIES, Params
+from .plot import plot
 from .report import (
     detail_table,
-    fleet_findings,
-    fleet_plot,
-    fleet_rows,
-    fleet_table,
     headline_rows,
-    headline_table,
+    headline_tables,
     markdown,
-    plot,
+    slos_of,
     target_verdict,
 )
-from .search import Point, default_slo_ms, isolated_latency, sweep
+from .search import Point, default_slo_ms, isolated_latency, plan, sweep
 
 
-def _ints(s: str) -> list[int]:
+def ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
 
@@ -60,21 +58,35 @@ def _mix(s: str) -> tuple[tuple[float, int, int], ...]:
     return tuple(out)
 
 
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleetserve bench sim", description=__doc__)
-    p.add_argument("--workers", default="8,16,32,64,128,256", help="fleet sizes to sweep")
+    p.add_argument("--workers", default="64", help="fleet sizes to sweep, e.g. 16,64,256")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--lags", default=",".join(f"{x:g}" for x in LAGS), help="router lag, ms")
+    p.add_argument(
+        "--cost-models",
+        default=",".join(COST_MODELS),
+        help="cpu (a tuned cpu-* profile: fitted), gpu (a tuned cuda-* profile if there is "
+        "one, else the spec's cuda budgets: assumed)",
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help="catalog model for the cost models")
+    p.add_argument("--profile-dir", default="", help="tuned profiles to look in first")
+    p.add_argument("--cpu-class", default="", help="hardware class of the cpu profile")
+    p.add_argument("--gpu-class", default="", help="hardware class of the gpu profile")
     p.add_argument(
         "--slo-ms",
         type=float,
         default=None,
-        help="p99 SLO (default: 2x the p99 of requests served alone on the slowest worker)",
+        help="p99 SLO (default, per cost model: 2x the p99 of requests served alone on the "
+        "slowest worker)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench/results")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="catalog model for the cost model")
-    p.add_argument("--hardware", default="cpu", help="its profile (cpu is the fitted one)")
-    p.add_argument("--cost", default="", help="override: fixed_ms,per_token_ms,per_padded_ms")
+    p.add_argument("--out", default="bench/results/sim")
+    p.add_argument("--name", default="sim", help="file name stem")
     p.add_argument(
         "--fleet",
         default="mixed",
@@ -92,52 +104,110 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
         help="items per request: weight:fewest:most,...",
     )
     p.add_argument("--item-tokens", default="8,512", help="shortest,longest item in tokens")
-    p.add_argument("--requests", type=int, default=20_000, help="requests per run")
+    p.add_argument("--requests", type=int, default=20_000, help="fewest requests per run")
+    p.add_argument(
+        "--duration-s", type=float, default=4.0, help="seconds of arrivals per run, at least"
+    )
+    p.add_argument("--warmup", type=float, default=0.25, help="fraction left out of metrics")
     p.add_argument("--rtt-ms", type=float, default=0.3, help="pull round trip / push hop")
-    p.add_argument("--lag-ms", type=float, default=20.0, help="router state lag (push)")
     p.add_argument("--routers", type=int, default=1, help="push routers (gateways)")
-    p.add_argument("--steps", type=int, default=7, help="bisection steps for the SLO search")
-    p.add_argument("--focus", type=int, default=64, help="fleet size for the p99-vs-load plot")
+    p.add_argument("--high-water", type=float, default=2.0, help="budgets a worker holds")
+    p.add_argument(
+        "--no-full-pull", action="store_true", help="a full worker does not pull queries"
+    )
+    p.add_argument(
+        "--variants",
+        default="",
+        help="extra pull runs of another worker: hwX (high water X budgets; 0: only when "
+        "empty), hwX/nofull (and a full worker does not pull queries), e.g. hw0,hw2/nofull",
+    )
+    p.add_argument(
+        "--age-limit-ms", type=float, default=2000.0, help="batch work not starved (queue, former)"
+    )
+    p.add_argument("--hold-ms", type=float, default=1000.0, help="cap after a query")
+    p.add_argument("--interactive-tokens", type=int, default=-1, help="cap; -1: the profile's")
+    p.add_argument("--interactive-cost", type=int, default=-1, help="-1: the profile's")
+    p.add_argument("--steps", type=int, default=6, help="bisection steps for the SLO search")
+    p.add_argument("--focus", type=int, default=64, help="fleet size for the plots")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     return p.parse_args(list(argv))
 
 
-def params_from_args(args: argparse.Namespace) -> Params:
-    lo, hi = _ints(args.item_tokens)
-    p = Params.from_catalog(
-        args.model,
-        args.hardware,
-        fleet=_fleet(args.fleet),
-        scale_budget=not args.no_scale_budget,
-        mix=_mix(args.mix),
-        item_tokens=(lo, hi),
-        requests=args.requests,
-        rtt_ms=args.rtt_ms,
-        lag_ms=args.lag_ms,
-        routers=args.routers,
-        search_steps=args.steps,
-    )
-    if args.cost:
-        f, t, pad = (float(x) for x in args.cost.split(","))
-        p = replace(p, cost=CostModel(f, t, pad), cost_source="--cost")
-    return replace(p, slo_ms=args.slo_ms or default_slo_ms(p, args.seed))
+def variant(spec: str) -> dict[str, Any]:
+    """``hw0`` or ``hw2/nofull``: the Params fields of a pull variant."""
+    hw, _, rest = spec.partition("/")
+    if not hw.startswith("hw") or rest not in ("", "nofull"):
+        raise SystemExit(f"--variants takes hwX or hwX/nofull, not {spec!r}")
+    try:
+        return {"high_water": float(hw[2:]), "full_pull": rest != "nofull"}
+    except ValueError:
+        raise SystemExit(f"--variants takes hwX or hwX/nofull, not {spec!r}") from None
+
+
+def params_from_args(args: argparse.Namespace) -> list[Params]:
+    """One Params per cost model, each with its SLO."""
+    lo, hi = ints(args.item_tokens)
+    out = []
+    for name in (x.strip() for x in args.cost_models.split(",") if x.strip()):
+        if name not in COST_MODELS:
+            raise SystemExit(f"--cost-models takes {', '.join(COST_MODELS)}, not {name!r}")
+        cls = args.cpu_class if name == "cpu" else args.gpu_class
+        prof_dir = Path(args.profile_dir) if args.profile_dir else None
+        p = from_catalog(
+            name,
+            args.model,
+            prof_dir,
+            cls,
+            fleet=_fleet(args.fleet),
+            scale_budget=not args.no_scale_budget,
+            mix=_mix(args.mix),
+            item_tokens=(lo, hi),
+            requests=args.requests,
+            duration_s=args.duration_s,
+            warmup=args.warmup,
+            rtt_ms=args.rtt_ms,
+            routers=args.routers,
+            high_water=args.high_water,
+            full_pull=not args.no_full_pull,
+            age_limit_ms=args.age_limit_ms,
+            hold_ms=args.hold_ms,
+            search_steps=args.steps,
+        )
+        if args.interactive_tokens >= 0:
+            p = replace(p, interactive_tokens=args.interactive_tokens)
+        if args.interactive_cost >= 0:
+            p = replace(p, interactive_cost=args.interactive_cost)
+        out.append(replace(p, slo_ms=args.slo_ms or default_slo_ms(p, args.seed)))
+    return out
 
 
 def main(argv: Sequence[str] = ()) -> int:
     argv = list(argv)
     if argv[:1] == ["fleet"]:
+        from .fleet_cli import main as fleet_main
+
         return fleet_main(argv[1:])
+    from ..report import cpu_model, machine
+
     args = _args(argv)
     console = Console()
     if not console.is_terminal:
-        console.width = max(console.width, 150)
+        console.width = max(console.width, 160)
     params = params_from_args(args)
-    workers = _ints(args.workers)
+    workers = ints(args.workers)
     policies = [x for x in args.policies.split(",") if x]
+    if any(x not in POLICIES for x in policies):
+        raise SystemExit(f"--policies takes {', '.join(POLICIES)}, not {args.policies!r}")
+    tasks = plan(workers, policies, _floats(args.lags), params, args.seed)
+    if "pull" in policies:  # extra pull runs: the worker with another high water
+        for v in (x.strip() for x in args.variants.split(",") if x.strip()):
+            kw = variant(v)
+            tasks += [(w, "pull", replace(p, **kw), args.seed, v) for p in params for w in workers]
     console.rule("fleetserve bench sim: pull (central queue) vs push (router)")
-    for line in params.describe():
-        console.print(f"  - {line}")
-    iso = isolated_latency(params, args.seed)
+    for p in params:
+        for line in p.describe():
+            console.print(f"  - {line}", highlight=False)
+    iso = {p.cost_label: isolated_latency(p, args.seed) for p in params}
     t0 = time.perf_counter()
     with Progress(
         "[progress.description]{task.description}",
@@ -147,159 +217,68 @@ def main(argv: Sequence[str] = ()) -> int:
         console=console,
         transient=True,
     ) as bar:
-        task = bar.add_task("simulating", total=len(workers) * len(policies))
+        task = bar.add_task("simulating", total=len(tasks))
 
         def step(pt: Point) -> None:
-            bar.update(task, advance=1, description=f"{pt.policy} x {pt.workers} workers")
+            lag = "" if pt.lag_ms is None else f", lag {pt.lag_ms:g} ms"
+            bar.update(task, advance=1, description=f"{pt.cost} {pt.policy} x {pt.workers}{lag}")
 
-        points = sweep(workers, policies, params, args.seed, args.jobs, step)
+        points = sweep(tasks, args.jobs, step)
     runtime = time.perf_counter() - t0
-    rows = headline_rows(points, workers, policies)
-    console.print(headline_table(rows, policies, params))
+    rows = headline_rows(points)
+    slos = slos_of(params)
+    for t in headline_tables(rows, slos):
+        console.print(t)
     console.print(detail_table(points))
-    verdict = target_verdict(rows, policies)
-    console.print(verdict)
+    verdict = target_verdict(rows)
+    for v in verdict:
+        console.print(v, highlight=False)
     console.print(f"{len(points)} points in {runtime:.1f} s ({args.jobs} processes)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    command = "fleetserve bench sim " + " ".join(argv)
     data = {
-        "params": asdict(params),
-        "assumptions": params.describe(),
-        "isolated_latency": iso,
+        "command": command,
+        "cpu": cpu_model(),
+        "machine": machine(),
         "seed": args.seed,
         "runtime_s": runtime,
+        "cost_models": [_cost_entry(p) for p in params],
+        "params": {p.cost_label: asdict(p) for p in params},
+        "assumptions": {p.cost_label: p.describe() for p in params},
+        "isolated_latency": iso,
         "headline": rows,
         "target": verdict,
         "points": [pt.to_dict() for pt in points],
     }
-    (out / "sim.json").write_text(json.dumps(data, indent=2, default=_json_default))
-    (out / "sim.md").write_text(markdown(rows, points, policies, params, iso, verdict, runtime))
-    plot(points, rows, policies, params, args.focus, out / "sim.png")
-    console.print(f"wrote {out / 'sim.md'}, {out / 'sim.json'} and {out / 'sim.png'}")
+    stem = args.name
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=json_default))
+    when = time.strftime("%Y-%m-%d")
+    md = markdown(rows, points, params, iso, verdict, command, when, runtime)
+    (out / f"{stem}.md").write_text(md)
+    plot(points, rows, slos, args.focus, out / f"{stem}.png")
+    console.print(f"wrote {out / stem}.md, .json and .png", highlight=False)
     return 0
 
 
-def _json_default(o: Any) -> Any:
+def _cost_entry(p: Params) -> dict[str, Any]:
+    return {
+        "name": p.cost_name,
+        "label": p.cost_label,
+        "fitted": p.cost_fitted,
+        "status": "fitted" if p.cost_fitted else "assumed",
+        "source": p.cost_source,
+        "coefficients": asdict(p.cost),
+        "max_batch_tokens": p.max_batch_tokens,
+        "max_batch_size": p.max_batch_size,
+        "interactive_cost": p.interactive_cost,
+        "priority_cap": p.priority_cap,
+        "interactive_batch_tokens": p.interactive_batch_tokens,
+        "slo_ms": p.slo_ms,
+    }
+
+
+def json_default(o: Any) -> Any:
     if isinstance(o, float) and math.isnan(o):
         return None
     raise TypeError(f"not serializable: {type(o).__name__}")
-
-
-def _fleet_args(argv: Sequence[str]) -> argparse.Namespace:
-    from .fleet import FleetParams
-
-    d = FleetParams()
-    p = argparse.ArgumentParser(
-        prog="fleetserve bench sim fleet",
-        description="Fleet memory: many models, a memory budget per worker, cold loads "
-        "and eviction, with and without model affinity in the pull. Compares every "
-        "{affinity} x {eviction} at every fleet size.",
-    )
-    p.add_argument("--workers", default="8,64", help="fleet sizes")
-    p.add_argument("--affinity", default="on,off", help="on, off or on,off")
-    p.add_argument("--eviction", default="gdsf,lru", help="gdsf, lru or gdsf,lru")
-    p.add_argument("--models", type=int, default=d.models)
-    p.add_argument("--zipf-s", type=float, default=d.zipf_s, help="popularity exponent")
-    p.add_argument(
-        "--memory-budget", default="3GiB", help="per worker: 3GiB, 2.5G, 800MiB or bytes"
-    )
-    p.add_argument("--batch", type=int, default=d.batch, help="requests per pull/batch")
-    p.add_argument(
-        "--utilization", type=float, default=d.utilization, help="of compute: sets the rate"
-    )
-    p.add_argument(
-        "--affinity-wait",
-        type=float,
-        default=d.affinity_wait_s,
-        help="seconds before a busy worker takes a cold model's work",
-    )
-    p.add_argument("--slow-share", type=float, default=d.slow_share, help="slow conversions")
-    p.add_argument("--requests-per-worker", type=int, default=d.requests_per_worker)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="docs/bench", help="folder for sim-fleet.json/.png")
-    p.add_argument("--name", default="sim-fleet", help="file name stem")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    return p.parse_args(list(argv))
-
-
-def _onoff(s: str) -> list[bool]:
-    out = []
-    for x in s.split(","):
-        if x.strip() not in ("on", "off"):
-            raise SystemExit(f"--affinity takes on, off or on,off, not {s!r}")
-        out.append(x.strip() == "on")
-    return out
-
-
-def fleet_main(argv: Sequence[str] = ()) -> int:
-    from ..report import cpu_model, machine
-    from .fleet import EVICTIONS, FleetParams, FleetRun, compare, configs, make_models, parse_bytes
-
-    args = _fleet_args(argv)
-    evictions = [x.strip() for x in args.eviction.split(",") if x.strip()]
-    if any(e not in EVICTIONS for e in evictions):
-        raise SystemExit(f"--eviction takes {', '.join(EVICTIONS)}, not {args.eviction!r}")
-    params = FleetParams(
-        models=args.models,
-        zipf_s=args.zipf_s,
-        memory_budget=parse_bytes(args.memory_budget),
-        batch=args.batch,
-        utilization=args.utilization,
-        affinity_wait_s=args.affinity_wait,
-        slow_share=args.slow_share,
-        requests_per_worker=args.requests_per_worker,
-    )
-    cfgs = configs(_ints(args.workers), _onoff(args.affinity), evictions)
-    console = Console(width=80)
-    console.rule("fleetserve bench sim fleet: memory, loads and eviction")
-    for line in params.describe():
-        console.print(f"  - {line}", highlight=False)
-    t0 = time.perf_counter()
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(bar_width=20),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("simulating", total=len(cfgs))
-
-        def step(r: FleetRun) -> None:
-            bar.update(task, advance=1)
-
-        cmp = compare(cfgs, params, args.seed, args.jobs, step)
-    runtime = time.perf_counter() - t0
-    rows = fleet_rows(cmp.runs)
-    util = f"{params.utilization:.0%}"
-    title = f"fleet memory, {fmt_budget(params.memory_budget)}/worker, {util} busy (simulated)"
-    console.print(fleet_table(rows, title))
-    findings = fleet_findings(rows)
-    for line in findings:
-        console.print(f"  - {line}", highlight=False)
-    console.print(f"{len(cfgs)} configurations in {runtime:.1f} s ({args.jobs} processes)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    models = make_models(params, args.seed)
-    data = {
-        "scenario": "fleet",
-        "command": "fleetserve bench sim fleet " + " ".join(argv),
-        "cpu": cpu_model(),
-        "machine": machine(),
-        "runtime_s": runtime,
-        "assumptions": params.describe(),
-        **cmp.to_dict(),
-        "rows": rows,
-        "findings": findings,
-        "models": [asdict(m) for m in models],
-    }
-    (out / f"{args.name}.json").write_text(json.dumps(data, indent=2, default=_json_default))
-    fleet_plot(rows, "fleetserve bench sim fleet: " + title, out / f"{args.name}.png")
-    console.print(f"wrote {out / args.name}.json and .png", highlight=False)
-    return 0
-
-
-def fmt_budget(n: int) -> str:
-    from .fleet import fmt_bytes
-
-    return fmt_bytes(n).replace(" ", "")

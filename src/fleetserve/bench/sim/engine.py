@@ -1,4 +1,4 @@
-"""The event loop's shared state: batch forming, the event heap and the metrics of a run.
+"""The event loop's shared state: the workers' formers, the event heap, the metrics.
 
 How work reaches the workers (the pull queue, the push routers) is in ``policies``.
 """
@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, count
-from typing import Any
 
+from .former import Former
 from .params import POLICIES, Params
 from .workload import Workload, _budgets
 
-_IDX_BITS = 16  # window slot packed into the low bits of each item's sort key
-_IDX_MASK = (1 << _IDX_BITS) - 1
-_DONE, _PULL, _DELIVER, _SEEN, _PUBLISH = 0, 1, 2, 3, 4
+_DONE, _PULL, _DELIVER, _SEEN, _PUBLISH, _EXPIRE = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -33,14 +30,18 @@ class Run:
     items_per_s: float
     p50_ms: float
     p99_ms: float
+    p99_interactive_ms: float
+    p99_batch_ms: float
     utilization: float
-    batch_fill: float  # padded slots over the worker's batch budget
+    batch_fill: float  # padded slots over the worker's full batch budget
     padding_efficiency: float  # real tokens over padded slots
     batches: int
     pulls: int
     put_backs: int
+    parts: int  # slices published for other workers (pull)
     completed: int
     items_completed: int
+    lag_ms: float = 0.0
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -51,7 +52,7 @@ def _percentile(xs: list[float], q: float) -> float:
 
 
 class _Engine:
-    """One run's state, the batch former and the metrics; ``policies._Sim`` drives it."""
+    """One run's state, batches and metrics; ``policies._Sim`` drives it."""
 
     def __init__(
         self, wl: Workload, speeds: Sequence[float], rate_rps: float, policy: str, p: Params
@@ -62,18 +63,19 @@ class _Engine:
             raise ValueError("need a positive rate and at least one worker")
         self.wl, self.p, self.policy = wl, p, policy
         self.speeds = list(speeds)
-        n, nw = len(wl.items), len(speeds)
+        n = len(wl.items)
         scale = 1000.0 / rate_rps
         self.arrivals = list(accumulate(g * scale for g in wl.gaps))
+        self.interactive = [t <= p.interactive_cost for t in wl.tokens]
         bud = [_budgets(p, s) for s in speeds]
         self.budget = [b for b, _ in bud]
-        self.maxbs = [m for _, m in bud]
-        if 2 * max(self.maxbs) > _IDX_MASK:
-            raise ValueError("batch size cap too large for the simulator's window")
+        f = [s if p.scale_budget else 1.0 for s in speeds]
+        caps = [max(1, round(p.interactive_batch_tokens * x)) for x in f]
+        self.formers = [
+            Former(b, c, m, p.age_limit_ms, p.hold_ms) for (b, m), c in zip(bud, caps, strict=True)
+        ]
         self.inv = [1.0 / s for s in speeds]
-        self.local: list[deque[list[Any]]] = [deque() for _ in range(nw)]
-        self.pending = [0] * nw
-        self.busy = [False] * nw
+        self.busy = [False] * len(speeds)
         self.remaining = [len(x) for x in wl.items]
         self.done = [math.nan] * n
         self.heap: list[tuple[float, int, int, int]] = []
@@ -82,55 +84,23 @@ class _Engine:
         self.t0, self.t1 = self.arrivals[i0], self.arrivals[-1]
         self.first = i0
         self.busy_ms = self.fill = self.padeff = 0.0
-        self.batches = self.pulls = self.put_backs = 0
+        self.batches = self.pulls = self.put_backs = self.parts = 0
 
     def _push(self, t: float, kind: int, x: int) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, x))
 
-    def _batch(self, w: int, t: float) -> None:
-        """Form and start the next batch of worker ``w`` from its local items."""
-        loc = self.local[w]
-        b, m = self.budget[w], self.maxbs[w]
-        lim_n, lim_t = 2 * m, 2 * b
-        keys: list[int] = []
-        win: list[list[Any]] = []
-        wtok = 0
-        for ch in loc:
-            k = len(win)
-            seg = ch[1][ch[2] : ch[2] + lim_n - len(keys)]
-            keys += [(x << _IDX_BITS) | k for x in seg]
-            win.append(ch)
-            wtok += sum(seg)
-            if wtok >= lim_t or len(keys) >= lim_n:
-                break
-        keys.sort()
-        counts = [0] * len(win)
-        n = tok = last = 0
-        for key in keys:
-            x = key >> _IDX_BITS
-            if n and (x * (n + 1) > b or n >= m):
-                break
-            n += 1
-            tok += x
-            last = x
-            counts[key & _IDX_MASK] += 1
-        end = t + self.p.cost.predict_ms(tok, last, n) * self.inv[w]
+    def _start(self, w: int, t: float) -> None:
+        """Start worker ``w``'s next batch (its former is not empty)."""
+        b = self.formers[w].take(t)
+        end = t + self.p.cost.predict_ms(b.tokens, b.width, b.n) * self.inv[w]
         rem, done = self.remaining, self.done
-        for k, ch in enumerate(win):
-            if counts[k]:
-                ch[2] += counts[k]
-                rid = ch[0]
-                rem[rid] -= counts[k]
-                if not rem[rid]:
-                    done[rid] = end
-                    if self.policy != "pull":
-                        self._push(end + self.p.lag_ms, _SEEN, rid)
-        for _ in win:
-            loc.popleft()
-        for ch in reversed(win):
-            if ch[2] < len(ch[1]):
-                loc.appendleft(ch)
-        self.pending[w] -= tok
+        for m, c in b.done:
+            rid = m.rid
+            rem[rid] -= c
+            if not rem[rid]:
+                done[rid] = end
+                if self.policy != "pull":
+                    self._push(end + self.p.lag_ms, _SEEN, rid)
         self.busy[w] = True
         self._push(end, _DONE, w)
         overlap = min(end, self.t1) - max(t, self.t0)
@@ -138,8 +108,8 @@ class _Engine:
             self.busy_ms += overlap
         if self.t0 <= t <= self.t1:
             self.batches += 1
-            self.fill += last * n / b
-            self.padeff += tok / (last * n)
+            self.fill += b.width * b.n / self.budget[w]
+            self.padeff += b.tokens / (b.width * b.n)
 
     def _metrics(self) -> Run:
         n = len(self.arrivals)
@@ -149,6 +119,7 @@ class _Engine:
         span_s = max(t1 - t0, 1e-9) / 1000.0
         fin = [r for r in range(n) if t0 <= done[r] <= t1]
         lat = [done[r] - arr[r] for r in range(self.first, n)]
+        inter = self.interactive[self.first :]
         nb = max(self.batches, 1)
         return Run(
             policy=self.policy,
@@ -159,12 +130,16 @@ class _Engine:
             items_per_s=sum(len(self.wl.items[r]) for r in fin) / span_s,
             p50_ms=_percentile(lat, 0.50),
             p99_ms=_percentile(lat, 0.99),
+            p99_interactive_ms=_percentile([x for x, i in zip(lat, inter, strict=True) if i], 0.99),
+            p99_batch_ms=_percentile([x for x, i in zip(lat, inter, strict=True) if not i], 0.99),
             utilization=self.busy_ms / (len(self.speeds) * max(t1 - t0, 1e-9)),
             batch_fill=self.fill / nb,
             padding_efficiency=self.padeff / nb,
             batches=self.batches,
             pulls=self.pulls,
             put_backs=self.put_backs,
+            parts=self.parts,
             completed=sum(1 for d in done if not math.isnan(d)),
             items_completed=sum(len(x) for x in self.wl.items) - sum(self.remaining),
+            lag_ms=self.p.lag_ms if self.policy != "pull" else 0.0,
         )

@@ -6,14 +6,16 @@ import heapq
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .engine import _DELIVER, _DONE, _PUBLISH, _PULL, Run, _Engine
+from .engine import _DELIVER, _DONE, _EXPIRE, _PUBLISH, _PULL, Run, _Engine
 from .params import Params
+from .puller import Lanes, Msg, Puller
 from .workload import Workload
+
+FULL_POLL_MS = 20.0  # worker/loop.py FULL_POLL: a full worker's pull for queries lasts this
 
 
 class _Sim(_Engine):
@@ -26,75 +28,111 @@ class _Sim(_Engine):
             self._run_push()
         return self._metrics()
 
+    # -- pull ---------------------------------------------------------------------
     def _run_pull(self) -> None:
-        central: deque[int] = deque()  # request ids; stays in arrival order (put-backs are older)
-        idle: deque[int] = deque(range(len(self.speeds)))  # waiting pulls, served in turn
-        items, tokens, rtt = self.wl.items, self.wl.tokens, self.p.rtt_ms
+        p, nw = self.p, len(self.speeds)
+        self.lanes = Lanes()
+        self.pullers = [Puller(b, p.age_limit_ms) for b in self.budget]
+        self.waiting: deque[int] = deque()  # long-polling workers, served in turn
+        self.pulling = [False] * nw  # a pull is on its way, or long-polls
+        self.only = [False] * nw  # that pull is for interactive work only (full)
+        self.gen = [0] * nw  # which long-poll an expiry is for
+        self.high = [round(p.high_water * b) for b in self.budget]  # pull below this
+        self.ask = [round(max(p.high_water, 1.0) * b) for b in self.budget]  # room up to this
+        self.room = [0] * nw  # what each worker asked for
+        for w in range(nw):
+            self._want(w, 0.0)
+        items, inter, formers = self.wl.items, self.interactive, self.formers
         arr, heap, n = self.arrivals, self.heap, len(self.arrivals)
         i = 0
         while i < n or heap:
             if i < n and (not heap or arr[i] <= heap[0][0]):
                 t = arr[i]
-                central.append(i)
+                m = Msg(i, items[i], t, inter[i])
+                self.lanes.publish(m)
                 i += 1
-                self._wake(idle, t)
+                self._wake([m], t)
                 continue
             t, _, kind, w = heapq.heappop(heap)
-            loc = self.local[w]
             if kind == _DONE:
-                if central:
-                    self._push(t + rtt, _PULL, w)
-                elif loc:
-                    self._batch(w, t)
-                else:
-                    self.busy[w] = False
-                    idle.append(w)
-                continue
-            self.pulls += 1  # _PULL: oldest first, the worker's own unfinished requests
-            # included, until the batch former's window is full; then put back the rest
-            lim_n, lim_t = 2 * self.maxbs[w], 2 * self.budget[w]
-            mine = sorted(loc, key=lambda ch: int(ch[0]))
-            pulled: list[list[Any]] = []
-            j = wn = wt = 0
-            while wn < lim_n and wt < lim_t:
-                if j < len(mine) and (not central or mine[j][0] < central[0]):
-                    ch = mine[j]
-                    j += 1
-                elif central:
-                    rid = central.popleft()
-                    ch = [rid, items[rid], 0]
-                    pulled.append(ch)
-                    self.pending[w] += tokens[rid]
-                else:
-                    break
-                seg = ch[1][ch[2] : ch[2] + lim_n - wn]
-                wn += len(seg)
-                wt += sum(seg)
-            if not mine and not pulled:
                 self.busy[w] = False
-                idle.append(w)
-                continue
-            loc.clear()
-            loc.extend(sorted(mine + pulled, key=lambda ch: int(ch[0])))
-            self._batch(w, t)
-            back = [ch for ch in pulled if ch[2] == 0]
-            for ch in reversed(back):
-                loc.remove(ch)
-                self.pending[w] -= tokens[ch[0]]
-                central.appendleft(ch[0])
-                self._wake(idle, t)
-            self.put_backs += len(back)
+                if formers[w]:
+                    self._start(w, t)
+                self._want(w, t)
+            elif kind == _EXPIRE:  # a full worker's interactive-only pull ends
+                w, g = w % nw, w // nw
+                if g == self.gen[w] and self.pulling[w] and w in self.waiting:
+                    self.waiting.remove(w)
+                    self.pulling[w] = False
+                    self._want(w, t)
+            else:  # _PULL
+                self._pulled(w, t)
 
-    def _wake(self, idle: deque[int], t: float) -> None:
-        """Start the pull of the worker that has waited longest, if any is idle."""
-        if idle:
-            w = idle.popleft()
-            self.busy[w] = True
+    def _pulled(self, w: int, t: float) -> None:
+        self.pulls += 1
+        got = self.pullers[w].pull(self.lanes, t, self.room[w], self.only[w])
+        if not got.kept:  # others took it first: wait on
+            self._wait(w, t, first=True)
+            return
+        self.pulling[w] = False
+        for m in got.kept:
+            self.formers[w].add(m, t)
+        if self.t0 <= t <= self.t1:
+            self.put_backs += len(got.put_back)
+            self.parts += len(got.parts)
+        self._wake(got.put_back + got.parts, t)
+        if not self.busy[w]:
+            self._start(w, t)
+        self._want(w, t)
+
+    def _want(self, w: int, t: float) -> None:
+        """Worker ``w``'s next pull, as ``worker/loop.py`` makes it: for the room below its
+        high water (two budgets) or, when it is full, for interactive work only, up to one
+        budget of it waiting here, polled every ``FULL_POLL_MS``."""
+        if self.pulling[w]:
+            return
+        f = self.formers[w]
+        if f.pending == 0 or f.pending < self.high[w]:
+            room, only = self.ask[w] - f.pending, False
+        else:
+            room, only = self.budget[w] - f.hi_pending, True
+            if room <= 0 or not self.p.full_pull:
+                return  # it waits for room: the next batch calls again
+        self.pulling[w], self.room[w], self.only[w] = True, room, only
+        if self.lanes.hi or (self.lanes.lo and not only):
+            self._push(t + self.p.rtt_ms, _PULL, w)
+            return
+        self._wait(w, t)
+
+    def _wait(self, w: int, t: float, first: bool = False) -> None:
+        """Worker ``w``'s pull long-polls; a full worker's ends after ``FULL_POLL_MS``."""
+        if first:
+            self.waiting.appendleft(w)
+        else:
+            self.waiting.append(w)
+        if self.only[w]:
+            self.gen[w] += 1
+            self._push(t + FULL_POLL_MS, _EXPIRE, self.gen[w] * len(self.speeds) + w)
+
+    def _wake(self, msgs: list[Msg], t: float) -> None:
+        """Messages arrived: as many long-polling workers that take them pull, longest
+        waiting first (a full worker's pull takes interactive work only)."""
+        for m in msgs:
+            if not self.waiting:
+                return
+            if m.interactive:
+                w = self.waiting.popleft()
+            else:
+                w = next((x for x in self.waiting if not self.only[x]), -1)
+                if w < 0:
+                    continue
+                self.waiting.remove(w)
             self._push(t + self.p.rtt_ms, _PULL, w)
 
+    # -- push ---------------------------------------------------------------------
     def _run_push(self) -> None:
         nw, nr, lag = len(self.speeds), self.p.routers, self.p.lag_ms
-        items, tokens, hop = self.wl.items, self.wl.tokens, self.p.rtt_ms
+        items, tokens, hop, inter = self.wl.items, self.wl.tokens, self.p.rtt_ms, self.interactive
         target = [0] * len(items)
         # what every router sees lag_ms late, and what each has done itself since then
         seen_n = np.zeros(nw, dtype=np.int64)
@@ -102,7 +140,7 @@ class _Sim(_Engine):
         own_n = np.zeros((nr, nw), dtype=np.int64)
         own_c = np.zeros((nr, nw), dtype=np.float64)
         route = self._router(seen_n, seen_c, own_n, own_c)
-        arr, heap, n = self.arrivals, self.heap, len(self.arrivals)
+        arr, heap, n, formers = self.arrivals, self.heap, len(self.arrivals), self.formers
         i = 0
         while i < n or heap:
             if i < n and (not heap or arr[i] <= heap[0][0]):
@@ -117,16 +155,14 @@ class _Sim(_Engine):
                 continue
             t, _, kind, x = heapq.heappop(heap)
             if kind == _DONE:
-                if self.local[x]:
-                    self._batch(x, t)
-                else:
-                    self.busy[x] = False
+                self.busy[x] = False
+                if formers[x]:
+                    self._start(x, t)
             elif kind == _DELIVER:
                 w = target[x]
-                self.local[w].append([x, items[x], 0])
-                self.pending[w] += tokens[x]
+                formers[w].add(Msg(x, items[x], arr[x], inter[x]), t)
                 if not self.busy[w]:
-                    self._batch(w, t)
+                    self._start(w, t)
             elif kind == _PUBLISH:  # the assignment reaches everyone's view
                 w, r = target[x], x % nr
                 own_n[r, w] -= 1

@@ -1,7 +1,9 @@
-"""Throughput at the p99 SLO: load search, sweeps over fleet sizes and policies, the SLO."""
+"""Throughput at the p99 SLO: load search, sweeps over fleet sizes, policies, lags and
+cost models, and the SLO itself."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -11,14 +13,20 @@ from .params import Params
 from .policies import simulate
 from .workload import Workload, capacity_rps, fleet_speeds, make_workload
 
+DURATION_LOAD = 0.5  # duration_s is of arrivals at this fraction of nominal capacity
+
 
 @dataclass
 class Point:
-    """One policy at one fleet size: throughput at the p99 SLO and at saturation."""
+    """One policy at one fleet size and lag: throughput at the p99 SLO and at saturation."""
 
     policy: str
     workers: int
+    lag_ms: float | None  # None for pull: no router
+    cost: str  # the cost model's label, e.g. "gpu (assumed)"
+    variant: str  # "" for the defaults, else what differs (e.g. "high water 0")
     capacity_rps: float
+    requests: int
     at_slo: Run | None  # the highest load found whose p99 meets the SLO; None if none does
     saturation: Run
     tried: list[Run] = field(default_factory=list)
@@ -31,6 +39,18 @@ class Point:
         d = asdict(self)
         d["slo_rps"] = self.slo_rps
         return d
+
+
+def workload_for(params: Params, speeds: Sequence[float], seed: int = 0) -> Workload:
+    """``params.requests`` requests, or enough for ``duration_s`` of arrivals at half the
+    nominal capacity if that is more (a longer workload extends the shorter one)."""
+    wl = make_workload(params, seed)
+    if params.duration_s > 0:
+        cap = capacity_rps(params, speeds, wl.mean_tokens)
+        n = math.ceil(params.duration_s * DURATION_LOAD * cap)
+        if n > params.requests:
+            wl = make_workload(replace(params, requests=n), seed)
+    return wl
 
 
 def at_load(wl: Workload, speeds: Sequence[float], load: float, policy: str, params: Params) -> Run:
@@ -67,29 +87,47 @@ def max_load_at_slo(
     return best, tried
 
 
-def point(workers: int, policy: str, params: Params, seed: int = 0) -> Point:
-    wl = make_workload(params, seed)
+def point(workers: int, policy: str, params: Params, seed: int = 0, variant: str = "") -> Point:
     speeds = fleet_speeds(params, workers, seed)
+    wl = workload_for(params, speeds, seed)
     best, tried = max_load_at_slo(wl, speeds, policy, params)
     sat = at_load(wl, speeds, params.overload, policy, params)
     cap = capacity_rps(params, speeds, wl.mean_tokens)
-    return Point(policy, workers, cap, best, sat, sorted(tried, key=lambda r: r.load))
+    lag = None if policy == "pull" else params.lag_ms
+    tried.sort(key=lambda r: r.load)
+    return Point(
+        policy, workers, lag, params.cost_label, variant, cap, len(wl.items), best, sat, tried
+    )
 
 
-def _point_task(args: tuple[int, str, Params, int]) -> Point:
-    return point(*args)
+Task = tuple[int, str, Params, int, str]  # workers, policy, params, seed, variant
+
+
+def _point_task(t: Task) -> Point:
+    return point(*t)
+
+
+def plan(
+    workers: Sequence[int],
+    policies: Sequence[str],
+    lags: Sequence[float],
+    params: Sequence[Params],
+    seed: int = 0,
+) -> list[Task]:
+    """Every (cost model, fleet size, policy, lag); pull once per fleet size (no router)."""
+    out: list[Task] = []
+    for p in params:
+        for w in workers:
+            for pol in policies:
+                for lag in [p.lag_ms] if pol == "pull" else lags:
+                    out.append((w, pol, replace(p, lag_ms=lag), seed, ""))
+    return out
 
 
 def sweep(
-    workers: Sequence[int],
-    policies: Sequence[str],
-    params: Params,
-    seed: int = 0,
-    jobs: int = 1,
-    progress: Callable[[Point], None] | None = None,
+    tasks: Sequence[Task], jobs: int = 1, progress: Callable[[Point], None] | None = None
 ) -> list[Point]:
-    """Every (fleet size, policy) point; in ``jobs`` processes when more than one."""
-    tasks = [(w, pol, params, seed) for w in workers for pol in policies]
+    """Every task's point; in ``jobs`` processes when more than one."""
     out: list[Point] = []
     if jobs <= 1:
         for t in tasks:
