@@ -76,6 +76,7 @@ class Puller:
         self._closed = False
         self._sub: Any = None
         self._keeper: asyncio.Future[None] | None = None
+        self._wanted_at: dict[Lane, float] = {}  # loop time each lane was last pulled
         self.ack_waits: dict[str, float] = {}  # per model, sized from its profile
 
     async def start(self) -> None:
@@ -84,9 +85,20 @@ class Puller:
 
     async def _keep_buffered(self) -> None:
         """Delivered here but not yet handed out (the worker's batch former is full):
-        still ours, so that JetStream does not redeliver them after ``ack_wait``."""
+        kept ours while the worker still pulls their lane, so that JetStream does not
+        redeliver them after ``ack_wait``; put back once it has not for ``ack_wait``
+        (it pulls other models now: another worker takes them)."""
+        loop = asyncio.get_running_loop()
         while not self._closed:  # ack_waits may change after start
-            await asyncio.sleep(min([self.options.ack_wait, *self.ack_waits.values()]) / 3)
+            wait = min([self.options.ack_wait, *self.ack_waits.values()])
+            await asyncio.sleep(wait / 3)
+            now = loop.time()
+            stale = [b for b in self._buffer if now - self._wanted_at.get(b[1], now) > wait]
+            if stale:
+                self._buffer = [b for b in self._buffer if b not in stale]
+            for _, lane, raw in stale:
+                self.stats.bump(self.stats.put_backs, lane[0])
+                await _quietly(raw.nak())
             for _, _, raw in list(self._buffer):
                 await _quietly(raw.in_progress())
 
@@ -215,6 +227,7 @@ class Puller:
         lanes = [(m, p) for p in classes for m in models]
         for lane in lanes:
             await self._ensure_consumer(lane)
+            self._wanted_at[lane] = loop.time()
         wanted = set(lanes)
         if not any(lane in wanted for _, lane, _ in self._buffer):
             # what is ready now: interactive lanes first, then batch lanes for the
