@@ -9,10 +9,10 @@ if nothing is, it long-polls with ``no_wait`` plus ``expires``, which the server
 as soon as it has delivered what was ready.
 
 The batch size asked for comes from the budget and a high quantile of the lane's
-recent costs (``queue.sizing``). What arrives beyond the budget (and its slack) is put
-back at once (NAK, no delay) so that another worker takes it; the put-back rate is
-counted. Batch work older than ``age_limit`` gets one message ahead of interactive
-work, so that it never starves.
+recent costs (``queue.sizing``). What arrives beyond the budget is put back at once
+(NAK, no delay) so that another worker takes it; the put-back rate is counted. Batch
+work older than ``age_limit`` gets one message into a pull that interactive work
+filled, so that it never starves.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ Sized from the 90th percentile, a pull rarely overshoots; when it undershoots, t
 worker pulls again as soon as its batch former has room.
 
 ``keep`` decides, for messages that arrived in one pull, which to keep: each one
-while the cost so far stays within the budget plus ``slack`` (the first is always
-kept). The rest are put back at once for another worker. The worker asks with the
-room its batch former has left, so the queue keeps to the budget exactly.
+while the cost so far stays within the budget (the first is always kept). The rest
+are put back at once for another worker. The worker asks with the room its batch
+former has left, so the queue keeps to the budget exactly.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from ..wire import Envelope
 MAX_BATCH = 256  # messages one pull request may ask for
 QUANTILE = 0.9
 WINDOW = 256  # recent costs remembered per lane
-SLACK = 0.0  # the budget is already the room the worker has left (WorkQueue's contract)
 
 
 class CostWindow:
@@ -52,13 +51,12 @@ def pull_batch(budget: int, window: CostWindow, q: float = QUANTILE) -> int:
     return max(1, min(MAX_BATCH, int(budget / max(window.quantile(q), 1.0))))
 
 
-def keep(costs: Sequence[int], budget: int, slack: float = SLACK) -> list[bool]:
+def keep(costs: Sequence[int], budget: int) -> list[bool]:
     """Which of ``costs`` (in arrival order) to keep; the first always is."""
-    limit = budget * (1.0 + slack)
     out: list[bool] = []
     spent = 0
     for cost in costs:
-        fits = not out or spent + cost <= limit
+        fits = not out or spent + cost <= budget
         out.append(fits)
         if fits:
             spent += cost

@@ -19,19 +19,18 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from ..families import Prepared
 from ..queue import PendingReply, WorkQueue
 from ..wire import Encoding, Envelope, FleetError, InvalidInput, Part, error_from_body, items
 from .batcher import Job
+from .chunks import Spawn
 from .slicing import plan_slices
 
 log = logging.getLogger("fleetserve.worker")
 
 Fail = Callable[[Job, FleetError], Awaitable[None]]
-Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
 def prepared_of(body: bytes) -> Prepared[object, None]:
