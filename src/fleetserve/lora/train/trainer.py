@@ -1,0 +1,396 @@
+"""Train a LoRA on a dense base model from question-passage pairs.
+
+:func:`train` builds the sentence-transformers model that computes what fleetserve
+serves (the base's last hidden state, the spec's pooling, L2 normalisation if the
+spec normalizes), measures it on the held-out pairs, mines hard negatives with it,
+wraps its transformer in a PEFT LoRA and trains with sentence-transformers' trainer
+and MultipleNegativesRankingLoss (in-batch negatives plus the hard ones). It returns
+the adapter as PEFT writes it (``adapter_config.json``, ``adapter_model.safetensors``)
+with the figures of the base and the adapter.
+
+Checkpoints, one per epoch, hold the LoRA weights only (kilobytes to a few MB), the
+epoch and a fingerprint of the spec, so a job redelivered to another worker resumes
+from its last finished epoch and a checkpoint of another job is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import struct
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...wire import InvalidInput
+from ...wire.finetune import Hyperparameters, Pair
+from ..validate import CONFIG, WEIGHTS
+from .ireval import INSTALL, Scores, build_eval_set, evaluate
+from .mining import columns_wanted, negatives_for
+
+Report = Callable[[str, dict[str, Any]], None]
+POOLINGS = ("mean", "cls")  # fleetserve's spellings, which are sentence-transformers' too
+BERT_TARGETS = ("query", "key", "value", "dense")
+CHECKPOINT_FORMAT = "fleetserve.lora-checkpoint/1"
+ENCODE_BATCH = 64
+
+
+class CheckpointMismatch(ValueError):
+    """A resume checkpoint that is not one, or is for another spec (base, pairs,
+    pooling, hyperparameters or seed): start afresh instead."""
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One training run. ``base_path``: a local Hugging Face model directory;
+    ``pooling``/``normalize``/``max_seq_len``: the served spec's; ``resume``: a
+    checkpoint blob from an earlier run of the same spec."""
+
+    base_path: str
+    pooling: str
+    normalize: bool
+    max_seq_len: int
+    train: tuple[Pair, ...]
+    validation: tuple[Pair, ...]
+    hyperparameters: Hyperparameters
+    threads: int = 1
+    seed: int = 0
+    resume: bytes | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The adapter's two files and the figures. ``steps``: optimizer steps this run
+    took; ``train_seconds``: the training loop's wall time (not measuring or mining);
+    ``epochs``: the job's total; ``mined_negatives``: negatives mined over all rows."""
+
+    config: bytes
+    weights: bytes
+    base: Scores
+    adapter: Scores
+    train_seconds: float
+    steps: int
+    epochs: int
+    resumed_from_epoch: int
+    pairs: int
+    mined_negatives: int
+
+
+def train(spec: TrainSpec, report: Report) -> TrainResult:
+    """Train ``spec``; ``report(kind, data)`` gets ``status`` ({message}: loading,
+    measuring the base, mining, training, measuring the adapter), ``progress``
+    ({step, steps, epoch, loss}, every step) and ``checkpoint`` ({epoch, blob}, every
+    epoch). With ``spec.resume``, the LoRA weights of that checkpoint are loaded and
+    only the remaining epochs run, with a fresh optimizer and learning-rate schedule
+    (warm-up included) over those: the optimizer state is not checkpointed, which
+    keeps checkpoints small. Uses ``spec.threads`` torch threads (process-wide)."""
+    _check(spec)
+    fingerprint = spec_fingerprint(spec)
+    start, resumed = (0, None) if spec.resume is None else read_checkpoint(spec.resume, fingerprint)
+    if not 0 <= start <= spec.hyperparameters.epochs:
+        raise CheckpointMismatch(f"the checkpoint is of epoch {start}, not one of this run's")
+    report("status", {"message": "loading the base model"})
+    _imports().set_num_threads(spec.threads)
+    from transformers import set_seed
+
+    set_seed(spec.seed)
+    hp = spec.hyperparameters
+    model = build_model(spec)
+    report("status", {"message": "measuring the base model"})
+    es = build_eval_set(spec.train, spec.validation)
+    passages = _encode(model, es.passages)
+    base = evaluate(_encode(model, es.queries), passages, es.relevant)
+    k = columns_wanted(spec.train, hp.hard_negatives)
+    corpus = list(dict.fromkeys(t for p in spec.train for t in (p.positive, *p.negatives)))
+    queries = list(dict.fromkeys(p.query for p in spec.train))
+    need = k > 0 and any(len(p.negatives) < k for p in spec.train)
+    if need:
+        report("status", {"message": "mining hard negatives with the base model"})
+    where = {t: j for j, t in enumerate(es.passages)}
+    negatives = negatives_for(
+        spec.train,
+        k,
+        corpus,
+        passages[[where[t] for t in corpus]] if need else None,
+        queries,
+        _encode(model, queries) if need else None,
+    )
+    lora = add_lora(model, hp)
+    if resumed is not None:
+        load_lora(lora, resumed)
+    remaining = hp.epochs - start
+    steps, seconds = 0, 0.0
+    if remaining > 0:
+        report("status", {"message": f"training on {len(spec.train)} pairs", "epochs": remaining})
+        t0 = time.perf_counter()
+        steps = _fit(spec, model, lora, negatives.rows, remaining, start, fingerprint, report)
+        seconds = time.perf_counter() - t0
+    report("status", {"message": "measuring the adapter"})
+    adapter = evaluate(_encode(model, es.queries), _encode(model, es.passages), es.relevant)
+    config, weights = save_files(lora)
+    return TrainResult(
+        config, weights, base, adapter, seconds, steps, hp.epochs, start, len(spec.train),
+        negatives.mined,
+    )  # fmt: skip
+
+
+def _check(spec: TrainSpec) -> None:
+    if spec.pooling not in POOLINGS:
+        raise InvalidInput(
+            f"a LoRA can be trained for mean or cls pooling, not {spec.pooling!r}", field="model"
+        )
+    if not spec.train:
+        raise InvalidInput("no training pairs", field="training_file")
+    if not spec.validation:
+        raise InvalidInput("no validation pairs", field="validation_file")
+    if spec.threads < 1 or spec.max_seq_len < 1:
+        raise ValueError("threads and max_seq_len must be at least 1")
+    if not Path(spec.base_path).is_dir():
+        raise FileNotFoundError(f"base model directory {spec.base_path} does not exist")
+
+
+def _imports() -> Any:
+    """torch, once sentence-transformers, PEFT and datasets are known to be there."""
+    try:
+        importlib.import_module("datasets")
+        import peft  # noqa: F401
+        import sentence_transformers  # noqa: F401
+        import torch
+    except ImportError as exc:
+        raise RuntimeError(f"training needs {exc.name}: {INSTALL}") from exc
+    return torch
+
+
+def build_model(spec: TrainSpec) -> Any:
+    """A SentenceTransformer of the base at fp32: Transformer (truncating at the
+    spec's ``max_seq_len``), the spec's pooling, then Normalize if it normalizes. The
+    directory's own ``modules.json``, if any, is not used: the spec decides."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(
+        spec.base_path, max_seq_length=spec.max_seq_len, model_kwargs={"dtype": torch.float32}
+    )
+    modules: list[Any] = [transformer, Pooling(transformer.get_embedding_dimension(), spec.pooling)]
+    if spec.normalize:
+        modules.append(Normalize())
+    return SentenceTransformer(modules=modules, device="cpu")
+
+
+def lora_targets(hf_model: Any) -> tuple[list[str] | str, list[str]]:
+    """BERT's attention and feed-forward Linear layers by name when it has them, else
+    PEFT's ``all-linear``; and the Linear layers of a pooler to leave out (its output
+    is not the served embedding, so they would get no gradient)."""
+    import torch
+
+    linear = [n for n, m in hf_model.named_modules() if isinstance(m, torch.nn.Linear)]
+    exclude = [n for n in linear if "pooler" in n.split(".")]
+    leaves = {n.rsplit(".", 1)[-1] for n in linear if n not in exclude}
+    return (list(BERT_TARGETS) if set(BERT_TARGETS) <= leaves else "all-linear"), exclude
+
+
+def add_lora(model: Any, hp: Hyperparameters) -> Any:
+    """Wrap ``model``'s transformer (``model[0].model``) in a PEFT LoRA and return the
+    PEFT model. (sentence-transformers' own ``add_adapter`` needs a newer PEFT.)"""
+    from peft import LoraConfig, get_peft_model
+
+    targets, exclude = lora_targets(model[0].model)
+    alpha: Any = int(hp.alpha) if hp.alpha.is_integer() else hp.alpha  # PEFT types it int
+    config = LoraConfig(
+        r=hp.rank,
+        lora_alpha=alpha,
+        target_modules=targets,
+        exclude_modules=exclude or None,
+        lora_dropout=0.0,
+    )
+    with warnings.catch_warnings():  # PEFT calls a transformers API deprecated in v5
+        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+        lora = get_peft_model(model[0].model, config)
+    model[0].model = lora
+    return lora
+
+
+def _encode(model: Any, texts: list[str]) -> Any:
+    return model.encode(
+        texts, batch_size=ENCODE_BATCH, convert_to_numpy=True, show_progress_bar=False
+    )
+
+
+def _fit(
+    spec: TrainSpec,
+    model: Any,
+    lora: Any,
+    negatives: list[list[str]],
+    epochs: int,
+    start: int,
+    fingerprint: str,
+    report: Report,
+) -> int:
+    """Run sentence-transformers' trainer for ``epochs`` epochs; the steps taken."""
+    dataset_cls = importlib.import_module("datasets").Dataset  # untyped: Any
+    from sentence_transformers import SentenceTransformerTrainer
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.training_args import (
+        SentenceTransformerTrainingArguments,
+    )
+    from transformers.trainer_callback import PrinterCallback
+
+    columns: dict[str, list[str]] = {
+        "anchor": [p.query for p in spec.train],
+        "positive": [p.positive for p in spec.train],
+    }
+    for c in range(len(negatives[0]) if negatives else 0):
+        columns[f"negative_{c + 1}"] = [row[c] for row in negatives]
+
+    class Trainer(SentenceTransformerTrainer):
+        def add_model_card_callback(self, default_args_dict: dict[str, Any]) -> None:
+            """No model card: it is not published, and its dataset statistics cost time."""
+
+    hp = spec.hyperparameters
+    with tempfile.TemporaryDirectory(prefix="fleetserve-train-") as out:
+        args = SentenceTransformerTrainingArguments(
+            output_dir=out,
+            num_train_epochs=epochs,
+            per_device_train_batch_size=hp.batch_size,
+            learning_rate=hp.learning_rate,
+            warmup_steps=0.1,  # a fraction of the steps (transformers v5)
+            batch_sampler=BatchSamplers.NO_DUPLICATES,
+            seed=spec.seed + start,  # a resumed run does not replay epoch 1's order
+            save_strategy="no",
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=dataset_cls.from_dict(columns),
+            loss=MultipleNegativesRankingLoss(model),
+            callbacks=[progress_callback(report, lora, start, epochs, fingerprint)],
+        )
+        trainer.remove_callback(PrinterCallback)  # it prints every log line to stdout
+        trainer.train()
+        return int(trainer.state.global_step)
+
+
+def progress_callback(report: Report, lora: Any, start: int, epochs: int, fingerprint: str) -> Any:
+    """A TrainerCallback reporting each logged step (the trainer logs every step) and a
+    checkpoint at each epoch's end; steps and epochs count from the job's start, so a
+    resumed run goes on where the last one stopped."""
+    from peft import get_peft_model_state_dict
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        per_epoch = 1
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.per_epoch = max(1, int(state.max_steps) // epochs)
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
+            if not logs or "loss" not in logs:
+                return
+            offset = start * self.per_epoch
+            report(
+                "progress",
+                {
+                    "step": offset + int(state.global_step),
+                    "steps": offset + int(state.max_steps),
+                    "epoch": round(start + float(state.epoch or 0.0), 4),
+                    "loss": float(logs["loss"]),
+                },
+            )
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            epoch = start + round(float(state.epoch or 0.0))
+            lora_state = get_peft_model_state_dict(lora, save_embedding_layers=False)
+            blob = write_checkpoint(lora_state, epoch, fingerprint)
+            report("checkpoint", {"epoch": epoch, "blob": blob})
+
+    return Progress()
+
+
+def save_files(lora: Any) -> tuple[bytes, bytes]:
+    """``adapter_config.json`` and ``adapter_model.safetensors`` exactly as PEFT's
+    ``save_pretrained`` writes them."""
+    with tempfile.TemporaryDirectory(prefix="fleetserve-adapter-") as out:
+        lora.save_pretrained(out)
+        return (Path(out) / CONFIG).read_bytes(), (Path(out) / WEIGHTS).read_bytes()
+
+
+# -- checkpoints ------------------------------------------------------------------
+
+
+def spec_fingerprint(spec: TrainSpec) -> str:
+    """A digest of what the trained weights depend on: the base's files (by content,
+    not path, so another worker's copy matches), the pairs, pooling, sequence length,
+    hyperparameters and seed. Not the threads."""
+    digest = hashlib.sha256()
+    base = Path(spec.base_path)
+    for f in sorted(base.iterdir()):
+        if f.name == "config.json" or f.suffix in (".safetensors", ".bin"):
+            digest.update(f.name.encode() + b"\0")
+            with f.open("rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    digest.update(chunk)
+    described = {
+        "format": CHECKPOINT_FORMAT,
+        "pooling": spec.pooling,
+        "normalize": spec.normalize,
+        "max_seq_len": spec.max_seq_len,
+        "hyperparameters": spec.hyperparameters.to_dict(),
+        "seed": spec.seed,
+        "train": [p.to_dict() for p in spec.train],
+        "validation": [p.to_dict() for p in spec.validation],
+    }
+    digest.update(json.dumps(described, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def write_checkpoint(state: dict[str, Any], epoch: int, fingerprint: str) -> bytes:
+    """safetensors bytes of a LoRA state dict, with the epoch and fingerprint."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    meta = {"format": CHECKPOINT_FORMAT, "epoch": str(epoch), "fingerprint": fingerprint}
+    return save(tensors, metadata=meta)
+
+
+def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, Any]]:
+    """The epoch and state dict of a checkpoint of the spec with ``fingerprint``;
+    :class:`CheckpointMismatch` for anything else. The metadata is checked before
+    any tensor is read."""
+    try:
+        (size,) = struct.unpack("<Q", blob[:8])
+        meta = json.loads(blob[8 : 8 + size]).get("__metadata__") or {}
+        epoch = int(meta.get("epoch", ""))
+    except (struct.error, ValueError, AttributeError):
+        raise CheckpointMismatch("the resume blob is not a training checkpoint") from None
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointMismatch(f"the resume blob is not a {CHECKPOINT_FORMAT} checkpoint")
+    if meta.get("fingerprint") != fingerprint:
+        raise CheckpointMismatch(
+            "the checkpoint is for another training spec (base model, pairs or settings)"
+        )
+    from safetensors.torch import load
+
+    return epoch, load(blob)
+
+
+def load_lora(lora: Any, state: dict[str, Any]) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(lora, state)
+    unexpected = list(getattr(result, "unexpected_keys", ()))
+    if unexpected:
+        raise CheckpointMismatch(f"checkpoint tensors the model lacks: {unexpected[:3]}")

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetserve.lora.shapes import linear_shapes
+from fleetserve.lora.train import TrainResult, TrainSpec, train, train_in_child
+from fleetserve.lora.validate import Limits, validate
+from fleetserve.wire import Cancelled, InvalidInput
+from tests.lora.train import Events, tiny_spec
+from tests.tinymodels import build_bert
+
+for _name in ("torch", "sentence_transformers", "peft", "datasets", "pytrec_eval"):
+    pytest.importorskip(_name, reason=f"training needs {_name} (the train extra)")
+
+DEADLINE = 120.0  # seconds: a spawned child imports torch on a busy machine
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> Iterator[None]:
+    """train() here sets torch's threads process-wide: give the other tests theirs back."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> TrainSpec:
+    return tiny_spec(build_bert(tmp_path_factory.mktemp("child") / "bert"), threads=1)
+
+
+class Children(Events):
+    """Events, and the pids of this process's live children when each came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pids: set[int] = set()
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        super().__call__(kind, data)
+        live = multiprocessing.active_children()
+        self.pids |= {p.pid for p in live if p.name == "fleetserve-train" and p.pid is not None}
+
+
+def config_of(r: TrainResult) -> dict[str, Any]:
+    """The adapter config, its target modules sorted: PEFT keeps them in a set, whose
+    order varies between processes."""
+    config: dict[str, Any] = json.loads(r.config)
+    config["target_modules"] = sorted(config["target_modules"])
+    return config
+
+
+def gone(pid: int) -> bool:
+    """No process, not even a zombie, has ``pid`` (it was reaped)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def assert_reaped(pids: set[int]) -> None:
+    assert pids, "no child was seen"
+    assert all(gone(pid) for pid in pids)
+    assert not any(p.name == "fleetserve-train" for p in multiprocessing.active_children())
+
+
+async def test_trains_in_a_child_and_relays_events(spec: TrainSpec) -> None:
+    events = Children()
+    r = await asyncio.wait_for(train_in_child(spec, events), DEADLINE)
+    assert isinstance(r, TrainResult)
+    here = train(spec, Events())  # the same spec in this process
+    for f in fields(TrainResult):
+        if f.name != "train_seconds":
+            assert type(getattr(r, f.name)) is type(getattr(here, f.name)), f.name
+    assert (r.steps, r.epochs, r.pairs, r.resumed_from_epoch) == (10, 2, 40, 0)
+    assert (r.steps, r.mined_negatives) == (here.steps, here.mined_negatives)
+    assert config_of(r) == config_of(here)
+    assert len(r.weights) == len(here.weights)
+    validate(r.config, r.weights, base_model="b", base_shapes=linear_shapes(spec.base_path),
+             limits=Limits())  # fmt: skip
+    assert events.seen[0] == ("status", {"message": "loading the base model"})
+    assert events.seen[1] == ("status", {"message": "measuring the base model"})
+    assert [p["step"] for p in events.of("progress")] == list(range(1, 11))
+    assert [c["epoch"] for c in events.of("checkpoint")] == [1, 2]
+    assert isinstance(events.of("checkpoint")[0]["blob"], bytes)
+    assert_reaped(events.pids)
+
+
+async def test_cancel_terminates_the_child(spec: TrainSpec) -> None:
+    cancel = asyncio.Event()
+    events = Children()
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        events(kind, data)
+        cancel.set()  # at the first event: the child is importing torch, loading
+
+    with pytest.raises(Cancelled):
+        await asyncio.wait_for(train_in_child(spec, on_event, cancel), DEADLINE)
+    assert len(events.seen) >= 1
+    assert_reaped(events.pids)
+
+
+async def test_a_cancel_set_before_the_start_spawns_nothing(spec: TrainSpec) -> None:
+    cancel = asyncio.Event()
+    cancel.set()
+    before = set(multiprocessing.active_children())
+    with pytest.raises(Cancelled):
+        await train_in_child(spec, Events(), cancel)
+    assert set(multiprocessing.active_children()) == before
+
+
+async def test_cancelling_the_task_reaps_the_child(spec: TrainSpec) -> None:
+    events = Children()
+    first = asyncio.Event()
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        events(kind, data)
+        first.set()
+
+    task = asyncio.ensure_future(train_in_child(spec, on_event))
+    await asyncio.wait_for(first.wait(), DEADLINE)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # the reaping finishes in the background when the task is cancelled mid-shutdown;
+    # here it was not, so it is done
+    assert_reaped(events.pids)
+
+
+async def test_a_child_that_dies_is_an_error_not_a_hang(spec: TrainSpec) -> None:
+    events = Children()
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        events(kind, data)
+        for pid in events.pids:
+            os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(RuntimeError, match=r"died without a result.*SIGKILL"):
+        await asyncio.wait_for(train_in_child(spec, on_event), DEADLINE)
+    assert_reaped(events.pids)
+
+
+async def test_a_child_error_names_it(spec: TrainSpec, tmp_path: Path) -> None:
+    missing = replace(spec, base_path=str(tmp_path / "no-such-model"))
+    with pytest.raises(RuntimeError, match=r"FileNotFoundError: .*no-such-model") as exc:
+        await asyncio.wait_for(train_in_child(missing, Events()), DEADLINE)
+    assert "Traceback" not in str(exc.value)
+    assert not any(p.name == "fleetserve-train" for p in multiprocessing.active_children())
+
+
+async def test_a_fleetserve_error_keeps_its_type(spec: TrainSpec) -> None:
+    with pytest.raises(InvalidInput, match="mean or cls") as exc:
+        await asyncio.wait_for(train_in_child(replace(spec, pooling="none"), Events()), DEADLINE)
+    assert exc.value.field == "model"
