@@ -3,7 +3,11 @@ and the SDK's adapter methods, sync and async; the table fits 80 columns."""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +15,24 @@ import httpx
 import pytest
 
 import fleetserve.sdk
-from fleetserve import AsyncClient, Client
+from fleetserve import AsyncClient, Client, cli_lora
 from fleetserve.cli import main
 from fleetserve.gateway.adapters import AdapterRoutes
 from fleetserve.lora.store import AdapterStore
 from fleetserve.storage import MemoryStore
 from fleetserve.wire import AdapterNotFound, Forbidden, InvalidInput
+from fleetserve.wire.finetune import Job, JobStatus
 
+from .gateway.finetune_kit import ALICE as ALICE_KEY
+from .gateway.finetune_kit import (
+    DENSE,
+    RESULT,
+    Served,
+    finish,
+    pairs,
+    run_steps,
+    served_fixture,  # noqa: F401
+)
 from .lora.kit import ALICE, BASE, READER, Kit, kit_fixture, registry_on  # noqa: F401
 
 
@@ -138,3 +153,131 @@ def test_native_calls_send_the_adapter_field() -> None:
         c.score("m", "q", ["a"])
     assert sent[0]["adapter"] == "alice/x@2" and sent[1]["adapter"] == "alice/x"
     assert "adapter" not in sent[2]
+
+
+# -- lora train: a job the test moves through the store while the CLI follows it ---------
+
+
+def trainer(served: Served, then: Callable[[Job], Awaitable[Any]]) -> threading.Thread:
+    """Once the CLI has created its job: ``then(job)`` on the server's loop."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 10
+        while not (jobs := [j for j in served.call(lambda: served.store.jobs("alice"))
+                            if not j.status.finished]):  # fmt: skip
+            assert time.monotonic() < deadline, "no job was created"
+            time.sleep(0.01)
+        served.call(lambda: then(jobs[0]))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def train_args(served: Served, path: Path, *extra: str) -> list[str]:
+    path.write_bytes(pairs(6))
+    return ["lora", "train", "--model", DENSE, "--pairs", str(path), "--url", served.url,
+            "--api-key", ALICE_KEY, *extra]  # fmt: skip
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_lora, "POLL", 0.01)
+
+
+def test_train_follows_the_job_to_its_figures(
+    served: Served, fast: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def succeed(job: Job) -> None:
+        job = await run_steps(served.store, job, 4)
+        await finish(served.store, job, JobStatus.SUCCEEDED, result=RESULT,
+                     fine_tuned_model=f"{DENSE}:alice/legal@1")  # fmt: skip
+
+    thread = trainer(served, succeed)
+    args = train_args(served, tmp_path / "train.jsonl", "--suffix", "legal", "--rank", "4",
+                      "--epochs", "2", "--learning-rate", "0.0005", "--margin", "0.02")  # fmt: skip
+    assert main(args) == 0
+    thread.join(10)
+    out = capsys.readouterr().out
+    assert "uploaded train.jsonl as file-" in out and ": 6 pairs" in out
+    assert "created job ftjob-" in out and f"on {DENSE}, suffix legal" in out
+    assert "  rank 4, alpha 8, epochs 2, lr 0.0005, batch 32, hard negatives 1\n" in out
+    assert "training started" in out and "job succeeded" in out and "step 1/4" not in out
+    assert "4/4" in out  # the bar, at its end
+    table = out[out.index("nDCG@10") :]
+    assert "0.5000" in table and "0.7500" in table and "+0.2500" in table
+    assert "recall@10" in table and "+0.2000" in table
+    assert "registered (trained in 12.5 s); call it as model" in out
+    assert f"{DENSE}:alice/legal@1" in out
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    [job] = served.call(lambda: served.store.jobs("alice"))
+    assert job.margin == 0.02 and job.hyperparameters.learning_rate == 0.0005
+
+
+def test_train_exit_codes(
+    served: Served, fast: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def fail(job: Job) -> None:
+        error = {"code": "training_failed", "message": "training failed: out of memory"}
+        await finish(served.store, job, JobStatus.FAILED, error=error)
+
+    thread = trainer(served, fail)
+    assert main(train_args(served, tmp_path / "a.jsonl")) == 1
+    thread.join(10)
+    out = capsys.readouterr().out
+    assert "job failed: training failed: out of memory" in out and "nDCG@10" not in out
+
+    async def below(job: Job) -> None:
+        result = {**RESULT, "gain": 0.004, "registered": False, "adapter_id": None}
+        await finish(served.store, job, JobStatus.SUCCEEDED, result=result)
+
+    thread = trainer(served, below)
+    assert main(train_args(served, tmp_path / "b.jsonl")) == 0
+    thread.join(10)
+    out = capsys.readouterr().out
+    assert "not registered: the nDCG@10 gain +0.0040 is below the margin +0.0100" in out
+    assert "trained in 12.5 s" in out
+
+
+def test_train_detach_bad_files_and_ctrl_c(
+    served: Served,
+    fast: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert main(train_args(served, tmp_path / "a.jsonl", "--detach")) == 0
+    out = capsys.readouterr().out
+    assert "detached" in out
+    [job] = served.call(lambda: served.store.jobs("alice"))
+    assert job.status is JobStatus.QUEUED
+    bad = tmp_path / "bad.jsonl"
+    args = train_args(served, tmp_path / "b.jsonl")
+    bad.write_bytes(b'{"query": "q"}\n')
+    assert main([*args[:5], str(bad), *args[6:]]) == 1
+    assert "line 1 has no 'positive'" in capsys.readouterr().out
+    args = train_args(served, tmp_path / "c.jsonl", "--rank", "999")
+    assert main(args) == 1
+    assert "hyperparameters.rank must be between 1 and 64" in capsys.readouterr().out
+    # Ctrl-C while following: the job is cancelled, exit 130
+    following = threading.Event()
+    real = cli_lora.follow
+
+    def follow(*a: Any) -> dict[str, Any]:
+        following.set()
+        return real(*a)
+
+    monkeypatch.setattr(cli_lora, "follow", follow)
+
+    def interrupt() -> None:
+        assert following.wait(10)
+        _thread.interrupt_main()
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    assert main(train_args(served, tmp_path / "d.jsonl")) == 130
+    thread.join(10)
+    out = capsys.readouterr().out
+    assert "interrupted: job ftjob-" in out and "is cancelled" in out
+    statuses = {j.status for j in served.call(lambda: served.store.jobs("alice"))}
+    assert JobStatus.CANCELLED in statuses

@@ -5,6 +5,14 @@
   prints its id (``tenant/name@version``) and sha256.
 - ``lora list [--base MODEL]``: the adapters this key sees, as a table.
 - ``lora rm ID``: delete ``tenant/name@N``, or every version of ``tenant/name``.
+- ``lora train --model M --pairs FILE [--eval FILE] [--suffix S] [--rank N]
+  [--alpha A] [--epochs N] [--learning-rate LR] [--batch-size N] [--margin X]
+  [--detach]``: a fine-tuning job (``/v1/files``, ``/v1/fine_tuning/jobs``): uploads
+  the JSONL of ``{query, positive, negative?}`` pairs, creates the job and follows
+  it (a progress bar over the training steps, the other events as lines), then
+  prints base against adapter (nDCG@10, recall@10), whether it was registered and
+  the model name to call. Exit 0 when the job succeeded, 1 when it failed or was
+  cancelled; Ctrl-C cancels the job (exit 130). ``--detach``: create it and return.
 
 The server is ``--url``, else ``http://<host>:<port>`` from Settings; the key is
 ``--api-key`` (``FLEETSERVE_API_KEY``), sent as a Bearer token.
@@ -13,26 +21,39 @@ The server is ``--url``, else ``http://<host>:<port>`` from Settings; the key is
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from .settings import Settings
 from .wire import FleetError
 
+if TYPE_CHECKING:
+    from .sdk import Client
+
 # the argparse dests of this command that are not Settings fields
 ARGS = frozenset(
     {"lora_action", "lora_path", "lora_name", "lora_base", "lora_version", "lora_pinned"}
-    | {"lora_url", "lora_id"}
+    | {"lora_url", "lora_id", "lora_model", "lora_pairs", "lora_eval", "lora_suffix"}
+    | {"lora_rank", "lora_alpha", "lora_epochs", "lora_lr", "lora_batch", "lora_margin"}
+    | {"lora_detach"}
 )
 UPLOAD_TIMEOUT = 600.0
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    lora = sub.add_parser("lora", help="LoRA adapters of a running server: add, list, rm.")
+    lora = sub.add_parser("lora", help="LoRA adapters of a running server: add, list, rm, train.")
     actions = lora.add_subparsers(dest="lora_action", required=True)
     add = actions.add_parser("add", help="Upload a PEFT LoRA adapter directory.")
     add.add_argument("lora_path", metavar="DIR", help="adapter_config.json + safetensors.")
@@ -46,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ls.add_argument("--base", dest="lora_base", default=None, help="Only this base model's.")
     rm = actions.add_parser("rm", help="Delete an adapter (no @version: every version).")
     rm.add_argument("lora_id", metavar="ID", help="tenant/name or tenant/name@version.")
-    for p in (add, ls, rm):
+    for p in (add, ls, rm, train_parser(actions)):
         p.add_argument(
             "--url", dest="lora_url", default=None, help="The server [http://HOST:PORT]."
         )
@@ -87,6 +108,8 @@ def run(args: argparse.Namespace, settings: Settings, console: Console | None = 
                 console.print(f"call it as model {escape(str(info['model']))}", highlight=False)
             elif action == "list":
                 print_table(console, client.list_adapters(args.lora_base), url)
+            elif action == "train":
+                return train(client, args, console)
             else:
                 for gone in client.delete_adapter(args.lora_id):
                     console.print(f"deleted {escape(gone)}", highlight=False)
@@ -126,3 +149,181 @@ def print_table(console: Console, adapters: list[dict[str, Any]], url: str) -> N
     console.print(table)
     if not adapters:
         console.print("[dim]no adapters[/]")
+
+
+# -- lora train: a fine-tuning job, followed --------------------------------------------
+POLL = 0.5  # seconds between looks at a job being followed
+SHORT = {"learning_rate": "lr", "batch_size": "batch", "hard_negatives": "hard negatives"}
+
+
+def train_parser(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    tr = actions.add_parser(
+        "train", help="Fine-tune a LoRA on pairs: upload, train, measure, register."
+    )
+    tr.add_argument(
+        "--model", dest="lora_model", required=True, metavar="M", help="The base model's id."
+    )
+    tr.add_argument(
+        "--pairs", dest="lora_pairs", required=True, metavar="FILE",
+        help="JSONL of {query, positive, negative?} rows.",
+    )  # fmt: skip
+    tr.add_argument(
+        "--eval", dest="lora_eval", default=None, metavar="FILE",
+        help="Pairs to measure with [a held-out fraction of the queries of --pairs].",
+    )  # fmt: skip
+    tr.add_argument(
+        "--suffix", dest="lora_suffix", default=None, metavar="S", help="The adapter's name."
+    )
+    tr.add_argument(
+        "--rank", dest="lora_rank", type=int, default=None, metavar="N", help="LoRA rank [16]."
+    )
+    tr.add_argument(
+        "--alpha", dest="lora_alpha", type=float, default=None, metavar="A", help="[2 * rank]"
+    )
+    tr.add_argument("--epochs", dest="lora_epochs", type=int, default=None, metavar="N", help="[3]")
+    tr.add_argument(
+        "--learning-rate", dest="lora_lr", type=float, default=None, metavar="LR", help="[1e-3]"
+    )
+    tr.add_argument(
+        "--batch-size", dest="lora_batch", type=int, default=None, metavar="N", help="[32]"
+    )
+    tr.add_argument(
+        "--margin", dest="lora_margin", type=float, default=None, metavar="X",
+        help="nDCG@10 gain over the base needed to register it [the server's].",
+    )  # fmt: skip
+    tr.add_argument(
+        "--detach", dest="lora_detach", action="store_true", help="Create the job and return."
+    )
+    return tr
+
+
+def train(client: Client, args: argparse.Namespace, console: Console) -> int:
+    """Upload, create, follow, report: 0 when the job succeeded, 1 when it did not,
+    130 on Ctrl-C (which cancels the job once it exists)."""
+    try:
+        job = _create(client, args, console)
+    except KeyboardInterrupt:
+        _line(console, "interrupted before a job was followed (see GET /v1/fine_tuning/jobs)")
+        return 130
+    if args.lora_detach:
+        _line(console, f"detached: see GET /v1/fine_tuning/jobs/{job['id']}")
+        return 0
+    try:
+        job = follow(client, job["id"], console)
+    except KeyboardInterrupt:
+        try:
+            job = client.cancel_fine_tuning_job(job["id"])
+            _line(console, f"interrupted: job {job['id']} is {job['status']}")
+        except FleetError as exc:
+            _line(console, f"interrupted; the job was not cancelled: {exc.message}")
+        return 130
+    print_result(console, job)
+    return 0 if job["status"] == "succeeded" else 1
+
+
+def _create(client: Client, args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    pairs = client.upload_file(args.lora_pairs, timeout=UPLOAD_TIMEOUT)
+    _said_file(console, pairs)
+    validation = None
+    if args.lora_eval:
+        validation = client.upload_file(args.lora_eval, timeout=UPLOAD_TIMEOUT)
+        _said_file(console, validation)
+    chosen = {
+        "rank": args.lora_rank, "alpha": args.lora_alpha, "epochs": args.lora_epochs,
+        "learning_rate": args.lora_lr, "batch_size": args.lora_batch,
+    }  # fmt: skip
+    hyperparameters = {k: v for k, v in chosen.items() if v is not None}
+    job = client.create_fine_tuning_job(
+        args.lora_model, pairs["id"], validation_file=validation["id"] if validation else None,
+        hyperparameters=hyperparameters or None, suffix=args.lora_suffix,
+        margin=args.lora_margin,
+    )  # fmt: skip
+    hp = ", ".join(f"{SHORT.get(k, k)} {v:g}" for k, v in job["hyperparameters"].items())
+    _line(console, f"created job {job['id']} on {job['model']}, suffix {job['suffix']}")
+    _line(console, f"  {hp}")
+    return job
+
+
+def _line(console: Console, text: str) -> None:
+    console.print(escape(text), highlight=False)
+
+
+def _said_file(console: Console, f: dict[str, Any]) -> None:
+    merged = f" ({f['duplicates']} repeats merged)" if f.get("duplicates") else ""
+    _line(console, f"uploaded {f['filename']} as {f['id']}: {f['rows']} pairs{merged}")
+    warnings = list(f.get("warnings") or ())
+    for w in warnings[:3]:
+        console.print(f"[yellow]warning:[/] {escape(str(w))}", highlight=False)
+    if len(warnings) > 3:
+        console.print(f"[yellow]... and {len(warnings) - 3} more warnings[/]")
+
+
+def follow(client: Client, job_id: str, console: Console) -> dict[str, Any]:
+    """Wait for the job: its training steps on a bar, its other events as lines."""
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+    task: TaskID | None = None
+
+    def on_event(event: dict[str, Any]) -> None:
+        nonlocal task
+        data = event.get("data") or {}
+        if event.get("type") == "metrics" and "step" in data:
+            info = _progress_info(data)
+            total = data.get("total_steps")
+            if task is None:
+                task = progress.add_task("training", total=total, info=info)
+            progress.update(task, completed=data["step"], total=total, info=info)
+            return
+        color = {"error": "red", "warn": "yellow"}.get(str(event.get("level")), "")
+        text = escape(str(event.get("message", "")))
+        progress.console.print(f"[{color}]{text}[/]" if color else text, highlight=False)
+
+    with progress:
+        return client.wait_fine_tuning_job(job_id, poll=POLL, on_event=on_event)
+
+
+def _progress_info(data: dict[str, Any]) -> str:
+    epoch, loss = data.get("epoch"), data.get("train_loss")
+    out = f"epoch {epoch:g}" if isinstance(epoch, int | float) else ""
+    return out + (f" loss {loss:.4f}" if isinstance(loss, int | float) else "")
+
+
+def _figure(v: Any, signed: bool = False) -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    return f"{v:+.4f}" if signed else f"{v:.4f}"
+
+
+def print_result(console: Console, job: dict[str, Any]) -> None:
+    """Base against adapter, the verdict and the model to call, within 80 columns."""
+    result = job.get("result") or {}
+    base, adapter = result.get("base") or {}, result.get("adapter") or {}
+    if base or adapter:
+        table = Table(box=box.SIMPLE_HEAD, width=min(console.width, 52))
+        for name in ("", "base", "adapter", "gain"):
+            table.add_column(name, justify="right" if name else "left", no_wrap=True)
+        for label, key in (("nDCG@10", "ndcg_at_10"), ("recall@10", "recall_at_10")):
+            b, a = base.get(key), adapter.get(key)
+            gain = a - b if isinstance(a, int | float) and isinstance(b, int | float) else None
+            table.add_row(label, _figure(b), _figure(a), _figure(gain, signed=True))
+        console.print(table)
+    seconds = result.get("train_seconds")
+    took = f" (trained in {seconds:.1f} s)" if isinstance(seconds, int | float) else ""
+    status = job.get("status")
+    if status == "succeeded" and job.get("fine_tuned_model"):
+        console.print(f"[green]registered[/]{took}; call it as model", highlight=False)
+        _line(console, f"  {job['fine_tuned_model']}")
+    elif status == "succeeded":
+        said = f"{_figure(result.get('gain'), True)} is below the margin "
+        said += _figure(result.get("margin"), True)
+        _line(console, f"not registered: the nDCG@10 gain {said}")
+        if took:
+            _line(console, took.strip(" ()"))
+    else:
+        error = job.get("error") or {}
+        why = error.get("message") or "no error given"
+        console.print(f"[red]job {escape(str(status))}:[/] {escape(str(why))}", highlight=False)

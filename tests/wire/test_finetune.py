@@ -21,7 +21,16 @@ def test_defaults_aliases_and_auto() -> None:
     hp = Hyperparameters.from_dict({"rank": 8, "n_epochs": 2, "batch_size": "auto"})
     assert (hp.rank, hp.alpha, hp.epochs, hp.batch_size) == (8, 16.0, 2, 32)
     assert Hyperparameters.from_dict({"rank": 8, "alpha": 8}).alpha == 8.0
-    assert Hyperparameters.from_dict(hp.to_dict()) == hp
+    assert Hyperparameters.from_dict(hp.to_dict()) == hp and hp.to_dict()["n_epochs"] == 2
+    openai = Hyperparameters.from_dict({"learning_rate_multiplier": 2, "n_epochs": "auto"})
+    assert openai.learning_rate == 2e-3 and openai.epochs == 3
+    assert Hyperparameters.from_dict({"learning_rate_multiplier": "auto"}) == Hyperparameters()
+
+
+def test_ids_sort_in_the_order_they_were_made() -> None:
+    ids = [new_id("ftjob") for _ in range(50)]
+    assert len(set(ids)) == 50 and all(i.startswith("ftjob-") and len(i) == 29 for i in ids)
+    assert sorted(ids) == ids or ids[0][:17] == ids[-1][:17]  # same millisecond: random
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from email.parser import BytesHeaderParser
-from email.policy import HTTP
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -28,12 +26,13 @@ from ..lora.registry import AdapterRegistry
 from ..lora.validate import CONFIG
 from ..wire import Encoding, FleetError, Forbidden, InvalidInput, NotFound, Principal, Scope
 from ..wire.codec import accept_of, encoding_of, loads
+from . import multipart
 from .errors import body_response, error_response
 from .http import Receive, Send, header, read_body, respond
 from .http import Scope as AsgiScope
 
 PREFIX = "/v1/adapters"
-MULTIPART = "multipart/form-data"
+MULTIPART = multipart.MULTIPART
 FORM_FIELDS = ("name", "base", "version", "pinned")
 BODY_FIELDS = (*FORM_FIELDS, "config", "weights")
 _SLACK = 1 << 20  # room for the config and the multipart framing
@@ -115,31 +114,12 @@ def parse_multipart(
     raw: bytes, content_type: str
 ) -> tuple[dict[str, Any], bytes, bytes, list[str]]:
     """(form fields, config bytes, weights bytes, uploaded file names)."""
-    params = BytesHeaderParser(policy=HTTP).parsebytes(
-        b"content-type: " + content_type.encode("latin-1") + b"\r\n\r\n"
-    )
-    boundary = params.get_param("boundary", header="content-type")
-    if not isinstance(boundary, str) or not boundary:
-        raise InvalidInput("multipart body without a boundary", field="content-type")
-    # each delimiter is CRLF "--" boundary; the CRLF before the first one is optional
-    chunks = (b"\r\n" + raw).split(b"\r\n--" + boundary.encode("latin-1"))
-    if len(chunks) < 3 or not chunks[-1].startswith(b"--"):
-        raise InvalidInput("multipart body is cut short (no closing boundary)", field="body")
     fields: dict[str, Any] = {}
     config = weights = None
     names: list[str] = []
-    for chunk in chunks[1:-1]:
-        _padding, _, part_bytes = chunk.partition(b"\r\n")
-        head, sep, data = part_bytes.partition(b"\r\n\r\n")
-        if not sep:
-            raise InvalidInput("multipart part without headers", field="body")
-        part = BytesHeaderParser(policy=HTTP).parsebytes(head + b"\r\n\r\n")
-        name = part.get_param("name", header="content-disposition")
-        filename = part.get_param("filename", header="content-disposition")
-        if not isinstance(name, str):
-            raise InvalidInput("multipart part without a name", field="body")
-        if isinstance(filename, str) or name in ("config", "weights"):
-            fname = filename if isinstance(filename, str) else ""
+    for name, filename, data in multipart.parse(raw, content_type):
+        if filename is not None or name in ("config", "weights"):
+            fname = filename or ""
             names.extend([fname] if fname else [])
             if name == "config" or fname.rsplit("/", 1)[-1] == CONFIG:
                 config = data

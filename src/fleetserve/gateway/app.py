@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from ..catalog import Catalog
@@ -42,6 +42,9 @@ from .disconnect import Watched
 from .errors import body_response, error_response
 from .http import Receive, Scope, Send, header, read_body, respond
 
+if TYPE_CHECKING:
+    from .finetune import FineTuneRoutes
+
 log = logging.getLogger("fleetserve.gateway")
 
 Hook = Callable[[], Awaitable[None]]
@@ -65,12 +68,14 @@ class Gateway:
         adapters: PrincipalApp | None = None,
         calls: AdapterCalls | None = None,
         interactive_cost: Callable[[str], int] | None = None,
+        finetune: FineTuneRoutes | None = None,
     ) -> None:
         # the key ring first: a bad auth setting refuses to start (ValueError), never opens
         self.auth = (
             authenticator if authenticator is not None else Authenticator.from_settings(settings)
         )
         self.adapters = adapters  # /v1/adapters[/...]: it checks scopes itself
+        self.finetune = finetune  # /v1/files, /v1/fine_tuning/: it checks scopes itself
         self.calls = calls  # resolves the adapter a request calls (None: no adapters here)
         # a model's interactive threshold (its profile's), in predicted tokens
         self.interactive_cost = interactive_cost or (lambda _model: Profile.interactive_cost)
@@ -135,6 +140,9 @@ class Gateway:
             elif self.adapters is not None and _is_adapters(path):
                 assert principal is not None
                 await self.adapters(scope, receive, send, principal)
+            elif self.finetune is not None and self.finetune.handles(path):
+                assert principal is not None
+                await self.finetune(scope, receive, send, principal)
             elif method == "GET" and path == "/metrics":
                 await respond(send, 200, _TEXT, self.metrics.render())
             elif self.dashboard.handles(path):  # the page, its events and /v1/tuning/

@@ -23,7 +23,7 @@ FileField = tuple[str, tuple[str, bytes, str]]
 
 @dataclass(frozen=True)
 class Request(Generic[T]):
-    """One call that is not a plain msgpack POST: its method, form or query."""
+    """One call that is not a plain msgpack POST: its method, form, query or body."""
 
     method: str
     path: str
@@ -31,9 +31,14 @@ class Request(Generic[T]):
     files: list[FileField] = field(default_factory=list)
     data: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None  # a raw body, of ``content_type``
+    content_type: str = MSGPACK
 
     def kwargs(self, timeout: float) -> dict[str, Any]:
         out: dict[str, Any] = {"headers": {"accept": MSGPACK}, "timeout": timeout + 1}
+        if self.content is not None:
+            out["content"] = self.content
+            out["headers"]["content-type"] = self.content_type
         if self.files:
             out["files"] = self.files
         if self.data:

@@ -1,6 +1,7 @@
 """``fleetserve.AsyncClient``: the coroutine twin of :class:`fleetserve.Client`.
 
-Same methods, arguments, return types and errors; see :mod:`fleetserve.sdk.client`.
+Same methods, arguments, return types and errors; see :mod:`fleetserve.sdk.client`
+(the fine-tuning calls: :class:`~fleetserve.sdk._finetune.AsyncFineTuneMethods`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from . import _adapters as a
 from . import _calls as k
 from . import _common as c
 from ._chunks import sizes_if_large
+from ._finetune import AsyncFineTuneMethods
 from ._pipeline import Bar, in_tasks
 from .results import Quantized, RerankResult, SparseVector
 
@@ -28,7 +30,7 @@ Array = c.Array
 Texts = c.Texts
 
 
-class AsyncClient(c.BaseClient):
+class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
     def __init__(
         self,
         base_url: str = "http://127.0.0.1:8080",

@@ -27,6 +27,11 @@ Methods (the async client's are coroutines with the same arguments):
 - ``upload_adapter(path, name, base=None, version=None, pinned=False)``,
   ``list_adapters(base=None)``, ``get_adapter(id)`` and ``delete_adapter(id)``: the
   ``/v1/adapters`` resource (``path``: a PEFT adapter directory).
+- Fine-tuning jobs (OpenAI's ``/v1/files`` and ``/v1/fine_tuning/jobs``):
+  ``upload_file``, ``list_files``, ``get_file``, ``create_fine_tuning_job``,
+  ``get_fine_tuning_job``, ``list_fine_tuning_jobs``, ``fine_tuning_events``,
+  ``cancel_fine_tuning_job``, ``wait_fine_tuning_job`` and ``fine_tune`` (upload,
+  create, wait); see :mod:`fleetserve.sdk._finetune`.
 
 Long lists: a call of more than a few dozen items (or 64 KiB) on ``encode``,
 ``encode_multivector``, ``encode_sparse``, ``score``, ``rerank`` or ``extract`` goes
@@ -58,6 +63,7 @@ from . import _adapters as a
 from . import _calls as k
 from . import _common as c
 from ._chunks import sizes_if_large
+from ._finetune import FineTuneMethods
 from ._pipeline import Bar, in_threads
 from .async_client import AsyncClient
 from .results import Quantized, RerankResult, SparseVector
@@ -70,7 +76,7 @@ Array = c.Array
 Texts = c.Texts
 
 
-class Client(c.BaseClient):
+class Client(FineTuneMethods, c.BaseClient):
     def __init__(
         self,
         base_url: str = "http://127.0.0.1:8080",

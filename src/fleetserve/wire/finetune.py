@@ -28,8 +28,9 @@ PURPOSE = "fine-tune"
 
 
 def new_id(prefix: str) -> str:
-    """``file-…`` or ``ftjob-…``: 24 random URL-safe characters after the prefix."""
-    return f"{prefix}-{secrets.token_hex(12)}"
+    """``file-…`` or ``ftjob-…``: the time in milliseconds (hex, so ids sort in the
+    order they were made) and 12 random hex digits."""
+    return f"{prefix}-{int(time.time() * 1000):011x}{secrets.token_hex(6)}"
 
 
 class JobStatus(enum.StrEnum):
@@ -81,11 +82,17 @@ class Hyperparameters:
         for key, value in raw.items():
             name = ALIASES.get(str(key), str(key))
             where = f"hyperparameters.{key}"
-            if name not in RANGES:
+            if name not in RANGES and name != "learning_rate_multiplier":
                 raise InvalidInput(
                     f"unknown hyperparameter {key!r}; accepted: {', '.join(RANGES)}", field=where
                 )
             if value == "auto":  # OpenAI's clients send it for "the default"
+                continue
+            if name == "learning_rate_multiplier":  # OpenAI's: times the default rate
+                m = _number(value, float, 0.01, 100.0, where)
+                values["learning_rate"] = _number(
+                    cls().learning_rate * m, float, *RANGES["learning_rate"][1:], where
+                )
                 continue
             kind, low, high = RANGES[name]
             if name == "rank":
@@ -96,7 +103,8 @@ class Hyperparameters:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The fields, and ``n_epochs`` as OpenAI's clients read it."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "n_epochs": self.epochs}
 
 
 def _number(value: Any, kind: type, low: float, high: float, where: str) -> float | int:
@@ -245,7 +253,9 @@ class Job:
             model=d["model"],
             training_file=d["training_file"],
             suffix=d["suffix"],
-            hyperparameters=Hyperparameters(**d["hyperparameters"]),
+            hyperparameters=Hyperparameters(
+                **{k: v for k, v in d["hyperparameters"].items() if k != "n_epochs"}
+            ),
             validation_file=d.get("validation_file"),
             validation_fraction=float(d.get("validation_fraction", 0.2)),
             margin=float(d.get("margin", 0.01)),

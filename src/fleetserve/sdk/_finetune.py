@@ -1,0 +1,372 @@
+"""The SDK's fine-tuning calls (``/v1/files``, ``/v1/fine_tuning/jobs``), as two mixins
+that :class:`~fleetserve.Client` and :class:`~fleetserve.AsyncClient` take, with the
+same names and arguments (the async ones are coroutines).
+
+- ``upload_file(file, filename=None)``: a JSONL of ``{query, positive, negative?}``
+  rows (a path, the bytes, or a list of row dicts); the server checks it whole.
+- ``list_files()``, ``get_file(id)``.
+- ``create_fine_tuning_job(model, training_file, ...)``, ``get_fine_tuning_job(id)``,
+  ``list_fine_tuning_jobs()`` (newest first), ``fine_tuning_events(id, after=None,
+  limit=20)`` (newest first, as OpenAI's feed), ``cancel_fine_tuning_job(id)``.
+- ``wait_fine_tuning_job(id, poll=0.5, timeout=None, on_event=None)``: polls until
+  the job ends and returns it; ``on_event(event)`` sees each new event once, oldest
+  first.
+- ``fine_tune(model, pairs, eval=None, ...)``: upload, create and (``wait=True``) wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from ..wire import DeadlineExceeded, Encoding
+from ..wire.codec import dumps
+from ..wire.finetune import PURPOSE, JobStatus
+from ._adapters import Request
+
+T = TypeVar("T")
+Pairs = str | Path | bytes | Sequence[Mapping[str, Any]]
+OnEvent = Callable[[dict[str, Any]], object]
+Page = tuple[list[dict[str, Any]], bool]
+FILES = "/v1/files"
+JOBS = "/v1/fine_tuning/jobs"
+PAGE = 100  # events and jobs read per request while following or listing
+GRACE_POLLS = 10  # polls (0.1 s apart) for a finished job's last event to appear
+
+
+def _read(file: Pairs, filename: str | None) -> tuple[bytes, str]:
+    if isinstance(file, bytes):
+        return file, filename or "pairs.jsonl"
+    if isinstance(file, str | Path):
+        path = Path(file).expanduser()
+        return path.read_bytes(), filename or path.name
+    rows = b"".join(json.dumps(dict(r), ensure_ascii=False).encode() + b"\n" for r in file)
+    return rows, filename or "pairs.jsonl"
+
+
+def upload(file: Pairs, filename: str | None) -> Request[dict[str, Any]]:
+    data, name = _read(file, filename)
+    params = {"filename": name, "purpose": PURPOSE}
+    return Request(
+        "POST", FILES, dict, params=params, content=data, content_type="application/jsonl"
+    )
+
+
+def _page(r: Any) -> Page:
+    return list(r["data"]), bool(r.get("has_more"))
+
+
+def _one(path: str) -> Request[dict[str, Any]]:
+    return Request("GET", path, dict)
+
+
+def _id(ident: str) -> str:
+    return quote(ident, safe="")
+
+
+def job_body(model: str, training_file: str, **fields: Any) -> dict[str, Any]:
+    """The job's fields, without those left unset (the server's defaults apply)."""
+    body = {"model": model, "training_file": training_file}
+    return body | {k: v for k, v in fields.items() if v is not None}
+
+
+def create(body: dict[str, Any]) -> Request[dict[str, Any]]:
+    return Request("POST", JOBS, dict, content=dumps(body, Encoding.MSGPACK))
+
+
+def events_page(job_id: str, after: str | None, limit: int) -> Request[Page]:
+    params = {"limit": str(limit)} | ({"after": after} if after else {})
+    return Request("GET", f"{JOBS}/{_id(job_id)}/events", _page, params=params)
+
+
+def jobs_page(after: str | None) -> Request[Page]:
+    params = {"limit": str(PAGE)} | ({"after": after} if after else {})
+    return Request("GET", JOBS, _page, params=params)
+
+
+def finished(job: Mapping[str, Any]) -> bool:
+    return JobStatus(job["status"]).finished
+
+
+def _seq(event: Mapping[str, Any]) -> int:
+    return int(str(event["id"]).rsplit("-", 1)[-1])
+
+
+class Follower:
+    """A job's feed read newest first, page by page; each new event goes to
+    ``on_event`` once, oldest first."""
+
+    def __init__(self, on_event: OnEvent | None) -> None:
+        self.on_event = on_event
+        self.last = 0  # the newest event handed on
+        self.newest: dict[str, Any] | None = None
+        self._fresh: list[dict[str, Any]] = []
+
+    def take(self, page: Page) -> str | None:
+        """Keep a page's new events; the ``after`` of the next page to read, or None."""
+        rows, more = page
+        new = [r for r in rows if _seq(r) > self.last]
+        self._fresh.extend(new)
+        return rows[-1]["id"] if more and rows and len(new) == len(rows) else None
+
+    def flush(self) -> list[object]:
+        """Hand on what the pages held; the callback's return values (awaitables)."""
+        fresh, self._fresh = self._fresh, []
+        if fresh:
+            self.last, self.newest = _seq(fresh[0]), fresh[0]
+        return [self.on_event(e) for e in reversed(fresh)] if self.on_event else []
+
+    def ended(self, job: Mapping[str, Any]) -> bool:
+        """The finished job's last status line has been seen (it follows the record)."""
+        n = self.newest
+        return (
+            n is not None
+            and n.get("type") == "status"
+            and (int(n.get("created_at") or 0) >= int(job.get("finished_at") or 0))
+        )
+
+
+def deadline_of(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def check(deadline: float | None, job_id: str, timeout: float | None) -> None:
+    if deadline is not None and time.monotonic() >= deadline:
+        raise DeadlineExceeded(f"job {job_id} did not finish within {timeout:g} s")
+
+
+class FineTuneMethods:
+    """``Client``'s fine-tuning calls (see the module docstring)."""
+
+    def _send(self, req: Request[T], timeout: float | None) -> T:
+        raise NotImplementedError
+
+    def upload_file(
+        self, file: Pairs, *, filename: str | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Upload a JSONL of pairs; the file (``id``, ``rows``, ``warnings``...)."""
+        return self._send(upload(file, filename), timeout)
+
+    def list_files(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        return self._send(Request("GET", FILES, lambda r: list(r["data"])), timeout)
+
+    def get_file(self, file_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        return self._send(_one(f"{FILES}/{_id(file_id)}"), timeout)
+
+    def create_fine_tuning_job(
+        self,
+        model: str,
+        training_file: str,
+        *,
+        validation_file: str | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        suffix: str | None = None,
+        validation_fraction: float | None = None,
+        margin: float | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Queue a job training a LoRA of ``model`` on a file's pairs; the job."""
+        body = job_body(
+            model, training_file, validation_file=validation_file,
+            hyperparameters=hyperparameters, suffix=suffix,
+            validation_fraction=validation_fraction, margin=margin, seed=seed,
+        )  # fmt: skip
+        return self._send(create(body), timeout)
+
+    def get_fine_tuning_job(self, job_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        return self._send(_one(f"{JOBS}/{_id(job_id)}"), timeout)
+
+    def list_fine_tuning_jobs(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Every job of this key's tenant, newest first."""
+        out: list[dict[str, Any]] = []
+        after = None
+        while True:
+            rows, more = self._send(jobs_page(after), timeout)
+            out.extend(rows)
+            if not more or not rows:
+                return out
+            after = rows[-1]["id"]
+
+    def fine_tuning_events(
+        self,
+        job_id: str,
+        *,
+        after: str | None = None,
+        limit: int = 20,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """One page of the job's events, newest first (``after``: an event id)."""
+        return self._send(events_page(job_id, after, limit), timeout)[0]
+
+    def cancel_fine_tuning_job(
+        self, job_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        return self._send(Request("POST", f"{JOBS}/{_id(job_id)}/cancel", dict), timeout)
+
+    def wait_fine_tuning_job(
+        self,
+        job_id: str,
+        *,
+        poll: float = 0.5,
+        timeout: float | None = None,
+        on_event: OnEvent | None = None,
+    ) -> dict[str, Any]:
+        """Poll until the job ends (``DeadlineExceeded`` after ``timeout`` s); the job."""
+        follow, deadline, grace = Follower(on_event), deadline_of(timeout), 0
+        while True:
+            job = self.get_fine_tuning_job(job_id)
+            after: str | None = None
+            while after := follow.take(self._send(events_page(job_id, after, PAGE), None)):
+                pass
+            follow.flush()
+            if finished(job):
+                if follow.ended(job) or grace >= GRACE_POLLS:
+                    return job
+                grace += 1
+                time.sleep(min(poll, 0.1))
+                continue
+            check(deadline, job_id, timeout)
+            time.sleep(poll)
+
+    def fine_tune(
+        self,
+        model: str,
+        pairs: Pairs,
+        *,
+        eval: Pairs | None = None,
+        suffix: str | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        wait: bool = True,
+        on_event: OnEvent | None = None,
+        **job_kwargs: Any,
+    ) -> dict[str, Any]:
+        """Upload ``pairs`` (and ``eval``), create the job, and wait for it (``wait``)."""
+        training = self.upload_file(pairs)["id"]
+        validation = None if eval is None else self.upload_file(eval)["id"]
+        job = self.create_fine_tuning_job(
+            model, training, validation_file=validation, hyperparameters=hyperparameters,
+            suffix=suffix, **job_kwargs,
+        )  # fmt: skip
+        return self.wait_fine_tuning_job(job["id"], on_event=on_event) if wait else job
+
+
+class AsyncFineTuneMethods:
+    """``AsyncClient``'s fine-tuning calls: ``Client``'s, as coroutines. An
+    ``on_event`` that returns an awaitable is awaited."""
+
+    async def _send(self, req: Request[T], timeout: float | None) -> T:
+        raise NotImplementedError
+
+    async def upload_file(
+        self, file: Pairs, *, filename: str | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        return await self._send(upload(file, filename), timeout)
+
+    async def list_files(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        return await self._send(Request("GET", FILES, lambda r: list(r["data"])), timeout)
+
+    async def get_file(self, file_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        return await self._send(_one(f"{FILES}/{_id(file_id)}"), timeout)
+
+    async def create_fine_tuning_job(
+        self,
+        model: str,
+        training_file: str,
+        *,
+        validation_file: str | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        suffix: str | None = None,
+        validation_fraction: float | None = None,
+        margin: float | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        body = job_body(
+            model, training_file, validation_file=validation_file,
+            hyperparameters=hyperparameters, suffix=suffix,
+            validation_fraction=validation_fraction, margin=margin, seed=seed,
+        )  # fmt: skip
+        return await self._send(create(body), timeout)
+
+    async def get_fine_tuning_job(
+        self, job_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        return await self._send(_one(f"{JOBS}/{_id(job_id)}"), timeout)
+
+    async def list_fine_tuning_jobs(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        after = None
+        while True:
+            rows, more = await self._send(jobs_page(after), timeout)
+            out.extend(rows)
+            if not more or not rows:
+                return out
+            after = rows[-1]["id"]
+
+    async def fine_tuning_events(
+        self,
+        job_id: str,
+        *,
+        after: str | None = None,
+        limit: int = 20,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        return (await self._send(events_page(job_id, after, limit), timeout))[0]
+
+    async def cancel_fine_tuning_job(
+        self, job_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        return await self._send(Request("POST", f"{JOBS}/{_id(job_id)}/cancel", dict), timeout)
+
+    async def wait_fine_tuning_job(
+        self,
+        job_id: str,
+        *,
+        poll: float = 0.5,
+        timeout: float | None = None,
+        on_event: OnEvent | None = None,
+    ) -> dict[str, Any]:
+        follow, deadline, grace = Follower(on_event), deadline_of(timeout), 0
+        while True:
+            job = await self.get_fine_tuning_job(job_id)
+            after: str | None = None
+            while after := follow.take(await self._send(events_page(job_id, after, PAGE), None)):
+                pass
+            for out in follow.flush():
+                if inspect.isawaitable(out):
+                    await out
+            if finished(job):
+                if follow.ended(job) or grace >= GRACE_POLLS:
+                    return job
+                grace += 1
+                await asyncio.sleep(min(poll, 0.1))
+                continue
+            check(deadline, job_id, timeout)
+            await asyncio.sleep(poll)
+
+    async def fine_tune(
+        self,
+        model: str,
+        pairs: Pairs,
+        *,
+        eval: Pairs | None = None,
+        suffix: str | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        wait: bool = True,
+        on_event: OnEvent | None = None,
+        **job_kwargs: Any,
+    ) -> dict[str, Any]:
+        training = (await self.upload_file(pairs))["id"]
+        validation = None if eval is None else (await self.upload_file(eval))["id"]
+        job = await self.create_fine_tuning_job(
+            model, training, validation_file=validation, hyperparameters=hyperparameters,
+            suffix=suffix, **job_kwargs,
+        )  # fmt: skip
+        return await self.wait_fine_tuning_job(job["id"], on_event=on_event) if wait else job
