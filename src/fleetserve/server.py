@@ -21,6 +21,7 @@ from .catalog import Catalog
 
 if TYPE_CHECKING:
     from .adapters_setup import Adapters
+    from .finetune_setup import FineTuningParts
 from .catalog.sources import is_present
 from .fleet.memory import mib
 from .gateway import Gateway
@@ -69,6 +70,7 @@ class EmbeddedServer(Service):
         )
         self.port = 0
         self.adapters: Adapters | None = None
+        self.finetuning: FineTuningParts | None = None
 
     def alive(self) -> bool:
         """No worker stage crashed and no task died (``/healthz`` says 503 otherwise)."""
@@ -133,6 +135,7 @@ class EmbeddedServer(Service):
         self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
         while not self.worker.running and not self.ended("worker"):
             await asyncio.sleep(0.001)
+        await self._start_training()
         self.console.print(f"[bold green]fleetserve[/] ready: {len(self.runners)} model(s)")
 
     async def _open_adapters(self) -> None:
@@ -142,6 +145,18 @@ class EmbeddedServer(Service):
         self.adapters = await open_registry(self.settings, self.catalog)
         self.gateway.adapters = self.adapters.routes
         self.gateway.calls = self.adapters.calls
+
+    async def _start_training(self) -> None:
+        """Fine-tuning jobs: trained here, one at a time, each in a child process."""
+        from .finetune_setup import job_runner, open_finetuning, requeue_unfinished, routes
+
+        assert self.adapters is not None
+        registry = self.adapters.registry
+        self.finetuning = await open_finetuning(self.settings, self.catalog, registry)
+        await requeue_unfinished(self.finetuning)
+        runner = job_runner(self.settings, self.catalog, self.finetuning, registry)
+        self.spawn("trainer", runner.run())
+        self.gateway.finetune = routes(self.settings, self.finetuning)
 
     def _new_worker(self) -> Worker:
         return Worker(
@@ -199,6 +214,8 @@ class EmbeddedServer(Service):
         await self.stop_tasks()
         await self.queue.close()
         self.worker.close()
+        if self.finetuning is not None:
+            await self.finetuning.queue.close()
         if self.adapters is not None:
             await self.adapters.close()
 

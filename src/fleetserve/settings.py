@@ -156,6 +156,36 @@ class Settings:
     max_adapters_per_batch: int = setting(
         16, "Distinct adapters one batch may mix (1: one adapter per batch, as SIE does)."
     )
+    # -- fine-tuning jobs (/v1/files, /v1/fine_tuning/jobs) -------------------------
+    train: bool = setting(
+        False, "This worker also runs fine-tuning jobs (distributed mode; the embedded "
+        "server always does)."
+    )  # fmt: skip
+    train_threads: int = setting(
+        1, "CPU threads of a training job's process; serving keeps the rest."
+    )
+    train_min_pairs: int = setting(32, "Fewest distinct pairs a training file may hold.")
+    train_max_chars: int = setting(
+        2000, "Texts longer than this are flagged in a file's warnings (training cuts them)."
+    )
+    train_margin: float = setting(
+        0.01, "nDCG@10 gain over the base a trained adapter must show to be registered "
+        "(a job's margin overrides it)."
+    )  # fmt: skip
+    train_validation_fraction: float = setting(
+        0.2, "Fraction of the queries held out to measure a job without a validation_file."
+    )
+    train_max_attempts: int = setting(
+        3, "Times a job is started (after a worker died, it resumes) before it fails."
+    )
+    train_ack_wait: float = setting(
+        30.0, "Seconds without news before a training job is redelivered to another worker."
+    )
+    train_max_queued: int = setting(100, "Jobs that may wait for a trainer.")
+    max_file_bytes: int = setting(100 * 1024 * 1024, "Largest upload to /v1/files (bytes).")
+    train_price_per_hour: float = setting(
+        0.0, "What a machine-hour costs (USD), to report each job's cost (0: not reported)."
+    )
     config: str = setting("", "Optional YAML config file with any of these settings.")
     # -- distributed mode: gateways and workers over NATS JetStream -----------------
     nats: str = setting(
@@ -233,12 +263,17 @@ class Settings:
         """Add one flag per field; unset flags stay ``None`` so lower layers show through."""
         for f in fields(cls):
             text = f"{f.metadata['help']} [env {cls.env_name(f.name)}; default {f.default!r}]"
+            # a boolean flag alone means true (--train); --train false also reads
+            switch: dict[str, Any] = (
+                {"nargs": "?", "const": True} if _scalar_type(f) is _parse_bool else {}
+            )
             parser.add_argument(
                 cls.flag_name(f),
                 dest=f.name,
                 type=_scalar_type(f),
                 default=None,
                 help=text.replace("%", "%%"),  # argparse formats help with %
+                **switch,
             )
 
     @classmethod

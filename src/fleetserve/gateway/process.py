@@ -29,6 +29,7 @@ from .auth import Authenticator
 
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
+    from ..lora.jobs.queue import JobQueue
 
 log = logging.getLogger("fleetserve.gateway")
 
@@ -51,6 +52,7 @@ class GatewayProcess(Service):
         self.js: Any = None
         self.gateway: Gateway | None = None
         self.adapters: Adapters | None = None
+        self.jobs: JobQueue | None = None
         self.port = 0
 
     def models_info(self) -> list[dict[str, Any]]:
@@ -94,6 +96,12 @@ class GatewayProcess(Service):
         from ..adapters_setup import open_registry  # the NATS object store by default
 
         self.adapters = await open_registry(self.settings, self.catalog, nats=self.js.nc)
+        from ..finetune_setup import open_finetuning, routes  # jobs go to --train workers
+
+        tuning = await open_finetuning(
+            self.settings, self.catalog, self.adapters.registry, nats=self.js.nc
+        )
+        self.jobs = tuning.queue
         self.gateway = Gateway(
             self.settings,
             self.catalog,
@@ -107,6 +115,7 @@ class GatewayProcess(Service):
             calls=self.adapters.calls,
             interactive_cost=self._interactive_cost(),
         )
+        self.gateway.finetune = routes(self.settings, tuning)
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         ttl = self.settings.payload_ttl
         sweeper = sweep_forever(store, ttl, every=max(1.0, ttl / 4))
@@ -120,6 +129,8 @@ class GatewayProcess(Service):
         if self.gateway is not None:
             self.gateway.dashboard.close()  # end open event streams, or uvicorn waits
         await self.stop_tasks()
+        if self.jobs is not None:
+            await self.jobs.close()
         if self.adapters is not None:
             await self.adapters.close()
         if self.js is not None:

@@ -55,6 +55,7 @@ def ack_wait_for(profile: Profile, settings: Settings) -> float:
 
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
+    from ..lora.jobs.queue import JobQueue
 
 
 class WorkerProcess(Service):
@@ -79,6 +80,7 @@ class WorkerProcess(Service):
         self.peers = Registry()  # the other workers' heartbeats: what they hold
         self.worker: Worker | None = None
         self.adapters: Adapters | None = None
+        self.jobs: JobQueue | None = None
         self.js: Any = None
         self.port = 0
         self._busy = {m: (time.monotonic(), 0.0) for m in self.runners}
@@ -157,6 +159,13 @@ class WorkerProcess(Service):
             ),
         )
         self.spawn("worker", self.worker.run(), essential=True)
+        if self.settings.train:  # fine-tuning jobs, from their own JetStream stream
+            from ..finetune_setup import job_runner, open_finetuning
+
+            tuning = await open_finetuning(self.settings, self.catalog, registry, nats=self.js.nc)
+            self.jobs = tuning.queue
+            runner = job_runner(self.settings, self.catalog, tuning, registry, self.node)
+            self.spawn("trainer", runner.run(), essential=True)
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
         self.spawn("heartbeat", beat)
         self.spawn("metrics", self._refresh_metrics())
@@ -190,6 +199,8 @@ class WorkerProcess(Service):
 
     async def stop(self) -> None:
         await self.stop_tasks()
+        if self.jobs is not None:
+            await self.jobs.close()
         if self.adapters is not None:
             await self.adapters.close()
         if self.js is not None:

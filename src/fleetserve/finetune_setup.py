@@ -1,0 +1,129 @@
+"""Assembly of fine-tuning jobs for each kind of process.
+
+- The embedded server: a memory job queue, the job store in its adapter store, the
+  routes, and a runner that trains one job at a time in a child process with
+  ``train_threads`` threads. Jobs left unfinished by a stopped server are queued
+  again at start.
+- A gateway: the routes, over the JetStream job queue and the store in the adapter
+  store (the NATS object store by default), which every process shares.
+- A worker started with ``--train``: the same queue and store, and a runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .catalog import Catalog
+from .lora.jobs.manager import FineTuning, TrainLimits, add_event
+from .lora.jobs.queue import JobQueue, JobRef, MemoryJobQueue
+from .lora.jobs.runner import JobRunner, TrainBase
+from .lora.jobs.store import JobStore
+from .lora.registry import AdapterRegistry
+from .settings import Settings
+from .wire import InvalidInput, ModelNotFound
+from .wire.finetune import JobStatus
+
+log = logging.getLogger("fleetserve.train")
+
+
+@dataclass
+class FineTuningParts:
+    manager: FineTuning
+    store: JobStore
+    queue: JobQueue
+
+
+async def open_finetuning(
+    settings: Settings, catalog: Catalog, registry: AdapterRegistry, *, nats: Any = None
+) -> FineTuningParts:
+    """The job store beside the adapters, and the job queue: in memory, or on
+    JetStream given a NATS connection."""
+    store = JobStore(registry.store)
+    queue: JobQueue
+    if nats is None:
+        queue = MemoryJobQueue(settings.train_max_queued)
+    else:
+        from .lora.jobs.queue_js import JetStreamJobQueue
+
+        queue = await JetStreamJobQueue.open(
+            nats,
+            prefix=settings.queue_prefix,
+            ack_wait=settings.train_ack_wait,
+            storage=settings.stream_storage,
+            max_queued=settings.train_max_queued,
+        )
+
+    def family(model: str) -> str | None:
+        return catalog.get(model).family if model in catalog else None
+
+    manager = FineTuning(store, queue, family, TrainLimits.from_settings(settings))
+    return FineTuningParts(manager, store, queue)
+
+
+def routes(settings: Settings, parts: FineTuningParts) -> Any:
+    from .gateway.finetune import FineTuneRoutes
+
+    return FineTuneRoutes(parts.manager, max_file_bytes=settings.max_file_bytes)
+
+
+def job_runner(
+    settings: Settings,
+    catalog: Catalog,
+    parts: FineTuningParts,
+    registry: AdapterRegistry,
+    node: str = "",
+) -> JobRunner:
+    return JobRunner(
+        parts.store,
+        parts.queue,
+        registry,
+        base_resolver(settings, catalog),
+        threads=max(1, settings.train_threads),
+        max_attempts=settings.train_max_attempts,
+        price_per_hour=settings.train_price_per_hour,
+        node=node,
+    )
+
+
+def base_resolver(settings: Settings, catalog: Catalog) -> Callable[[str], Awaitable[TrainBase]]:
+    """A base model's weights on this machine (fetched once if need be) and pooling."""
+
+    async def base_of(model: str) -> TrainBase:
+        from .assembly import weights_path
+
+        if model not in catalog:
+            raise InvalidInput(f"unknown base model {model!r} on this trainer", field="model")
+        spec = catalog.get(model)
+        try:
+            path = await asyncio.to_thread(weights_path, spec, settings)
+        except ModelNotFound as exc:
+            raise InvalidInput(
+                f"no weights for {model} here: {exc.message}", field="model"
+            ) from None
+        return TrainBase(str(path), spec.pooling, spec.normalize, spec.max_seq_len)
+
+    return base_of
+
+
+async def requeue_unfinished(parts: FineTuningParts) -> int:
+    """At the embedded server's start: jobs a stopped server left queued or running
+    go back on the (memory) queue; a running one resumes from its checkpoint."""
+    count = 0
+    for tenant in await parts.store.tenants_with_jobs():
+        for job in await parts.store.jobs(tenant):
+            if job.status.finished:
+                continue
+            if job.status is not JobStatus.QUEUED:
+                job = job.with_(status=JobStatus.QUEUED)
+                await parts.store.put_job(job)
+                await add_event(parts.store, job, "the server restarted; job queued again",
+                                type="status")  # fmt: skip
+            await parts.queue.submit(JobRef(job.tenant, job.id))
+            count += 1
+    if count:
+        log.info("fine-tuning: %d unfinished job(s) queued again", count)
+    return count

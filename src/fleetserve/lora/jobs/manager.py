@@ -1,0 +1,236 @@
+"""The fine-tuning API behind ``/v1/files`` and ``/v1/fine_tuning/jobs``.
+
+:class:`FineTuning` takes files (checked whole before anything is kept), creates jobs
+(checked against the catalog and the caller's files before one is queued), lists
+them, feeds their events and cancels them. It never trains: a job is put on the
+:class:`~.queue.JobQueue`, and whichever :class:`~.runner.JobRunner` takes it (this
+process's, or a worker's started with ``--train``) writes its progress to the
+:class:`~.store.JobStore`, which is where this class reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...wire import Conflict, Forbidden, InvalidInput, Overloaded, Principal, Scope
+from ...wire.finetune import (
+    FileInfo,
+    Hyperparameters,
+    Job,
+    JobEvent,
+    JobStatus,
+    check_suffix,
+    new_id,
+)
+from ..pairs import parse_pairs, split_by_query, to_jsonl
+from .queue import JobQueue, JobRef
+from .store import JobStore
+
+TRAINABLE = ("dense",)  # families a job can train (cross-encoders: not yet)
+JOB_FIELDS = (
+    "model", "training_file", "validation_file", "hyperparameters", "suffix",
+    "validation_fraction", "margin", "seed",
+)  # fmt: skip
+CANCEL_WAIT = 5.0  # seconds a cancel waits for the trainer to stop a running job
+
+
+@dataclass(frozen=True)
+class TrainLimits:
+    min_pairs: int = 32
+    max_chars: int = 2000
+    max_rank: int = 64
+    margin: float = 0.01
+    validation_fraction: float = 0.2
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> TrainLimits:
+        return cls(
+            min_pairs=int(settings.train_min_pairs),
+            max_chars=int(settings.train_max_chars),
+            max_rank=int(settings.max_adapter_rank),
+            margin=float(settings.train_margin),
+            validation_fraction=float(settings.train_validation_fraction),
+        )
+
+
+async def add_event(store: JobStore, job: Job, message: str, **kw: Any) -> None:
+    """Append one event to ``job``'s feed (its writer's side: one writer at a time)."""
+    events = await store.events(job.tenant, job.id)
+    seq = events[-1].seq + 1 if events else 1
+    events.append(JobEvent(seq, time.time(), message, **kw))
+    await store.put_events(job.tenant, job.id, events)
+
+
+class FineTuning:
+    def __init__(
+        self,
+        store: JobStore,
+        queue: JobQueue,
+        family: Callable[[str], str | None],
+        limits: TrainLimits | None = None,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.family = family  # a catalog model's family, None for an unknown one
+        self.limits = limits or TrainLimits()
+
+    # -- files --------------------------------------------------------------------------
+    async def create_file(self, principal: Principal, filename: str, raw: bytes) -> FileInfo:
+        _can_write(principal)
+        parsed = await asyncio.to_thread(
+            parse_pairs, raw, min_pairs=self.limits.min_pairs, max_chars=self.limits.max_chars
+        )
+        info = FileInfo(
+            id=new_id("file"),
+            tenant=principal.tenant,
+            filename=filename or "pairs.jsonl",
+            bytes=len(raw),
+            rows=len(parsed.pairs),
+            created_at=int(time.time()),
+            duplicates=parsed.duplicates,
+            warnings=parsed.warnings[:100],
+        )
+        await self.store.put_file(info, to_jsonl(parsed.pairs))
+        return info
+
+    async def files(self, principal: Principal) -> list[FileInfo]:
+        return await self.store.files(principal.tenant)
+
+    async def file(self, principal: Principal, file_id: str) -> FileInfo:
+        return await self.store.file(principal.tenant, file_id)
+
+    # -- jobs ---------------------------------------------------------------------------
+    async def create_job(self, principal: Principal, body: Any) -> Job:
+        """Check everything, then queue: a 400 or 404 starts nothing."""
+        _can_write(principal)
+        if not isinstance(body, dict):
+            raise InvalidInput("the job must be a JSON object", field="body")
+        unknown = sorted(str(k) for k in body if k not in JOB_FIELDS)
+        if unknown:
+            raise InvalidInput(
+                f"unknown field {unknown[0]!r}; accepted: {', '.join(JOB_FIELDS)}",
+                field=unknown[0],
+            )
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidInput("field model (the base model's id) is required", field="model")
+        family = self.family(model)
+        if family is None:
+            raise InvalidInput(f"unknown base model {model!r}: not in the catalog", field="model")
+        if family not in TRAINABLE:
+            raise InvalidInput(
+                f"model {model!r} is of the {family} family, which fine-tuning jobs cannot "
+                f"train yet (trainable: {', '.join(TRAINABLE)})",
+                field="model",
+            )
+        hp = Hyperparameters.from_dict(body.get("hyperparameters"), max_rank=self.limits.max_rank)
+        fraction = _fraction(body.get("validation_fraction"), self.limits.validation_fraction)
+        margin = _margin(body.get("margin"), self.limits.margin)
+        seed = body.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise InvalidInput("seed must be an integer", field="seed")
+        job_id = new_id("ftjob")
+        suffix = check_suffix(body.get("suffix") or f"ft-{job_id[6:14]}")
+        training = _file_id(body.get("training_file"), "training_file", required=True) or ""
+        validation = _file_id(body.get("validation_file"), "validation_file")
+        pairs = await self.store.pairs(principal.tenant, training)  # 404: not the caller's
+        if validation is not None:
+            await self.store.file(principal.tenant, validation)
+        else:
+            split_by_query(pairs, fraction)  # a 400 now if nothing can be held out
+        job = Job(
+            id=job_id, tenant=principal.tenant, model=model, training_file=training,
+            suffix=suffix, hyperparameters=hp, validation_file=validation,
+            validation_fraction=fraction, margin=margin, seed=seed,
+        )  # fmt: skip
+        await self.store.put_job(job)
+        await add_event(self.store, job, f"created fine-tuning job {job.id}", type="status")
+        job = job.with_(status=JobStatus.QUEUED)
+        await self.store.put_job(job)
+        await add_event(self.store, job, "files validated; job queued", type="status")
+        try:
+            await self.queue.submit(JobRef(job.tenant, job.id))
+        except Overloaded as exc:
+            error = {"code": exc.code, "message": exc.message, "field": None}
+            failed = job.with_(status=JobStatus.FAILED, error=error, finished_at=int(time.time()))
+            await self.store.put_job(failed)
+            await add_event(self.store, failed, exc.message, level="error", type="status")
+            raise
+        return job
+
+    async def jobs(self, principal: Principal) -> list[Job]:
+        return await self.store.jobs(principal.tenant)
+
+    async def job(self, principal: Principal, job_id: str) -> Job:
+        return await self.store.job(principal.tenant, job_id)
+
+    async def events(
+        self, principal: Principal, job_id: str, *, after: str | None = None, limit: int = 20
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Newest first, as OpenAI's feed: the ``limit`` events older than ``after`` (an
+        event id from an earlier page), and whether there are more."""
+        job = await self.store.job(principal.tenant, job_id)
+        rows = [e.to_dict(job.id) for e in reversed(await self.store.events(job.tenant, job.id))]
+        if after is not None:
+            ids = [r["id"] for r in rows]
+            if after not in ids:
+                raise InvalidInput(f"after {after!r} is not an event of {job.id}", field="after")
+            rows = rows[ids.index(after) + 1 :]
+        return rows[:limit], len(rows) > limit
+
+    async def cancel(self, principal: Principal, job_id: str) -> Job:
+        """409 for a finished job. A queued one is cancelled here; a running one is asked
+        to stop, and this waits a little for its trainer to say it has."""
+        _can_write(principal)
+        job = await self.store.job(principal.tenant, job_id)
+        if job.status.finished:
+            raise Conflict(f"job {job.id} has {job.status.value} already", field="job")
+        await self.store.request_cancel(job.tenant, job.id)
+        if job.status in (JobStatus.VALIDATING_FILES, JobStatus.QUEUED):
+            job = job.with_(status=JobStatus.CANCELLED, finished_at=int(time.time()))
+            await self.store.put_job(job)
+            await add_event(self.store, job, "cancelled before training began", type="status")
+            return job
+        deadline = time.monotonic() + CANCEL_WAIT
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            job = await self.store.job(job.tenant, job.id)
+            if job.status.finished:
+                break
+        return job
+
+
+def _can_write(principal: Principal) -> None:
+    if not principal.can(Scope.ADAPTERS_WRITE):
+        raise Forbidden("fine-tuning needs a key with the adapters:write scope", field="scope")
+
+
+def _file_id(value: Any, name: str, *, required: bool = False) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"field {name} (a file id from POST /v1/files) is required", field=name)
+    return value
+
+
+def _fraction(value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.01 <= value <= 0.5:
+        raise InvalidInput(
+            f"validation_fraction must be between 0.01 and 0.5, not {value!r}",
+            field="validation_fraction",
+        )
+    return float(value)
+
+
+def _margin(value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -1 <= value <= 1:
+        raise InvalidInput(f"margin must be between -1 and 1, not {value!r}", field="margin")
+    return float(value)

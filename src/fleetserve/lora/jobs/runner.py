@@ -1,0 +1,304 @@
+"""The trainer's side: take a job from the queue, train it in a child process, gate it,
+register the adapter, and record all of it.
+
+While a job trains, the runner tells the queue it is alive (``Lease.progress``, so
+JetStream does not redeliver it), writes the feed and the newest checkpoint to the
+store, and watches for a cancel. A worker that dies leaves the job unacked: after
+``ack_wait`` another trainer takes it and resumes from the last checkpoint. One that
+stops cleanly puts the job back at once. A job started ``max_attempts`` times fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ...wire import Cancelled, FleetError, Principal, Scope
+from ...wire.finetune import Job, JobEvent, JobStatus, Pair
+from ..pairs import split_by_query
+from ..registry import AdapterRegistry
+from ..train import CheckpointMismatch, TrainResult, TrainSpec, train_in_child
+from .manager import add_event
+from .queue import JobQueue, Lease
+from .store import JobStore
+
+log = logging.getLogger("fleetserve.train")
+TICK = 0.5  # seconds between flushes of the feed and looks at the cancel flag
+
+
+@dataclass(frozen=True)
+class TrainBase:
+    """What training needs of a base model: its weights here and how it pools."""
+
+    path: str
+    pooling: str
+    normalize: bool
+    max_seq_len: int
+
+
+Train = Callable[
+    [TrainSpec, Callable[[str, dict[str, Any]], None], asyncio.Event], Awaitable[TrainResult]
+]
+
+
+async def _in_child(
+    spec: TrainSpec, on_event: Callable[[str, dict[str, Any]], None], cancel: asyncio.Event
+) -> TrainResult:
+    return await train_in_child(spec, on_event, cancel)
+
+
+class JobRunner:
+    def __init__(
+        self,
+        store: JobStore,
+        queue: JobQueue,
+        registry: AdapterRegistry,
+        base_of: Callable[[str], Awaitable[TrainBase]],
+        *,
+        threads: int = 1,
+        max_attempts: int = 3,
+        price_per_hour: float = 0.0,
+        node: str = "",
+        train: Train = _in_child,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.registry = registry
+        self.base_of = base_of
+        self.threads = threads
+        self.max_attempts = max_attempts
+        self.price_per_hour = price_per_hour
+        self.node = node  # which worker trains, in the feed
+        self._train = train
+        self.current: str | None = None  # the job id training now
+
+    async def run(self) -> None:
+        """Take and train jobs, one at a time, until cancelled."""
+        while True:
+            lease = await self.queue.take(timeout=1.0)
+            if lease is not None:
+                await self.handle(lease)
+
+    async def handle(self, lease: Lease) -> None:
+        ref = lease.ref
+        try:
+            job = await self.store.job(ref.tenant, ref.job_id)
+        except FleetError:
+            log.warning("training job %s of %s is gone; dropped", ref.job_id, ref.tenant)
+            await lease.done()
+            return
+        if job.status.finished:
+            await lease.done()
+            return
+        if await self.store.cancel_requested(job.tenant, job.id):
+            await self._finish(job, JobStatus.CANCELLED, "cancelled before training began")
+            await lease.done()
+            return
+        if lease.deliveries > self.max_attempts:
+            await self._fail(job, f"started {lease.deliveries - 1} times and never finished "
+                             f"(train_max_attempts is {self.max_attempts})")  # fmt: skip
+            await lease.done()
+            return
+        self.current = job.id
+        try:
+            await self._run(job, lease)
+        except asyncio.CancelledError:  # this worker stops: the job goes back, not lost
+            with contextlib.suppress(Exception):
+                job = await self.store.job(job.tenant, job.id)
+                await self.store.put_job(job.with_(status=JobStatus.QUEUED))
+                await add_event(self.store, job, "the worker stopped; job queued again",
+                                type="status")  # fmt: skip
+                await lease.release()
+            raise
+        finally:
+            self.current = None
+        await lease.done()
+
+    async def _run(self, job: Job, lease: Lease) -> None:
+        resume = await self.store.checkpoint(job.tenant, job.id)
+        job = job.with_(status=JobStatus.RUNNING, started_at=job.started_at or int(time.time()),
+                        attempts=job.attempts + 1)  # fmt: skip
+        await self.store.put_job(job)
+        again = f" (attempt {job.attempts}, resuming from a checkpoint)" if resume else ""
+        where = f" on {self.node}" if self.node else ""
+        await add_event(self.store, job, f"training started{where}{again}", type="status",
+                        data={"node": self.node, "attempt": job.attempts})  # fmt: skip
+        try:
+            spec = await self._spec(job, resume)
+        except FleetError as exc:
+            await self._fail(job, exc.message, exc.code, exc.field)
+            return
+        feed = _Feed(self.store, job)
+        cancel = asyncio.Event()
+        watch = asyncio.ensure_future(self._watch(job, lease, feed, cancel))
+        t0 = time.perf_counter()
+        try:
+            try:
+                result = await self._train(spec, feed.on_event, cancel)
+            except CheckpointMismatch as exc:  # not this job's: train from the start
+                feed.note(f"checkpoint refused ({exc}); training from the start")
+                spec = replace(spec, resume=None)
+                result = await self._train(spec, feed.on_event, cancel)
+        except Cancelled:
+            await feed.flush()
+            await self._finish(job, JobStatus.CANCELLED, "cancelled while training")
+            return
+        except Exception as exc:
+            await feed.flush()
+            log.warning("training job %s failed: %s", job.id, exc)
+            await self._fail(job, f"training failed: {exc}")
+            return
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        await feed.flush()
+        await self._gate(job, spec, result, time.perf_counter() - t0)
+
+    async def _spec(self, job: Job, resume: bytes | None) -> TrainSpec:
+        base = await self.base_of(job.model)
+        pairs = await self.store.pairs(job.tenant, job.training_file)
+        if job.validation_file:
+            validation = await self.store.pairs(job.tenant, job.validation_file)
+            held = {p.query for p in validation}
+            train: tuple[Pair, ...] = tuple(p for p in pairs if p.query not in held)
+            if len(train) < len(pairs):
+                await add_event(self.store, job, f"{len(pairs) - len(train)} training pairs "
+                                "ask a validation query; left out of training")  # fmt: skip
+        else:
+            train, validation = split_by_query(pairs, job.validation_fraction, seed=job.seed)
+        await add_event(
+            self.store, job, f"{len(train)} pairs to train on, "
+            f"{len({p.query for p in validation})} held-out queries to measure with",
+        )  # fmt: skip
+        return TrainSpec(
+            base_path=base.path, pooling=base.pooling, normalize=base.normalize,
+            max_seq_len=base.max_seq_len, train=train, validation=validation,
+            hyperparameters=job.hyperparameters, threads=self.threads, seed=job.seed,
+            resume=resume,
+        )  # fmt: skip
+
+    async def _watch(self, job: Job, lease: Lease, feed: _Feed, cancel: asyncio.Event) -> None:
+        """While training: the feed and checkpoints out, the lease kept, a cancel seen."""
+        beat = min(lease_interval(self.queue.ack_wait), 5.0)
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(TICK)
+            await feed.flush()
+            if time.monotonic() - last >= beat:
+                await lease.progress()
+                last = time.monotonic()
+            if await self.store.cancel_requested(job.tenant, job.id):
+                cancel.set()
+
+    async def _gate(self, job: Job, spec: TrainSpec, r: TrainResult, took: float) -> None:
+        gain = r.adapter.ndcg_at_10 - r.base.ndcg_at_10
+        passed = gain >= job.margin
+        result: dict[str, Any] = {
+            "base": r.base.to_dict(),
+            "adapter": r.adapter.to_dict(),
+            "gain": round(gain, 6),
+            "relative_gain": round(gain / r.base.ndcg_at_10, 6) if r.base.ndcg_at_10 else None,
+            "margin": job.margin,
+            "registered": False,
+            "adapter_id": None,
+            "train_seconds": round(r.train_seconds, 3),
+            "job_seconds": round(took, 3),
+            "steps": r.steps,
+            "epochs": r.epochs,
+            "resumed_from_epoch": r.resumed_from_epoch,
+            "pairs": {"train": len(spec.train), "validation": len(spec.validation),
+                      "validation_queries": len({p.query for p in spec.validation})},
+            "mined_negatives": r.mined_negatives,
+            "threads": spec.threads,
+        }  # fmt: skip
+        if self.price_per_hour > 0:
+            result["price_per_hour"] = self.price_per_hour
+            result["cost_usd"] = round(took / 3600 * self.price_per_hour, 6)
+        figures = (
+            f"nDCG@10 {r.base.ndcg_at_10:.3f} -> {r.adapter.ndcg_at_10:.3f} "
+            f"({gain:+.3f}; the margin is {job.margin:+.3f})"
+        )
+        await add_event(self.store, job, figures, type="metrics", data=dict(result))
+        fine_tuned = None
+        if passed:
+            writer = Principal(job.tenant, frozenset({Scope.ADAPTERS_WRITE}))
+            try:
+                info = await self.registry.create(
+                    writer, job.suffix, r.config, r.weights, base=job.model
+                )
+            except FleetError as exc:
+                await self._fail(job.with_(result=result), f"the adapter was not registered: "
+                                 f"{exc.message}", exc.code, exc.field)  # fmt: skip
+                return
+            result["registered"], result["adapter_id"] = True, str(info.id)
+            fine_tuned = f"{job.model}:{info.id}"
+        done = job.with_(result=result, fine_tuned_model=fine_tuned)
+        said = f"registered as {fine_tuned}" if passed else "not registered: below the margin"
+        await self._finish(done, JobStatus.SUCCEEDED, f"job succeeded; the adapter is {said}")
+        await self.store.drop_checkpoint(job.tenant, job.id)
+
+    async def _finish(self, job: Job, status: JobStatus, message: str) -> None:
+        job = job.with_(status=status, finished_at=int(time.time()))
+        await self.store.put_job(job)
+        level = "error" if status is JobStatus.FAILED else "info"
+        await add_event(self.store, job, message, level=level, type="status")
+
+    async def _fail(
+        self, job: Job, message: str, code: str = "training_failed", field: str | None = None
+    ) -> None:
+        error = {"code": code, "message": message, "field": field}
+        await self._finish(job.with_(error=error), JobStatus.FAILED, message)
+
+
+def lease_interval(ack_wait: float) -> float:
+    """How often to tell the queue a job is alive: a third of its ack wait."""
+    return ack_wait / 3 if ack_wait < float("inf") else float("inf")
+
+
+class _Feed:
+    """Training events from the child, kept here and written out each tick: progress
+    as ``metrics`` events, the newest checkpoint as the job's checkpoint."""
+
+    def __init__(self, store: JobStore, job: Job) -> None:
+        self.store = store
+        self.job = job
+        self.pending: list[tuple[str, str, dict[str, Any] | None]] = []
+        self.checkpoint: bytes | None = None
+        self._lock = asyncio.Lock()
+
+    def note(self, message: str) -> None:
+        self.pending.append(("message", message, None))
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "checkpoint":
+            self.checkpoint = bytes(data["blob"])
+            self.pending.append(("message", f"checkpoint after epoch {data['epoch']}", None))
+        elif kind == "progress":
+            loss = data.get("loss")
+            said = f", training loss {loss:.4f}" if isinstance(loss, float) else ""
+            self.pending.append(("metrics", f"step {data['step']}/{data['steps']}{said}", {
+                "step": data["step"], "total_steps": data["steps"],
+                "epoch": data.get("epoch"), "train_loss": loss}))  # fmt: skip
+        else:
+            self.pending.append(("message", str(data.get("message", kind)), None))
+
+    async def flush(self) -> None:
+        async with self._lock:
+            pending, self.pending = self.pending, []
+            blob, self.checkpoint = self.checkpoint, None
+            if blob is not None:
+                await self.store.put_checkpoint(self.job.tenant, self.job.id, blob)
+            if not pending:
+                return
+            events = await self.store.events(self.job.tenant, self.job.id)
+            seq = events[-1].seq if events else 0
+            now = time.time()
+            for i, (kind, message, data) in enumerate(pending, start=1):
+                events.append(JobEvent(seq + i, now, message, type=kind, data=data))
+            await self.store.put_events(self.job.tenant, self.job.id, events)

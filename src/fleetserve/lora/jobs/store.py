@@ -1,0 +1,136 @@
+"""Where files and jobs live between the gateway that takes them and the worker that
+trains: the adapter store (memory, a directory, S3 or the NATS object store), under
+``finetune/``. Keys carry the tenant, so one tenant never reads another's.
+
+- ``finetune/files/<tenant>/<id>.json``: the file's record; ``.jsonl``: its pairs,
+  checked and deduplicated.
+- ``finetune/jobs/<tenant>/<id>.json``: the job's record, written by whoever holds
+  the job (the gateway until it is queued, then the worker that trains it).
+- ``.../<id>.events``: its feed (JSON lines, rewritten whole; a few hundred lines at
+  most); ``.../<id>.cancel``: the cancel request; ``.../<id>.ckpt``: the last
+  checkpoint, which a redelivered job resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ...wire import NotFound
+from ...wire.finetune import FileInfo, Job, JobEvent, Pair
+from ..store import AdapterStore, PayloadMissing
+
+ROOT = "finetune"
+MAX_EVENTS = 1000  # a feed keeps its first status lines and the newest progress
+
+
+class JobStore:
+    def __init__(self, store: AdapterStore) -> None:
+        self.store = store
+
+    # -- files ----------------------------------------------------------------------------
+    async def put_file(self, info: FileInfo, pairs: bytes) -> None:
+        base = f"{ROOT}/files/{info.tenant}/{info.id}"
+        await self.store.put(base + ".jsonl", pairs)
+        await self.store.put(base + ".json", _dump(info.to_dict()))  # last: the commit
+
+    async def file(self, tenant: str, file_id: str) -> FileInfo:
+        raw = await self._get(f"{ROOT}/files/{tenant}/{_safe(file_id)}.json")
+        if raw is None:
+            raise NotFound(f"no file {file_id!r} for tenant {tenant}", field="file")
+        return FileInfo.from_dict(json.loads(raw))
+
+    async def pairs(self, tenant: str, file_id: str) -> tuple[Pair, ...]:
+        raw = await self._get(f"{ROOT}/files/{tenant}/{_safe(file_id)}.jsonl")
+        if raw is None:
+            raise NotFound(f"no file {file_id!r} for tenant {tenant}", field="file")
+        rows = (json.loads(line) for line in raw.splitlines() if line.strip())
+        return tuple(Pair(r["query"], r["positive"], tuple(r.get("negative", ()))) for r in rows)
+
+    async def files(self, tenant: str) -> list[FileInfo]:
+        prefix = f"{ROOT}/files/{tenant}/"
+        out = []
+        for key in await self.store.keys(prefix):
+            if key.endswith(".json") and (raw := await self._get(key)) is not None:
+                out.append(FileInfo.from_dict(json.loads(raw)))
+        return sorted(out, key=lambda f: (f.created_at, f.id))
+
+    # -- jobs -----------------------------------------------------------------------------
+    def _job_key(self, tenant: str, job_id: str, ext: str) -> str:
+        return f"{ROOT}/jobs/{tenant}/{_safe(job_id)}.{ext}"
+
+    async def put_job(self, job: Job) -> None:
+        await self.store.put(self._job_key(job.tenant, job.id, "json"), _dump(job.to_dict()))
+
+    async def job(self, tenant: str, job_id: str) -> Job:
+        raw = await self._get(self._job_key(tenant, job_id, "json"))
+        if raw is None:
+            raise NotFound(f"no fine-tuning job {job_id!r} for tenant {tenant}", field="job")
+        return Job.from_dict(json.loads(raw))
+
+    async def jobs(self, tenant: str) -> list[Job]:
+        prefix = f"{ROOT}/jobs/{tenant}/"
+        out = []
+        for key in await self.store.keys(prefix):
+            if key.endswith(".json") and (raw := await self._get(key)) is not None:
+                out.append(Job.from_dict(json.loads(raw)))
+        return sorted(out, key=lambda j: (j.created_at, j.id))
+
+    async def tenants_with_jobs(self) -> list[str]:
+        keys = await self.store.keys(f"{ROOT}/jobs/")
+        return sorted({k.split("/")[2] for k in keys if k.count("/") >= 3})
+
+    async def events(self, tenant: str, job_id: str) -> list[JobEvent]:
+        raw = await self._get(self._job_key(tenant, job_id, "events"))
+        if raw is None:
+            return []
+        return [_event(json.loads(line)) for line in raw.splitlines() if line.strip()]
+
+    async def put_events(self, tenant: str, job_id: str, events: list[JobEvent]) -> None:
+        if len(events) > MAX_EVENTS:  # keep the first lines (how it began) and the newest
+            events = events[:100] + events[-(MAX_EVENTS - 100) :]
+        lines = b"".join(_dump(_event_dict(e)) + b"\n" for e in events)
+        await self.store.put(self._job_key(tenant, job_id, "events"), lines)
+
+    async def request_cancel(self, tenant: str, job_id: str) -> None:
+        await self.store.put(self._job_key(tenant, job_id, "cancel"), b"1")
+
+    async def cancel_requested(self, tenant: str, job_id: str) -> bool:
+        return await self._get(self._job_key(tenant, job_id, "cancel")) is not None
+
+    async def put_checkpoint(self, tenant: str, job_id: str, blob: bytes) -> None:
+        await self.store.put(self._job_key(tenant, job_id, "ckpt"), blob)
+
+    async def checkpoint(self, tenant: str, job_id: str) -> bytes | None:
+        return await self._get(self._job_key(tenant, job_id, "ckpt"))
+
+    async def drop_checkpoint(self, tenant: str, job_id: str) -> None:
+        key = self._job_key(tenant, job_id, "ckpt")
+        if await self._get(key) is not None:
+            await self.store.delete(key)
+
+    async def _get(self, key: str) -> bytes | None:
+        try:
+            return await self.store.get(key)
+        except PayloadMissing:
+            return None
+
+
+def _safe(ident: str) -> str:
+    """An id from a URL: never a path (ids are ``prefix-hex``)."""
+    if not ident or "/" in ident or ident.startswith(".") or len(ident) > 64:
+        raise NotFound(f"no such id {ident!r}", field="id")
+    return ident
+
+
+def _dump(d: dict[str, Any]) -> bytes:
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _event_dict(e: JobEvent) -> dict[str, Any]:
+    return {"seq": e.seq, "t": e.created_at, "m": e.message, "l": e.level, "k": e.type,
+            "d": e.data}  # fmt: skip
+
+
+def _event(d: dict[str, Any]) -> JobEvent:
+    return JobEvent(int(d["seq"]), float(d["t"]), d["m"], d["l"], d["k"], d.get("d"))

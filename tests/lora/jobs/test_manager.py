@@ -1,0 +1,162 @@
+"""The fine-tuning API under the routes: nothing is queued for a bad job, jobs and files
+stay within their tenant, a queued job cancels at once and a finished one refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetserve.finetune_setup import FineTuningParts, requeue_unfinished
+from fleetserve.lora.jobs.manager import FineTuning, TrainLimits, add_event
+from fleetserve.lora.jobs.queue import JobRef, MemoryJobQueue
+from fleetserve.lora.jobs.store import JobStore
+from fleetserve.lora.store import AdapterStore
+from fleetserve.storage import MemoryStore
+from fleetserve.wire import (
+    OPEN,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    Principal,
+    Scope,
+)
+from fleetserve.wire.finetune import JobStatus
+
+FAMILIES = {"tiny/dense": "dense", "tiny/rerank": "cross_encoder"}
+ACME = Principal("acme", frozenset({Scope.ADAPTERS_WRITE, Scope.INFER}))
+OTHER = Principal("other", frozenset({Scope.ADAPTERS_WRITE, Scope.INFER}))
+
+
+def pairs(n: int, queries: int = 4) -> bytes:
+    rows = ({"query": f"question {i % queries}", "positive": f"answer {i}"} for i in range(n))
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def make(max_queued: int = 10) -> tuple[FineTuning, MemoryJobQueue]:
+    queue = MemoryJobQueue(max_queued)
+    store = JobStore(AdapterStore(MemoryStore()))
+    return FineTuning(store, queue, FAMILIES.get, TrainLimits(min_pairs=4)), queue
+
+
+async def test_a_job_is_queued_once_with_its_events() -> None:
+    ft, queue = make()
+    f = await ft.create_file(ACME, "a.jsonl", pairs(8))
+    assert (f.rows, f.tenant) == (8, "acme")
+    job = await ft.create_job(
+        ACME,
+        {
+            "model": "tiny/dense",
+            "training_file": f.id,
+            "hyperparameters": {"rank": 4},
+            "suffix": "legal",
+        },
+    )
+    assert job.status is JobStatus.QUEUED and job.hyperparameters.rank == 4
+    assert (await ft.job(ACME, job.id)) == job
+    lease = await queue.take(0.1)
+    assert lease is not None and lease.ref == JobRef("acme", job.id)
+    assert await queue.take(0.01) is None
+    events, more = await ft.events(ACME, job.id, limit=1)
+    assert more is not False and events[0]["message"] == "files validated; job queued"
+    older, more = await ft.events(ACME, job.id, after=events[0]["id"])
+    assert [e["message"] for e in older] == [f"created fine-tuning job {job.id}"] and not more
+    assert [j.id for j in await ft.jobs(ACME)] == [job.id]
+    assert await ft.jobs(OTHER) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"model": "nope"}, "model", "unknown base model 'nope'"),
+        ({"model": "tiny/rerank"}, "model", "cross_encoder family"),
+        ({"model": "tiny/dense", "training_file": ""}, "training_file", "required"),
+        ({"hyperparameters": {"epochs": 0}}, "hyperparameters.epochs", "between 1"),
+        ({"validation_fraction": 0.9}, "validation_fraction", "between 0.01 and 0.5"),
+        ({"margin": "big"}, "margin", "between -1 and 1"),
+        ({"suffix": "a/b"}, "suffix", "letters, digits"),
+        ({"epochs": 3}, "epochs", "unknown field 'epochs'"),
+    ],
+)
+async def test_a_bad_job_names_its_field_and_queues_nothing(
+    body: dict[str, object], field: str, words: str
+) -> None:
+    ft, queue = make()
+    f = await ft.create_file(ACME, "a.jsonl", pairs(8))
+    with pytest.raises(InvalidInput, match=words) as err:
+        await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id, **body})
+    assert err.value.field == field
+    assert await queue.take(0.01) is None and await ft.jobs(ACME) == []
+
+
+async def test_files_belong_to_their_tenant() -> None:
+    ft, _ = make()
+    f = await ft.create_file(ACME, "a.jsonl", pairs(8))
+    with pytest.raises(NotFound):
+        await ft.create_job(OTHER, {"model": "tiny/dense", "training_file": f.id})
+    with pytest.raises(NotFound):
+        await ft.create_job(
+            ACME, {"model": "tiny/dense", "training_file": f.id, "validation_file": "file-none"}
+        )
+    with pytest.raises(NotFound):
+        await ft.file(OTHER, f.id)
+    with pytest.raises(NotFound):  # an id is never a path
+        await ft.file(ACME, "../acme/" + f.id)
+    assert [x.id for x in await ft.files(ACME)] == [f.id] and await ft.files(OTHER) == []
+    reader = Principal("acme", frozenset({Scope.INFER}))
+    with pytest.raises(Forbidden):
+        await ft.create_file(reader, "a.jsonl", pairs(8))
+
+
+async def test_one_query_cannot_be_held_out() -> None:
+    ft, _ = make()
+    f = await ft.create_file(ACME, "a.jsonl", pairs(8, queries=1))
+    with pytest.raises(InvalidInput, match="one distinct query") as err:
+        await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    assert err.value.field == "validation_fraction"
+
+
+async def test_cancel_queued_at_once_and_finished_is_a_conflict() -> None:
+    ft, _queue = make()
+    f = await ft.create_file(OPEN, "a.jsonl", pairs(8))
+    job = await ft.create_job(OPEN, {"model": "tiny/dense", "training_file": f.id})
+    cancelled = await ft.cancel(OPEN, job.id)
+    assert cancelled.status is JobStatus.CANCELLED and cancelled.finished_at is not None
+    assert await ft.store.cancel_requested(job.tenant, job.id)  # a trainer that took it drops it
+    with pytest.raises(Conflict, match="cancelled already"):
+        await ft.cancel(OPEN, job.id)
+    done = job.with_(id="ftjob-done", status=JobStatus.SUCCEEDED)
+    await ft.store.put_job(done)
+    with pytest.raises(Conflict, match="succeeded already"):
+        await ft.cancel(OPEN, done.id)
+    with pytest.raises(NotFound):
+        await ft.cancel(ACME, job.id)
+
+
+async def test_a_full_queue_fails_the_job_and_says_so() -> None:
+    ft, _ = make(max_queued=1)
+    f = await ft.create_file(ACME, "a.jsonl", pairs(8))
+    await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    with pytest.raises(Overloaded):
+        await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    second = (await ft.jobs(ACME))[-1]
+    assert second.status is JobStatus.FAILED and second.error is not None
+
+
+async def test_unfinished_jobs_are_queued_again_at_start() -> None:
+    ft, _ = make()
+    f = await ft.create_file(ACME, "a.jsonl", pairs(8))
+    a = await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    b = await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    await ft.store.put_job(b.with_(status=JobStatus.RUNNING))
+    c = await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    await ft.store.put_job(c.with_(status=JobStatus.SUCCEEDED))
+    fresh = MemoryJobQueue()  # a restarted server's
+    assert await requeue_unfinished(FineTuningParts(ft, ft.store, fresh)) == 2
+    taken = [await fresh.take(0.1) for _ in range(2)]
+    assert {lease.ref.job_id for lease in taken if lease} == {a.id, b.id}
+    assert (await ft.job(ACME, b.id)).status is JobStatus.QUEUED
+    await add_event(ft.store, b, "x")
+    assert (await ft.events(ACME, b.id))[0][0]["message"] == "x"
