@@ -146,3 +146,31 @@ def test_the_lora_commands_run_as_shown(real_server: ServerThread, legal_lora: P
     cmd = shlex.split(curl.replace("localhost:8080", real_server.url))
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert len(json.loads(got.stdout)["data"][0]["embedding"]) == 384, got.stdout
+
+
+@pytest.mark.slow
+def test_the_fine_tuning_example(real_server: ServerThread, tmp_path: Path) -> None:
+    (code,) = [b for b in blocks("python") if "fine_tune(" in b]
+    code = code.replace(DEFAULT_URL, real_server.url).replace(
+        '"faq.jsonl"', repr(str(tmp_path / "faq.jsonl"))
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md fine-tuning block", "exec"), {})
+    assert out.getvalue().split() == [
+        "succeeded",
+        "True",
+        "sentence-transformers/all-MiniLM-L6-v2:default/faq@1",
+    ], out.getvalue()
+
+
+def test_the_fine_tuning_command_is_the_cli() -> None:
+    (block,) = [b for b in blocks("bash") if "lora train" in b]
+    from fleetserve.cli import _parser
+
+    argv = shlex.split(block.split("#", 1)[0].replace("\\\n", " "))[1:]
+    args = _parser().parse_args(argv)
+    assert (args.lora_action, args.lora_model) == (
+        "train",
+        "sentence-transformers/all-MiniLM-L6-v2",
+    )

@@ -240,7 +240,9 @@ def _create(client: Client, args: argparse.Namespace, console: Console) -> dict[
         hyperparameters=hyperparameters or None, suffix=args.lora_suffix,
         margin=args.lora_margin,
     )  # fmt: skip
-    hp = ", ".join(f"{SHORT.get(k, k)} {v:g}" for k, v in job["hyperparameters"].items())
+    hp = ", ".join(
+        f"{SHORT.get(k, k)} {v:g}" for k, v in job["hyperparameters"].items() if k != "n_epochs"
+    )
     _line(console, f"created job {job['id']} on {job['model']}, suffix {job['suffix']}")
     _line(console, f"  {hp}")
     return job

@@ -24,7 +24,7 @@ from .lora.jobs.runner import JobRunner, TrainBase
 from .lora.jobs.store import JobStore
 from .lora.registry import AdapterRegistry
 from .settings import Settings
-from .wire import InvalidInput, ModelNotFound
+from .wire import InvalidInput, ModelNotFound, Overloaded
 from .wire.finetune import JobStatus
 
 log = logging.getLogger("fleetserve.train")
@@ -122,7 +122,14 @@ async def requeue_unfinished(parts: FineTuningParts) -> int:
                 await parts.store.put_job(job)
                 await add_event(parts.store, job, "the server restarted; job queued again",
                                 type="status")  # fmt: skip
-            await parts.queue.submit(JobRef(job.tenant, job.id))
+            try:
+                await parts.queue.submit(JobRef(job.tenant, job.id))
+            except Overloaded as exc:  # more left over than the queue now holds
+                error = {"code": exc.code, "message": exc.message, "field": None, "param": None}
+                failed = job.with_(status=JobStatus.FAILED, error=error)
+                await parts.store.put_job(failed)
+                await add_event(parts.store, failed, exc.message, level="error", type="status")
+                continue
             count += 1
     if count:
         log.info("fine-tuning: %d unfinished job(s) queued again", count)

@@ -39,14 +39,15 @@ def parse_pairs(raw: bytes, *, min_pairs: int = 1, max_chars: int = 2000) -> Par
     """The pairs of a JSONL file; ``InvalidInput`` naming the line of the first bad row,
     or the file when it holds fewer than ``min_pairs`` pairs after deduplication."""
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of line 1
     except UnicodeDecodeError as exc:
         raise _bad(raw[: exc.start].count(b"\n") + 1, "is not UTF-8 text") from None
     seen: dict[tuple[str, str], int] = {}  # (query, positive) -> index in rows
     rows: list[tuple[str, str, list[str]]] = []
     warnings: list[str] = []
     duplicates = 0
-    for n, row in enumerate(text.splitlines(), start=1):
+    # lines end at \n only: U+2028 and friends are legal inside JSON strings
+    for n, row in enumerate((r.removesuffix("\r") for r in text.split("\n")), start=1):
         if not row.strip():
             continue
         query, positive, negatives = _row(row, n)

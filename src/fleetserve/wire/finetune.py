@@ -216,6 +216,7 @@ class Job:
     error: dict[str, Any] | None = None  # {"code", "message", "field"} when failed
     result: dict[str, Any] | None = None  # figures: base, adapter, gain, registered...
     attempts: int = 0  # times a worker started it (a redelivery resumes or restarts)
+    owner: str | None = None  # the token of the trainer that holds it while it runs
 
     def with_(self, **changes: Any) -> Job:
         return replace(self, **changes)
@@ -242,6 +243,7 @@ class Job:
             "error": self.error,
             "result": self.result,
             "attempts": self.attempts,
+            "trainer": self.owner,
             "result_files": [],
         }
 
@@ -268,6 +270,7 @@ class Job:
             error=d.get("error"),
             result=d.get("result"),
             attempts=int(d.get("attempts", 0)),
+            owner=d.get("trainer"),
         )
 
 

@@ -165,7 +165,7 @@ class WorkerProcess(Service):
             tuning = await open_finetuning(self.settings, self.catalog, registry, nats=self.js.nc)
             self.jobs = tuning.queue
             runner = job_runner(self.settings, self.catalog, tuning, registry, self.node)
-            self.spawn("trainer", runner.run(), essential=True)
+            self.spawn("trainer", runner.run())  # a broken job fails alone
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
         self.spawn("heartbeat", beat)
         self.spawn("metrics", self._refresh_metrics())

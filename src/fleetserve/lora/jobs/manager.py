@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...wire import Conflict, Forbidden, InvalidInput, Overloaded, Principal, Scope
+from ...wire import Conflict, Forbidden, InvalidInput, Overloaded, Principal, Scope, Unavailable
 from ...wire.finetune import (
     FileInfo,
     Hyperparameters,
@@ -94,7 +94,7 @@ class FineTuning:
             duplicates=parsed.duplicates,
             warnings=parsed.warnings[:100],
         )
-        await self.store.put_file(info, to_jsonl(parsed.pairs))
+        await self.store.put_file(info, await asyncio.to_thread(to_jsonl, parsed.pairs))
         return info
 
     async def files(self, principal: Principal) -> list[FileInfo]:
@@ -134,14 +134,20 @@ class FineTuning:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise InvalidInput("seed must be an integer", field="seed")
         job_id = new_id("ftjob")
-        suffix = check_suffix(body.get("suffix") or f"ft-{job_id[6:14]}")
+        suffix = check_suffix(body.get("suffix") or f"ft-{job_id[-8:]}")  # the random part
         training = _file_id(body.get("training_file"), "training_file", required=True) or ""
         validation = _file_id(body.get("validation_file"), "validation_file")
         pairs = await self.store.pairs(principal.tenant, training)  # 404: not the caller's
+        if validation == training:
+            raise InvalidInput(
+                "validation_file is the training file: hold out other pairs, or leave it "
+                "out and validation_fraction of the queries is held out",
+                field="validation_file",
+            )
         if validation is not None:
             await self.store.file(principal.tenant, validation)
-        else:
-            split_by_query(pairs, fraction)  # a 400 now if nothing can be held out
+        else:  # a 400 now if nothing can be held out
+            await asyncio.to_thread(split_by_query, pairs, fraction)
         job = Job(
             id=job_id, tenant=principal.tenant, model=model, training_file=training,
             suffix=suffix, hyperparameters=hp, validation_file=validation,
@@ -154,8 +160,8 @@ class FineTuning:
         await add_event(self.store, job, "files validated; job queued", type="status")
         try:
             await self.queue.submit(JobRef(job.tenant, job.id))
-        except Overloaded as exc:
-            error = {"code": exc.code, "message": exc.message, "field": None}
+        except (Overloaded, Unavailable) as exc:  # never left "queued" with no message
+            error = {"code": exc.code, "message": exc.message, "field": None, "param": None}
             failed = job.with_(status=JobStatus.FAILED, error=error, finished_at=int(time.time()))
             await self.store.put_job(failed)
             await add_event(self.store, failed, exc.message, level="error", type="status")

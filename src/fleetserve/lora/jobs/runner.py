@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ...wire import Cancelled, FleetError, Principal, Scope
+from ...wire import Cancelled, FleetError, InvalidInput, Principal, Scope
 from ...wire.finetune import Job, JobEvent, JobStatus, Pair
 from ..pairs import split_by_query
 from ..registry import AdapterRegistry
@@ -78,13 +79,45 @@ class JobRunner:
         self.current: str | None = None  # the job id training now
 
     async def run(self) -> None:
-        """Take and train jobs, one at a time, until cancelled."""
+        """Take and train jobs, one at a time, until cancelled. A job that breaks the
+        trainer fails alone; the loop goes on."""
         while True:
             lease = await self.queue.take(timeout=1.0)
-            if lease is not None:
+            if lease is None:
+                continue
+            try:
                 await self.handle(lease)
+            except Exception as exc:
+                log.exception("training job %s: the trainer failed", lease.ref.job_id)
+                with contextlib.suppress(Exception):
+                    job = await self.store.job(lease.ref.tenant, lease.ref.job_id)
+                    if not job.status.finished:
+                        await self._fail(job, f"internal error in the trainer: {exc}",
+                                         "internal_error")  # fmt: skip
+                with contextlib.suppress(Exception):
+                    await lease.done()
 
     async def handle(self, lease: Lease) -> None:
+        """One job, from its lease until it is settled; the lease is kept alive all along
+        (reading the files, fetching the base, registering), not only while training."""
+        keep = asyncio.ensure_future(self._keepalive(lease))
+        try:
+            await self._handle(lease)
+        finally:
+            keep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keep
+
+    async def _keepalive(self, lease: Lease) -> None:
+        beat = min(lease_interval(self.queue.ack_wait), 5.0)
+        if beat == float("inf"):
+            return
+        while True:
+            await asyncio.sleep(beat)
+            with contextlib.suppress(Exception):  # at worst the job is redelivered
+                await lease.progress()
+
+    async def _handle(self, lease: Lease) -> None:
         ref = lease.ref
         try:
             job = await self.store.job(ref.tenant, ref.job_id)
@@ -99,45 +132,60 @@ class JobRunner:
             await self._finish(job, JobStatus.CANCELLED, "cancelled before training began")
             await lease.done()
             return
-        if lease.deliveries > self.max_attempts:
-            await self._fail(job, f"started {lease.deliveries - 1} times and never finished "
+        if job.attempts >= self.max_attempts:
+            await self._fail(job, f"started {job.attempts} times and never finished "
                              f"(train_max_attempts is {self.max_attempts})")  # fmt: skip
             await lease.done()
             return
+        token = secrets.token_hex(6)
         self.current = job.id
         try:
-            await self._run(job, lease)
+            await self._run(job, token)
         except asyncio.CancelledError:  # this worker stops: the job goes back, not lost
             with contextlib.suppress(Exception):
-                job = await self.store.job(job.tenant, job.id)
-                await self.store.put_job(job.with_(status=JobStatus.QUEUED))
-                await add_event(self.store, job, "the worker stopped; job queued again",
-                                type="status")  # fmt: skip
-                await lease.release()
+                now = await self.store.job(job.tenant, job.id)
+                if now.status.finished or now.owner != token:
+                    await lease.done()
+                else:  # a clean stop is not a failed attempt
+                    back = now.with_(status=JobStatus.QUEUED, owner=None,
+                                     attempts=max(0, now.attempts - 1))  # fmt: skip
+                    await self.store.put_job(back)
+                    await add_event(self.store, back, "the worker stopped; job queued again",
+                                    type="status")  # fmt: skip
+                    await lease.release()
             raise
         finally:
             self.current = None
         await lease.done()
 
-    async def _run(self, job: Job, lease: Lease) -> None:
+    async def _mine(self, job: Job, token: str) -> bool:
+        """Whether this trainer still holds ``job`` (a redelivery may have passed it to
+        another one, which then writes its record)."""
+        try:
+            return (await self.store.job(job.tenant, job.id)).owner == token
+        except FleetError:
+            return False
+
+    async def _run(self, job: Job, token: str) -> None:
         resume = await self.store.checkpoint(job.tenant, job.id)
         job = job.with_(status=JobStatus.RUNNING, started_at=job.started_at or int(time.time()),
-                        attempts=job.attempts + 1)  # fmt: skip
+                        attempts=job.attempts + 1, owner=token)  # fmt: skip
         await self.store.put_job(job)
         again = f" (attempt {job.attempts}, resuming from a checkpoint)" if resume else ""
         where = f" on {self.node}" if self.node else ""
         await add_event(self.store, job, f"training started{where}{again}", type="status",
                         data={"node": self.node, "attempt": job.attempts})  # fmt: skip
-        try:
-            spec = await self._spec(job, resume)
-        except FleetError as exc:
-            await self._fail(job, exc.message, exc.code, exc.field)
-            return
         feed = _Feed(self.store, job)
-        cancel = asyncio.Event()
-        watch = asyncio.ensure_future(self._watch(job, lease, feed, cancel))
+        cancel, stop = asyncio.Event(), asyncio.Event()
+        watch = asyncio.ensure_future(self._watch(job, feed, cancel, stop))
         t0 = time.perf_counter()
+        outcome: tuple[JobStatus, str, str, str | None] | None = None
+        result: TrainResult | None = None
+        spec: TrainSpec | None = None
         try:
+            spec = await self._spec(job, resume, feed)
+            if cancel.is_set():
+                raise Cancelled("cancelled before training began")
             try:
                 result = await self._train(spec, feed.on_event, cancel)
             except CheckpointMismatch as exc:  # not this job's: train from the start
@@ -145,37 +193,50 @@ class JobRunner:
                 spec = replace(spec, resume=None)
                 result = await self._train(spec, feed.on_event, cancel)
         except Cancelled:
-            await feed.flush()
-            await self._finish(job, JobStatus.CANCELLED, "cancelled while training")
-            return
+            outcome = (JobStatus.CANCELLED, "cancelled while training", "cancelled", None)
+        except FleetError as exc:
+            outcome = (JobStatus.FAILED, exc.message, exc.code, exc.field)
         except Exception as exc:
-            await feed.flush()
             log.warning("training job %s failed: %s", job.id, exc)
-            await self._fail(job, f"training failed: {exc}")
+            outcome = (JobStatus.FAILED, f"training failed: {exc}", "training_failed", None)
+        finally:  # the watch ends its tick (no write cut in half), then the last of the feed
+            stop.set()
+            await asyncio.shield(watch)
+            with contextlib.suppress(Exception):
+                await feed.flush()
+        if not await self._mine(job, token):
+            log.warning("training job %s is held by another trainer now; its result here "
+                        "is dropped", job.id)  # fmt: skip
             return
-        finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-        await feed.flush()
+        if outcome is not None:
+            status, message, code, field = outcome
+            if status is JobStatus.CANCELLED:
+                await self._finish(job, status, message)
+            else:
+                await self._fail(job, message, code, field)
+            return
+        assert result is not None and spec is not None
         await self._gate(job, spec, result, time.perf_counter() - t0)
 
-    async def _spec(self, job: Job, resume: bytes | None) -> TrainSpec:
+    async def _spec(self, job: Job, resume: bytes | None, feed: _Feed) -> TrainSpec:
         base = await self.base_of(job.model)
         pairs = await self.store.pairs(job.tenant, job.training_file)
         if job.validation_file:
             validation = await self.store.pairs(job.tenant, job.validation_file)
             held = {p.query for p in validation}
             train: tuple[Pair, ...] = tuple(p for p in pairs if p.query not in held)
+            if not train:
+                raise InvalidInput("every training pair asks a validation query: nothing "
+                                   "is left to train on", field="validation_file")  # fmt: skip
             if len(train) < len(pairs):
-                await add_event(self.store, job, f"{len(pairs) - len(train)} training pairs "
-                                "ask a validation query; left out of training")  # fmt: skip
+                feed.note(f"{len(pairs) - len(train)} training pairs ask a validation query; "
+                          "left out of training")  # fmt: skip
         else:
-            train, validation = split_by_query(pairs, job.validation_fraction, seed=job.seed)
-        await add_event(
-            self.store, job, f"{len(train)} pairs to train on, "
-            f"{len({p.query for p in validation})} held-out queries to measure with",
-        )  # fmt: skip
+            train, validation = await asyncio.to_thread(
+                split_by_query, pairs, job.validation_fraction, seed=job.seed
+            )
+        feed.note(f"{len(train)} pairs to train on, {len({p.query for p in validation})} "
+                  "held-out queries to measure with")  # fmt: skip
         return TrainSpec(
             base_path=base.path, pooling=base.pooling, normalize=base.normalize,
             max_seq_len=base.max_seq_len, train=train, validation=validation,
@@ -183,18 +244,20 @@ class JobRunner:
             resume=resume,
         )  # fmt: skip
 
-    async def _watch(self, job: Job, lease: Lease, feed: _Feed, cancel: asyncio.Event) -> None:
-        """While training: the feed and checkpoints out, the lease kept, a cancel seen."""
-        beat = min(lease_interval(self.queue.ack_wait), 5.0)
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(TICK)
-            await feed.flush()
-            if time.monotonic() - last >= beat:
-                await lease.progress()
-                last = time.monotonic()
-            if await self.store.cancel_requested(job.tenant, job.id):
-                cancel.set()
+    async def _watch(
+        self, job: Job, feed: _Feed, cancel: asyncio.Event, stop: asyncio.Event
+    ) -> None:
+        """While a job runs: the feed and checkpoints out, a cancel seen. A store that
+        fails a tick is tried again the next."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), TICK)
+            try:
+                await feed.flush()
+                if await self.store.cancel_requested(job.tenant, job.id):
+                    cancel.set()
+            except Exception as exc:
+                log.warning("training job %s: the store failed a tick: %s", job.id, exc)
 
     async def _gate(self, job: Job, spec: TrainSpec, r: TrainResult, took: float) -> None:
         gain = r.adapter.ndcg_at_10 - r.base.ndcg_at_10
@@ -241,18 +304,19 @@ class JobRunner:
         done = job.with_(result=result, fine_tuned_model=fine_tuned)
         said = f"registered as {fine_tuned}" if passed else "not registered: below the margin"
         await self._finish(done, JobStatus.SUCCEEDED, f"job succeeded; the adapter is {said}")
-        await self.store.drop_checkpoint(job.tenant, job.id)
 
     async def _finish(self, job: Job, status: JobStatus, message: str) -> None:
         job = job.with_(status=status, finished_at=int(time.time()))
         await self.store.put_job(job)
+        with contextlib.suppress(Exception):
+            await self.store.drop_leftovers(job.tenant, job.id)
         level = "error" if status is JobStatus.FAILED else "info"
         await add_event(self.store, job, message, level=level, type="status")
 
     async def _fail(
         self, job: Job, message: str, code: str = "training_failed", field: str | None = None
     ) -> None:
-        error = {"code": code, "message": message, "field": field}
+        error = {"code": code, "message": message, "field": field, "param": field}
         await self._finish(job.with_(error=error), JobStatus.FAILED, message)
 
 

@@ -13,7 +13,10 @@ trains: the adapter store (memory, a directory, S3 or the NATS object store), un
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+from contextlib import suppress
 from typing import Any
 
 from ...wire import NotFound
@@ -21,6 +24,7 @@ from ...wire.finetune import FileInfo, Job, JobEvent, Pair
 from ..store import AdapterStore, PayloadMissing
 
 ROOT = "finetune"
+ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_EVENTS = 1000  # a feed keeps its first status lines and the newest progress
 
 
@@ -44,8 +48,7 @@ class JobStore:
         raw = await self._get(f"{ROOT}/files/{tenant}/{_safe(file_id)}.jsonl")
         if raw is None:
             raise NotFound(f"no file {file_id!r} for tenant {tenant}", field="file")
-        rows = (json.loads(line) for line in raw.splitlines() if line.strip())
-        return tuple(Pair(r["query"], r["positive"], tuple(r.get("negative", ()))) for r in rows)
+        return await asyncio.to_thread(_read_pairs, raw)
 
     async def files(self, tenant: str) -> list[FileInfo]:
         prefix = f"{ROOT}/files/{tenant}/"
@@ -104,10 +107,11 @@ class JobStore:
     async def checkpoint(self, tenant: str, job_id: str) -> bytes | None:
         return await self._get(self._job_key(tenant, job_id, "ckpt"))
 
-    async def drop_checkpoint(self, tenant: str, job_id: str) -> None:
-        key = self._job_key(tenant, job_id, "ckpt")
-        if await self._get(key) is not None:
-            await self.store.delete(key)
+    async def drop_leftovers(self, tenant: str, job_id: str) -> None:
+        """A finished job's checkpoint and cancel flag: no longer needed."""
+        for ext in ("ckpt", "cancel"):
+            with suppress(PayloadMissing, FileNotFoundError):
+                await self.store.delete(self._job_key(tenant, job_id, ext))
 
     async def _get(self, key: str) -> bytes | None:
         try:
@@ -117,9 +121,9 @@ class JobStore:
 
 
 def _safe(ident: str) -> str:
-    """An id from a URL: never a path (ids are ``prefix-hex``)."""
-    if not ident or "/" in ident or ident.startswith(".") or len(ident) > 64:
-        raise NotFound(f"no such id {ident!r}", field="id")
+    """An id from a URL: never a path, nothing but what ids are made of (``prefix-hex``)."""
+    if not ID_RE.fullmatch(ident):
+        raise NotFound(f"no such id {ident[:80]!r}", field="id")
     return ident
 
 
@@ -134,3 +138,8 @@ def _event_dict(e: JobEvent) -> dict[str, Any]:
 
 def _event(d: dict[str, Any]) -> JobEvent:
     return JobEvent(int(d["seq"]), float(d["t"]), d["m"], d["l"], d["k"], d.get("d"))
+
+
+def _read_pairs(raw: bytes) -> tuple[Pair, ...]:
+    rows = (json.loads(line) for line in raw.split(b"\n") if line.strip())
+    return tuple(Pair(r["query"], r["positive"], tuple(r.get("negative", ()))) for r in rows)

@@ -45,7 +45,8 @@ def mine(
     row i's positives (or skipped passages), or of a passage picked already, is passed
     over too. With ``ratio``, so is one scoring above ``ratio`` times the lowest
     score of row i's positives: probably an answer the pairs do not list (a false
-    negative). Fewer than ``k`` only when the corpus runs out."""
+    negative), unless too few are left without them. Fewer than ``k`` only when the
+    corpus runs out."""
     n, m = len(queries), len(corpus)
     if len(positives) != n or (skip is not None and len(skip) != n):
         raise ValueError(f"{n} query rows for {len(positives)} positive sets")
@@ -63,7 +64,12 @@ def mine(
             own = [float(row[j]) for j in positives[i] if 0 <= j < m]
             if ratio is not None and own and min(own) > 0:
                 limit = ratio * min(own)
-            out.append(_pick(row, banned, k, keys, limit))
+            picks = _pick(row, banned, k, keys, limit)
+            if len(picks) < k and limit < float("inf"):  # all close to the positive: the
+                more = _pick(row, banned | set(picks), k - len(picks), keys)  # best of them
+                picks += [j for j in more if keys is None or keys[j] not in
+                          {keys[p] for p in picks}]  # fmt: skip
+            out.append(picks)
     return out
 
 

@@ -31,7 +31,7 @@ from ...wire import InvalidInput
 from ...wire.finetune import Hyperparameters, Pair
 from ..validate import CONFIG, WEIGHTS
 from .ireval import INSTALL, Scores, build_eval_set, evaluate
-from .mining import columns_wanted, negatives_for
+from .mining import columns_wanted, given, negatives_for
 
 Report = Callable[[str, dict[str, Any]], None]
 POOLINGS = ("mean", "cls")  # fleetserve's spellings, which are sentence-transformers' too
@@ -108,7 +108,7 @@ def train(spec: TrainSpec, report: Report) -> TrainResult:
     k = columns_wanted(spec.train, hp.hard_negatives)
     corpus = list(dict.fromkeys(t for p in spec.train for t in (p.positive, *p.negatives)))
     queries = list(dict.fromkeys(p.query for p in spec.train))
-    need = k > 0 and any(len(p.negatives) < k for p in spec.train)
+    need = k > 0 and any(len(given(p, k)) < k for p in spec.train)  # as negatives_for counts
     if need:
         report("status", {"message": "mining hard negatives with the base model"})
     where = {t: j for j, t in enumerate(es.passages)}

@@ -1,0 +1,121 @@
+"""The runner's own paths, with no training needed: a record that breaks the trainer
+fails alone and the next job runs; a job started too often fails saying so; a worker
+that stops puts its job back without counting an attempt; a trainer that lost its
+job to another writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fleetserve.lora.bases import StaticBases
+from fleetserve.lora.jobs.manager import FineTuning, TrainLimits
+from fleetserve.lora.jobs.queue import JobRef, MemoryJobQueue
+from fleetserve.lora.jobs.runner import JobRunner, TrainBase
+from fleetserve.lora.jobs.store import ROOT, JobStore
+from fleetserve.lora.registry import AdapterRegistry
+from fleetserve.lora.store import AdapterStore
+from fleetserve.lora.validate import Limits
+from fleetserve.storage import MemoryStore
+from fleetserve.wire import OPEN, InvalidInput
+from fleetserve.wire.finetune import Job, JobStatus
+
+
+def pairs(n: int = 8) -> bytes:
+    rows = ({"query": f"q{i % 4}", "positive": f"answer {i}"} for i in range(n))
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+class Bases:
+    """``base_of`` for the runner: each call waits for ``go``, then says no weights."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def __call__(self, model: str) -> TrainBase:
+        self.asked.set()
+        await self.go.wait()
+        raise InvalidInput(f"no weights for {model} here", field="model")
+
+
+def setup() -> tuple[FineTuning, MemoryJobQueue, JobRunner, Bases]:
+    store = JobStore(AdapterStore(MemoryStore()))
+    queue = MemoryJobQueue()
+    ft = FineTuning(store, queue, {"m": "dense"}.get, TrainLimits(min_pairs=4))
+    registry = AdapterRegistry(store.store, limits=Limits(), bases=StaticBases({}))
+    bases = Bases()
+    return ft, queue, JobRunner(store, queue, registry, bases, max_attempts=2), bases
+
+
+async def job(ft: FineTuning) -> Job:
+    f = await ft.create_file(OPEN, "p.jsonl", pairs())
+    return await ft.create_job(OPEN, {"model": "m", "training_file": f.id})
+
+
+async def until(pred: object, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await pred():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+async def test_a_broken_record_fails_alone_and_the_next_job_runs() -> None:
+    ft, queue, runner, bases = setup()
+    await queue.submit(JobRef("default", "ftjob-broken"))
+    await ft.store.store.put(f"{ROOT}/jobs/default/ftjob-broken.json", b'{"id": 1}')
+    good = await job(ft)
+    bases.go.set()
+    task = asyncio.ensure_future(runner.run())
+    try:
+
+        async def failed() -> bool:
+            return (await ft.job(OPEN, good.id)).status is JobStatus.FAILED
+
+        await until(failed)
+        done = await ft.job(OPEN, good.id)
+        assert done.error is not None and done.error["field"] == "model"
+        assert "no weights for m" in done.error["message"] and not task.done()
+    finally:
+        task.cancel()
+
+
+async def test_a_job_started_too_often_fails_saying_so() -> None:
+    ft, queue, runner, _ = setup()
+    j = await job(ft)
+    await ft.store.put_job((await ft.job(OPEN, j.id)).with_(attempts=2))
+    lease = await queue.take(1.0)
+    assert lease is not None
+    await runner.handle(lease)
+    done = await ft.job(OPEN, j.id)
+    assert done.status is JobStatus.FAILED and "started 2 times" in done.error["message"]  # type: ignore[index]
+    assert await queue.take(0.01) is None  # settled
+
+
+async def test_a_stopping_worker_puts_its_job_back_without_an_attempt() -> None:
+    ft, queue, runner, bases = setup()
+    j = await job(ft)
+    task = asyncio.ensure_future(runner.run())
+    await asyncio.wait_for(bases.asked.wait(), 10)
+    assert (await ft.job(OPEN, j.id)).status is JobStatus.RUNNING
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    back = await ft.job(OPEN, j.id)
+    assert back.status is JobStatus.QUEUED and back.attempts == 0 and back.owner is None
+    lease = await queue.take(1.0)
+    assert lease is not None and lease.ref.job_id == j.id and lease.deliveries == 2
+    messages = [e["message"] for e in (await ft.events(OPEN, j.id, limit=50))[0]]
+    assert "the worker stopped; job queued again" in messages
+
+
+async def test_a_trainer_that_lost_its_job_writes_nothing() -> None:
+    ft, queue, runner, bases = setup()
+    j = await job(ft)
+    lease = await queue.take(1.0)
+    assert lease is not None
+    handling = asyncio.ensure_future(runner.handle(lease))
+    await asyncio.wait_for(bases.asked.wait(), 10)
+    other = (await ft.job(OPEN, j.id)).with_(owner="another-trainer")
+    await ft.store.put_job(other)  # redelivered meanwhile: another trainer holds it
+    bases.go.set()
+    await handling
+    assert await ft.job(OPEN, j.id) == other  # not failed over the other's work
