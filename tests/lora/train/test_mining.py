@@ -31,7 +31,7 @@ def test_passes_over_what_scores_almost_as_well_as_the_positive() -> None:
     assert mine(QUERY, corpus, [{0}], 2, ratio=0.5) == [[4, 5]]
     assert mine(QUERY, corpus, [{2}], 2) == [[3, 4]]  # above 0.95 x 0.85: 0 and 1
     assert mine(QUERY, corpus, [{0, 3}], 1) == [[4]]  # the lowest positive sets the bar
-    assert mine(QUERY, corpus, [{0}], 2, ratio=0.01) == [[1, 2]]  # none left: the best
+    assert mine(QUERY, corpus, [{0}], 2, ratio=0.01) == [[5, 4]]  # none safe: the easiest
     assert mine(QUERY, corpus, [{0}], 5, ratio=0.9) == [[2, 3, 4, 5, 1]]  # topped up
 
 

@@ -45,8 +45,11 @@ def mine(
     row i's positives (or skipped passages), or of a passage picked already, is passed
     over too. With ``ratio``, so is one scoring above ``ratio`` times the lowest
     score of row i's positives: probably an answer the pairs do not list (a false
-    negative), unless too few are left without them. Fewer than ``k`` only when the
-    corpus runs out."""
+    negative). A row left short by that gets the passages scored *lowest* instead:
+    easy negatives, but never an answer in disguise, and every row keeps its ``k``
+    columns (the base model of a language it was not trained on ranks many passages
+    above the positive; its "hard" negatives there are mostly other answers). Fewer
+    than ``k`` only when the corpus runs out."""
     n, m = len(queries), len(corpus)
     if len(positives) != n or (skip is not None and len(skip) != n):
         raise ValueError(f"{n} query rows for {len(positives)} positive sets")
@@ -65,8 +68,8 @@ def mine(
             if ratio is not None and own and min(own) > 0:
                 limit = ratio * min(own)
             picks = _pick(row, banned, k, keys, limit)
-            if len(picks) < k and limit < float("inf"):  # all close to the positive: the
-                more = _pick(row, banned | set(picks), k - len(picks), keys)  # best of them
+            if len(picks) < k and limit < float("inf"):  # none safe: easy ones, the
+                more = _pick(-row, banned | set(picks), k - len(picks), keys)  # lowest
                 picks += [j for j in more if keys is None or keys[j] not in
                           {keys[p] for p in picks}]  # fmt: skip
             out.append(picks)
