@@ -22,6 +22,7 @@ COMMANDS = {
     "fleet": ("fleet", "eviction policies on a Zipf trace; latency during a cold load"),
     "lora": ("lora", "mixed-adapter batches against the base and one adapter per batch"),
     "priority": ("priority", "queries under bulk load; the broker hop; against infinity"),
+    "finetune": ("finetune", "a LoRA from pairs through the API: nDCG@10, time, cost"),
 }
 
 

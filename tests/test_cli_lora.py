@@ -201,7 +201,7 @@ def test_train_follows_the_job_to_its_figures(
     out = capsys.readouterr().out
     assert "uploaded train.jsonl as file-" in out and ": 6 pairs" in out
     assert "created job ftjob-" in out and f"on {DENSE}, suffix legal" in out
-    assert "  rank 4, alpha 8, epochs 2, lr 0.0005, batch 32, hard negatives 1\n" in out
+    assert "  rank 4, alpha 8, epochs 2, lr 0.0005, batch 32, hard negatives 0\n" in out
     assert "training started" in out and "job succeeded" in out and "step 1/4" not in out
     assert "4/4" in out  # the bar, at its end
     table = out[out.index("nDCG@10") :]

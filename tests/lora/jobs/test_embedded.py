@@ -64,7 +64,8 @@ def test_a_job_trains_measures_registers_and_serves(server: ServerThread, tmp_pa
     with Client(server.url, timeout=120) as c:
         job = c.fine_tune(
             TINY, pairs_file(tmp_path / "p.jsonl"), suffix="tiny-legal", margin=-1.0,
-            hyperparameters={"rank": 4, "epochs": 2, "batch_size": 8, "learning_rate": 1e-3},
+            hyperparameters={"rank": 4, "epochs": 2, "batch_size": 8, "learning_rate": 1e-3,
+                             "hard_negatives": 1},
             on_event=seen.append,
         )  # fmt: skip
         assert job["status"] == "succeeded", job

@@ -34,7 +34,8 @@ def synthetic_pairs(n: int, seed: int = 0) -> list[Pair]:
 def tiny_spec(base: Path, **changes: Any) -> TrainSpec:
     """40 training and 10 validation pairs, 2 epochs of 5 steps (batch 8), rank 4."""
     pairs = synthetic_pairs(50)
-    hp = Hyperparameters(rank=4, alpha=8.0, epochs=2, learning_rate=1e-3, batch_size=8)
+    hp = Hyperparameters(rank=4, alpha=8.0, epochs=2, learning_rate=1e-3, batch_size=8,
+                         hard_negatives=1)  # fmt: skip
     fields: dict[str, Any] = {
         "base_path": str(base),
         "pooling": "mean",
