@@ -157,11 +157,10 @@ def test_the_fine_tuning_example(real_server: ServerThread, tmp_path: Path) -> N
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md fine-tuning block", "exec"), {})
-    assert out.getvalue().split() == [
-        "succeeded",
-        "True",
-        "sentence-transformers/all-MiniLM-L6-v2:default/faq@1",
-    ], out.getvalue()
+    status, better, name = out.getvalue().split()
+    assert (status, better) == ("succeeded", "True"), out.getvalue()
+    # the next version of default/faq: a store kept from an earlier run holds others
+    assert re.fullmatch(r"sentence-transformers/all-MiniLM-L6-v2:default/faq@\d+", name)
 
 
 def test_the_fine_tuning_command_is_the_cli() -> None:
