@@ -55,6 +55,7 @@ async def open_finetuning(
             ack_wait=settings.train_ack_wait,
             storage=settings.stream_storage,
             max_queued=settings.train_max_queued,
+            replicas=settings.stream_replicas,
         )
 
     def family(model: str) -> str | None:

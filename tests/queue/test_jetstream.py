@@ -189,3 +189,18 @@ async def test_oldest_wait_is_the_age_of_the_oldest_request_not_yet_taken(
         await queue.ack(m)
     await queue.refresh([model])
     assert queue.oldest_wait(model) == 0.0
+
+
+async def test_stream_replicas_reach_the_server(nats_server: NatsServer) -> None:
+    """``stream_replicas`` becomes the streams' replica count: a lone server refuses 3
+    (it would take a cluster), and the settings carry it into the options."""
+    from fleetserve.queue.factory import stream_options
+    from fleetserve.settings import Settings
+
+    assert stream_options(Settings(stream_replicas=3)).replicas == 3
+    with pytest.raises(ValueError, match="stream_replicas must be 1 to 5"):
+        stream_options(Settings(stream_replicas=0))
+    q = JetStreamQueue(nats_server.url, StreamOptions(prefix=f"js{next(_n)}", replicas=3))
+    with pytest.raises(Exception, match=r"(?i)replicas"):
+        await q.start()
+    await q.close()

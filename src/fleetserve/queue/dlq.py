@@ -62,6 +62,7 @@ class DeadLetters:
             name=self.stream,
             subjects=[f"{o.prefix}.dlq.>"],
             storage=api.StorageType(o.storage),
+            num_replicas=o.replicas,
             max_age=o.dlq_max_age,
         )
         try:

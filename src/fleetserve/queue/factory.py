@@ -21,9 +21,12 @@ def require_nats(settings: Settings) -> None:
 def stream_options(settings: Settings) -> StreamOptions:
     if settings.stream_storage not in ("file", "memory"):
         raise ValueError(f"stream_storage must be file or memory, not {settings.stream_storage!r}")
+    if not 1 <= settings.stream_replicas <= 5:
+        raise ValueError(f"stream_replicas must be 1 to 5, not {settings.stream_replicas}")
     return StreamOptions(
         prefix=settings.queue_prefix,
         storage=settings.stream_storage,
+        replicas=settings.stream_replicas,
         max_depth=settings.max_queue_depth,
         max_bytes=settings.stream_max_bytes,
         max_age=settings.stream_max_age,

@@ -45,6 +45,7 @@ class StreamOptions:
 
     prefix: str = "fleetserve"
     storage: str = "file"  # or "memory"
+    replicas: int = 1  # copies of each stream across a NATS cluster (JetStream allows 1-5)
     max_depth: int = 1024  # per model: waiting plus in flight
     max_bytes: int = -1
     max_age: float = 3600.0  # seconds a request may sit in the stream
@@ -128,6 +129,7 @@ class JetStreamQueue:
             subjects=[f"{o.prefix}.work.>"],
             retention=api.RetentionPolicy.WORK_QUEUE,
             storage=api.StorageType(o.storage),
+            num_replicas=o.replicas,
             max_msgs_per_subject=o.max_depth,
             discard=api.DiscardPolicy.NEW,
             discard_new_per_subject=True,

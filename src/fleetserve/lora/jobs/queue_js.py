@@ -86,6 +86,7 @@ class JetStreamJobQueue:
         ack_wait: float = 30.0,
         storage: str = "file",
         max_queued: int = 10000,
+        replicas: int = 1,
         retry_after: float = 30.0,
     ) -> JetStreamJobQueue:
         """Create (or update) the stream and the consumer on a connected nats client."""
@@ -95,7 +96,9 @@ class JetStreamJobQueue:
         if ack_wait <= 0:
             raise ValueError(f"ack_wait must be positive, not {ack_wait}")
         js = nc.jetstream()
-        await _ensure(js, prefix, ack_wait=ack_wait, storage=storage, max_queued=max_queued)
+        await _ensure(
+            js, prefix, ack_wait=ack_wait, storage=storage, max_queued=max_queued, replicas=replicas
+        )
         sub = await js.pull_subscribe_bind(consumer=CONSUMER, stream=stream_name(prefix))
         return cls(
             nc,
@@ -216,25 +219,35 @@ class JetStreamJobQueue:
 
 
 async def _ensure(
-    js: Any, prefix: str, *, ack_wait: float, storage: str | None, max_queued: int
+    js: Any,
+    prefix: str,
+    *,
+    ack_wait: float,
+    storage: str | None,
+    max_queued: int,
+    replicas: int | None = None,
 ) -> None:
     """The stream and its consumer, created or brought to this configuration.
 
-    ``storage=None`` keeps what the stream has (or ``file`` when creating it).
+    ``storage=None`` and ``replicas=None`` keep what the stream has (or ``file`` and 1
+    when creating it).
     """
     from nats.js import api
 
     name = stream_name(prefix)
-    if storage is None:
+    if storage is None or replicas is None:
         try:
-            storage = (await js.stream_info(name)).config.storage or "file"
+            config = (await js.stream_info(name)).config
+            storage = storage or config.storage or "file"
+            replicas = replicas or config.num_replicas or 1
         except Exception:
-            storage = "file"
+            storage, replicas = storage or "file", replicas or 1
     config = api.StreamConfig(
         name=name,
         subjects=[f"{prefix}.train"],
         retention=api.RetentionPolicy.WORK_QUEUE,
         storage=api.StorageType(storage),
+        num_replicas=replicas,
         max_msgs=max_queued,
         discard=api.DiscardPolicy.NEW,
     )

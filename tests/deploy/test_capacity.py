@@ -1,0 +1,92 @@
+"""fleetserve.ops.capacity: a pool's KEDA lag thresholds from the tuned profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetserve.catalog.profiles import bundled_dir, read_profile_file, write_profile_file
+from fleetserve.ops.capacity import (
+    consumer_name,
+    lag_threshold,
+    lag_thresholds,
+    main,
+    model_capacity,
+)
+from fleetserve.wire import Priority
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_capacity_is_the_tuned_knee() -> None:
+    cap = model_capacity(MINILM, "cpu-amx")
+    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{MINILM.replace('/', '--')}.yaml")
+    assert cap.rps == pf.provenance["figures"]["knee_rps"]
+    assert cap.hardware_class == "cpu-amx" and "knee_rps" in cap.source
+    assert lag_thresholds([cap]) == {
+        MINILM: {"batch": math.ceil(cap.rps * 10), "interactive": math.ceil(cap.rps)}
+    }
+
+
+def test_without_a_knee_the_cost_model_decides() -> None:
+    cap = model_capacity(SMOL, "cpu-amx")  # its profile has knee_rps: null
+    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{SMOL.replace('/', '--')}.yaml")
+    p = pf.profile
+    ms = p.cost.predict_ms(p.max_batch_tokens, p.max_batch_tokens // p.max_batch_size, 4)
+    assert cap.rps == pytest.approx(p.max_batch_size / ms * 1e3)
+    assert "cost model" in cap.source
+
+
+def test_your_profile_wins_over_the_bundled_one(tmp_path: Path) -> None:
+    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{MINILM.replace('/', '--')}.yaml")
+    prov = {**pf.provenance, "figures": {**pf.provenance["figures"], "knee_rps": 7.5}}
+    write_profile_file(tmp_path, MINILM, pf.profile, prov)
+    assert model_capacity(MINILM, "cpu-amx", tmp_path).rps == 7.5
+    # on cpu-avx512, a profile tuned for cpu-avx2 (in its fallback chain) stands in
+    other = dataclasses.replace(pf.profile, hardware="cpu-avx2", precision="fp32")
+    write_profile_file(tmp_path, MINILM, other, prov)
+    cap = model_capacity(MINILM, "cpu-avx512", tmp_path)
+    assert (cap.hardware_class, cap.rps) == ("cpu-avx2", 7.5)
+
+
+def test_nothing_tuned_is_an_error_not_a_guess() -> None:
+    with pytest.raises(ValueError, match=r"no tuned profile for BAAI/bge-\S+ on cpu-avx2"):
+        model_capacity("BAAI/bge-small-en-v1.5", "cpu-avx2")
+
+
+def test_thresholds_are_at_least_one() -> None:
+    assert lag_threshold(0.01, 1.0) == 1
+    assert lag_threshold(22.35, 10.0) == 224
+    assert consumer_name("a/b.c", Priority.INTERACTIVE) == "wi-a_2Fb_2Ec"
+
+
+def test_cli_prints_a_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--pool", "gen", "--hardware-class", "cuda-sm89", "--model", "org/*",
+            "--model", "BAAI/bge-small-en-v1.5", "--rps", "BAAI/bge-small-en-v1.5=40"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "given with --rps" in out
+    (entry,) = yaml.safe_load(out)["workerPools"]
+    assert entry["device"] == "cuda" and entry["scaling"]["minReplicas"] == 0  # a cold pool
+    assert entry["scaling"]["lagThresholds"] == {
+        "BAAI/bge-small-en-v1.5": {"batch": 400, "interactive": 40}
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--pin", MINILM, "--min-replicas", "0"], "cannot scale to zero"),
+        (["--model", "org/*"], "at least one model id"),
+        (["--pin", MINILM, "--rps", "nope"], "MODEL=REQUESTS_PER_SECOND"),
+        (["--pin", MINILM, "--rps", f"{MINILM}=-1"], "MODEL=REQUESTS_PER_SECOND"),
+    ],
+)
+def test_cli_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--pool", "p", "--hardware-class", "cpu-amx", *argv]) == 2
+    assert words in capsys.readouterr().err
