@@ -60,12 +60,25 @@ def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
         assert cmd in out
 
 
-@pytest.mark.parametrize("cmd", ["serve", "models", "gateway", "worker", "cluster", "dlq"])
-def test_subcommands_take_the_settings_flags(cmd: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("cmd", "flags"),
+    [
+        ("serve", ("--host", "--port", "--models", "--catalog", "--api-key")),
+        ("gateway", ("--host", "--port", "--catalog", "--api-key", "--nats")),
+        ("worker", ("--host", "--models", "--catalog", "--nats", "--devices")),
+        ("cluster", ("--host", "--port", "--models", "--catalog", "--api-key", "--nats")),
+        ("models", ("--host", "--port", "--models", "--catalog", "--api-key")),
+        ("dlq", ("--nats", "--queue-prefix")),
+    ],
+)
+def test_subcommands_take_their_settings_flags(
+    cmd: str, flags: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each subcommand takes the settings it uses (tests/test_cli_help.py: only those)."""
     with pytest.raises(SystemExit):
         main([cmd, "--help"])
     out = capsys.readouterr().out
-    for flag in ("--host", "--port", "--models", "--catalog", "--api-key", "--config", "--nats"):
+    for flag in (*flags, "--config", "--log-level", "--log-format"):
         assert flag in out
 
 

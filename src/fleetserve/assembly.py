@@ -38,6 +38,8 @@ from .worker.gen_runner import GenerationRunner
 from .worker.runner import Runner
 
 log = logging.getLogger("fleetserve")
+plog = logging.getLogger("fleetserve.profiles")
+SHORT_LIST = 3  # models at start listed one line each; more: a summary (each at debug)
 LOAD_TIMEOUT = 3600.0  # a pinned model's load at start (a first GGUF conversion is slow)
 HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()  # Settings.hf_cache's default
 
@@ -193,17 +195,20 @@ def build_fleet(
         fleet.add(r)
     fleet.check_budget()
     how = f"--memory-budget {settings.memory_budget}" if settings.memory_budget else why
-    console.print(
-        f"memory budget: {mib(budget)} ({how}); evicting by {settings.eviction}", highlight=False
+    logging.getLogger("fleetserve.fleet").info(
+        "memory budget %s (%s); evicting by %s", mib(budget), how, settings.eviction
     )
     return fleet
 
 
 def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) -> None:
-    """One line per model at start: what it runs with, and why (``GET /v1/models`` has
-    the whole reason); one more line if some run on rules, saying how to tune them."""
+    """What each model runs with and why: one line per model when there are few
+    (``SHORT_LIST``), else one summary line and each model's at debug level (``GET
+    /v1/models`` has the whole reason). ``console`` is unused: it all goes to the log."""
+    specs = list(catalog)
     ruled = 0
-    for spec in catalog:
+    each = logging.INFO if len(specs) <= SHORT_LIST else logging.DEBUG
+    for spec in specs:
         c = choices[spec.id]
         p = c.profile
         why = c.reason.split("; `fleetserve tune", 1)[0]
@@ -214,17 +219,14 @@ def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) 
             if p.processes > 1
             else ""
         )
-        console.print(
-            f"  {spec.id}: {p.runtime or spec.runtime} {p.precision}, batch "
-            f"{p.max_batch_size}/{p.max_batch_tokens} [dim]({why}{procs})[/]",
-            highlight=False,
-        )
-    if ruled:
-        console.print(
-            f"  [dim]{ruled} model(s) run on rules or a fallback, not tuned for this class: "
-            "`fleetserve tune MODEL` (or serve --tune quick) tunes them[/]",
-            highlight=False,
-        )
+        plog.log(
+            each,
+            "%s: %s %s, batch %d/%d (%s%s)",
+            spec.id, p.runtime or spec.runtime, p.precision, p.max_batch_size,
+            p.max_batch_tokens, why, procs,
+        )  # fmt: skip
+    hint = "; `fleetserve tune MODEL` tunes them" if ruled else ""
+    plog.info("%d tuned, %d on rules or a fallback%s", len(specs) - ruled, ruled, hint)
 
 
 async def load_or_report(fleet: Fleet, runner: Runner, console: Console) -> bool:
@@ -236,10 +238,10 @@ async def load_or_report(fleet: Fleet, runner: Runner, console: Console) -> bool
         fleet.release(runner.model_id)
     except Exception as exc:
         message = exc.message if isinstance(exc, FleetError) else f"{type(exc).__name__}: {exc}"
-        console.print(
-            f"[red]error:[/] {runner.spec.id} failed to load: {message}; serving the other "
-            "models, and its requests will try again",
-            highlight=False,
+        log.error(
+            "%s failed to load: %s; serving the other models, and its requests will try again",
+            runner.spec.id,
+            message,
         )
         runner.eager = False  # not required for readiness any more
         return False

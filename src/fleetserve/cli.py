@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -12,65 +11,146 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.markup import escape
 
 from .settings import Settings
 from .wire import FleetError
 
+# the Settings groups (settings.py, per field) whose flags each command takes and shows
+_SERVING = ("catalog", "adapters", "training", "s3")
+_LAST = ("serving", "common")  # other settings (tracing...), then logging and config
+COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
+    "serve": ("http", "gateway", "auth", "runtime", "quick", *_SERVING, *_LAST),
+    "gateway": ("http", "gateway", "auth", "nats", "payloads", *_SERVING, *_LAST),
+    "worker": ("pool", "runtime", "nats", "payloads", *_SERVING, "quick", *_LAST),
+    "cluster": (
+        "http",
+        "gateway",
+        "auth",
+        "pool",
+        "runtime",
+        "nats",
+        "payloads",
+        *_SERVING,
+        *_LAST,
+    ),
+    "dlq": ("nats", "dlq", "common"),
+    "models": ("client", "catalog", "device", "s3", "common"),
+    "keys": ("keys", "common"),
+    "lora": ("client", "common"),
+    "tune": ("catalog", "device", "tuning", "s3", "common"),
+    "hardware": ("catalog", "device", "common"),
+}
+
+
+def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
+    """The Settings flags of ``command``'s groups (its ``--help`` lists only those)."""
+    Settings.add_arguments(parser, COMMAND_GROUPS[command])
+
+
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, usage: str
+) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=help,
+        description=help,
+        usage=f"fleetserve {name} {usage}".rstrip(),
+        formatter_class=_Formatter,
+    )
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help that reads at 80 columns: flags on their own line, help below them."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=28)
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetserve", description="Serve fleets of small models.")
     sub = p.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="Gateway, in-process queue and a worker in one process.")
-    Settings.add_arguments(serve)
-    gateway = sub.add_parser("gateway", help="The HTTP API in front of NATS (--nats URL).")
-    Settings.add_arguments(gateway)
-    worker = sub.add_parser("worker", help="Serve models from NATS (--nats URL [--devices …]).")
-    Settings.add_arguments(worker)
-    cluster = sub.add_parser(
-        "cluster", help="Local nats-server, one gateway and N workers, for trying it out."
+    serve = _command(
+        sub, "serve", "Gateway, in-process queue and a worker in one process.", "[options]"
+    )
+    add_settings(serve, "serve")
+    gateway = _command(
+        sub, "gateway", "The HTTP API in front of NATS (--nats URL).", "--nats URL [options]"
+    )
+    add_settings(gateway, "gateway")
+    worker = _command(
+        sub,
+        "worker",
+        "Serve models from NATS (--nats URL [--devices …]).",
+        "--nats URL [--models …] [--devices …] [options]",
+    )
+    add_settings(worker, "worker")
+    cluster = _command(
+        sub,
+        "cluster",
+        "Local nats-server, one gateway and N workers, for trying it out.",
+        "[--workers N] [options]",
     )
     cluster.add_argument("--workers", type=int, default=2, help="Worker processes [2].")
     cluster.add_argument("--store-dir", default=None, help="JetStream store (default: temp).")
-    Settings.add_arguments(cluster)
-    dlq = sub.add_parser("dlq", help="The dead-letter stream: list, replay or purge.")
+    add_settings(cluster, "cluster")
+    dlq = _command(
+        sub,
+        "dlq",
+        "The dead-letter stream: list, replay or purge.",
+        "{list,replay,purge} [--seq N] [--limit N] [options]",
+    )
     dlq.add_argument("action", choices=["list", "replay", "purge"])
     dlq.add_argument("--seq", type=int, action="append", help="Only these entries (replay).")
     dlq.add_argument("--limit", type=int, default=100, help="Entries to list [100].")
-    Settings.add_arguments(dlq)
+    add_settings(dlq, "dlq")
     from .cli_keys import add_parser as keys_parser
 
     keys_parser(sub)
     from .cli_lora import add_parser as lora_parser
 
     lora_parser(sub)
-    models = sub.add_parser(
+    models = _command(
+        sub,
         "models",
-        help="List the catalog; prepare models (convert, fetch, export) ahead of serving.",
+        "List the catalog; prepare models (convert, fetch, export) ahead of serving.",
+        "[list | prepare MODEL …] [options]",
     )
     models.add_argument("action", nargs="?", default="list", choices=["list", "prepare"])
-    models.add_argument("ids", nargs="*", help="Models to prepare (prepare).")
+    models.add_argument("ids", nargs="*", metavar="MODEL", help="Models to prepare (prepare).")
     models.add_argument(
-        "--runtime", dest="prepare_runtime", default="", help="Prepare for this runtime (onnx)."
+        "--runtime",
+        dest="prepare_runtime",
+        default="",
+        metavar="RUNTIME",
+        help="Prepare for this runtime (onnx).",
     )
     models.add_argument(
-        "--precision", dest="prepare_precision", default="", help="Precision, e.g. int8 (onnx)."
+        "--precision",
+        dest="prepare_precision",
+        default="",
+        metavar="PRECISION",
+        help="Precision, e.g. int8 (onnx).",
     )
-    Settings.add_arguments(models)
-    tune = sub.add_parser(
+    add_settings(models, "models")
+    tune = _command(
+        sub,
         "tune",
-        help="Tune models for this machine: runtimes, precisions and batch budgets behind "
+        "Tune models for this machine: runtimes, precisions and batch budgets behind "
         "quality gates; writes a profile and a report.",
+        "MODEL … [options]",
     )
     from .tune.cli import add_arguments as tune_arguments
 
     tune_arguments(tune)
-    Settings.add_arguments(tune)
-    hardware = sub.add_parser(
-        "hardware", help="This machine's hardware class, the facts behind it, its profiles."
+    add_settings(tune, "tune")
+    hardware = _command(
+        sub,
+        "hardware",
+        "This machine's hardware class, the facts behind it, its profiles.",
+        "[options]",
     )
-    Settings.add_arguments(hardware)
+    add_settings(hardware, "hardware")
     sub.add_parser(
         "bench",
         help="Benchmarks: the open-loop knee of embeddings servers, the queue simulator, "
@@ -104,12 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         _error(console, exc)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from .logs import setup_logging
+
+    try:
+        setup_logging(settings, tag=_tag(args.command, settings))
+    except ValueError as exc:
+        _error(console, exc)
+        return 2
     if args.command in ("tune", "hardware", "models"):
         try:
             return _catalog_command(settings, args, console)
@@ -153,6 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .server import serve
 
     return _run(serve(settings), console)
+
+
+def _tag(command: str, settings: Settings) -> str:
+    """The process name on each log line where several share a terminal: a worker's
+    id (``fleetserve cluster`` names its workers ``worker-0``...)."""
+    return settings.worker_id if command == "worker" else ""
 
 
 def _error(console: Console, exc: BaseException) -> None:

@@ -37,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     keys = sub.add_parser(
         "keys",
         help="API keys: add one (printed once, stored hashed in the keys file), or list them.",
+        usage="fleetserve keys {add,list} [--tenant T] [--scopes S] [options]",
     )
     keys.add_argument("action", choices=["add", "list"])
     keys.add_argument(
@@ -55,7 +56,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         help="The keys file (default: the keys_file setting); created if missing.",
     )
-    Settings.add_arguments(keys)
+    from .cli import add_settings
+
+    add_settings(keys, "keys")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -53,6 +53,8 @@ UPLOAD_TIMEOUT = 600.0
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .cli import add_settings
+
     lora = sub.add_parser("lora", help="LoRA adapters of a running server: add, list, rm, train.")
     actions = lora.add_subparsers(dest="lora_action", required=True)
     add = actions.add_parser("add", help="Upload a PEFT LoRA adapter directory.")
@@ -71,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         p.add_argument(
             "--url", dest="lora_url", default=None, help="The server [http://HOST:PORT]."
         )
-        Settings.add_arguments(p)
+        add_settings(p, "lora")
 
 
 def server_url(settings: Settings) -> str:

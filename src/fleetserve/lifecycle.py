@@ -24,8 +24,9 @@ async def start_http(
         port=port,
         http="httptools",
         lifespan="off",
-        access_log=False,
+        access_log=False,  # the gateway writes its own access lines (fleetserve.access)
         log_level="warning",
+        log_config=None,  # its loggers go through ours (fleetserve.logs), one style
     )
     sock = _bind(host, port)
     server = uvicorn.Server(config)

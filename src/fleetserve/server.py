@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,15 +23,18 @@ if TYPE_CHECKING:
     from .adapters_setup import Adapters
     from .finetune_setup import FineTuningParts
 from .catalog.sources import is_present
-from .fleet.memory import mib
 from .gateway import Gateway
 from .gateway.auth import Authenticator
 from .lifecycle import Service, run_process
+from .logs.summary import ready_summary
 from .metrics import Metrics
 from .queue import MemoryQueue
 from .settings import Settings
+from .tracing import open_tracer
 from .tune.quick import wanted as quick_wanted
 from .worker import Worker
+
+log = logging.getLogger("fleetserve.server")
 
 
 class EmbeddedServer(Service):
@@ -46,6 +49,7 @@ class EmbeddedServer(Service):
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
         self.metrics = Metrics()
+        self.tracer = open_tracer(settings, "server")  # the null one unless --tracing
         self.queue = MemoryQueue(
             settings.max_queue_depth, settings.retry_after, age_limit=settings.batch_age_limit
         )
@@ -67,10 +71,14 @@ class EmbeddedServer(Service):
             alive=self.alive,
             authenticator=self.auth,
             interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
+            tracer=self.tracer,
         )
         self.port = 0
         self.adapters: Adapters | None = None
         self.finetuning: FineTuningParts | None = None
+        from .dashboard.fleet_sources import EmbeddedFleet
+
+        self.gateway.dashboard.attach_fleet(EmbeddedFleet(self))  # the fleet view's data
 
     def alive(self) -> bool:
         """No worker stage crashed and no task died (``/healthz`` says 503 otherwise)."""
@@ -115,10 +123,8 @@ class EmbeddedServer(Service):
     async def start(self) -> None:
         await self._open_adapters()
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
-        self.console.print(
-            f"[bold green]fleetserve[/] API listening on http://{self.settings.host}:{self.port}"
-        )
-        self.console.print(f"hardware: {self.profiles.hw.summary()}", highlight=False)
+        log.info("API listening on http://%s:%d", self.settings.host, self.port)
+        log.info("hardware %s", self.profiles.hw.summary())
         log_choices(self.choices, self.catalog, self.console)
         if self.tuning:
             await self._quick_tune()
@@ -136,7 +142,7 @@ class EmbeddedServer(Service):
         while not self.worker.running and not self.ended("worker"):
             await asyncio.sleep(0.001)
         await self._start_training()
-        self.console.print(f"[bold green]fleetserve[/] ready: {len(self.runners)} model(s)")
+        log.info("ready: %s", ready_summary(self.runners, self.settings.device))
 
     async def _open_adapters(self) -> None:
         """The adapter registry (cold tier), shared by the gateway and the worker."""
@@ -165,6 +171,7 @@ class EmbeddedServer(Service):
             self.metrics,
             max_deliver=self.settings.max_deliver,
             fleet=self.fleet,
+            tracer=self.tracer,
         )
 
     async def _quick_tune(self) -> None:
@@ -196,17 +203,11 @@ class EmbeddedServer(Service):
             r = self.runners[spec.id]
             if not r.eager:
                 continue
-            t0 = time.perf_counter()
-            with self.console.status(
+            with self.console.status(  # a spinner on a terminal; the fleet logs the load
                 f"Loading {spec.id} ({r.profile.runtime or spec.runtime}, "
                 f"{r.profile.precision}, {r.profile.hardware})…"
             ):
-                if not await load_or_report(self.fleet, r, self.console):
-                    continue
-            self.console.print(
-                f"  loaded {spec.id} in {time.perf_counter() - t0:.1f}s "
-                f"({mib(self.fleet.info(spec.id)['bytes'])})"
-            )
+                await load_or_report(self.fleet, r, self.console)
         self.fleet.check_budget()  # now with what the pinned models measured
 
     async def stop(self) -> None:
@@ -218,6 +219,7 @@ class EmbeddedServer(Service):
             await self.finetuning.queue.close()
         if self.adapters is not None:
             await self.adapters.close()
+        self.tracer.shutdown()
 
 
 async def serve(settings: Settings) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -19,114 +19,178 @@ import yaml
 ENV_PREFIX = "FLEETSERVE_"
 
 
-def setting(default: Any, help: str, *, secret: bool = False, flag: str | None = None) -> Any:
-    """A Settings field: its default, help text, and whether to redact it."""
-    return field(default=default, metadata={"help": help, "secret": secret, "flag": flag})
+# the groups of a field that declares none: the serving commands show it
+SERVING = "serving"
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    secret: bool = False,
+    flag: str | None = None,
+    groups: str = SERVING,
+) -> Any:
+    """A Settings field: its default, help text, whether to redact it, and the groups
+    it belongs to (space-separated; a command's ``--help`` shows the flags of its
+    groups, see ``cli.COMMAND_GROUPS``)."""
+    meta = {"help": help, "secret": secret, "flag": flag, "groups": tuple(groups.split())}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class Settings:
-    host: str = setting("127.0.0.1", "Address the HTTP API listens on.")
-    port: int = setting(8080, "Port the HTTP API listens on (0 picks a free one).")
+    host: str = setting("127.0.0.1", "Address the HTTP API listens on.", groups="http client pool")
+    port: int = setting(
+        8080, "Port the HTTP API listens on (0 picks a free one).", groups="http client"
+    )
     models: str = setting(
         "",
         "Comma-separated models to serve: ids (loaded at start) or patterns such as "
         "'org/*' (loaded on first use). Empty: the whole catalog.",
+        groups="catalog",
     )
-    catalog: str = setting("", "Extra catalog directory of model spec YAML files.")
-    device: str = setting("auto", "Device for the runtime: auto, cpu, cuda or cuda:N.")
+    catalog: str = setting(
+        "", "Extra catalog directory of model spec YAML files.", groups="catalog"
+    )
+    device: str = setting(
+        "auto", "Device for the runtime: auto, cpu, cuda or cuda:N.", groups="runtime device"
+    )
     hardware_class: str = setting(
-        "", "Hardware class whose profiles to use (empty: detect; see `fleetserve hardware`)."
+        "",
+        "Hardware class whose profiles to use (empty: detect; see `fleetserve hardware`).",
+        groups="catalog",
     )
     profile_dir: str = setting(
         "~/.config/fleetserve/profiles",
         "Your tuned profiles (written by `fleetserve tune`); they override the bundled ones.",
+        groups="catalog",
     )
     tune_dir: str = setting(
         "~/.cache/fleetserve/tune",
         "Where tuning runs keep their state and reports (shown on /dashboard).",
+        groups="gateway tuning",
     )
     tune: str = setting(
         "off",
         "quick: on a hardware class with no tuned profile, tune each pinned model briefly "
         "at first start and keep the result; off: use the rules.",
+        groups="quick",
     )
-    tune_budget: float = setting(90.0, "Seconds per pinned model for --tune quick.")
+    tune_budget: float = setting(90.0, "Seconds per pinned model for --tune quick.", groups="quick")
     memory_budget: str = setting(
         "",
         "Memory for this worker's models (weights and activation peaks): bytes, a size "
         "(512MiB, 2GiB) or a percent of what the process may use (empty: 70% of the cgroup "
         "limit, else of physical RAM; of free device memory on CUDA).",
+        groups="runtime",
     )
     eviction: str = setting(
-        "gdsf", "Which models leave under memory pressure: gdsf (reload cost, use, size) or lru."
+        "gdsf",
+        "Which models leave under memory pressure: gdsf (reload cost, use, size) or lru.",
+        groups="runtime",
     )
     load_retry_after: float = setting(
         30.0, "Seconds before a model that failed to load is tried again (its requests get "
-        "the reason meanwhile)."
+        "the reason meanwhile).",
+        groups="runtime",
     )  # fmt: skip
     room_wait: float = setting(
         5.0, "Seconds a load waits for busy models to finish when nothing can be evicted, "
-        "before its request gets 503 (embedded mode; a shared queue puts it back at once)."
+        "before its request gets 503 (embedded mode; a shared queue puts it back at once).",
+        groups="runtime",
     )  # fmt: skip
     affinity_wait: float = setting(
         2.0, "Seconds a cold model's oldest request may wait before a worker that does not "
-        "hold it takes it (distributed mode: workers pull for the models they hold first)."
+        "hold it takes it (distributed mode: workers pull for the models they hold first).",
+        groups="pool",
     )  # fmt: skip
-    request_timeout: float = setting(30.0, "Default request deadline in seconds.")
+    request_timeout: float = setting(
+        30.0, "Default request deadline in seconds.", groups="gateway dlq"
+    )
     batch_age_limit: float = setting(
         2.0, "Seconds batch-class work may wait in a worker while interactive work goes "
-        "first; older batch work takes the next batch (no starvation)."
+        "first; older batch work takes the next batch (no starvation).",
+        groups="runtime",
     )  # fmt: skip
     interactive_hold: float = setting(
         5.0, "Seconds after an interactive request during which batches stay capped at the "
         "profile's priority_cap, so that the next query does not wait behind a full batch "
-        "(each worker sees only the queries it pulls: a few seconds covers their gaps)."
+        "(each worker sees only the queries it pulls: a few seconds covers their gaps).",
+        groups="runtime",
     )  # fmt: skip
     generation_timeout: float = setting(
-        300.0, "Default deadline in seconds for chat and generate requests (long outputs)."
+        300.0,
+        "Default deadline in seconds for chat and generate requests (long outputs).",
+        groups="gateway",
     )
-    max_body_bytes: int = setting(16 * 1024 * 1024, "Largest accepted request body (bytes).")
-    max_queue_depth: int = setting(1024, "Bounded queue size per model; beyond it: 429.")
-    retry_after: float = setting(1.0, "Retry-After seconds sent with 429 and 503.")
-    max_batch_tokens: int = setting(0, "Override the profile's batch token budget (0: profile).")
-    torch_threads: int = setting(0, "torch intra-op threads (0: one per core).")
+    max_body_bytes: int = setting(
+        16 * 1024 * 1024, "Largest accepted request body (bytes).", groups="gateway"
+    )
+    max_queue_depth: int = setting(
+        1024, "Bounded queue size per model; beyond it: 429.", groups="gateway"
+    )
+    retry_after: float = setting(
+        1.0, "Retry-After seconds sent with 429 and 503.", groups="gateway"
+    )
+    max_batch_tokens: int = setting(
+        0, "Override the profile's batch token budget (0: profile).", groups="runtime"
+    )
+    torch_threads: int = setting(
+        0, "torch intra-op threads (0: one per core).", groups="runtime device"
+    )
     cache_dir: str = setting(
         "~/.cache/fleetserve",
         "Where converted models (GGUF to safetensors) and ONNX exports are cached.",
+        groups="catalog",
     )
     hf_cache: str = setting(
-        "~/.cache/huggingface/hub", "The Hugging Face cache searched for hf: model sources."
+        "~/.cache/huggingface/hub",
+        "The Hugging Face cache searched for hf: model sources.",
+        groups="catalog",
     )
     gil_switch_interval: float = setting(
         0.0005,
         "Python's GIL switch interval (s). Short: the forward thread gets the GIL back "
         "sooner between ops while other threads run Python.",
+        groups="runtime",
     )
-    log_level: str = setting("info", "Log level: debug, info, warning or error.")
+    log_level: str = setting("info", "Log level: debug, info, warning or error.", groups="common")
+    log_format: str = setting(
+        "text", "Log lines as text (time, level, logger, message, key=value) or json (one "
+        "object per line).", groups="common",
+    )  # fmt: skip
+    access_log: bool = setting(
+        True, "One log line per HTTP request: method, path, status, model, tenant, timings, "
+        "request id, bytes.", groups="gateway",
+    )  # fmt: skip
     api_key: str = setting(
         "",
         "One API key (legacy): clients send 'Authorization: Bearer <key>'; it is tenant "
         "'default' with every scope. Ignored when keys_file or keys is set.",
         secret=True,
+        groups="auth client",
     )
     auth: str = setting(
         "auto",
         "auto: keys from --keys-file and --keys if given, else --api-key if set, else open; "
         "keys: the same, but refuse to start without a key; open: no authentication (the "
         "X-Tenant header picks the tenant). Anything else refuses to start.",
+        groups="auth",
     )
     keys_file: str = setting(
         "",
         "YAML file of API keys: a list of {sha256, tenant, scopes, name}, scopes from infer, "
         "adapters:write, admin. Keys are stored hashed (`fleetserve keys add` prints a new "
         "key once and appends its hash); read at start, and a bad file refuses to start.",
+        groups="auth keys",
     )
     keys: str = setting(
         "",
         "API keys as a secret: the keys file's YAML or JSON content inline (for a "
         "Kubernetes secret in FLEETSERVE_KEYS); combined with keys_file if both are set.",
         secret=True,
+        groups="auth",
     )
     # -- adapters (LoRA) --------------------------------------------------------------
     adapter_store: str = setting(
@@ -134,94 +198,176 @@ class Settings:
         "Where uploaded adapters live (the cold tier): a store URL like --payload-store "
         "(empty: nats://fleetserve-adapters in distributed mode, else a directory under "
         "--cache-dir).",
+        groups="adapters",
     )
     adapter_cache_bytes: str = setting(
         "2GiB", "Local disk for adapters (the warm tier, under --cache-dir); least recently "
-        "used leave first."
+        "used leave first.",
+        groups="adapters",
     )  # fmt: skip
     adapter_hot_bytes: str = setting(
         "10%", "Memory for loaded adapters per worker (the hot tier): a size or a percent of "
-        "the memory budget; least recently used leave first."
+        "the memory budget; least recently used leave first.",
+        groups="adapters",
     )  # fmt: skip
     adapter_hosts: str = setting(
         "eager", "eager: a model loaded at start whose profile runs on ONNX or OpenVINO also "
         "loads its torch copy for adapter batches then, so a first upload serves at once; "
-        "lazy: on its first adapter request."
+        "lazy: on its first adapter request.",
+        groups="adapters",
     )  # fmt: skip
-    max_adapter_rank: int = setting(64, "Largest LoRA rank an upload may have.")
+    max_adapter_rank: int = setting(64, "Largest LoRA rank an upload may have.", groups="adapters")
     max_adapter_bytes: int = setting(
-        256 * 1024 * 1024, "Largest adapter upload (bytes of adapter_model.safetensors)."
+        256 * 1024 * 1024,
+        "Largest adapter upload (bytes of adapter_model.safetensors).",
+        groups="adapters",
     )
-    max_adapters_per_tenant: int = setting(100, "Adapters (all versions) one tenant may hold.")
+    max_adapters_per_tenant: int = setting(
+        100, "Adapters (all versions) one tenant may hold.", groups="adapters"
+    )
     max_adapters_per_batch: int = setting(
-        16, "Distinct adapters one batch may mix (1: one adapter per batch, as SIE does)."
+        16,
+        "Distinct adapters one batch may mix (1: one adapter per batch, as SIE does).",
+        groups="adapters",
     )
     # -- fine-tuning jobs (/v1/files, /v1/fine_tuning/jobs) -------------------------
     train: bool = setting(
         False, "This worker also runs fine-tuning jobs (distributed mode; the embedded "
-        "server always does)."
+        "server always does).",
+        groups="pool",
     )  # fmt: skip
     train_threads: int = setting(
-        1, "CPU threads of a training job's process; serving keeps the rest."
+        1,
+        "CPU threads of a training job's process; serving keeps the rest.",
+        groups="training",
     )
-    train_min_pairs: int = setting(32, "Fewest distinct pairs a training file may hold.")
+    train_min_pairs: int = setting(
+        32, "Fewest distinct pairs a training file may hold.", groups="training"
+    )
     train_max_chars: int = setting(
-        2000, "Texts longer than this are flagged in a file's warnings (training cuts them)."
+        2000,
+        "Texts longer than this are flagged in a file's warnings (training cuts them).",
+        groups="training",
     )
     train_margin: float = setting(
         0.01, "nDCG@10 gain over the base a trained adapter must show to be registered "
-        "(a job's margin overrides it)."
+        "(a job's margin overrides it).",
+        groups="training",
     )  # fmt: skip
     train_validation_fraction: float = setting(
-        0.2, "Fraction of the queries held out to measure a job without a validation_file."
+        0.2,
+        "Fraction of the queries held out to measure a job without a validation_file.",
+        groups="training",
     )
     train_max_attempts: int = setting(
-        3, "Times a job is started (after a worker died, it resumes) before it fails."
+        3,
+        "Times a job is started (after a worker died, it resumes) before it fails.",
+        groups="training",
     )
     train_ack_wait: float = setting(
-        30.0, "Seconds without news before a training job is redelivered to another worker."
+        30.0,
+        "Seconds without news before a training job is redelivered to another worker.",
+        groups="training",
     )
-    train_max_queued: int = setting(100, "Jobs that may wait for a trainer.")
-    max_file_bytes: int = setting(100 * 1024 * 1024, "Largest upload to /v1/files (bytes).")
+    train_max_queued: int = setting(100, "Jobs that may wait for a trainer.", groups="training")
+    max_file_bytes: int = setting(
+        100 * 1024 * 1024, "Largest upload to /v1/files (bytes).", groups="training"
+    )
     train_price_per_hour: float = setting(
-        0.0, "What a machine-hour costs (USD), to report each job's cost (0: not reported)."
+        0.0,
+        "What a machine-hour costs (USD), to report each job's cost (0: not reported).",
+        groups="training",
     )
-    config: str = setting("", "Optional YAML config file with any of these settings.")
+    config: str = setting(
+        "", "Optional YAML config file with any of these settings.", groups="common"
+    )
+    # -- tracing: OpenTelemetry spans across the queue (the otel extra) --------------
+    tracing: bool = setting(
+        False, "OpenTelemetry spans for each request: gateway, queue wait, worker batch and "
+        "reply, one trace across processes (needs the otel extra; off costs nothing)."
+    )  # fmt: skip
+    otlp_endpoint: str = setting(
+        "", "OTLP collector for --tracing, e.g. http://127.0.0.1:4318 (needs "
+        "opentelemetry-exporter-otlp; empty: spans go to the console)."
+    )  # fmt: skip
+    service_name: str = setting(
+        "", "OpenTelemetry service.name of this process (empty: fleetserve-gateway, "
+        "fleetserve-worker or fleetserve-server)."
+    )  # fmt: skip
+    trace_sample_ratio: float = setting(
+        1.0, "Fraction of new traces kept (0 to 1); a client's traceparent decides for its own."
+    )
     # -- distributed mode: gateways and workers over NATS JetStream -----------------
     nats: str = setting(
-        "", "NATS URL of the central queue, e.g. nats://127.0.0.1:4222.", secret=True
+        "",
+        "NATS URL of the central queue, e.g. nats://127.0.0.1:4222.",
+        secret=True,
+        groups="nats",
     )
     nats_connect_timeout: float = setting(
-        30.0, "Seconds to keep retrying an unreachable NATS URL at start."
+        30.0,
+        "Seconds to keep retrying an unreachable NATS URL at start.",
+        groups="nats",
     )
-    queue_prefix: str = setting("fleetserve", "Subject and stream prefix: one per fleet.")
-    stream_storage: str = setting("file", "JetStream storage for the streams: file or memory.")
-    stream_max_bytes: int = setting(-1, "Work stream size limit in bytes (-1: none).")
-    stream_max_age: float = setting(3600.0, "Seconds a request may stay in the work stream.")
+    queue_prefix: str = setting(
+        "fleetserve", "Subject and stream prefix: one per fleet.", groups="nats"
+    )
+    stream_storage: str = setting(
+        "file", "JetStream storage for the streams: file or memory.", groups="nats"
+    )
+    stream_replicas: int = setting(
+        1,
+        "JetStream replicas of each stream: 3 on a clustered NATS keeps queued work"
+        " through the loss of a server.",
+        groups="nats",
+    )
+    stream_max_bytes: int = setting(
+        -1, "Work stream size limit in bytes (-1: none).", groups="nats"
+    )
+    stream_max_age: float = setting(
+        3600.0, "Seconds a request may stay in the work stream.", groups="nats"
+    )
     max_deliver: int = setting(
-        5, "Deliveries before a failing request goes to the dead-letter stream."
+        5,
+        "Deliveries before a failing request goes to the dead-letter stream.",
+        groups="runtime nats",
     )
     ack_wait: float = setting(
-        0.0, "Seconds before unacked work is redelivered (0: sized from the model profile)."
+        0.0,
+        "Seconds before unacked work is redelivered (0: sized from the model profile).",
+        groups="nats",
     )
     devices: str = setting(
-        "", "Worker devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1: one process per device."
+        "",
+        "Worker devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1: one process per device.",
+        groups="pool",
     )
-    worker_id: str = setting("", "This worker's name in /v1/models (empty: host-pid).")
-    worker_port: int = setting(0, "Port of a worker's /healthz, /readyz and /metrics (0: free).")
+    worker_id: str = setting(
+        "", "This worker's name in /v1/models (empty: host-pid).", groups="pool"
+    )
+    worker_port: int = setting(
+        0, "Port of a worker's /healthz, /readyz and /metrics (0: free).", groups="pool"
+    )
     offload_threshold: int = setting(
-        1 << 20, "Bodies and results larger than this (bytes) go to the payload store."
+        1 << 20,
+        "Bodies and results larger than this (bytes) go to the payload store.",
+        groups="payloads",
     )
     payload_store: str = setting(
         "",
         "Payload store URL: nats://BUCKET, file:///DIR, memory:// or s3://BUCKET/PREFIX "
         "(empty: nats://fleetserve-payloads in distributed mode).",
+        groups="payloads",
     )
-    payload_ttl: float = setting(3600.0, "Seconds after which orphaned payloads are swept.")
-    s3_endpoint: str = setting("", "S3 endpoint URL for s3:// payload stores (e.g. MinIO).")
-    s3_region: str = setting("", "S3 region for s3:// payload stores.")
-    s3_access_key_id: str = setting("", "S3 access key id.", secret=True)
-    s3_secret_access_key: str = setting("", "S3 secret access key.", secret=True)
+    payload_ttl: float = setting(
+        3600.0, "Seconds after which orphaned payloads are swept.", groups="payloads"
+    )
+    s3_endpoint: str = setting(
+        "", "S3 endpoint URL for s3:// payload stores (e.g. MinIO).", groups="s3"
+    )
+    s3_region: str = setting("", "S3 region for s3:// payload stores.", groups="s3")
+    s3_access_key_id: str = setting("", "S3 access key id.", secret=True, groups="s3")
+    s3_secret_access_key: str = setting("", "S3 secret access key.", secret=True, groups="s3")
 
     def __repr__(self) -> str:
         parts = []
@@ -259,22 +405,37 @@ class Settings:
         return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one flag per field; unset flags stay ``None`` so lower layers show through."""
+    def add_arguments(
+        cls, parser: argparse.ArgumentParser, groups: Iterable[str] | None = None
+    ) -> None:
+        """Add one flag per field (of ``groups`` only, if given: what the command uses,
+        under a heading per group); unset flags stay ``None`` so lower layers show
+        through."""
+        wanted = None if groups is None else list(groups)
+        chosen: dict[str, list[dataclasses.Field[Any]]] = {}  # heading -> its fields
         for f in fields(cls):
-            text = f"{f.metadata['help']} [env {cls.env_name(f.name)}; default {f.default!r}]"
-            # a boolean flag alone means true (--train); --train false also reads
-            switch: dict[str, Any] = (
-                {"nargs": "?", "const": True} if _scalar_type(f) is _parse_bool else {}
-            )
-            parser.add_argument(
-                cls.flag_name(f),
-                dest=f.name,
-                type=_scalar_type(f),
-                default=None,
-                help=text.replace("%", "%%"),  # argparse formats help with %
-                **switch,
-            )
+            own = f.metadata.get("groups") or (SERVING,)
+            if wanted is None:
+                chosen.setdefault("", []).append(f)
+            elif set(own) & set(wanted):
+                chosen.setdefault(next(g for g in wanted if g in own), []).append(f)
+        for name in [g for g in (wanted or [""]) if g in chosen]:  # in the command's order
+            heading = parser.add_argument_group(GROUP_TITLES.get(name, name)) if name else parser
+            for f in chosen[name]:
+                text = f"{f.metadata['help']} [env {cls.env_name(f.name)}; default {f.default!r}]"
+                # a boolean flag alone means true (--train); --train false also reads
+                switch: dict[str, Any] = (
+                    {"nargs": "?", "const": True} if _scalar_type(f) is _parse_bool else {}
+                )
+                heading.add_argument(
+                    cls.flag_name(f),
+                    dest=f.name,
+                    type=_scalar_type(f),
+                    default=None,
+                    metavar=_METAVARS.get(_scalar_type(f), "TEXT"),
+                    help=text.replace("%", "%%"),  # argparse formats help with %
+                    **switch,
+                )
 
     @classmethod
     def load(
@@ -311,6 +472,29 @@ class Settings:
         ]
 
 
+GROUP_TITLES = {
+    "common": "logging and config",
+    "http": "HTTP",
+    "client": "the server to talk to",
+    "catalog": "catalog and profiles",
+    "device": "device",
+    "runtime": "models and memory",
+    "quick": "quick tuning at start",
+    "gateway": "requests",
+    "auth": "API keys",
+    "keys": "keys file",
+    "adapters": "LoRA adapters",
+    "training": "fine-tuning jobs",
+    "tuning": "tuning runs",
+    "nats": "NATS JetStream",
+    "dlq": "replay",
+    "pool": "this worker",
+    "payloads": "payload offload",
+    "s3": "S3 (s3:// stores and sources)",
+    SERVING: "other settings",
+}
+
+
 def _scalar_type(f: dataclasses.Field[Any]) -> Any:
     t = f.type if not isinstance(f.type, str) else _resolve(f.type)
     return {int: int, float: float, bool: _parse_bool}.get(t, str)
@@ -327,6 +511,9 @@ def _parse_bool(v: str) -> bool:
     if s in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"not a boolean: {v!r}")
+
+
+_METAVARS: dict[Any, str] = {int: "N", float: "NUM", _parse_bool: "BOOL", str: "TEXT"}
 
 
 def _coerce(f: dataclasses.Field[Any], value: Any) -> Any:

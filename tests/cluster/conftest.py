@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import threading
 import time
@@ -174,7 +175,8 @@ class ClusterCommand:
         """Every pid ``child`` has had, in order (``worker-0 pid 1234`` lines)."""
         with self._lock:
             lines = list(self._lines)
-        return [int(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith(f"{child} pid ")]
+        pid = re.compile(rf"(?:^|: ){re.escape(child)} pid (\d+)$")  # plain or a log line
+        return [int(m.group(1)) for ln in lines if (m := pid.search(ln))]
 
     def pid_of(self, child: str) -> int:
         return self.pids_of(child)[-1]

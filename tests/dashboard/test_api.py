@@ -136,6 +136,7 @@ def test_page_and_its_files(dash_server: ServerThread) -> None:
         "/dashboard/static/core.js",
         "/dashboard/static/charts.js",
         "/dashboard/static/tuning.js",
+        "/dashboard/static/fleet.js",
     ]
     for url in urls:
         assert url.startswith("/dashboard/static/") or url == "data:,", url
@@ -164,7 +165,7 @@ def test_events_say_when_the_store_changes(dash_server: ServerThread, store: Run
         name, hello = next(events)
         assert name == "hello"
         versions = hello["versions"]
-        assert isinstance(versions, dict) and set(versions) == {"tuning"}
+        assert isinstance(versions, dict) and set(versions) == {"tuning", "fleet"}
         run = rundocs.running_run()
         run["id"] = "20261201T120000-events-cpu-cccccc"
         rundocs.write(store, run)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from fleetserve.dashboard import Dashboard, default_views
+from fleetserve.dashboard.fleet import FleetView
 from fleetserve.dashboard.tuning import TuningView
 from fleetserve.settings import Settings
 from fleetserve.tune.runs import RunStore
@@ -51,8 +52,8 @@ class BrokenView:
 
 
 def test_the_run_store_is_tune_dir_with_home_expanded() -> None:
-    (view,) = default_views(Settings(tune_dir="~/runs-here"))
-    assert isinstance(view, TuningView)
+    view, fleet = default_views(Settings(tune_dir="~/runs-here"))
+    assert isinstance(view, TuningView) and isinstance(fleet, FleetView)
     assert view.store.root == Path.home() / "runs-here"
 
 

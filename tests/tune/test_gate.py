@@ -3,6 +3,7 @@ say of every model's profile, and a profile whose runtime is not installed."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -83,7 +84,9 @@ def test_a_candidate_that_fails_the_gate_is_replaced_by_the_reference(
     assert "fails the quality gate" in caplog.text and "torch fp32 instead" in caplog.text
 
 
-def test_models_say_which_profile_they_run_and_why(catalog: Path) -> None:
+def test_models_say_which_profile_they_run_and_why(
+    catalog: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     srv = ServerThread(tiny_settings(catalog, models=MODEL, hardware_class="cpu-amx")).start()
     try:
         data = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
@@ -93,11 +96,11 @@ def test_models_say_which_profile_they_run_and_why(catalog: Path) -> None:
     assert p["how"] == "rule" and p["hardware_class"] == "cpu-amx"
     assert "bf16 for cpu-amx" in p["reason"] and "fleetserve tune" in p["reason"]
     settings = tiny_settings(catalog, models=MODEL, hardware_class="cpu-amx")
-    console = Console(record=True, width=200)
     cat = build_catalog(settings)
     profiles = build_profiles(settings)
-    log_choices({s.id: profiles.choose(s) for s in cat}, cat, console)
-    line = next(x for x in console.export_text().splitlines() if MODEL in x)
+    with caplog.at_level(logging.INFO, logger="fleetserve.profiles"):
+        log_choices({s.id: profiles.choose(s) for s in cat}, cat, Console())
+    line = next(r.getMessage() for r in caplog.records if MODEL in r.getMessage())
     assert "bf16" in line and "rule:" in line
 
 

@@ -20,6 +20,7 @@ nats-server alone, the workers when every one of them fails so (exit 1, one line
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -31,10 +32,14 @@ from dataclasses import dataclass, field
 import httpx
 from rich.console import Console
 
+from ..logs import child_env
+from ..logs.access import PROBE_HEADER
 from ..settings import Settings
 from ..wire import Unavailable
 from .natsd import NatsServer, die_with_parent
 
+log = logging.getLogger("fleetserve.cluster")
+_PROBE = {PROBE_HEADER: "cluster"}  # its polling's access lines at debug level
 BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 30.0  # seconds up after which a child's backoff starts over
@@ -140,7 +145,7 @@ class Cluster:
         self.api = f"http://{settings.host}:{settings.port}"
 
     def child_env(self, **extra: str) -> dict[str, str]:
-        env = {**self.base_env, **self.settings.to_env()}
+        env = child_env({**self.base_env, **self.settings.to_env()})  # no library bars
         env[Settings.env_name("nats")] = self.nats.url
         if not self.settings.torch_threads:  # share the cores between the workers
             env[Settings.env_name("torch_threads")] = str(max(1, (os.cpu_count() or 1) // self.n))
@@ -179,15 +184,13 @@ class Cluster:
 
     def start(self) -> str:
         self._start_nats()
-        self.console.print(
-            f"[bold]nats-server[/] (JetStream) on {self.nats.url}, store {self.nats.store_dir}"
-        )
-        self.console.print(f"nats-server pid {self.nats.pid}")
+        log.info("nats-server (JetStream) on %s, store %s", self.nats.url, self.nats.store_dir)
+        log.info("nats-server pid %s", self.nats.pid)
         self._start_gateway()
-        self.console.print(f"gateway pid {self.gateway_child.pid}")
+        log.info("gateway pid %s", self.gateway_child.pid)
         for i, c in enumerate(self.worker_children):
             self._start_worker(i)
-            self.console.print(f"{c.name} pid {c.pid}")
+            log.info("%s pid %s", c.name, c.pid)
         return self.api
 
     def wait_ready(self, api: str, timeout: float = 300.0) -> bool:
@@ -247,12 +250,10 @@ class Cluster:
         c.restarts += 1
         c.ready = False
         c.due = now + delay
-        self.console.print(
-            f"{c.name} exited ({describe_exit(code)}); restarting in {delay:g}s "
-            f"(restart {c.restarts})",
-            style="yellow",
-            highlight=False,
-        )
+        log.warning(
+            "%s exited (%s); restarting in %gs (restart %d)",
+            c.name, describe_exit(code), delay, c.restarts,
+        )  # fmt: skip
 
     def _give_up_if_hopeless(self, c: Child, code: int) -> None:
         if c in self.worker_children:
@@ -277,13 +278,12 @@ class Cluster:
             delay = c.backoff.next(0.0)
             c.restarts += 1
             c.due = time.monotonic() + delay
-            self.console.print(
-                f"{c.name} did not start ({err}); restarting in {delay:g}s (restart {c.restarts})",
-                style="yellow",
-                highlight=False,
-            )
+            log.warning(
+                "%s did not start (%s); restarting in %gs (restart %d)",
+                c.name, err, delay, c.restarts,
+            )  # fmt: skip
             return
-        self.console.print(f"{c.name} pid {c.pid}", highlight=False)
+        log.info("%s pid %s", c.name, c.pid)
 
     def _check_ready(self) -> None:
         """The gateway: /healthz answers. A worker: ready in /v1/models, on a new URL."""
@@ -295,12 +295,12 @@ class Cluster:
             return
         try:
             if not gw.ready:
-                if httpx.get(self.api + "/healthz", timeout=1).status_code != 200:
+                if httpx.get(self.api + "/healthz", timeout=1, headers=_PROBE).status_code != 200:
                     return
                 self._became_ready(gw)
             if not waiting:
                 return
-            r = httpx.get(self.api + "/v1/models", timeout=2)
+            r = httpx.get(self.api + "/v1/models", timeout=2, headers=_PROBE)
             seen = {w["id"]: w for m in r.json()["data"] for w in m["workers"] if w["ready"]}
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return
@@ -346,12 +346,12 @@ def run_cluster(
             cluster.supervise()
             if not announced and cluster.all_ready:
                 announced = True
-                console.print(
-                    f"[bold green]fleetserve cluster[/] ready: API on {api}, {workers} "
-                    f"worker(s), NATS on {cluster.nats.url}. Ctrl-C stops everything."
-                )
+                log.info(
+                    "ready: API on %s, %d worker(s), NATS on %s. Ctrl-C stops everything.",
+                    api, workers, cluster.nats.url,
+                )  # fmt: skip
             time.sleep(0.1 if not cluster.all_ready else 0.25)
-        console.print("stopping the cluster…")
+        log.info("stopping the cluster…")
         return 0
     except GiveUp as err:
         console.print(f"[red]error:[/] {err}")

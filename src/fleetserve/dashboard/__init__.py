@@ -1,4 +1,4 @@
-"""The web page at ``/dashboard``: tuning runs now, fleet state later (one view each)."""
+"""The web page at ``/dashboard``: tuning runs and the live fleet (one view each)."""
 
 from .app import Dashboard
 from .views import View, default_views

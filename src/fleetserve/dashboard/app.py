@@ -2,7 +2,11 @@
 
 - ``GET /dashboard``: the page; ``GET /dashboard/static/<file>``: its scripts and styles;
 - ``GET /dashboard/events``: server-sent events when a view's data changes;
-- each view's JSON under its prefix, e.g. ``GET /v1/tuning/runs`` (see ``views.py``).
+- each view's JSON under its prefix, e.g. ``GET /v1/tuning/runs`` or ``GET /v1/fleet``
+  (see ``views.py``).
+
+The gateway tells it of every answered request (``observe``: the fleet view's
+throughput and latency), and the server attaches the fleet view's source at start.
 
 With an API key set, the page and its static files are open (they hold no data; the
 page asks for the key), while the events and every view's data need
@@ -24,6 +28,8 @@ from ..wire import Encoding, FleetError, InternalError, NotFound
 from ..wire.codec import accept_of
 from . import events
 from .assets import Asset, load_static, render_page
+from .fleet import FleetView
+from .fleet_sources import FleetSource
 from .views import View, default_views
 
 log = logging.getLogger("fleetserve.dashboard")
@@ -54,6 +60,7 @@ class Dashboard:
         self._closing = asyncio.Event()
         self._versions: tuple[float, dict[str, str]] = (-1.0, {})
         self._versions_lock = asyncio.Lock()
+        self.fleet = next((v for v in self.views if isinstance(v, FleetView)), None)
 
     @classmethod
     def from_settings(cls, settings: Settings, authorize: Authorize | None = None) -> Dashboard:
@@ -63,6 +70,16 @@ class Dashboard:
         if path == PAGE or path.startswith(PAGE + "/"):
             return True
         return any(path.startswith(v.prefix) for v in self.views)
+
+    def attach_fleet(self, source: FleetSource) -> None:
+        """Where the fleet view reads the fleet (the server's parts), once they exist."""
+        if self.fleet is not None:
+            self.fleet.attach(source)
+
+    def observe(self, model: str, seconds: float) -> None:
+        """One answered request (the gateway's hot path: a deque append)."""
+        if self.fleet is not None:
+            self.fleet.recent.observe(model, seconds)
 
     def close(self) -> None:
         """End the open event streams (at shutdown)."""

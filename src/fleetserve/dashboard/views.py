@@ -8,9 +8,9 @@ A view is one tab of ``/dashboard``. It has two halves:
 - a client half: one static script (``static/<name>.js``) that registers the tab with
   ``FS.register({...})`` (see ``static/core.js``).
 
-Adding a view (say ``fleet``) is a new module here with a class like
-:class:`~fleetserve.dashboard.tuning.TuningView`, a ``static/fleet.js`` and one line in
-:func:`default_views`; nothing else changes.
+Adding a view is a new module here with a class like
+:class:`~fleetserve.dashboard.tuning.TuningView`, a ``static/<name>.js`` and one line in
+:func:`default_views`; nothing else changes. The fleet view (``fleet.py``) is one.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from ..settings import Settings
 from ..tune.runs import RunStore
+from .fleet import FleetView
 from .tuning import TuningView
 
 
@@ -47,7 +48,7 @@ class View(Protocol):
 
 def default_views(settings: Settings) -> list[View]:
     """The views of a server with ``settings``, in tab order."""
-    return [TuningView(RunStore(Path(settings.tune_dir).expanduser()))]
+    return [TuningView(RunStore(Path(settings.tune_dir).expanduser())), FleetView()]
 
 
 __all__ = ["View", "default_views"]

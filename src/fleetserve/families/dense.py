@@ -28,6 +28,7 @@ from ..wire.requests import EmbeddingsRequest, EncodeRequest
 from . import scoring
 from .base import Array, Family, Prepared, pad_batch, rows
 from .quantize import check_output_dtype, vectors_body
+from .token_ids import check_ids, id_fields, split_input
 from .tokenize import TextTokenizer
 
 _ENCODE = TypedDecoder(EncodeRequest)
@@ -84,9 +85,16 @@ class DenseAdapter(Family[list[int], DenseOpts, Array]):
                 raise InvalidInput(
                     "encoding_format must be 'float' or 'base64'", field="encoding_format"
                 )
-            texts, field = req.input, "input"
+            texts, token_ids = split_input(req.input)
+            field = "input"
             opts = DenseOptions(True, "float32", req.dimensions, req.encoding_format == "base64")
             truncate = True
+            if token_ids is not None:  # the model's own ids: straight to the model
+                self._check_dimensions(opts)
+                tok = self.tokenizer
+                where = id_fields(req.input, token_ids)
+                ids = check_ids(token_ids, tok.vocab_size, tok.max_len, where)
+                return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
         else:
             r = _ENCODE.decode(body, envelope.content_type)
             check_output_dtype(r.output_dtype)
@@ -100,10 +108,13 @@ class DenseAdapter(Family[list[int], DenseOpts, Array]):
         for i, t in enumerate(texts):
             if not t:
                 raise InvalidInput(f"{field}[{i}] is an empty string", field=f"{field}[{i}]")
-        if opts.dimensions is not None and not (0 < opts.dimensions <= self.dim):
-            raise InvalidInput(f"dimensions must be between 1 and {self.dim}", field="dimensions")
+        self._check_dimensions(opts)
         ids = self._tokenize(texts, truncate, [f"{field}[{i}]" for i in range(len(texts))])
         return Prepared(items=ids, options=opts, tokens=sum(len(x) for x in ids))
+
+    def _check_dimensions(self, opts: DenseOptions) -> None:
+        if opts.dimensions is not None and not (0 < opts.dimensions <= self.dim):
+            raise InvalidInput(f"dimensions must be between 1 and {self.dim}", field="dimensions")
 
     def _prepare_score(self, envelope: Envelope, body: bytes) -> Prepared[list[int], DenseOpts]:
         q = scoring.parse(envelope, body)

@@ -18,6 +18,7 @@ class TextTokenizer:
         self._tok.no_padding()
         self._tok.enable_truncation(max_length=max_len)
         self.max_len = max_len
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)  # ids below it
         pad = self._tok.padding
         pid = pad.get("pad_id") if pad is not None else None
         for name in ("[PAD]", "<pad>"):  # BERT, then RoBERTa/XLM-R (where 0 is <s>)

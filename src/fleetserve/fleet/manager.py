@@ -227,6 +227,7 @@ class Fleet:
         dt = time.perf_counter() - t0
         now = self.clock()
         s.state, s.held, s.measured = State.RESIDENT, got, got
+        log.info("loaded %s in %.1fs (%.1f MiB)", model, dt, got.total / MIB)  # one per load
         s.record = Resident(model, got.weights, dt, pinned=s.member.pinned, last_used=now)
         self.policy.loaded(s.record, now)  # the request that loaded it is used in _use
         if self.metrics is not None:

@@ -16,10 +16,12 @@ from urllib.parse import unquote
 
 from ..catalog import Catalog
 from ..catalog.spec import Profile
+from ..logs.access import PROBE_HEADER, Access, request_id
 from ..metrics import Metrics
 from ..queue import WorkQueue
 from ..queue.base import PendingReply
 from ..settings import Settings
+from ..tracing import NULL_REQUEST, NULL_TRACER, RequestTrace, Tracer
 from ..wire import (
     Encoding,
     Envelope,
@@ -39,7 +41,7 @@ from . import envelope as env_mod
 from .auth import Authenticator, PrincipalApp, require
 from .calls import AdapterCalls
 from .disconnect import Watched
-from .errors import body_response, error_response
+from .errors import body_response, error_response, stamped
 from .http import Receive, Scope, Send, header, read_body, respond
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ class Gateway:
         calls: AdapterCalls | None = None,
         interactive_cost: Callable[[str], int] | None = None,
         finetune: FineTuneRoutes | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         # the key ring first: a bad auth setting refuses to start (ValueError), never opens
         self.auth = (
@@ -76,10 +79,12 @@ class Gateway:
         )
         self.adapters = adapters  # /v1/adapters[/...]: it checks scopes itself
         self.finetune = finetune  # /v1/files, /v1/fine_tuning/: it checks scopes itself
+        self.tracer = tracer or NULL_TRACER  # spans per request (fleetserve.tracing)
         self.calls = calls  # resolves the adapter a request calls (None: no adapters here)
         # a model's interactive threshold (its profile's), in predicted tokens
         self.interactive_cost = interactive_cost or (lambda _model: Profile.interactive_cost)
         self.settings = settings
+        self.access_log = bool(getattr(settings, "access_log", True))  # a line per request
         self.catalog = catalog
         self.queue = queue
         self.metrics = metrics
@@ -97,7 +102,7 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await self._http(scope, receive, send)
+            await self._logged(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
@@ -114,6 +119,20 @@ class Gateway:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def _logged(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``_http`` with the request id and timing headers on every response, and one
+        access line when it is done (``access_log`` setting)."""
+        access = Access(scope["method"], scope["path"], request_id(header(scope, b"x-request-id")))
+        declared = header(scope, b"content-length")
+        access.bytes_in = int(declared) if declared is not None and declared.isdigit() else None
+        access.probe = header(scope, PROBE_HEADER.encode()) is not None
+        scope["fleetserve.access"] = access
+        try:
+            await self._http(scope, receive, stamped(send, access))
+        finally:
+            if self.access_log:
+                access.emit()
+
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
@@ -125,7 +144,7 @@ class Gateway:
             if route is not None:  # inference first: the dashboard stays off the hot path
                 assert principal is not None
                 require(principal, KeyScope.INFER)
-                await self._infer(scope, receive, send, *route, principal=principal)
+                await self._traced(scope, receive, send, *route, principal=principal)
             elif method == "GET" and path == "/healthz":
                 ok = self.alive()
                 health = (200, {"status": "ok"}) if ok else (503, {"status": "failed"})
@@ -145,12 +164,30 @@ class Gateway:
                 await self.finetune(scope, receive, send, principal)
             elif method == "GET" and path == "/metrics":
                 await respond(send, 200, _TEXT, self.metrics.render())
+            elif method == "GET" and path == "/openapi.json":
+                from .openapi import CACHE  # on first use: it imports every family's types
+
+                await respond(send, 200, [(b"content-type", b"application/json")], CACHE.get(self))
             elif self.dashboard.handles(path):  # the page, its events and /v1/tuning/
                 await self.dashboard(scope, receive, send)
             else:
                 raise NotFound(f"no route for {method} {path}", field="path")
         except FleetError as err:
+            _access(scope).code = err.code
             await respond(send, *error_response(err, accept))
+
+    async def _traced(
+        self, scope: Scope, receive: Receive, send: Send, task: Task, model: str | None,
+        *, principal: Principal,
+    ) -> None:  # fmt: skip
+        """``_infer`` inside the request's span (tracing off: the null one, a no-op)."""
+        trace = self.tracer.request(scope)
+        try:
+            await self._infer(
+                scope, receive, trace.watch(send), task, model, principal=principal, trace=trace
+            )
+        finally:
+            trace.end()
 
     async def _infer(
         self,
@@ -161,14 +198,18 @@ class Gateway:
         model: str | None,
         *,
         principal: Principal,
+        trace: RequestTrace = NULL_REQUEST,
     ) -> None:
         t0 = time.perf_counter()
         accept = Encoding.JSON
         route = task.value
+        access = _access(scope)
+        access.tenant = principal.tenant
         try:
             content_type = encoding_of(header(scope, b"content-type"))
             accept = accept_of(header(scope, b"accept"), content_type)
             body = await read_body(scope, receive, self.settings.max_body_bytes)
+            access.bytes_in = len(body)
             stream = False
             route_model = model is not None  # native routes: an adapter may be a body field
             if model is None:
@@ -178,6 +219,7 @@ class Gateway:
             if not model:
                 raise InvalidInput("the model id in the path is empty", field="path")
             model, called = split_model_name(model)
+            access.model = model
             if called is None and route_model:
                 called = env_mod.adapter_field(body, content_type)
             spec = self.catalog.get(model)
@@ -208,32 +250,40 @@ class Gateway:
                 accept=accept,
                 body_size=len(body),
                 timeout=timeout,
-                request_id=header(scope, b"x-request-id"),
+                request_id=access.request_id,  # the client's, if sane, else a new one
                 tenant=principal.tenant,  # the key's tenant (open: X-Tenant or default)
                 keep_alive=env_mod.parse_keep_alive(header(scope, b"x-keep-alive")),
                 adapter=adapter,
                 priority=priority,
             )
+            env = trace.stamp(env)  # its trace context rides with it to the worker
+            access.priority = env.priority.value
             # a client that hangs up (or a deadline that passes) cancels the work
             pending = Watched(await self.queue.publish(env, body), receive, self.queue, env)
             if stream:
                 await self._stream(send, pending, env, route, t0)
                 return
             reply = await pending.wait(env.deadline - time.time())
+            access.queue_ms = reply.timings.get("queue_ms")
+            access.inference_ms = reply.timings.get("inference_ms")
+            trace.replied(reply)
             if reply.error is not None:
                 raise error_from_body(reply.error, retry_after=reply.timings.get("retry_after"))
         except FleetError as err:
+            access.code = err.code
             self._count(route, model, err.code)
             await respond(send, *error_response(err, accept))
             return
         except Exception:
             log.exception("gateway failure")
             internal = InternalError("internal error")
+            access.code = internal.code
             self._count(route, model, internal.code)
             await respond(send, *error_response(internal, accept))
             return
         total = time.perf_counter() - t0
         self.metrics.stage_latency.labels(model, "total").observe(total)
+        self.dashboard.observe(model, total)  # the fleet view's throughput and latency
         self._count(route, model, "ok")
         headers = [
             (b"content-type", reply.content_type.value.encode()),
@@ -290,6 +340,8 @@ class Gateway:
             await send({"type": "http.response.body", "body": b""})
             self._count(route, env.model, code)
             self.metrics.stage_latency.labels(env.model, "total").observe(time.perf_counter() - t0)
+            if code == "ok":
+                self.dashboard.observe(env.model, time.perf_counter() - t0)
 
     def _authorize(self, scope: Scope) -> None:
         """The dashboard's check (its data and events): a valid key with ``admin``."""
@@ -305,6 +357,14 @@ class Gateway:
             {"id": s.id, "object": "model", "owned_by": "fleetserve", "family": s.family}
             for s in self.catalog
         ]
+
+
+def _access(scope: Scope) -> Access:
+    """The request's access record (a throwaway one where ``_logged`` did not run)."""
+    found = scope.get("fleetserve.access")
+    if isinstance(found, Access):
+        return found
+    return Access(scope.get("method", ""), scope.get("path", ""), request_id(None))
 
 
 def _is_adapters(path: str) -> bool:

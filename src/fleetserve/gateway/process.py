@@ -24,6 +24,7 @@ from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats
 from ..settings import Settings
 from ..storage import sweep_forever
+from ..tracing import open_tracer
 from .app import Gateway
 from .auth import Authenticator
 
@@ -48,6 +49,7 @@ class GatewayProcess(Service):
         self.console = console or Console(stderr=True)
         self.node = f"gw-{socket.gethostname()}-{os.getpid()}"
         self.metrics = Metrics()
+        self.tracer = open_tracer(settings, "gateway")  # the null one unless --tracing
         self.registry = Registry()
         self.js: Any = None
         self.gateway: Gateway | None = None
@@ -114,16 +116,17 @@ class GatewayProcess(Service):
             adapters=self.adapters.routes,
             calls=self.adapters.calls,
             interactive_cost=self._interactive_cost(),
+            tracer=self.tracer,
         )
         self.gateway.finetune = routes(self.settings, tuning)
+        from ..dashboard.fleet_sources import ClusterFleet
+
+        self.gateway.dashboard.attach_fleet(ClusterFleet.of(self))  # heartbeats, JetStream
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         ttl = self.settings.payload_ttl
         sweeper = sweep_forever(store, ttl, every=max(1.0, ttl / 4))
         self.spawn("payload-sweeper", sweeper)
-        self.console.print(
-            f"[bold green]fleetserve gateway[/] API listening on "
-            f"http://{self.settings.host}:{self.port}"
-        )
+        log.info("API listening on http://%s:%d", self.settings.host, self.port)
 
     async def stop(self) -> None:
         if self.gateway is not None:
@@ -135,6 +138,7 @@ class GatewayProcess(Service):
             await self.adapters.close()
         if self.js is not None:
             await self.js.close()
+        self.tracer.shutdown()
 
 
 def _fleet_state(states: Iterable[object]) -> str:

@@ -37,6 +37,8 @@ DLQ_REASON = "Fleetserve-Dlq-Reason"
 DLQ_SUBJECT = "Fleetserve-Dlq-Subject"
 DLQ_ATTEMPTS = "Fleetserve-Dlq-Attempts"
 MSG_ID = "Nats-Msg-Id"  # JetStream de-duplicates republished requests by it
+TRACEPARENT = "traceparent"  # W3C trace context, as OpenTelemetry's NATS users carry it
+TRACESTATE = "tracestate"
 
 _SAFE = re.compile(r"[A-Za-z0-9-]")
 
@@ -98,6 +100,10 @@ def envelope_headers(env: Envelope, reply_to: str, payload: str | None = None) -
         h[PRIORITY] = env.priority.value
     if env.part is not None:
         h[PART] = env.part.header()
+    if env.traceparent is not None:
+        h[TRACEPARENT] = env.traceparent
+        if env.tracestate:
+            h[TRACESTATE] = env.tracestate
     return h
 
 
@@ -148,6 +154,9 @@ def routed_from_headers(h: Mapping[str, str] | None) -> Routed:
         keep_alive=_number(h, KEEP_ALIVE, float) if h.get(KEEP_ALIVE) else None,
         priority=Priority(_enum(h, PRIORITY, Priority)) if h.get(PRIORITY) else Priority.BATCH,
         part=_part(h),
+        # opaque here: a malformed one is ignored where it is read (fleetserve.tracing)
+        traceparent=h.get(TRACEPARENT) or None,
+        tracestate=h.get(TRACESTATE) or None,
     )
     return Routed(env, _need(h, REPLY_TO), h.get(PAYLOAD) or None)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -16,10 +18,17 @@ class EncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     adapter: str | None = None  # tenant/name[@version]: a LoRA of this model
 
 
-class EmbeddingsRequest(msgspec.Struct):
-    """``POST /v1/embeddings`` (OpenAI-compatible; unknown fields such as ``user`` pass)."""
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
-    input: str | list[str]
+
+class EmbeddingsRequest(msgspec.Struct):
+    """``POST /v1/embeddings`` (OpenAI-compatible; unknown fields such as ``user`` pass).
+
+    ``input`` is a text, a list of texts, a list of token ids (the model's own
+    tokenizer's), or a list of such lists, as OpenAI's API takes it; one list does not
+    mix texts and ids (``families.token_ids`` checks)."""
+
+    input: str | list[str | TokenId | list[TokenId]]
     model: str
     encoding_format: str = "float"
     dimensions: int | None = None
@@ -93,6 +102,9 @@ class ExtractRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 # -- generation (families/generate) -------------------------------------------------------
 
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]  # 0: greedy
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+
 
 class ChatContentPart(msgspec.Struct):
     """One part of a message's content; only ``{"type": "text", "text": ...}`` is served."""
@@ -136,8 +148,8 @@ class ChatCompletionRequest(msgspec.Struct):
     model: str
     max_tokens: int | None = None
     max_completion_tokens: int | None = None  # the newer name; wins over max_tokens
-    temperature: float | None = None  # None: the model spec's default (else 1.0)
-    top_p: float | None = None
+    temperature: Temperature | None = None  # None: the model spec's default (else 1.0)
+    top_p: TopP | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -155,8 +167,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     prompt: str
     max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False

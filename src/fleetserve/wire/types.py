@@ -93,6 +93,9 @@ class Envelope:
     keep_alive: float | None = None  # seconds to keep the model resident after this use
     priority: Priority = Priority.BATCH
     part: Part | None = None  # a slice of another request, put back by a worker
+    # W3C trace context of the gateway's span (fleetserve.tracing); None: not traced
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @property
     def interactive(self) -> bool:

@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import signal
 import socket
 import sys
-import time
 from typing import Any
 
 from rich.console import Console
@@ -28,6 +26,7 @@ from ..lifecycle import Service
 from ..metrics import Metrics
 from ..queue.local import LocalQueueClient
 from ..settings import Settings
+from ..tracing import open_tracer
 from ..wire import FleetError
 from .health import HealthApp
 from .loop import Worker
@@ -66,6 +65,7 @@ class DeviceProcess(Service):
         self.device = device
         self.console = console
         self.metrics = Metrics()
+        self.tracer = open_tracer(settings, "worker")  # the null one unless --tracing
         self.catalog = catalog = build_catalog(settings)
         self.adapters: Any = None
         self._nats: Any = None
@@ -111,14 +111,10 @@ class DeviceProcess(Service):
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
         self.port = await self.serve_http(app, self.settings.host, 0, essential=False)
         try:
-            for m, r in self.runners.items():
+            for r in self.runners.values():
                 if not r.eager:  # loaded on its first request
                     continue
-                t0 = time.perf_counter()
-                if not await load_or_report(self.fleet, r, self.console):
-                    continue
-                took = time.perf_counter() - t0
-                self.console.print(f"  {self.device}: loaded {m} in {took:.1f}s", markup=False)
+                await load_or_report(self.fleet, r, self.console)  # the fleet logs the load
             await self._host_adapters()
             await self.queue.start()
             waits = [ack_wait_for(r.profile, self.settings) for r in self.runners.values()]
@@ -130,6 +126,7 @@ class DeviceProcess(Service):
                 keepalive=min(waits, default=5.0) / 3,
                 shared_queue=True,  # the other devices take what it holds if it fails
                 fleet=self.fleet,
+                tracer=self.tracer,
             )
             self.spawn("worker", self.worker.run(), essential=True)
             while not self.worker.running and not self.ended("worker"):
@@ -155,6 +152,7 @@ class DeviceProcess(Service):
                 await self._nats.close()
             if self.worker is not None:
                 self.worker.close()
+            self.tracer.shutdown()
 
 
 async def _until_signal(proc: DeviceProcess) -> int:
@@ -180,11 +178,9 @@ def child_main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     try:
         settings = Settings.load(env=json.loads(sys.stdin.read() or "{}"))
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format=f"[{args.device}] %(message)s",
-            stream=sys.stderr,
-        )
+        from ..logs import setup_logging
+
+        setup_logging(settings, tag=f"{settings.worker_id or 'worker'}/{args.device}")
         if args.device.split(":", 1)[0] == "cpu" and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, core_share(args.index, args.of, usable_cores()))
         sys.setswitchinterval(settings.gil_switch_interval)

@@ -185,10 +185,10 @@ class DevicePool(Service):
             on_lost=self._on_lost,
         )
         await self.server.start()
-        self.console.print(
-            f"[bold]fleetserve worker[/] {self.node}: local queue on {self.server.path}; "
-            f"starting {len(self.children)} device processes ({', '.join(self.devices)})"
-        )
+        log.info(
+            "worker %s: local queue on %s; starting %d device processes (%s)",
+            self.node, self.server.path, len(self.children), ", ".join(self.devices),
+        )  # fmt: skip
         for c in self.children:
             self._spawn(c)
         self.spawn("supervise", self._supervise(), essential=True)
@@ -225,16 +225,14 @@ class DevicePool(Service):
         if not info.get("ready"):
             return
         c.failures = 0
-        self.console.print(
-            f"  device {c.device} ready: pid {info.get('pid')}, health on {info.get('url')}"
-        )
+        pid, url = info.get("pid"), info.get("url")
+        log.info("device %s ready: pid %s, health on %s", c.device, pid, url)
         if not self._announced:
             self._announced = True
-            self.console.print(
-                f"[bold green]fleetserve worker[/] {self.node} ready: "
-                f"{', '.join(self.profiles)} on {', '.join(self.devices)}; "
-                f"health on http://{self.settings.host}:{self.port}"
-            )
+            log.info(
+                "worker %s ready: %d models, devices %s; health on :%d",
+                self.node, len(self.profiles), ",".join(self.devices), self.port,
+            )  # fmt: skip
 
     def _on_lost(self, info: dict[str, Any], held: int) -> None:
         log.warning(
@@ -256,10 +254,10 @@ class DevicePool(Service):
                     delay = min(MAX_BACKOFF, 0.5 * 2 ** (c.failures - 1))
                     c.restart_at = now + delay
                     self.restarts.labels(c.device).inc()
-                    self.console.print(
-                        f"[yellow]device {c.device} (pid {pid}) exited with {code}; "
-                        f"restarting in {delay:.1f}s[/]"
-                    )
+                    log.warning(
+                        "device %s (pid %s) exited with %s; restarting in %.1fs",
+                        c.device, pid, code, delay,
+                    )  # fmt: skip
                 if c.proc is None and c.restart_at is not None and now >= c.restart_at:
                     self._spawn(c)
 

@@ -19,6 +19,7 @@ from ..fleet.manager import Fleet
 from ..fleet.policy import GDSF
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
+from ..tracing import NULL_TRACER, Tracer
 from ..wire import (
     Encoding,
     Envelope,
@@ -62,6 +63,7 @@ class Worker(Settling):
         shared_queue: bool = False,
         fleet: Fleet | None = None,
         affinity: Affinity | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.queue = queue
         self.runners = dict(runners)
@@ -79,6 +81,7 @@ class Worker(Settling):
         self.keepalive = keepalive  # seconds between in-progress acks for held work
         self.shared_queue = shared_queue  # other workers pull from the same queue
         self.affinity = affinity  # a shared queue: pull for the models held here first
+        self.tracer = tracer or NULL_TRACER  # spans per request (fleetserve.tracing)
         self.failed: BaseException | None = None
         self.running = False
         self._jobs: set[Job] = set()
@@ -189,6 +192,7 @@ class Worker(Settling):
 
     async def _admit(self, msg: Message) -> None:
         env = msg.envelope
+        self.tracer.pulled(env, msg.attempts)  # its wait in the queue ends here
         if await self.cancels.pulled(msg):  # its client went away while it was queued
             return
         runner = self.runners.get(env.model)
@@ -232,7 +236,7 @@ class Worker(Settling):
                 wait=not self.shared_queue,
             )
             if time.perf_counter() - t0 > 0.01 and runner.loaded:
-                log.info("%s resident after %.1fs", model, time.perf_counter() - t0)
+                log.debug("%s resident after %.1fs", model, time.perf_counter() - t0)
         except FleetError as err:
             self._unpark(msg)
             failed = self.fleet.failed(model)
@@ -336,6 +340,7 @@ class Worker(Settling):
         return self._tg.create_task
 
     async def _finish(self, job: Job) -> None:
+        done = time.time()  # its last batch's forward pass ended
         # the job stays in ``_jobs`` until answered, so a crash still answers it
         await self._chunks.sent(job)
         env = job.msg.envelope
@@ -372,7 +377,9 @@ class Worker(Settling):
             return
         self._done(job)
         accept = Encoding.MSGPACK if env.part is not None else env.accept
-        await self.queue.reply(job.msg, Reply(body, accept, timings=timings))
+        self.tracer.batch(env, job.pulled_at, done, len(job.prepared.items), job.infer_s)
+        with self.tracer.reply(env, done):  # from its postprocessing to the reply sent
+            await self.queue.reply(job.msg, Reply(body, accept, timings=timings))
         await self.queue.ack(job.msg)
 
     def close(self) -> None:

@@ -29,14 +29,18 @@ from ..assembly import (
 )
 from ..catalog import Catalog, Profile
 from ..cluster.presence import Registry, announce_forever
-from ..fleet.memory import mib
+from ..dashboard.fleet_local import worker_figures
 from ..lifecycle import Service, run_process
+from ..logs.summary import ready_summary
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats
 from ..settings import Settings
+from ..tracing import open_tracer
 from .affinity import Affinity
 from .health import HealthApp
 from .loop import Worker
+
+log = logging.getLogger("fleetserve.worker")
 
 
 def ack_wait_for(profile: Profile, settings: Settings) -> float:
@@ -71,6 +75,7 @@ class WorkerProcess(Service):
         self.console = console or Console(stderr=True)
         self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.metrics = Metrics()
+        self.tracer = open_tracer(settings, "worker")  # the null one unless --tracing
         profiles = build_profiles(settings)
         self.choices = {s.id: profiles.choose(s) for s in self.catalog}
         self.runners = {
@@ -114,6 +119,8 @@ class WorkerProcess(Service):
                     "hardware": r.profile.hardware, "profile": self.choices[m].describe()}
                 for m, r in self.runners.items()
             },
+            # the fleet view's: counters per model and the hot adapters (dashboard/fleet_local)
+            **worker_figures(self.runners, self.js.stats if self.js else None, self.metrics),
         }  # fmt: skip
 
     async def start(self) -> None:
@@ -123,12 +130,9 @@ class WorkerProcess(Service):
         for m, r in self.runners.items():
             if not r.eager:  # loaded on its first request
                 continue
-            t0 = time.perf_counter()
+            # a spinner on a terminal; the fleet logs the load (or why it failed)
             with self.console.status(f"Loading {m} ({r.profile.precision}, {r.profile.hardware})…"):
-                if not await load_or_report(self.fleet, r, self.console):
-                    continue
-            took, held = time.perf_counter() - t0, mib(self.fleet.info(m)["bytes"])
-            self.console.print(f"  loaded {m} in {took:.1f}s ({held})")
+                await load_or_report(self.fleet, r, self.console)
         self.fleet.check_budget()  # now with what the pinned models measured
         waits = {m: ack_wait_for(r.profile, self.settings) for m, r in self.runners.items()}
         self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
@@ -157,6 +161,7 @@ class WorkerProcess(Service):
                 self._peer_holds,
                 self.js.oldest_wait,  # JetStream's, refreshed every second
             ),
+            tracer=self.tracer,
         )
         self.spawn("worker", self.worker.run(), essential=True)
         if self.settings.train:  # fine-tuning jobs, from their own JetStream stream
@@ -171,10 +176,10 @@ class WorkerProcess(Service):
         self.spawn("metrics", self._refresh_metrics())
         while not self.worker.running and not self.ended("worker"):
             await asyncio.sleep(0.001)
-        self.console.print(
-            f"[bold green]fleetserve worker[/] {self.node} ready: {', '.join(self.runners)}; "
-            f"health on http://{self.settings.host}:{self.port}"
-        )
+        log.info(
+            "worker %s ready: %s; health on :%d",
+            self.node, ready_summary(self.runners, self.settings.device), self.port,
+        )  # fmt: skip
 
     async def _refresh_metrics(self) -> None:
         models = list(self.runners)
@@ -207,6 +212,7 @@ class WorkerProcess(Service):
             await self.js.close()
         if self.worker is not None:
             self.worker.close()
+        self.tracer.shutdown()
 
 
 def tuned_processes(settings: Settings) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
+from ..tracing import Tracer
 from ..wire import FleetError, Reply
 from .batcher import Job
 from .chunks import Chunks
@@ -21,6 +22,7 @@ from .runner import Runner
 class Settling:
     queue: WorkQueue
     metrics: Metrics
+    tracer: Tracer
     runners: Mapping[str, Runner]
     max_deliver: int
     shared_queue: bool
@@ -91,7 +93,8 @@ class Settling:
         reply = Reply(content_type=msg.envelope.accept, error=err.to_body())
         if err.retry_after is not None:
             reply.timings["retry_after"] = err.retry_after
-        await self.queue.reply(msg, reply)
+        with self.tracer.reply(msg.envelope, error=err.code):
+            await self.queue.reply(msg, reply)
         await self.queue.ack(msg)
 
     async def _fail_all(self, err: FleetError) -> None:

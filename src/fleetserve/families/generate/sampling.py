@@ -33,7 +33,10 @@ def choose(
         row = row.masked_fill(~allowed.to(row.device), MASKED)
     if temperature <= 0.0:
         return int(row.argmax().item())
-    probs = torch.softmax(row.cpu() / temperature, dim=-1)
+    scaled = row.cpu() / temperature
+    if not bool(torch.isfinite(scaled.max())):  # so tiny a temperature (1e-40) is greedy:
+        return int(row.argmax().item())  # the logits over it overflow float32
+    probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < top_p  # the smallest set reaching top_p

@@ -131,8 +131,8 @@ class FineTuning:
         fraction = _fraction(body.get("validation_fraction"), self.limits.validation_fraction)
         margin = _margin(body.get("margin"), self.limits.margin)
         seed = body.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise InvalidInput("seed must be an integer", field="seed")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise InvalidInput("seed must be an integer from 0 to 2**32 - 1", field="seed")
         job_id = new_id("ftjob")
         suffix = check_suffix(body.get("suffix") or f"ft-{job_id[-8:]}")  # the random part
         training = _file_id(body.get("training_file"), "training_file", required=True) or ""

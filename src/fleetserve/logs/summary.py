@@ -1,0 +1,31 @@
+"""Short start-up lines: a process that holds 17 models says so in one line that fits
+80 columns (the list is at debug level, or in the line itself when it is short)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger("fleetserve.fleet")
+SHORT = 3  # models named in the line itself, at most
+
+
+def ready_summary(runners: Mapping[str, Any], devices: str | Iterable[str]) -> str:
+    """``3 loaded, 14 on demand, device cpu`` (``sentence-transformers/x loaded, device
+    cpu`` for one or a few models); each model's state at debug level."""
+    loaded = [m for m, r in runners.items() if getattr(r, "loaded", False)]
+    later = [m for m in runners if m not in set(loaded)]
+    where = devices if isinstance(devices, str) else ", ".join(devices)
+    label = "devices" if "," in where else "device"
+    for m in runners:
+        log.debug("%s: %s", m, "loaded" if m in loaded else "loads on first use")
+    if len(runners) <= SHORT:
+        parts = [f"{', '.join(loaded)} loaded"] if loaded else []
+        parts += [f"{', '.join(later)} on demand"] if later else []
+    else:
+        parts = [f"{len(loaded)} loaded", f"{len(later)} on demand"]
+    return ", ".join([*parts, f"{label} {where or 'auto'}"])
+
+
+__all__ = ["ready_summary"]
