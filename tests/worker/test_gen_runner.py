@@ -277,6 +277,32 @@ async def test_a_failed_step_crashes_its_jobs_and_the_runner_goes_on(
         await stop(task)
 
 
+async def test_a_step_failing_mid_prefill_crashes_the_newcomers_too(
+    adapter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampler raising in a prefill: the newcomers were out of the engine's queues
+    (in the step's locals), and used to be left unanswered until their deadline."""
+    from fleetserve.families.generate import engine as engine_module
+
+    real_choose = engine_module.choose
+
+    def choose_once_broken(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(engine_module, "choose", real_choose)
+        raise RuntimeError("probability tensor contains nan")
+
+    monkeypatch.setattr(engine_module, "choose", choose_once_broken)
+    h = Harness(_runner(adapter))
+    task = h.run()
+    try:
+        bad = h.job(chat_body("hi", max_tokens=5, temperature=1))  # sampled, not greedy
+        with pytest.raises(FleetError, match="inference failed: RuntimeError"):
+            await asyncio.wait_for(h.done[bad.msg.envelope.request_id], 10)
+        good = h.job(chat_body("hi", max_tokens=5, temperature=0))
+        await asyncio.wait_for(h.done[good.msg.envelope.request_id], 10)
+    finally:
+        await stop(task)
+
+
 async def test_a_broken_generation_thread_fails_the_runner(
     adapter: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

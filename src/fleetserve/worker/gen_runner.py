@@ -284,10 +284,13 @@ class GenerationRunner(Loadable):
                 changed = self._forward.submit(engine.step).result()
             except Exception as exc:
                 log.exception("generation step failed for %s", model)
-                for s in engine.reset():
-                    seqs.pop(id(s.tag), None)
-                    self._leave(s.tag)
-                    events.append(Event("crash", s.tag, error=exc))
+                engine.reset()
+                # every admitted job, not only what the engine still lists: a step that
+                # raises mid-prefill holds the newcomers in its own locals
+                for job in list(self._live.values()):
+                    seqs.pop(id(job), None)
+                    self._leave(job)
+                    events.append(Event("crash", job, error=exc))
                 self._post(events)
                 continue
             dt = time.perf_counter() - t0
