@@ -164,5 +164,13 @@ class Metrics:
             registry=r,
         )
 
+    def without_worker_gauges(self) -> Metrics:
+        """A gateway's metrics: it runs no worker, so it must not export the worker's
+        unlabelled gauges, whose 0 would read as a worker down (or an empty fleet)."""
+        for gauge in (self.worker_up, self.resident_models, self.resident_bytes):
+            self.registry.unregister(gauge)
+        self.registry.unregister(self.memory_budget)
+        return self
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -165,6 +165,11 @@ def test_workers_models_throughput_and_lag_reach_the_gateway(
     assert m["p50_ms"] == pytest.approx(took[math.ceil(n / 2) - 1], abs=0.002)
     assert m["p99_ms"] == pytest.approx(took[-1], abs=0.002) and m["rps"] > 0
     assert m["waiting"] == 0
+    # the gateway runs no worker: its /metrics must not say a worker is down
+    exported = httpx.get(api + "/metrics").text
+    assert "fleetserve_requests_total" in exported
+    assert "fleetserve_worker_up" not in exported
+    assert "fleetserve_memory_budget_bytes" not in exported
 
     # work that waits: the interactive lane through its durable consumer (made as a
     # worker's puller makes it), the batch lane with none yet

@@ -11,6 +11,7 @@ import yaml
 
 from fleetserve.catalog.profiles import bundled_dir, read_profile_file, write_profile_file
 from fleetserve.ops.capacity import (
+    DEFAULT_MAX_TOKENS,
     consumer_name,
     lag_threshold,
     lag_thresholds,
@@ -33,13 +34,49 @@ def test_capacity_is_the_tuned_knee() -> None:
     }
 
 
-def test_without_a_knee_the_cost_model_decides() -> None:
-    cap = model_capacity(SMOL, "cpu-amx")  # its profile has knee_rps: null
-    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{SMOL.replace('/', '--')}.yaml")
+def test_without_a_knee_the_cost_model_decides(tmp_path: Path) -> None:
+    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{MINILM.replace('/', '--')}.yaml")
+    prov = {**pf.provenance, "figures": {**pf.provenance["figures"], "knee_rps": None}}
+    write_profile_file(tmp_path, MINILM, pf.profile, prov)
+    cap = model_capacity(MINILM, "cpu-amx", tmp_path)
     p = pf.profile
-    ms = p.cost.predict_ms(p.max_batch_tokens, p.max_batch_tokens // p.max_batch_size, 4)
+    ms = p.cost.predict_ms(
+        p.max_batch_tokens, p.max_batch_tokens // p.max_batch_size, p.max_batch_size
+    )
     assert cap.rps == pytest.approx(p.max_batch_size / ms * 1e3)
     assert "cost model" in cap.source
+
+
+def test_generation_counts_its_decode_not_only_the_prefill() -> None:
+    from fleetserve.families.generate.adapter import DEFAULT_MAX_TOKENS as ADAPTERS
+
+    assert DEFAULT_MAX_TOKENS == ADAPTERS
+    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{SMOL.replace('/', '--')}.yaml")
+    p, figures = pf.profile, pf.provenance["figures"]
+    assert figures["knee_rps"] is None  # not measured for generation
+    prefill_only = p.max_batch_size / p.cost.predict_ms(p.max_batch_tokens, 2048, 4) * 1e3
+    cap = model_capacity(SMOL, "cpu-amx")  # the spec's max_tokens: 512
+    assert cap.rps == pytest.approx(figures["tokens_per_s"] / 512)
+    assert cap.rps < prefill_only / 30 and "512 tokens per request" in cap.source
+    short = model_capacity(SMOL, "cpu-amx", output_tokens=32)
+    assert short.rps == pytest.approx(figures["tokens_per_s"] / 32)
+    assert lag_thresholds([short])[SMOL] == {"batch": 21, "interactive": 3}
+
+
+def test_generation_without_measured_tokens_is_refused(tmp_path: Path) -> None:
+    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{SMOL.replace('/', '--')}.yaml")
+    prov = {**pf.provenance, "figures": {**pf.provenance["figures"], "tokens_per_s": None}}
+    write_profile_file(tmp_path, SMOL, pf.profile, prov)
+    with pytest.raises(ValueError, match=r"generates.*not the decode steps.*--rps"):
+        model_capacity(SMOL, "cpu-amx", tmp_path)
+
+
+def test_no_knee_and_no_spec_is_refused(tmp_path: Path) -> None:
+    pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{MINILM.replace('/', '--')}.yaml")
+    prov = {**pf.provenance, "figures": {**pf.provenance["figures"], "knee_rps": None}}
+    write_profile_file(tmp_path, "org/mine", pf.profile, prov)
+    with pytest.raises(ValueError, match=r"org/mine: .*not in the catalog.*--catalog"):
+        model_capacity("org/mine", "cpu-amx", tmp_path)
 
 
 def test_your_profile_wins_over_the_bundled_one(tmp_path: Path) -> None:
@@ -85,8 +122,28 @@ def test_cli_prints_a_pool(capsys: pytest.CaptureFixture[str]) -> None:
         (["--model", "org/*"], "at least one model id"),
         (["--pin", MINILM, "--rps", "nope"], "MODEL=REQUESTS_PER_SECOND"),
         (["--pin", MINILM, "--rps", f"{MINILM}=-1"], "MODEL=REQUESTS_PER_SECOND"),
+        (["--pin", MINILM, "--rps", f"{MINILM}=nan"], "a finite number > 0"),
+        (["--pin", MINILM, "--rps", f"{MINILM}=inf"], "a finite number > 0"),
+        (["--pin", MINILM, "--rps", f"{MINILM}=1e400"], "a finite number > 0"),
+        (["--pin", SMOL, "--output-tokens", f"{SMOL}=0"], "MODEL=TOKENS"),
+        (["--pin", SMOL, "--output-tokens", f"{SMOL}=1.5"], "MODEL=TOKENS"),
+        (["--pin", MINILM, "--batch-wait", "nan"], "--batch-wait nan"),
+        (["--pin", MINILM, "--interactive-wait", "inf"], "--interactive-wait inf"),
+        (["--pin", MINILM, "--max-replicas", "0"], "--max-replicas 0"),
     ],
 )
 def test_cli_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--pool", "p", "--hardware-class", "cpu-amx", *argv]) == 2
-    assert words in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert words in err
+    assert err.startswith("error: ") and err.count("\n") == 1  # one line, no traceback
+
+
+def test_cli_generation_pool(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["--pool", "gen", "--hardware-class", "cpu-amx", "--pin", SMOL,
+            "--output-tokens", f"{SMOL}=64", "--catalog", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "64 tokens per request (--output-tokens)" in out
+    (entry,) = yaml.safe_load(out)["workerPools"]
+    assert entry["scaling"]["lagThresholds"][SMOL] == {"batch": 11, "interactive": 2}

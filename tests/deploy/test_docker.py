@@ -169,6 +169,20 @@ def test_slim_installs_no_extra_that_needs_torch() -> None:
         assert extra_needs_torch("generate")
 
 
+@pytest.mark.parametrize("name", FILES)
+def test_every_image_can_export_traces(name: str) -> None:
+    """--tracing in a shipped image: the otel extra, with the OTLP/HTTP exporter that
+    fleetserve.tracing.export imports (without it spans only go to stderr)."""
+    args, _ = stages(DOCKER / name)
+    assert "otel" in args["EXTRAS"].split(",")
+    exporter = "opentelemetry-exporter-otlp-proto-http"
+    otel = PYPROJECT["project"]["optional-dependencies"]["otel"]
+    assert exporter in {Requirement(r).name for r in otel}
+    export = (ROOT / "src" / "fleetserve" / "tracing" / "export.py").read_text()
+    assert "from opentelemetry.exporter.otlp.proto.http.trace_exporter import" in export
+    assert not extra_needs_torch("otel")  # so the slim image may have it
+
+
 def test_cpu_and_cuda_take_torch_from_their_wheel_index() -> None:
     for name, index in [("Dockerfile", "/whl/cpu"), ("Dockerfile.cuda", "/whl/cu")]:
         args, st = stages(DOCKER / name)

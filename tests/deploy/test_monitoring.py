@@ -24,6 +24,7 @@ GRAFANA_VARS = {"$__rate_interval": "5m", "$__interval": "1m", "$model": ".*"}
 KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left",
             "group_right", "bool", "offset", "inf", "nan"}  # fmt: skip
 TARGET_LABELS = {"instance", "job"}  # Prometheus adds them to every scraped series
+SCRAPE_SERIES = {"up"}  # what Prometheus itself writes for each target
 
 
 def promtool() -> str:
@@ -52,7 +53,7 @@ def exported() -> dict[str, set[str]]:
         }[kind]
         for s in suffixes:
             out[name + s] = labels | ({"le"} if s == "_bucket" else set())
-    return out
+    return out | {name: set(TARGET_LABELS) for name in SCRAPE_SERIES}
 
 
 def dashboard_exprs() -> list[str]:

@@ -48,7 +48,7 @@ class GatewayProcess(Service):
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
         self.node = f"gw-{socket.gethostname()}-{os.getpid()}"
-        self.metrics = Metrics()
+        self.metrics = Metrics().without_worker_gauges()
         self.tracer = open_tracer(settings, "gateway")  # the null one unless --tracing
         self.registry = Registry()
         self.js: Any = None

@@ -14,7 +14,12 @@ tuned profile for the pool's hardware class (or the class that stands in for it)
 
 1. ``provenance.figures.knee_rps``: the open-loop knee that ``fleetserve tune``
    measured through the real serving path (requests/s at which p99 starts to climb);
-2. otherwise the fitted cost model: a full batch (``max_batch_size`` requests of
+2. for a generation model, the completion tokens/s ``fleetserve tune`` measured through
+   the real path (``figures.tokens_per_s``: prefill and every decode step, sequences
+   batched as served) divided by the tokens a request generates (the spec's default
+   ``max_tokens``, or ``--output-tokens``): its cost model prices one prefill pass, and
+   the decode steps that dominate a generation are not in it;
+3. otherwise the fitted cost model: a full batch (``max_batch_size`` requests of
    ``max_batch_tokens / max_batch_size`` tokens) per its predicted time.
 
 ``python -m fleetserve.ops.capacity --pool NAME --hardware-class CLASS --pin MODEL``
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from ..catalog import Catalog, ModelSpec
 from ..catalog.profiles import ProfileFile, bundled_dir, profile_path, read_profile_file
 from ..catalog.rules import fallback_chain
 from ..wire import Priority
@@ -40,6 +46,8 @@ from ..wire.headers import subject_token
 
 BATCH_WAIT_S = 10.0  # a batch backlog one replica clears in this long is on target
 INTERACTIVE_WAIT_S = 1.0  # interactive work should wait about a second at most
+# what a generation request without max_tokens gets: families.generate.adapter's default
+DEFAULT_MAX_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -84,12 +92,20 @@ def find_profile(
 
 
 def model_capacity(
-    model: str, hardware_class: str, profile_dir: Path | None = None
+    model: str,
+    hardware_class: str,
+    profile_dir: Path | None = None,
+    *,
+    catalog: Catalog | None = None,
+    output_tokens: int | None = None,
 ) -> ModelCapacity:
-    """Requests/s one replica serves of ``model``: the tuned knee, else the cost model.
+    """Requests/s one replica serves of ``model``: the tuned knee, else (generation) the
+    measured tokens/s over the tokens a request generates, else the cost model.
 
-    A ``ValueError`` when nothing was tuned for the class or its fallbacks: a
-    threshold guessed from rules would scale on a number nobody measured.
+    ``catalog`` (the bundled one by default) says whether the model generates;
+    ``output_tokens`` is what a generation request is expected to produce. A
+    ``ValueError`` when nothing was tuned for the class or its fallbacks: a threshold
+    guessed from rules would scale on a number nobody measured.
     """
     pf = find_profile(model, hardware_class, profile_dir)
     if pf is None:
@@ -105,12 +121,43 @@ def model_capacity(
         return ModelCapacity(
             model, pf.hardware_class, float(knee), f"knee_rps, tuned on {pf.hardware_class} {date}"
         )
+    specs = catalog if catalog is not None else Catalog.load()
+    if model not in specs:
+        raise ValueError(
+            f"{model}: its profile has no knee_rps and its spec is not in the catalog, so "
+            f"whether it generates (and spends its time decoding) is unknown: give "
+            f"--catalog DIR with its spec, or --rps {model}=N"
+        )
+    spec = specs.get(model)
+    if spec.family == "generate":
+        return _generation_capacity(pf, spec, figures, output_tokens)
     p = pf.profile
     max_len = max(1, p.max_batch_tokens // max(1, p.max_batch_size))
     ms = p.cost.predict_ms(p.max_batch_tokens, max_len, p.max_batch_size)
     rps = p.max_batch_size / max(ms, 1e-3) * 1e3
     source = f"cost model, {pf.hardware_class} {date}: {p.max_batch_size} per {ms:.1f} ms"
     return ModelCapacity(model, pf.hardware_class, rps, source)
+
+
+def _generation_capacity(
+    pf: ProfileFile, spec: ModelSpec, figures: dict[str, object], output_tokens: int | None
+) -> ModelCapacity:
+    """A generation replica: completion tokens/s measured as served, per request's tokens."""
+    tps = figures.get("tokens_per_s")
+    if not isinstance(tps, int | float) or not math.isfinite(tps) or tps <= 0:
+        raise ValueError(
+            f"{spec.id} generates, and its profile for {pf.hardware_class} has neither "
+            f"knee_rps nor a measured tokens_per_s; its cost model prices one prefill, not "
+            f"the decode steps that take most of a generation: give --rps {spec.id}=N"
+        )
+    default = int(spec.options.get("max_tokens", DEFAULT_MAX_TOKENS))
+    n = output_tokens or max(1, min(default, spec.max_seq_len))
+    how = "--output-tokens" if output_tokens else "the default max_tokens"
+    source = (
+        f"generation, {pf.hardware_class} {pf.provenance.get('date', '?')}: "
+        f"{tps:g} completion tokens/s / {n} tokens per request ({how})"
+    )
+    return ModelCapacity(spec.id, pf.hardware_class, float(tps) / n, source)
 
 
 def lag_threshold(rps: float, wait_s: float) -> int:
@@ -181,17 +228,25 @@ def values_snippet(
     return "\n".join(head) + "\n" + body
 
 
-def _rps_overrides(items: Sequence[str]) -> dict[str, float]:
+def _per_model(flag: str, items: Sequence[str], what: str, integer: bool) -> dict[str, float]:
+    """``MODEL=N`` flags: N a finite number above 0 (a whole one where ``integer``)."""
     out: dict[str, float] = {}
     for item in items:
         model, sep, value = item.rpartition("=")
         try:
-            out[model] = float(value)
+            number = float(int(value)) if integer else float(value)
         except ValueError:
-            model = ""
-        if not sep or not model or out[model] <= 0:
-            raise ValueError(f"--rps {item!r}: expected MODEL=REQUESTS_PER_SECOND (> 0)")
+            number = math.nan
+        if not sep or not model or not math.isfinite(number) or number <= 0:
+            raise ValueError(f"{flag} {item!r}: expected MODEL={what} (a finite number > 0)")
+        out[model] = number
     return out
+
+
+def _positive(flag: str, value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{flag} {value}: expected seconds (a finite number > 0)")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -211,6 +266,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--interactive-wait", type=float, default=INTERACTIVE_WAIT_S, help="[1]")
     p.add_argument("--profile-dir", default="", help="Your tuned profiles, before bundled.")
     p.add_argument("--rps", action="append", default=[], help="MODEL=N: measured elsewhere.")
+    p.add_argument(
+        "--output-tokens",
+        action="append",
+        default=[],
+        help="MODEL=N: tokens a generation request produces [its spec's max_tokens].",
+    )
+    p.add_argument("--catalog", action="append", default=[], help="A directory of your specs.")
     return p
 
 
@@ -220,17 +282,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         ids = [*args.pin, *(m for m in args.model if not any(c in m for c in "*?["))]
         if not ids:
             raise ValueError("name at least one model id (--pin or --model) to scale on")
-        given = _rps_overrides(args.rps)
+        given = _per_model("--rps", args.rps, "REQUESTS_PER_SECOND", integer=False)
+        tokens = _per_model("--output-tokens", args.output_tokens, "TOKENS", integer=True)
+        _positive("--batch-wait", args.batch_wait)
+        _positive("--interactive-wait", args.interactive_wait)
         root = Path(args.profile_dir).expanduser() if args.profile_dir else None
+        catalog = Catalog.load([Path(d) for d in args.catalog])
         caps = [
             ModelCapacity(m, args.hardware_class, given[m], "given with --rps")
             if m in given
-            else model_capacity(m, args.hardware_class, root)
+            else model_capacity(
+                m, args.hardware_class, root, catalog=catalog, output_tokens=_int(tokens.get(m))
+            )
             for m in dict.fromkeys(ids)
         ]
         low = args.min_replicas if args.min_replicas is not None else (1 if args.pin else 0)
         if low == 0 and args.pin:
             raise ValueError("a pool that pins models cannot scale to zero (--min-replicas 0)")
+        if low < 0 or args.max_replicas < max(1, low):
+            raise ValueError(
+                f"--min-replicas {low} / --max-replicas {args.max_replicas}: expected "
+                f"0 <= min <= max and max >= 1"
+            )
         device = args.device or ("cuda" if args.hardware_class.startswith("cuda") else "cpu")
         text = values_snippet(
             args.pool, device, args.hardware_class, args.pin, args.model, caps,
@@ -242,6 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     sys.stdout.write(text)
     return 0
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,21 +37,65 @@ call with (dict "root" $ "pool" $p) and read it back with fromYaml. */}}
 {{- range $m := uniq $ids }}
 {{- $given := index ($s.lagThresholds | default dict) $m | default dict }}
 {{- $tok := include "fleetserve.token" $m }}
-{{- $triggers = append $triggers (dict "model" $m "class" "batch" "consumer" (printf "w-%s" $tok) "lagThreshold" (int (default (default 500 $s.lagThreshold) $given.batch))) }}
-{{- $triggers = append $triggers (dict "model" $m "class" "interactive" "consumer" (printf "wi-%s" $tok) "lagThreshold" (int (default (default 50 $s.interactiveLagThreshold) $given.interactive))) }}
+{{- $triggers = append $triggers (dict "model" $m "class" "batch" "name" (include "fleetserve.triggerName" (list "batch" $m)) "consumer" (printf "w-%s" $tok) "lagThreshold" (int (default (default 500 $s.lagThreshold) $given.batch))) }}
+{{- $triggers = append $triggers (dict "model" $m "class" "interactive" "name" (include "fleetserve.triggerName" (list "interactive" $m)) "consumer" (printf "wi-%s" $tok) "lagThreshold" (int (default (default 50 $s.interactiveLagThreshold) $given.interactive))) }}
 {{- end }}
+{{- $max := int (default 4 $s.maxReplicas) }}
+{{- if lt $max $min }}
+{{- fail (printf "workerPools[%s]: scaling.maxReplicas (%d) is below scaling.minReplicas (%d)" $p.name $max $min) }}
+{{- end }}
+{{- /* a key the pool sets wins even when it is 0, false, "" or empty: `default` would
+treat those as unset */}}
+{{- $pdb := $p.pdb | default dict }}
 name: {{ printf "%s-worker-%s" (include "fleetserve.fullname" $root) $p.name | trunc 63 | trimSuffix "-" | quote }}
 pool: {{ $p.name | quote }}
 device: {{ $device }}
-variant: {{ default $d.imageVariant $p.imageVariant | default "" | quote }}
+variant: {{ include "fleetserve.either" (list $p.imageVariant $d.imageVariant "") }}
 port: {{ default 8081 $p.port }}
 minReplicas: {{ $min }}
-maxReplicas: {{ int (default 4 $s.maxReplicas) }}
+maxReplicas: {{ $max }}
+replicas: {{ ternary (max 1 $min) $p.replicas (kindIs "invalid" $p.replicas) | int }}
 scaling: {{ ternary false true (eq (toString $s.enabled) "false") }}
+pdbEnabled: {{ ternary true $pdb.enabled (kindIs "invalid" $pdb.enabled) }}
+pdbBudget: {{ include "fleetserve.pdbBudget" (dict "pdb" $pdb "where" (printf "workerPools[%s].pdb" $p.name) "default" (dict "maxUnavailable" 1)) | fromYaml | toJson }}
 args: {{ toJson $args }}
-nodeSelector: {{ toJson (default $d.nodeSelector $p.nodeSelector | default dict) }}
-tolerations: {{ toJson (default $d.tolerations $p.tolerations | default list) }}
-resources: {{ toJson (default $d.resources $p.resources | default dict) }}
+nodeSelector: {{ include "fleetserve.either" (list $p.nodeSelector $d.nodeSelector dict) }}
+tolerations: {{ include "fleetserve.either" (list $p.tolerations $d.tolerations list) }}
+resources: {{ include "fleetserve.either" (list $p.resources $d.resources dict) }}
 affinity: {{ toJson ($p.affinity | default dict) }}
 triggers: {{ toJson $triggers }}
+{{- end }}
+
+{{/* (list given fallback last) -> JSON of the first that is set (not null), even when it
+is "", 0, false or empty; `default` would skip those. */}}
+{{- define "fleetserve.either" -}}
+{{- $given := index . 0 }}{{ $fallback := index . 1 }}
+{{- if not (kindIs "invalid" $given) }}{{ toJson $given }}
+{{- else if not (kindIs "invalid" $fallback) }}{{ toJson $fallback }}
+{{- else }}{{ toJson (index . 2) }}
+{{- end }}
+{{- end }}
+
+{{/* A PodDisruptionBudget's budget as YAML: the pdb's minAvailable or maxUnavailable
+(0 included), else the default; both at once is an error Kubernetes would reject. */}}
+{{- define "fleetserve.pdbBudget" -}}
+{{- $min := .pdb.minAvailable }}{{ $max := .pdb.maxUnavailable }}
+{{- if and (not (kindIs "invalid" $min)) (not (kindIs "invalid" $max)) }}
+{{- fail (printf "%s: set minAvailable or maxUnavailable, not both (set the other to null)" .where) }}
+{{- else if not (kindIs "invalid" $min) }}
+{{- toYaml (dict "minAvailable" $min) }}
+{{- else if not (kindIs "invalid" $max) }}
+{{- toYaml (dict "maxUnavailable" $max) }}
+{{- else }}
+{{- toYaml .default }}
+{{- end }}
+{{- end }}
+
+{{/* A KEDA trigger's name, unique per model id and class and a DNS-1123 label: the
+class, the id in lower case letters and digits (cut short), and 10 hex digits of the
+sha256 of the exact id, so ids that share a long prefix or differ only in case differ. */}}
+{{- define "fleetserve.triggerName" -}}
+{{- $class := index . 0 }}{{ $id := index . 1 }}
+{{- $slug := regexReplaceAll "[^a-z0-9]+" (lower $id) "-" | trunc 40 | trimAll "-" }}
+{{- join "-" (compact (list $class $slug (sha256sum $id | trunc 10))) }}
 {{- end }}
