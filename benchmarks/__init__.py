@@ -23,6 +23,7 @@ COMMANDS = {
     "lora": ("lora", "mixed-adapter batches against the base and one adapter per batch"),
     "priority": ("priority", "queries under bulk load; the broker hop; against infinity"),
     "finetune": ("finetune", "a LoRA from pairs through the API: nDCG@10, time, cost"),
+    "soak": ("soak", "mixed traffic, a worker killed, NATS restarted: RSS growth, loss"),
 }
 
 

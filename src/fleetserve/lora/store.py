@@ -24,11 +24,13 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..storage import FileStore, MemoryStore, PayloadMissing, PayloadStore, check_key, open_store
+from ..wire import Unavailable
 
 DISTRIBUTED_DEFAULT = "nats://fleetserve-adapters"
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
@@ -48,14 +50,20 @@ class AdapterStore:
     def __repr__(self) -> str:
         return f"AdapterStore({self.store!r})"
 
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return _nats_unreachable() if self._kind == "nats" else contextlib.nullcontext()
+
     async def put(self, key: str, data: bytes) -> None:
-        await self.store.put(key, data)
+        with self._guard():
+            await self.store.put(key, data)
 
     async def get(self, key: str) -> bytes:
-        return await self.store.get(key)
+        with self._guard():
+            return await self.store.get(key)
 
     async def delete(self, key: str) -> None:
-        await self.store.delete(key)
+        with self._guard():
+            await self.store.delete(key)
 
     async def close(self) -> None:
         await self.store.close()
@@ -70,7 +78,8 @@ class AdapterStore:
         elif self._kind == "s3":
             found = await _s3_keys(self.store, prefix)
         elif self._kind == "nats":
-            found = await _nats_keys(self.store)
+            with self._guard():
+                found = await _nats_keys(self.store)
         else:
             found = list(await self.store.keys(prefix))  # type: ignore[attr-defined]
         return sorted(k for k in found if k.startswith(prefix))
@@ -91,8 +100,39 @@ class AdapterStore:
         if self._kind == "s3":
             return await _s3_create(self.store, key, data)
         if self._kind == "nats":
-            return await _nats_create(self.store, key, data)
+            with self._guard():
+                return await _nats_create(self.store, key, data)
         return bool(await self.store.create(key, data))  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _nats_unreachable() -> Iterator[None]:
+    """NATS briefly away (a restart, a reconnect, JetStream not yet up) is a 503 the
+    client retries, not a 500 (a soak's nats-server restart found it)."""
+    from nats.errors import (
+        ConnectionClosedError,
+        ConnectionReconnectingError,
+        NoRespondersError,
+        NoServersError,
+        StaleConnectionError,
+    )
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import ServiceUnavailableError
+
+    try:
+        yield
+    except (
+        ConnectionClosedError,
+        ConnectionReconnectingError,
+        NoRespondersError,
+        NoServersError,
+        StaleConnectionError,
+        NatsTimeout,
+        ServiceUnavailableError,
+    ) as exc:
+        raise Unavailable(
+            f"the adapter store is unreachable ({type(exc).__name__}); retry", retry_after=1.0
+        ) from None
 
 
 def _kind_of(store: PayloadStore) -> str:
