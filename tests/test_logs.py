@@ -3,9 +3,11 @@ timing headers on errors, secrets never logged, library progress bars off."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetserve.gateway.auth import new_key
 from fleetserve.logs import CHILD_ENV, Redactor, child_env, kv, setup_logging
 from fleetserve.logs.access import request_id
 from fleetserve.logs.summary import ready_summary
@@ -84,10 +87,10 @@ def test_secrets_are_redacted_in_every_line(logs: io.StringIO) -> None:
     log = logging.getLogger("fleetserve.queue")
     log.info("connecting to %s with %s", settings.nats, settings.api_key)
     log.warning("s3 said %s", f"bad signature for {S3_SECRET}", extra=kv(key=SECRET_KEY))
-    log.info("payloads at s3://AKIAXX:other-secret@bucket/p, header Bearer abc.def-123")
-    log.info("a new key fs-%s", "A" * 40)
+    log.info("payloads at s3://AKIAXX:other-secret@bucket/p, header Bearer abc.def-123456789")
+    log.info("a new key %s", key := new_key())
     text = logs.getvalue()
-    for secret in (SECRET_KEY, S3_SECRET, NATS_PASS, "other-secret", "abc.def-123", "A" * 40):
+    for secret in (SECRET_KEY, S3_SECRET, NATS_PASS, "other-secret", "abc.def-123456789", key):
         assert secret not in text
     assert "nats://***@127.0.0.1:4222" in text  # the host stays readable
     assert repr(settings).count("***") >= 3  # Settings' own redaction, which this mirrors
@@ -181,6 +184,41 @@ def test_access_lines_and_headers_for_every_outcome(
     assert "queue_ms" in ok and "inference_ms" in ok and ok["priority"] == "interactive"
     assert access["unknown"]["code"] == "model_not_found" and access["late"]["level"] == "warning"
     assert access["no-key"]["code"] == "unauthorized" and "tenant" not in access["no-key"]
+
+
+def test_two_requests_with_one_client_id_both_get_their_reply(
+    secret_server: ServerThread, logs: io.StringIO
+) -> None:
+    """The id keys the queue's pending replies (and JetStream's de-duplication): the
+    queue gets a unique one, the client and the log see its own."""
+    setup_logging(secret_server.settings, stream=logs)
+    headers = {
+        "authorization": f"Bearer {SECRET_KEY}",
+        "x-request-id": "twin",
+        "x-request-timeout": "5",  # the old collision: one of them waited this long
+    }
+    path = f"/v1/encode/{TINY}"
+
+    async def both() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(base_url=secret_server.url, timeout=10) as c:
+            one, two = await asyncio.gather(
+                c.post(path, json={"inputs": ["a"]}, headers=headers),
+                c.post(path, json={"inputs": ["b", "c"]}, headers=headers),
+            )
+        return one, two
+
+    t0 = time.perf_counter()
+    one, two = asyncio.run(both())
+    assert one.status_code == 200 and two.status_code == 200, (one.text, two.text)
+    assert time.perf_counter() - t0 < 4
+    assert one.headers["x-request-id"] == two.headers["x-request-id"] == "twin"
+    assert len(one.json()["embeddings"]) == 1 and len(two.json()["embeddings"]) == 2
+    deadline = time.monotonic() + 5
+    while logs.getvalue().count('"id": "twin"') < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the lines follow the responses
+    lines = [json.loads(x) for x in logs.getvalue().splitlines()]
+    twins = [x for x in lines if x["logger"] == "fleetserve.access" and x.get("id") == "twin"]
+    assert len(twins) == 2 and all(x["msg"].startswith(f"POST {path} 200 ") for x in twins)
 
 
 def test_access_log_can_be_turned_off(tiny_catalog: Path, logs: io.StringIO) -> None:

@@ -287,8 +287,8 @@ class Settings:
         "reply, one trace across processes (needs the otel extra; off costs nothing)."
     )  # fmt: skip
     otlp_endpoint: str = setting(
-        "", "OTLP collector for --tracing, e.g. http://127.0.0.1:4318 (needs "
-        "opentelemetry-exporter-otlp; empty: spans go to the console)."
+        "", "OTLP/HTTP collector for --tracing, e.g. http://127.0.0.1:4318 (the "
+        "otel extra; empty: spans go to stderr, one JSON line each)."
     )  # fmt: skip
     service_name: str = setting(
         "", "OpenTelemetry service.name of this process (empty: fleetserve-gateway, "

@@ -81,8 +81,9 @@ def test_cluster_serves_and_ctrl_c_stops_everything(cluster_catalog: Path) -> No
 def test_distributed_commands_need_a_nats_url(
     command: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    args = [command, "list"] if command == "dlq" else [command]
-    assert main([*args, "--port", "0"]) != 0
+    # only the gateway serves on --port (a worker's health port is --worker-port)
+    args = {"gateway": ["gateway", "--port", "0"], "worker": ["worker"], "dlq": ["dlq", "list"]}
+    assert main(args[command]) != 0
     err = capfd.readouterr().err
     assert "needs a NATS URL: --nats nats://HOST:4222" in err
     assert "Traceback" not in err

@@ -55,10 +55,16 @@ class Stack:
         return r, rid
 
     def headers_of(self, rid: str, timeout: float = 5.0) -> dict[str, str]:
+        """The NATS headers of the message for the client's ``rid`` (the queue's id is
+        ``rid`` itself or, when the client named it, ``rid`` with a unique suffix)."""
         end = time.monotonic() + timeout
-        while rid not in self.published and time.monotonic() < end:
+        while True:
+            for key, h in list(self.published.items()):
+                if key == rid or key.startswith(rid + "."):
+                    return h
+            if time.monotonic() > end:
+                raise AssertionError(f"no message for {rid}")
             time.sleep(0.01)
-        return self.published[rid]
 
 
 @pytest.fixture(scope="module")

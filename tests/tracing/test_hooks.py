@@ -171,8 +171,9 @@ def test_the_default_service_name_says_the_role() -> None:
 def test_without_the_otlp_exporter_spans_go_to_the_console(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("grpc", "http"):
-        monkeypatch.setitem(sys.modules, f"opentelemetry.exporter.otlp.proto.{name}", None)
+    for name in ("grpc", "http"):  # the package, and its module another test imported
+        for mod in ("", ".trace_exporter"):
+            monkeypatch.setitem(sys.modules, f"opentelemetry.exporter.otlp.proto.{name}{mod}", None)
     with caplog.at_level(logging.WARNING, "fleetserve.tracing"):
         assert isinstance(exporter_for("http://127.0.0.1:4318"), ConsoleSpanExporter)
         assert isinstance(exporter_for("127.0.0.1:4317"), ConsoleSpanExporter)

@@ -167,7 +167,8 @@ def stack(nats_server: NatsServer, tiny_catalog: Path) -> Iterator[tuple[Gateway
     cmd = [sys.executable, "-m", "fleetserve", "worker", "--devices", "cpu:0,cpu:1"]
     cmd += ["--catalog", str(tiny_catalog), "--models", TINY, "--worker-id", "dw"]
     cmd += ["--nats", nats_server.url, "--queue-prefix", prefix, "--stream-storage", "memory"]
-    cmd += ["--ack-wait", "120", "--max-batch-tokens", "64", "--log-level", "warning"]
+    # info: the "local queue on <socket>" line is checked below
+    cmd += ["--ack-wait", "120", "--max-batch-tokens", "64", "--log-level", "info"]
     env = {**os.environ, "COLUMNS": "400"}  # one line per message
     pids: set[int] = set()
     with tempfile.TemporaryFile() as log:

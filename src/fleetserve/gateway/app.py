@@ -7,16 +7,16 @@ encoding, its bytes go back untouched.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 from ..catalog import Catalog
 from ..catalog.spec import Profile
-from ..logs.access import PROBE_HEADER, Access, request_id
+from ..logs import kv
+from ..logs.access import Access, request_id
 from ..metrics import Metrics
 from ..queue import WorkQueue
 from ..queue.base import PendingReply
@@ -30,6 +30,7 @@ from ..wire import (
     InvalidInput,
     NotFound,
     Principal,
+    Reply,
     Task,
     Unavailable,
     error_from_body,
@@ -41,8 +42,11 @@ from . import envelope as env_mod
 from .auth import Authenticator, PrincipalApp, require
 from .calls import AdapterCalls
 from .disconnect import Watched
-from .errors import body_response, error_response, stamped
+from .errors import body_response, crashed, error_response, stamped
 from .http import Receive, Scope, Send, header, read_body, respond
+from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests read it)
+from .routes import PATH_MODEL_ROUTES as _PATH_MODEL_ROUTES  # noqa: F401
+from .routes import inference_route, is_adapters, sse_error
 
 if TYPE_CHECKING:
     from .finetune import FineTuneRoutes
@@ -122,13 +126,13 @@ class Gateway:
     async def _logged(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``_http`` with the request id and timing headers on every response, and one
         access line when it is done (``access_log`` setting)."""
-        access = Access(scope["method"], scope["path"], request_id(header(scope, b"x-request-id")))
-        declared = header(scope, b"content-length")
-        access.bytes_in = int(declared) if declared is not None and declared.isdigit() else None
-        access.probe = header(scope, PROBE_HEADER.encode()) is not None
-        scope["fleetserve.access"] = access
+        scope["fleetserve.access"] = access = Access.of(scope)
+        send = stamped(send, access)
         try:
-            await self._http(scope, receive, stamped(send, access))
+            await self._http(scope, receive, send)
+        except Exception:  # a bug in a handler: a 500, never a dead connection or process
+            log.exception("request failed", extra=kv(path=access.path, id=access.request_id))
+            await crashed(send, access)
         finally:
             if self.access_log:
                 access.emit()
@@ -140,7 +144,9 @@ class Gateway:
         try:
             # every /v1/ route needs a valid key (when keys are configured)
             principal = self.auth.authenticate(scope) if path.startswith("/v1/") else None
-            route = _route(method, path)
+            if principal is not None:  # every route's access line names the tenant
+                _access(scope).tenant = principal.tenant
+            route = inference_route(method, path)
             if route is not None:  # inference first: the dashboard stays off the hot path
                 assert principal is not None
                 require(principal, KeyScope.INFER)
@@ -156,7 +162,7 @@ class Gateway:
             elif method == "GET" and path == "/v1/models":
                 body = {"object": "list", "data": self.models_info()}
                 await respond(send, *body_response(200, body, accept))
-            elif self.adapters is not None and _is_adapters(path):
+            elif self.adapters is not None and is_adapters(path):
                 assert principal is not None
                 await self.adapters(scope, receive, send, principal)
             elif self.finetune is not None and self.finetune.handles(path):
@@ -256,12 +262,14 @@ class Gateway:
                 adapter=adapter,
                 priority=priority,
             )
-            env = trace.stamp(env)  # its trace context rides with it to the worker
+            # its trace context rides with it to the worker; the span names the client's id,
+            # the queue a unique one (two clients may send the same x-request-id)
+            env = dataclasses.replace(trace.stamp(env), request_id=access.envelope_id())
             access.priority = env.priority.value
             # a client that hangs up (or a deadline that passes) cancels the work
             pending = Watched(await self.queue.publish(env, body), receive, self.queue, env)
             if stream:
-                await self._stream(send, pending, env, route, t0)
+                await self._stream(send, pending, env, route, t0, trace, access=access)
                 return
             reply = await pending.wait(env.deadline - time.time())
             access.queue_ms = reply.timings.get("queue_ms")
@@ -276,10 +284,8 @@ class Gateway:
             return
         except Exception:
             log.exception("gateway failure")
-            internal = InternalError("internal error")
-            access.code = internal.code
-            self._count(route, model, internal.code)
-            await respond(send, *error_response(internal, accept))
+            self._count(route, model, InternalError.code)
+            await crashed(send, access, accept)  # a 500 (a stream: on its access line)
             return
         total = time.perf_counter() - t0
         self.metrics.stage_latency.labels(model, "total").observe(total)
@@ -287,7 +293,7 @@ class Gateway:
         self._count(route, model, "ok")
         headers = [
             (b"content-type", reply.content_type.value.encode()),
-            (b"x-request-id", env.request_id.encode()),
+            (b"x-request-id", access.request_id.encode()),
             (b"x-queue-time-ms", f"{reply.timings.get('queue_ms', 0.0):.3f}".encode()),
             (b"x-inference-time-ms", f"{reply.timings.get('inference_ms', 0.0):.3f}".encode()),
             (b"x-total-time-ms", f"{total * 1e3:.3f}".encode()),
@@ -296,20 +302,24 @@ class Gateway:
         await respond(send, 200, headers, reply.body)
 
     async def _stream(
-        self, send: Send, pending: PendingReply, env: Envelope, route: str, t0: float
-    ) -> None:
+        self, send: Send, pending: PendingReply, env: Envelope, route: str, t0: float,
+        trace: RequestTrace = NULL_REQUEST, *, access: Access,
+    ) -> None:  # fmt: skip
         """Server-sent events: each chunk's bytes (SSE lines the worker wrote) as they come.
 
         Errors before the first chunk are plain HTTP errors; after it, the status is sent
-        already, so an error becomes an SSE ``error`` event and the stream ends."""
+        already, so an error becomes an SSE ``error`` event and the stream ends. ``access``
+        learns the outcome's code and the worker's timings (its last chunk has them)."""
         chunks = pending.stream(env.deadline - time.time())
         first = await anext(chunks)  # errors here propagate as HTTP errors
+        trace.replied(first)  # its first chunk (or its whole, one-chunk reply)
+        _timings(access, first)  # known now: in the headers (stamped), else left out
         if first.error is not None:
             raise error_from_body(first.error, retry_after=first.timings.get("retry_after"))
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
-            (b"x-request-id", env.request_id.encode()),
+            (b"x-request-id", access.request_id.encode()),
             (b"x-priority", env.priority.value.encode()),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -318,6 +328,9 @@ class Gateway:
             await send({"type": "http.response.body", "body": first.body, "more_body": True})
             if not first.final:
                 async for reply in chunks:
+                    if reply.final or reply.error is not None:
+                        trace.replied(reply)  # the stream's end, with the worker's timings
+                        _timings(access, reply)
                     if reply.error is not None:
                         code = str(reply.error.get("error", {}).get("code", "internal"))
                         await send(
@@ -335,7 +348,11 @@ class Gateway:
             code = err.code
             body = sse_error(err.to_body())
             await send({"type": "http.response.body", "body": body, "more_body": True})
+        except Exception:
+            code = InternalError.code
+            raise
         finally:
+            access.code = None if code == "ok" else code
             await chunks.aclose()
             await send({"type": "http.response.body", "body": b""})
             self._count(route, env.model, code)
@@ -367,35 +384,7 @@ def _access(scope: Scope) -> Access:
     return Access(scope.get("method", ""), scope.get("path", ""), request_id(None))
 
 
-def _is_adapters(path: str) -> bool:
-    return path == "/v1/adapters" or path.startswith("/v1/adapters/")
-
-
-def _route(method: str, path: str) -> tuple[Task, str | None] | None:
-    """The task and model id (``None``: in the body) of an inference route."""
-    if method != "POST":
-        return None
-    if path in _BODY_MODEL_ROUTES:
-        return _BODY_MODEL_ROUTES[path], None
-    for prefix, task in _PATH_MODEL_ROUTES:
-        if path.startswith(prefix):
-            return task, unquote(path[len(prefix) :])
-    return None
-
-
-_BODY_MODEL_ROUTES = {
-    "/v1/embeddings": Task.EMBEDDINGS,
-    "/v1/rerank": Task.RERANK,
-    "/v1/chat/completions": Task.CHAT,
-}
-_PATH_MODEL_ROUTES = (
-    ("/v1/encode/", Task.ENCODE),
-    ("/v1/score/", Task.SCORE),
-    ("/v1/extract/", Task.EXTRACT),
-    ("/v1/generate/", Task.GENERATE),
-)
-
-
-def sse_error(error: dict[str, Any]) -> bytes:
-    """An error after the stream started: one SSE ``error`` event (OpenAI's shape)."""
-    return b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
+def _timings(access: Access, reply: Reply) -> None:
+    """The worker's timings, where the reply has them, on the access line."""
+    access.queue_ms = reply.timings.get("queue_ms", access.queue_ms)
+    access.inference_ms = reply.timings.get("inference_ms", access.inference_ms)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from ..logs.access import Access
-from ..wire import Encoding, FleetError
-from ..wire.codec import dumps
-from .http import Message, Send
+from ..wire import Encoding, FleetError, InternalError
+from ..wire.codec import dumps, encoding_of, loads
+from .http import Message, Send, respond
 
 STATUS: dict[str, int] = {
     "invalid_input": 400,
@@ -51,29 +52,75 @@ def body_response(
 
 def stamped(send: Send, access: Access) -> Send:
     """``send`` for one request: each response (errors from any route included) gets
-    ``x-request-id`` and the timing headers that it lacks (a failed request: queue
-    and inference time as far as known, else 0), and ``access`` records the status and
-    bytes sent for the access line."""
+    ``x-request-id`` and the timing headers that it lacks, and ``access`` records the
+    status, the bytes sent and, from an error body (any route's: they all answer with
+    :meth:`FleetError.to_body`), its code for the access line.
+
+    Queue and inference time are the reply's where known; unknown, a stream
+    (``text/event-stream``) goes without them, anything else says 0."""
+    error_encoding: list[Encoding] = []  # set: an error response whose code is unknown
 
     async def stamp(message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             access.status = int(message["status"])
-            have = {k.lower() for k, _ in message.get("headers", ())}
+            headers = list(message.get("headers", ()))
+            have = {bytes(k).lower(): bytes(v) for k, v in headers}
+            kind_of = have.get(b"content-type", b"").decode("latin-1")
+            if access.status >= 400 and access.code is None:
+                with contextlib.suppress(FleetError):  # not JSON or msgpack: no error body
+                    error_encoding.append(encoding_of(kind_of))
+            stream = kind_of.startswith("text/event-stream")
             extra = [
                 (name, value.encode())
                 for name, value in (
                     (b"x-request-id", access.request_id),
-                    (b"x-queue-time-ms", f"{access.queue_ms or 0.0:.3f}"),
-                    (b"x-inference-time-ms", f"{access.inference_ms or 0.0:.3f}"),
+                    (b"x-queue-time-ms", _ms(access.queue_ms, stream)),
+                    (b"x-inference-time-ms", _ms(access.inference_ms, stream)),
                     (b"x-total-time-ms", f"{access.total_ms():.3f}"),
                 )
-                if name not in have
+                if name not in have and value is not None
             ]
             if extra:
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                message = {**message, "headers": [*headers, *extra]}
         elif kind == "http.response.body":
-            access.bytes_out += len(message.get("body", b""))
+            body = message.get("body", b"")
+            access.bytes_out += len(body)
+            if error_encoding and access.code is None and body:
+                access.code = _error_code(body, error_encoding.pop())
         await send(message)
 
     return stamp
+
+
+def _ms(value: float | None, stream: bool) -> str | None:
+    if value is None:
+        return None if stream else "0.000"
+    return f"{value:.3f}"
+
+
+def _error_code(body: bytes, encoding: Encoding) -> str | None:
+    """The ``code`` of an error body (``{"error": {"code": ...}}``), if it is one."""
+    if not body or len(body) > 65536:
+        return None
+    try:
+        doc = loads(body, encoding)
+    except FleetError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) and code else None
+
+
+async def crashed(send: Send, access: Access, encoding: Encoding = Encoding.JSON) -> None:
+    """After a handler raised something no FleetError (the caller logged it): a 500
+    ``internal_error`` through ``send`` (the stamped one: id and timing headers), or,
+    where a response was already started, a 500 on the access line only."""
+    access.code = InternalError.code
+    if access.status:
+        access.status = 500
+        return
+    try:
+        await respond(send, *error_response(InternalError("internal error"), encoding))
+    except Exception:  # the client may be gone: nothing more to tell it
+        access.status = 500

@@ -35,9 +35,21 @@ CHILD_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_
 # libraries that talk too much at info
 _QUIET = ("httpx", "httpcore", "urllib3", "filelock", "sentence_transformers", "asyncio")
 _SERVERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi", "granian")
-_URL_CREDS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@:]+:[^/\s@]*@")
-_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
-_API_KEY = re.compile(r"\bfs-[A-Za-z0-9_-]{16,}")
+# Every pattern is linear in the line's length (a bounded scheme, no nested or
+# overlapping repeats): a client controls parts of what is logged, and one quadratic
+# pattern on a long line would stall the event loop.
+# user:password@ or token@ in any URL (nats://tok3n@host): the host stays readable
+_URL_CREDS = re.compile(r"""(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)[^/\s@"'<>]+@""")
+# an Authorization header's value, whatever its scheme (``Authorization: Basic ...``)
+_AUTH_HEADER = re.compile(
+    r"""(?i)(?P<head>\b(?:proxy-)?authorization["']?\s{0,8}[:=]\s{0,8}["']?)"""
+    r"""(?P<scheme>[A-Za-z]{1,16} )?[^\s"',;]+"""
+)
+# a bearer token anywhere else: ``Bearer`` and 16 or more token characters
+_BEARER = re.compile(r"(?i)\b(?P<word>bearer)\s{1,8}[A-Za-z0-9._~+/=-]{16,}")
+# fleetserve's own keys: "fs-" and secrets.token_urlsafe(32) (gateway.auth.new_key)
+_API_KEY = re.compile(r"(?<![A-Za-z0-9_-])fs-[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
+FIELD_MAX = 1024  # a field's value is cut to this many characters (a client may send MBs)
 _SHORT = {"W": "WARN", "C": "CRIT"}
 _COLORS = {"DEBUG": "2", "INFO": "32", "WARN": "33", "ERROR": "31", "CRIT": "31;1"}
 
@@ -76,7 +88,8 @@ class Redactor:
             if s in text:
                 text = text.replace(s, "***")
         text = _URL_CREDS.sub(r"\g<scheme>***@", text)
-        text = _BEARER.sub(lambda m: m.group(1) + " ***", text)
+        text = _AUTH_HEADER.sub(lambda m: m["head"] + (m["scheme"] or "") + "***", text)
+        text = _BEARER.sub(lambda m: m["word"] + " ***", text)
         return _API_KEY.sub("fs-***", text)
 
 
@@ -104,10 +117,15 @@ def short_name(name: str) -> str:
     return name.split(".", 1)[0]
 
 
+def clip(s: str, limit: int = FIELD_MAX) -> str:
+    """``s`` cut to ``limit`` characters, with an ellipsis when it was longer."""
+    return s if len(s) <= limit else s[: limit - 1] + "\u2026"
+
+
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3g}"
-    s = str(v)
+    s = clip(str(v))
     if not s or any(c.isspace() or c in "\"'=" for c in s) or not s.isprintable():
         return json.dumps(s)
     return s
@@ -157,7 +175,7 @@ class JsonFormatter(logging.Formatter):
             out["tag"] = self.tag
         for k, v in (getattr(record, FIELDS, None) or {}).items():
             if k not in out and v is not None:
-                out[k] = v if isinstance(v, (int, float, bool)) else str(v)
+                out[k] = v if isinstance(v, (int, float, bool)) else clip(str(v))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         clean = {k: self.redact(v) if isinstance(v, str) else v for k, v in out.items()}
@@ -235,6 +253,7 @@ __all__ = [
     "Redactor",
     "TextFormatter",
     "child_env",
+    "clip",
     "kv",
     "setup_logging",
     "short_name",

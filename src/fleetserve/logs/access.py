@@ -17,15 +17,21 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from . import kv
+from . import clip, kv
 
 log = logging.getLogger("fleetserve.access")
-_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+# no "/": a worker names the parts of a request "{id}/{attempt}/{start}"
+_ID = re.compile(r"[A-Za-z0-9._:+=-]{1,128}")
 # probes and scrapes: their lines at debug level (a load balancer asks every second)
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 PROBE_HEADER = "x-fleetserve-probe"  # fleetserve's own polling (the cluster's): debug too
+# what the header may quiet: GETs of what fleetserve polls itself (cluster.supervisor)
+POLLED = PROBES | {"/v1/models"}
+FIELD_MAX = 200  # model, tenant, code and path in the line: cut to this many characters
 
 
 def request_id(given: str | None) -> str:
@@ -34,6 +40,13 @@ def request_id(given: str | None) -> str:
     if given is not None and _ID.fullmatch(given):
         return given
     return uuid.uuid4().hex
+
+
+def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
+    for k, v in scope.get("headers") or ():
+        if k == name:
+            return bytes(v).decode("latin-1")
+    return None
 
 
 @dataclass(slots=True)
@@ -53,7 +66,37 @@ class Access:
     priority: str | None = None
     queue_ms: float | None = None
     inference_ms: float | None = None
-    probe: bool = False  # a probe or fleetserve's own polling: its line at debug level
+    probe: bool = False  # sent PROBE_HEADER: fleetserve's own polling (see ``quiet``)
+    given_id: bool = False  # ``request_id`` is the client's (``x-request-id``)
+
+    @classmethod
+    def of(cls, scope: Mapping[str, Any]) -> Access:
+        """The record of an ASGI HTTP request: its id (the client's if sane), declared
+        size and whether it says it is fleetserve's own polling."""
+        given = _header(scope, b"x-request-id")
+        rid = request_id(given)
+        access = cls(str(scope.get("method", "")), str(scope.get("path", "")), rid)
+        access.given_id = rid == given
+        declared = _header(scope, b"content-length")
+        access.bytes_in = int(declared) if declared is not None and declared.isdigit() else None
+        access.probe = _header(scope, PROBE_HEADER.encode()) is not None
+        return access
+
+    def envelope_id(self) -> str:
+        """The id the request goes to the queue under: unique even when two clients send
+        the same ``x-request-id`` (it keys the pending replies and JetStream's
+        de-duplication), which stays its prefix. Responses and logs say the client's."""
+        if not self.given_id:
+            return self.request_id
+        return f"{self.request_id}.{uuid.uuid4().hex[:8]}"
+
+    def quiet(self, status: int) -> bool:
+        """Whether the line is at debug level: a GET of a probe or scrape path, or a
+        successful GET of what fleetserve polls itself that says so (the header alone
+        hides nothing else: any client can send it)."""
+        if self.method != "GET":
+            return False
+        return self.path in PROBES or (self.probe and self.path in POLLED and status < 400)
 
     def total_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
@@ -63,14 +106,14 @@ class Access:
         and metric scrapes at debug."""
         status = self.status or 499  # no response started: the client went away
         level = logging.WARNING if status >= 500 else logging.INFO
-        if self.probe or self.path in PROBES:
+        if self.quiet(status):
             level = logging.DEBUG
         if not log.isEnabledFor(level):
             return
         fields = kv(
-            model=self.model,
-            tenant=self.tenant,
-            code=self.code,
+            model=_clip(self.model),
+            tenant=_clip(self.tenant),
+            code=_clip(self.code),
             id=self.request_id,
             priority=self.priority,
             queue_ms=_ms(self.queue_ms),
@@ -78,7 +121,7 @@ class Access:
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
         )
-        path = self.path[:256]
+        path = clip(self.path, FIELD_MAX)
         if not path.isprintable() or " " in path:  # decoded: no forged lines, no spaces
             path = json.dumps(path)
         log.log(
@@ -92,8 +135,12 @@ class Access:
         )
 
 
+def _clip(v: str | None) -> str | None:
+    return None if v is None else clip(v, FIELD_MAX)
+
+
 def _ms(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-__all__ = ["Access", "request_id"]
+__all__ = ["POLLED", "PROBES", "PROBE_HEADER", "Access", "request_id"]

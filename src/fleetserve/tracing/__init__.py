@@ -8,7 +8,8 @@ One request is one trace, across processes:
 - ``fleetserve.worker.batch``: from the pull through batch forming to the end of the
   forward pass of the batch that held the request's last item;
 - ``fleetserve.reply`` (PRODUCER): postprocessing and publishing the reply; the
-  gateway's span records a ``fleetserve.reply.received`` event when it arrives.
+  gateway's span records a ``fleetserve.reply.received`` event when it arrives (a
+  stream's span also ``fleetserve.reply.first_chunk`` when its first chunk does).
 
 The worker's spans are children of the gateway's, whose W3C trace context rides in
 the envelope (``Envelope.traceparent``/``tracestate``): in the ``traceparent`` and
@@ -51,7 +52,7 @@ class RequestTrace:
         return env
 
     def replied(self, reply: Reply) -> None:
-        """The worker's reply arrived."""
+        """The worker's reply arrived (for a stream: its first chunk, then its last)."""
 
     def end(self) -> None:
         """The response is sent."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import time
 from collections.abc import MutableMapping
 from types import TracebackType
@@ -31,6 +32,12 @@ if TYPE_CHECKING:
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C, whatever the global propagator is
 _Attrs = dict[str, str | int | float]
 _NATIVE = ("encode", "score", "extract", "generate")  # /v1/<task>/{model}
+MAX_HEADER = 512  # characters of traceparent or tracestate we read (the SDK's limit)
+_MAX_MEMBERS = 32  # W3C tracestate list members
+# a tracestate member, as W3C (and the SDK's parser) spells it: key=value
+_KEY = r"[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13}"
+_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+_MEMBER = re.compile(f"(?:{_KEY})=(?:{_VALUE})")
 
 
 def _ns(t: float) -> int:
@@ -38,17 +45,30 @@ def _ns(t: float) -> int:
 
 
 def context_of(traceparent: str | None, tracestate: str | None = None) -> Context | None:
-    """The parent a W3C trace context names; ``None`` when it is absent or malformed."""
-    if not traceparent:
-        return None
+    """The parent a W3C trace context names; ``None`` when it is absent or malformed.
+
+    What the propagator would warn about (a ``traceparent`` over 512 characters, a
+    ``tracestate`` it cannot parse) is settled here first, quietly: a client must not
+    be able to write a log line per request. A bad ``tracestate`` is dropped."""
+    if not traceparent or len(traceparent) > MAX_HEADER:
+        return None  # a fresh trace
     carrier = {"traceparent": traceparent}
-    if tracestate:
+    if tracestate and _quiet_state(tracestate):
         carrier["tracestate"] = tracestate
     try:
         ctx = _PROPAGATOR.extract(carrier)
     except Exception:  # never fail a request over its tracing headers
         return None
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def _quiet_state(tracestate: str) -> bool:
+    """Whether ``tracestate`` parses without a warning: at most 512 characters and 32
+    well-formed ``key=value`` members (duplicate keys the SDK drops quietly itself)."""
+    if len(tracestate) > MAX_HEADER:
+        return False
+    members = [m for m in (m.strip(" \t") for m in tracestate.split(",")) if m]
+    return len(members) <= _MAX_MEMBERS and all(_MEMBER.fullmatch(m) for m in members)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -127,7 +147,9 @@ class _Request(RequestTrace):
         attrs: dict[str, float | str] = {k: float(v) for k, v in reply.timings.items()}
         if reply.error is not None:
             attrs["fleetserve.error"] = str(reply.error.get("error", {}).get("code", "unknown"))
-        self.span.add_event("fleetserve.reply.received", attrs)
+        # a stream's first chunk (its time to first token), then its final reply
+        name = "fleetserve.reply.received" if reply.final else "fleetserve.reply.first_chunk"
+        self.span.add_event(name, attrs)
 
     def end(self) -> None:
         self.span.end()
