@@ -8,12 +8,10 @@ JetStream, where the gateway reads its lag per class, as KEDA's scaler would.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from fleetserve.wire import Priority
 from fleetserve.worker.process import WorkerProcess
 
 from ..conftest import NO_USER_PROFILES, TINY, TINY_CLASS
+from ..services import Services
 from ..tinymodels import build_bert, write_spec
 
 ORPHAN = "tiny/orphan"  # in the gateway's catalog, served by no worker: its work waits
@@ -40,47 +39,6 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in (TINY, ORPHAN):
         write_spec(root / "catalog", name, model)
     return root / "catalog"
-
-
-class Services:
-    """Services started in order on one loop in a thread, stopped in reverse."""
-
-    def __init__(self, *services: Any) -> None:  # Services: start() and stop()
-        self.services = services
-        self.loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),))
-
-    async def _main(self) -> None:
-        try:
-            for s in self.services:
-                await s.start()
-        except BaseException as exc:
-            self._error = exc
-        self._started.set()
-        with contextlib.suppress(BaseException):
-            await self._stop.wait()
-        for s in reversed(self.services):
-            with contextlib.suppress(Exception):
-                await s.stop()
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
-
-    def __enter__(self) -> Services:
-        self._thread.start()
-        self._started.wait(120)
-        if self._error is not None:
-            self.__exit__()
-            raise self._error
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-        self.loop.close()
 
 
 def fleet_until(api: str, ok: Callable[[Doc], bool], timeout: float = 20.0) -> Doc:

@@ -8,8 +8,6 @@ with its own connection to one real nats-server)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.cluster import NatsServer
 from fleetserve.gateway import Gateway
 from fleetserve.gateway.process import GatewayProcess
-from fleetserve.lifecycle import Service, shutdown, start_http
+from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.metrics import Metrics
 from fleetserve.queue import MemoryQueue
 from fleetserve.queue.cancels import Cancel
@@ -32,6 +30,7 @@ from fleetserve.worker.process import WorkerProcess
 
 from ..conftest import NO_USER_PROFILES, TINY_CLASS, ServerThread, tiny_settings
 from ..hangup import AsyncHangup, Hangup, metric, wait_for
+from ..services import Services
 from ..tiny_generate import build_llama
 from ..tinymodels import write_spec
 
@@ -199,44 +198,6 @@ def test_an_embedded_generation_stops_when_its_client_hangs_up(chat_catalog: Pat
         check_generation_stopped(srv.url, srv.url)
     finally:
         srv.stop()
-
-
-class Services:
-    """A gateway and a worker process's services, in one thread with its own loop."""
-
-    def __init__(self, *services: Service) -> None:
-        self.services = services
-        self.loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),))
-
-    async def _main(self) -> None:
-        try:
-            for s in self.services:
-                await s.start()
-        except BaseException as exc:
-            self._error = exc
-        self._started.set()
-        with contextlib.suppress(BaseException):
-            await self._stop.wait()
-        for s in reversed(self.services):
-            with contextlib.suppress(Exception):
-                await s.stop()
-
-    def __enter__(self) -> Services:
-        self._thread.start()
-        self._started.wait(120)
-        if self._error is not None:
-            self.__exit__()
-            raise self._error
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-        self.loop.close()
 
 
 @pytest.fixture

@@ -3,11 +3,8 @@ exporter, and helpers to read the finished spans."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -16,7 +13,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from fleetserve.lifecycle import Service
 from fleetserve.tracing.otel import OtelTracer
 
 TINY_ROUTE = "/v1/encode/tiny/dense-bert"
@@ -31,50 +27,6 @@ def traced(service: str) -> tuple[OtelTracer, InMemorySpanExporter]:
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return OtelTracer(provider), exporter
-
-
-class Running:
-    """Services built by ``build`` (in the thread's loop), started in order, stopped in
-    reverse on exit."""
-
-    def __init__(self, build: Callable[[], Sequence[Service]]) -> None:
-        self.build = build
-        self.services: Sequence[Service] = ()
-        self.loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),))
-
-    async def _main(self) -> None:
-        try:
-            self.services = self.build()
-            for s in self.services:
-                await s.start()
-        except BaseException as exc:
-            self._error = exc
-        self._started.set()
-        with contextlib.suppress(BaseException):
-            await self._stop.wait()
-        for s in reversed(self.services):
-            with contextlib.suppress(Exception):
-                await s.stop()
-
-    def call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
-
-    def __enter__(self) -> Running:
-        self._thread.start()
-        self._started.wait(120)
-        if self._error is not None:
-            self.__exit__()
-            raise self._error
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-        self.loop.close()
 
 
 def spans_of(

@@ -24,12 +24,12 @@ from fleetserve.gateway.process import GatewayProcess
 from fleetserve.worker.process import WorkerProcess
 
 from ..conftest import tiny_settings
+from ..services import Services
 from .conftest import (
     CLIENT_PARENT,
     CLIENT_SPAN,
     CLIENT_TRACE,
     TINY_ROUTE,
-    Running,
     check_one_trace,
     gateway_span,
     spans_of,
@@ -40,7 +40,7 @@ BODY = {"inputs": ["a traced request"]}
 
 
 class Stack:
-    def __init__(self, running: Running, gateway: GatewayProcess) -> None:
+    def __init__(self, running: Services, gateway: GatewayProcess) -> None:
         self.running = running
         self.url = f"http://127.0.0.1:{gateway.port}"
         self.gw: InMemorySpanExporter = InMemorySpanExporter()
@@ -87,7 +87,7 @@ def stack(tiny_catalog: Path, nats_server: NatsServer) -> Iterator[Stack]:
         procs.update(worker=worker, gateway=gateway)
         return [worker, gateway]
 
-    with Running(build) as running:
+    with Services(build=build) as running:
 
         async def listen() -> Any:  # what went over the wire, as any NATS client sees it
             nc = await nats.connect(nats_server.url)

@@ -17,11 +17,11 @@ from rich.console import Console
 from fleetserve.server import EmbeddedServer
 
 from ..conftest import tiny_settings
+from ..services import Services
 from .conftest import (
     CLIENT_PARENT,
     CLIENT_TRACE,
     TINY_ROUTE,
-    Running,
     check_one_trace,
     gateway_span,
     spans_of,
@@ -41,7 +41,7 @@ def test_an_embedded_request_is_one_trace(tiny_catalog: Path) -> None:
         servers.append(srv)
         return [srv]
 
-    with Running(build):
+    with Services(build=build):
         url = f"http://127.0.0.1:{servers[0].port}{TINY_ROUTE}"
         rids = [uuid.uuid4().hex for _ in range(2)]
         parents = [None, CLIENT_PARENT]
