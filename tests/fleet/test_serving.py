@@ -140,7 +140,7 @@ def test_a_zipf_trace_over_three_times_the_budget_stays_within_it(
         reference[m] = vector(embed(srv.url, m, "the fleet shares one budget"))
     rng = random.Random(3)
     weights = [1 / (i + 1) ** 1.1 for i in range(12)]
-    trace = rng.choices(ids, weights, k=240)
+    trace = rng.choices(ids, weights, k=150)
     peak = [rss_of(srv.proc.pid)]
     done = threading.Event()
 
