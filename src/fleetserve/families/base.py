@@ -91,9 +91,32 @@ def rows(batch: Array) -> Sequence[Array]:
     return cast(Sequence[Array], batch)
 
 
-def pad_batch(items: Sequence[list[int]], pad_id: int) -> tuple[Array, Array]:
-    """Right-pad token id lists into ``input_ids`` and ``attention_mask`` (int64)."""
-    width = max(len(x) for x in items)
+PAD_MULTIPLE = 16
+"""Batches of text are padded to a multiple of this many tokens. Runtimes with dynamic
+shapes (OpenVINO's CPU plugin, oneDNN under torch) build and keep kernels per input
+shape, so with every width from 1 to the model's limit possible their caches grow for
+as long as new (batch, width) pairs turn up: the soak measured +7 to +9 % RSS in four
+minutes of mixed traffic, neither freed by ``malloc_trim`` nor bounded by smaller
+arenas or kernel caches. Sixteen times fewer widths level it off after warm-up (+3 %),
+and fewer kernel builds cut latency too. Padded positions are masked: fp32 outputs
+stay within 1e-6."""
+
+
+def padded_width(longest: int, limit: int | None = None, multiple: int = PAD_MULTIPLE) -> int:
+    """``longest`` rounded up to a multiple of ``multiple``, never past ``limit`` (the
+    model's longest sequence); without a limit, ``longest`` itself."""
+    if limit is None:
+        return longest
+    return max(longest, min(-(-longest // multiple) * multiple, limit))
+
+
+def pad_batch(
+    items: Sequence[list[int]], pad_id: int, limit: int | None = None
+) -> tuple[Array, Array]:
+    """Right-pad token id lists into ``input_ids`` and ``attention_mask`` (int64), to a
+    multiple of :data:`PAD_MULTIPLE` tokens when ``limit`` (the model's longest
+    sequence) is given."""
+    width = padded_width(max(len(x) for x in items), limit)
     ids = np.full((len(items), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(items), width), dtype=np.int64)
     for i, seq in enumerate(items):

@@ -183,7 +183,7 @@ class CrossEncoderAdapter(Family[Pair, scoring.ScoreQuery, Array]):
         return Prepared(items=pairs, options=q, tokens=sum(lengths), lengths=lengths)
 
     def forward(self, items: Sequence[Pair]) -> Sequence[Array]:
-        ids, mask = pad_batch([it[0] for it in items], self.pad_id)
+        ids, mask = pad_batch([it[0] for it in items], self.pad_id, self.spec.max_seq_len)
         types = None
         if self.use_types:
             types = np.zeros_like(ids)

@@ -136,7 +136,7 @@ class DenseAdapter(Family[list[int], DenseOpts, Array]):
 
     # -- forward ----------------------------------------------------------------
     def forward(self, items: Sequence[list[int]]) -> Sequence[Array]:
-        ids, mask = pad_batch(items, self.tokenizer.pad_id)
+        ids, mask = pad_batch(items, self.tokenizer.pad_id, self.spec.max_seq_len)
         return rows(self.runtime.run(ids, mask, Output(self.spec.pooling)))
 
     # -- postprocess ------------------------------------------------------------

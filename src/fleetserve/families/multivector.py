@@ -27,7 +27,7 @@ from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
 from . import scoring
-from .base import Array, Family, Prepared
+from .base import Array, Family, Prepared, padded_width
 from .colbert_load import Checkpoint, read_checkpoint
 from .multivector_tokens import MvItem, MvSettings, MvTokenizer
 from .quantize import check_output_dtype, ragged_body
@@ -150,7 +150,7 @@ class MultiVectorAdapter(Family[MvItem, MvOptions, Array]):
     # -- forward ----------------------------------------------------------------
     def forward(self, items: Sequence[MvItem]) -> list[Array]:
         """Each item's kept token vectors, projected (not yet normalized)."""
-        width = max(len(it.ids) for it in items)
+        width = padded_width(max(len(it.ids) for it in items), self.spec.max_seq_len)
         ids = np.full((len(items), width), self.tokenizer.pad_id, dtype=np.int64)
         mask = np.zeros((len(items), width), dtype=np.int64)
         for i, it in enumerate(items):

@@ -107,7 +107,8 @@ class EmbeddingMethod(Method[list[int], _State]):
         return Prepared(items, _State(len(texts), hyps, cached, missing), tokens)
 
     def forward(self, items: Sequence[list[int]]) -> Sequence[Array]:
-        ids, mask = pad_batch(items, self._tok.pad_id if self._tok else 0)
+        pad = self._tok.pad_id if self._tok else 0
+        ids, mask = pad_batch(items, pad, self.spec.max_seq_len)
         return rows(self.runtime.run(ids, mask, self.output))
 
     def scores(self, state: _State, outputs: list[Array], multi_label: bool) -> Array:
