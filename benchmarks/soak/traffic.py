@@ -43,7 +43,8 @@ _ATTEMPTS: contextvars.ContextVar[list[list[Any]] | None] = contextvars.ContextV
 
 
 class CountingTransport(httpx.AsyncBaseTransport):
-    """httpx's transport, noting ``[status or error name, seconds]`` per attempt."""
+    """httpx's transport, noting ``[status or error name, sent, answered]`` per attempt
+    (seconds since the start)."""
 
     def __init__(self, t0: float, inner: httpx.AsyncBaseTransport | None = None) -> None:
         self.inner = inner or httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=256))
@@ -56,10 +57,10 @@ class CountingTransport(httpx.AsyncBaseTransport):
             resp = await self.inner.handle_async_request(request)
         except httpx.TransportError as exc:
             if log is not None:
-                log.append([type(exc).__name__, t])
+                log.append([type(exc).__name__, t, round(time.time() - self.t0, 3)])
             raise
         if log is not None:
-            log.append([resp.status_code, t])
+            log.append([resp.status_code, t, round(time.time() - self.t0, 3)])
         return resp
 
     async def aclose(self) -> None:
