@@ -2,7 +2,8 @@
 
 Each field declares its env variable, CLI flag and help text together. Settings are
 read once in ``main()`` (defaults < config file < ``FLEETSERVE_*`` env < CLI flags)
-and passed down. Nothing else in fleetserve reads the environment.
+and passed down. Nothing else in fleetserve reads the environment. How a field becomes
+a flag and how the layers are read: ``settings_fields.py``.
 """
 
 from __future__ import annotations
@@ -10,32 +11,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any
 
-import yaml
-
-ENV_PREFIX = "FLEETSERVE_"
-
-
-# the groups of a field that declares none: the serving commands show it
-SERVING = "serving"
-
-
-def setting(
-    default: Any,
-    help: str,
-    *,
-    secret: bool = False,
-    flag: str | None = None,
-    groups: str = SERVING,
-) -> Any:
-    """A Settings field: its default, help text, whether to redact it, and the groups
-    it belongs to (space-separated; a command's ``--help`` shows the flags of its
-    groups, see ``cli.COMMAND_GROUPS``)."""
-    meta = {"help": help, "secret": secret, "flag": flag, "groups": tuple(groups.split())}
-    return field(default=default, metadata=meta)
+from .settings_fields import ENV_PREFIX, add_arguments, env_name, flag_name, layered, setting
 
 
 @dataclass(frozen=True)
@@ -398,11 +377,11 @@ class Settings:
 
     @staticmethod
     def env_name(name: str) -> str:
-        return ENV_PREFIX + name.upper()
+        return env_name(name)
 
     @staticmethod
     def flag_name(f: dataclasses.Field[Any]) -> str:
-        return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+        return flag_name(f)
 
     @classmethod
     def add_arguments(
@@ -411,31 +390,7 @@ class Settings:
         """Add one flag per field (of ``groups`` only, if given: what the command uses,
         under a heading per group); unset flags stay ``None`` so lower layers show
         through."""
-        wanted = None if groups is None else list(groups)
-        chosen: dict[str, list[dataclasses.Field[Any]]] = {}  # heading -> its fields
-        for f in fields(cls):
-            own = f.metadata.get("groups") or (SERVING,)
-            if wanted is None:
-                chosen.setdefault("", []).append(f)
-            elif set(own) & set(wanted):
-                chosen.setdefault(next(g for g in wanted if g in own), []).append(f)
-        for name in [g for g in (wanted or [""]) if g in chosen]:  # in the command's order
-            heading = parser.add_argument_group(GROUP_TITLES.get(name, name)) if name else parser
-            for f in chosen[name]:
-                text = f"{f.metadata['help']} [env {cls.env_name(f.name)}; default {f.default!r}]"
-                # a boolean flag alone means true (--train); --train false also reads
-                switch: dict[str, Any] = (
-                    {"nargs": "?", "const": True} if _scalar_type(f) is _parse_bool else {}
-                )
-                heading.add_argument(
-                    cls.flag_name(f),
-                    dest=f.name,
-                    type=_scalar_type(f),
-                    default=None,
-                    metavar=_METAVARS.get(_scalar_type(f), "TEXT"),
-                    help=text.replace("%", "%%"),  # argparse formats help with %
-                    **switch,
-                )
+        add_arguments(fields(cls), parser, groups)
 
     @classmethod
     def load(
@@ -445,23 +400,7 @@ class Settings:
         overrides: Mapping[str, Any] | None = None,
     ) -> Settings:
         """Layer defaults, config file, environment, CLI flags, then explicit overrides."""
-        env = env or {}
-        cli = {k: v for k, v in (cli or {}).items() if v is not None}
-        values: dict[str, Any] = {}
-        config_path = cli.get("config") or env.get(cls.env_name("config"))
-        if config_path:
-            values.update(_read_config(Path(config_path)))
-        for f in fields(cls):
-            raw = env.get(cls.env_name(f.name))
-            if raw is not None:
-                values[f.name] = raw
-        values.update(cli)
-        values.update(overrides or {})
-        unknown = set(values) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
-        typed = {f.name: _coerce(f, values[f.name]) for f in fields(cls) if f.name in values}
-        return cls(**typed)
+        return cls(**layered(fields(cls), env, cli, overrides))
 
     @classmethod
     def describe(cls) -> list[tuple[str, str, str, str]]:
@@ -472,63 +411,4 @@ class Settings:
         ]
 
 
-GROUP_TITLES = {
-    "common": "logging and config",
-    "http": "HTTP",
-    "client": "the server to talk to",
-    "catalog": "catalog and profiles",
-    "device": "device",
-    "runtime": "models and memory",
-    "quick": "quick tuning at start",
-    "gateway": "requests",
-    "auth": "API keys",
-    "keys": "keys file",
-    "adapters": "LoRA adapters",
-    "training": "fine-tuning jobs",
-    "tuning": "tuning runs",
-    "nats": "NATS JetStream",
-    "dlq": "replay",
-    "pool": "this worker",
-    "payloads": "payload offload",
-    "s3": "S3 (s3:// stores and sources)",
-    SERVING: "other settings",
-}
-
-
-def _scalar_type(f: dataclasses.Field[Any]) -> Any:
-    t = f.type if not isinstance(f.type, str) else _resolve(f.type)
-    return {int: int, float: float, bool: _parse_bool}.get(t, str)
-
-
-def _resolve(name: str) -> Any:
-    return {"int": int, "float": float, "bool": bool, "str": str}.get(name, str)
-
-
-def _parse_bool(v: str) -> bool:
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"not a boolean: {v!r}")
-
-
-_METAVARS: dict[Any, str] = {int: "N", float: "NUM", _parse_bool: "BOOL", str: "TEXT"}
-
-
-def _coerce(f: dataclasses.Field[Any], value: Any) -> Any:
-    conv = _scalar_type(f)
-    try:
-        return conv(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"setting {f.name}: cannot read {value!r} ({exc})") from None
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
-
-
-__all__ = ["Settings", "setting"]
+__all__ = ["ENV_PREFIX", "Settings", "setting"]
