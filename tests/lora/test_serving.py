@@ -121,12 +121,14 @@ def record_batches(srv: ServerThread) -> list[list[str | None]]:
     return seen
 
 
-def queued(srv: ServerThread, items: int) -> None:
-    """Wait until ``items`` items wait in the tiny model's batch former."""
+def queued(srv: ServerThread, items: int, heating: str | None = None) -> None:
+    """Wait until ``items`` items wait in the tiny model's batch former (or, with
+    ``heating``, until that adapter waits to be made hot)."""
     assert srv.server is not None
-    former = srv.server.runners[TINY].former
+    runner: Any = srv.server.runners[TINY]
+    former = runner.former
     deadline = time.monotonic() + 60  # generous: a loaded 2-core machine is slow to queue
-    while len(former) < items:
+    while len(former) < items and not (heating and heating in runner._heating):
         assert time.monotonic() < deadline, f"only {len(former)} of {items} items queued"
         threading.Event().wait(0.01)
 
@@ -278,7 +280,9 @@ def test_an_adapter_deleted_while_its_requests_queue_answers_them_404(
             json={"inputs": TEXTS, "adapter": aid},
             timeout=30,
         )
-        queued(server, len(TEXTS))  # in the former, behind the held batch
+        # in the worker behind the held compute thread: in the former, or (if the
+        # adapter left the hot tier meanwhile) waiting to be made hot on that thread
+        queued(server, len(TEXTS), heating=aid)
         r = httpx.delete(f"{server.url}/v1/adapters/{aid}", timeout=30)
         assert r.status_code == 200, r.text
         gate.set()
