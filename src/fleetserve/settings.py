@@ -15,10 +15,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .settings_fields import ENV_PREFIX, add_arguments, env_name, flag_name, layered, setting
+from .settings_limits import Limits
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(Limits):
     host: str = setting("127.0.0.1", "Address the HTTP API listens on.", groups="http client pool")
     port: int = setting(
         8080, "Port the HTTP API listens on (0 picks a free one).", groups="http client"
