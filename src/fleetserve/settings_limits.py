@@ -18,5 +18,19 @@ class Limits:
 
     # Each helper adds its fields below, under a comment naming the area.
 
+    # -- uploads (/v1/adapters, /v1/files): spooled to disk, bounded ------------------
+    max_uploads: int = setting(
+        8, "Uploads (adapters and files) one gateway receives at once; beyond: 503.",
+        groups="adapters",
+    )  # fmt: skip
+    max_uploads_per_tenant: int = setting(
+        2, "Uploads one tenant sends at once; beyond: 429.", groups="adapters"
+    )
+    max_safetensors_header_bytes: int = setting(
+        4 * 1024 * 1024,
+        "Largest JSON header an uploaded adapter_model.safetensors may declare (bytes).",
+        groups="adapters",
+    )
+
 
 __all__ = ["Limits", "setting"]
