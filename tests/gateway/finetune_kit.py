@@ -36,11 +36,13 @@ TOTAL_STEPS = 4
 ALICE = "fs-alice-key-for-finetune-tests"  # tenant alice, infer + adapters:write
 BOB = "fs-bob-key-for-finetune-tests"  # tenant bob, the same scopes
 READER = "fs-reader-key-for-finetune-tests"  # tenant alice, infer only
+ADMIN = "fs-admin-key-for-finetune-tests"  # tenant ops, admin
 _RW = frozenset({Scope.INFER, Scope.ADAPTERS_WRITE})
 ENTRIES = [
     KeyEntry(hash_key(ALICE), "alice", _RW),
     KeyEntry(hash_key(BOB), "bob", _RW),
     KeyEntry(hash_key(READER), "alice", frozenset({Scope.INFER})),
+    KeyEntry(hash_key(ADMIN), "ops", frozenset({Scope.ADMIN})),
 ]
 
 

@@ -18,6 +18,7 @@ from fleetserve.lora.jobs.manager import FineTuning, add_event
 from fleetserve.wire.finetune import JobStatus
 
 from .finetune_kit import (
+    ADMIN,
     ALICE,
     BOB,
     DENSE,
@@ -273,6 +274,41 @@ async def test_scopes_and_tenants(http: httpx.AsyncClient) -> None:
     for headers in ({"authorization": ""}, {"authorization": "Bearer wrong"}):
         assert (await http.get(JOBS, headers=headers)).status_code == 401
     assert json.loads((await http.get(JOBS)).content)["data"][0]["id"] == job["id"]
+
+
+async def test_an_admin_key_sees_every_tenants_jobs_and_files(http: httpx.AsyncClient) -> None:
+    """An admin key lists and reads alice's and bob's jobs, files and feeds, as it sees
+    every tenant's adapters; bob still sees only his own (404 for alice's). Fails on the
+    code before: the admin's lists were empty and each read was a 404."""
+    alice_job = await a_job(http)
+    bob = auth(BOB)
+    bob_file = (await upload(http, make_pairs(7), headers=bob)).json()["id"]
+    r = await http.post(JOBS, json={"model": DENSE, "training_file": bob_file}, headers=bob)
+    bob_job = r.json()
+    admin = auth(ADMIN)
+    files = {f["id"]: f["owner"] for f in (await http.get(FILES, headers=admin)).json()["data"]}
+    assert files == {alice_job["training_file"]: "alice", bob_file: "bob"}
+    jobs = (await http.get(JOBS, headers=admin)).json()["data"]
+    assert {j["id"]: j["organization_id"] for j in jobs} == {
+        alice_job["id"]: "alice", bob_job["id"]: "bob"}  # fmt: skip
+    for job in (alice_job, bob_job):
+        r = await http.get(f"{JOBS}/{job['id']}", headers=admin)
+        assert r.status_code == 200 and r.json()["id"] == job["id"]
+        r = await http.get(f"{JOBS}/{job['id']}/events", headers=admin)
+        assert r.status_code == 200 and r.json()["data"], r.text
+        r = await http.get(f"{FILES}/{job['training_file']}", headers=admin)
+        assert r.status_code == 200 and r.json()["id"] == job["training_file"]
+    r = await http.get(f"{JOBS}?limit=1&after={jobs[0]['id']}", headers=admin)
+    assert [j["id"] for j in r.json()["data"]] == [jobs[1]["id"]]
+    r = await http.post(f"{JOBS}/{bob_job['id']}/cancel", headers=admin)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    for path in (f"{JOBS}/ftjob-nope", f"{FILES}/file-nope"):
+        assert (await http.get(path, headers=admin)).status_code == 404
+    # a tenant's key: its own only
+    assert [j["id"] for j in (await http.get(JOBS, headers=bob)).json()["data"]] == [bob_job["id"]]
+    assert [f["id"] for f in (await http.get(FILES, headers=bob)).json()["data"]] == [bob_file]
+    for path in (f"{JOBS}/{alice_job['id']}", f"{FILES}/{alice_job['training_file']}"):
+        assert (await http.get(path, headers=bob)).status_code == 404, path
 
 
 def test_the_openai_client(served: Served) -> None:

@@ -5,7 +5,8 @@
   ``purpose=fine-tune`` (as OpenAI's clients send it), or the raw JSONL with
   ``Content-Type: application/jsonl`` (``application/x-ndjson``, ``text/plain``) and
   ``?filename=``. 200 with the file; 413 over ``max_file_bytes``.
-- ``GET /v1/files``, ``GET /v1/files/{id}``: the caller's files.
+- ``GET /v1/files``, ``GET /v1/files/{id}``: the caller's files (an admin key's:
+  every tenant's files and jobs, as it sees every tenant's adapters).
 - ``POST /v1/fine_tuning/jobs``: a JSON or msgpack job; 200 with it, queued.
 - ``GET /v1/fine_tuning/jobs[?limit=&after=]``: newest first; ``after`` is the last
   job id of the previous page.

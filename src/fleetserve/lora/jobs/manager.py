@@ -98,10 +98,11 @@ class FineTuning:
         return info
 
     async def files(self, principal: Principal) -> list[FileInfo]:
-        return await self.store.files(principal.tenant)
+        """The caller's files; an admin key's: every tenant's."""
+        return await self.store.files(None if _admin(principal) else principal.tenant)
 
     async def file(self, principal: Principal, file_id: str) -> FileInfo:
-        return await self.store.file(principal.tenant, file_id)
+        return await self.store.file(await self._tenant_of(principal, "files", file_id), file_id)
 
     # -- jobs ---------------------------------------------------------------------------
     async def create_job(self, principal: Principal, body: Any) -> Job:
@@ -169,17 +170,25 @@ class FineTuning:
         return job
 
     async def jobs(self, principal: Principal) -> list[Job]:
-        return await self.store.jobs(principal.tenant)
+        """The caller's jobs; an admin key's: every tenant's."""
+        return await self.store.jobs(None if _admin(principal) else principal.tenant)
 
     async def job(self, principal: Principal, job_id: str) -> Job:
-        return await self.store.job(principal.tenant, job_id)
+        return await self.store.job(await self._tenant_of(principal, "jobs", job_id), job_id)
+
+    async def _tenant_of(self, principal: Principal, kind: str, ident: str) -> str:
+        """Where to look for ``ident``: the caller's tenant, or for an admin key the
+        tenant that holds it (a 404 names the caller's tenant when none does)."""
+        if _admin(principal):
+            return await self.store.owner_of(kind, ident) or principal.tenant
+        return principal.tenant
 
     async def events(
         self, principal: Principal, job_id: str, *, after: str | None = None, limit: int = 20
     ) -> tuple[list[dict[str, Any]], bool]:
         """Newest first, as OpenAI's feed: the ``limit`` events older than ``after`` (an
         event id from an earlier page), and whether there are more."""
-        job = await self.store.job(principal.tenant, job_id)
+        job = await self.job(principal, job_id)
         rows = [e.to_dict(job.id) for e in reversed(await self.store.events(job.tenant, job.id))]
         if after is not None:
             ids = [r["id"] for r in rows]
@@ -192,7 +201,7 @@ class FineTuning:
         """409 for a finished job. A queued one is cancelled here; a running one is asked
         to stop, and this waits a little for its trainer to say it has."""
         _can_write(principal)
-        job = await self.store.job(principal.tenant, job_id)
+        job = await self.job(principal, job_id)
         if job.status.finished:
             raise Conflict(f"job {job.id} has {job.status.value} already", field="job")
         await self.store.request_cancel(job.tenant, job.id)
@@ -208,6 +217,11 @@ class FineTuning:
             if job.status.finished:
                 break
         return job
+
+
+def _admin(principal: Principal) -> bool:
+    """An admin key sees every tenant's files and jobs, as it sees every adapter."""
+    return Scope.ADMIN in principal.scopes
 
 
 def _can_write(principal: Principal) -> None:

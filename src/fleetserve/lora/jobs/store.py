@@ -50,8 +50,9 @@ class JobStore:
             raise NotFound(f"no file {file_id!r} for tenant {tenant}", field="file")
         return await asyncio.to_thread(_read_pairs, raw)
 
-    async def files(self, tenant: str) -> list[FileInfo]:
-        prefix = f"{ROOT}/files/{tenant}/"
+    async def files(self, tenant: str | None) -> list[FileInfo]:
+        """``tenant``'s files; every tenant's for ``None`` (an admin's view)."""
+        prefix = f"{ROOT}/files/{tenant}/" if tenant is not None else f"{ROOT}/files/"
         out = []
         for key in await self.store.keys(prefix):
             if key.endswith(".json") and (raw := await self._get(key)) is not None:
@@ -71,13 +72,22 @@ class JobStore:
             raise NotFound(f"no fine-tuning job {job_id!r} for tenant {tenant}", field="job")
         return Job.from_dict(json.loads(raw))
 
-    async def jobs(self, tenant: str) -> list[Job]:
-        prefix = f"{ROOT}/jobs/{tenant}/"
+    async def jobs(self, tenant: str | None) -> list[Job]:
+        """``tenant``'s jobs; every tenant's for ``None`` (an admin's view)."""
+        prefix = f"{ROOT}/jobs/{tenant}/" if tenant is not None else f"{ROOT}/jobs/"
         out = []
         for key in await self.store.keys(prefix):
             if key.endswith(".json") and (raw := await self._get(key)) is not None:
                 out.append(Job.from_dict(json.loads(raw)))
         return sorted(out, key=lambda j: (j.created_at, j.id))
+
+    async def owner_of(self, kind: str, ident: str) -> str | None:
+        """The tenant that holds file or job ``ident`` (``kind``: "files" or "jobs")."""
+        tail = f"/{_safe(ident)}.json"
+        for key in await self.store.keys(f"{ROOT}/{kind}/"):
+            if key.endswith(tail) and key.count("/") == 3:
+                return key.split("/")[2]
+        return None
 
     async def tenants_with_jobs(self) -> list[str]:
         keys = await self.store.keys(f"{ROOT}/jobs/")
