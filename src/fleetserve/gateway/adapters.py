@@ -6,6 +6,9 @@
   ``weights``), or a msgpack/JSON body ``{name, base?, version?, pinned?, config,
   weights}`` (``config``: bytes, a string or an object; ``weights``: msgpack bin, or
   base64 in JSON). 201 with the adapter (its ``id`` with the version, ``sha256``...).
+  A multipart upload's weights are spooled to disk as they arrive (see
+  :mod:`.upload`), validated from the file and moved into the store; a msgpack/JSON
+  body is held whole, so it is limited to ``max_body_bytes``.
 - ``GET /v1/adapters[?base=M]``: the adapters the caller sees.
 - ``GET /v1/adapters/{id}`` and ``DELETE /v1/adapters/{id}``: ``tenant/name`` (newest;
   DELETE: every version), ``tenant/name@3``, or a bare ``name`` of the caller's tenant.
@@ -23,27 +26,44 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from ..lora.registry import AdapterRegistry
-from ..lora.validate import CONFIG
-from ..wire import Encoding, FleetError, Forbidden, InvalidInput, NotFound, Principal, Scope
+from ..lora.safetensors_header import check_filename
+from ..lora.validate import CONFIG, WEIGHTS, WeightsFile
+from ..wire import (
+    Encoding,
+    FleetError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    Principal,
+    Scope,
+)
 from ..wire.codec import accept_of, encoding_of, loads
 from . import multipart
 from .errors import body_response, error_response
-from .http import Receive, Send, header, read_body, respond
+from .http import Receive, Send, body_chunks, header, read_body, respond
 from .http import Scope as AsgiScope
+from .upload import Spool, Uploads
 
 PREFIX = "/v1/adapters"
 MULTIPART = multipart.MULTIPART
 FORM_FIELDS = ("name", "base", "version", "pinned")
 BODY_FIELDS = (*FORM_FIELDS, "config", "weights")
 _SLACK = 1 << 20  # room for the config and the multipart framing
+_FIELD_BYTES = 64 * 1024  # a form field: a name, a version
 
 
 class AdapterRoutes:
     """The ``/v1/adapters`` routes over ``registry``; call it after authenticating."""
 
-    def __init__(self, registry: AdapterRegistry, *, max_body_bytes: int = 0) -> None:
+    def __init__(
+        self, registry: AdapterRegistry, *, max_body_bytes: int = 0, uploads: Uploads | None = None
+    ) -> None:
         self.registry = registry
-        self.max_body_bytes = max(max_body_bytes, registry.limits.max_bytes + _SLACK)
+        self.uploads = uploads or Uploads()
+        self.max_body_bytes = registry.limits.max_bytes + _SLACK  # multipart: spooled
+        # msgpack/JSON bodies are decoded whole: within max_body_bytes
+        self.max_inline_bytes = min(max_body_bytes or self.max_body_bytes, self.max_body_bytes)
 
     @staticmethod
     def handles(path: str) -> bool:
@@ -91,51 +111,124 @@ class AdapterRoutes:
     ) -> dict[str, Any]:
         if not principal.can(Scope.ADAPTERS_WRITE):
             raise Forbidden("uploading adapters needs the adapters:write scope", field="scope")
-        raw = await read_body(scope, receive, self.max_body_bytes)
-        if content_type.lower().startswith(MULTIPART):
-            fields, config, weights, names = parse_multipart(raw, content_type)
-        else:
-            fields, config, weights = parse_body(loads(raw, encoding_of(content_type)))
-            names = []
-        info = await self.registry.create(
-            principal,
-            _text(fields, "name", required=True) or "",
-            config,
-            weights,
-            names,
-            base=_text(fields, "base"),
-            version=_version(fields.get("version")),
-            pinned=_flag(fields.get("pinned")),
-        )
+        with self.uploads.slot(principal.tenant):
+            form = _Form(self.uploads, self.registry.limits.max_bytes)
+            weights: bytes | WeightsFile
+            try:
+                if content_type.lower().startswith(MULTIPART):
+                    await form.receive(scope, receive, content_type, self.max_body_bytes)
+                    fields, config, weights, names = form.result()
+                else:
+                    raw = await self._inline(scope, receive)
+                    fields, config, weights = parse_body(loads(raw, encoding_of(content_type)))
+                    names = []
+                info = await self.registry.create(
+                    principal,
+                    _text(fields, "name", required=True) or "",
+                    config,
+                    weights,
+                    names,
+                    base=_text(fields, "base"),
+                    version=_version(fields.get("version")),
+                    pinned=_flag(fields.get("pinned")),
+                )
+            finally:
+                form.discard()
         return info.to_dict()
 
+    async def _inline(self, scope: AsgiScope, receive: Receive) -> bytes:
+        try:
+            return await read_body(scope, receive, self.max_inline_bytes)
+        except PayloadTooLarge as err:
+            raise PayloadTooLarge(
+                f"{err.message}: a msgpack or JSON upload is held whole, so it is limited to "
+                f"max_body_bytes; send a larger adapter as multipart/form-data",
+                field=err.field,
+            ) from None
 
-def parse_multipart(
-    raw: bytes, content_type: str
-) -> tuple[dict[str, Any], bytes, bytes, list[str]]:
-    """(form fields, config bytes, weights bytes, uploaded file names)."""
-    fields: dict[str, Any] = {}
-    config = weights = None
-    names: list[str] = []
-    for name, filename, data in multipart.parse(raw, content_type):
+
+class _Form:
+    """A multipart upload's parts as they arrive: the form fields and the config in
+    memory (small), the weights spooled to disk, hashed on the way."""
+
+    def __init__(self, uploads: Uploads, max_weights: int) -> None:
+        self.uploads, self.max_weights = uploads, max_weights
+        self.fields: dict[str, Any] = {}
+        self.config: bytes | None = None
+        self.weights: Spool | None = None
+        self.names: list[str] = []
+        self._part = ""  # the part being received: "config", "weights" or a field's name
+        self._buf = bytearray()
+
+    async def receive(
+        self, scope: AsgiScope, receive: Receive, content_type: str, limit: int
+    ) -> None:
+        parser = multipart.StreamParser(content_type)
+        async for chunk in body_chunks(scope, receive, limit):
+            for event in parser.feed(chunk):
+                if isinstance(event, multipart.Start):
+                    self._start(event)
+                elif isinstance(event, bytes):
+                    await self._data(event)
+                else:
+                    self._end()
+        parser.close()
+        if self.weights is not None:
+            await self.weights.finish()
+
+    def _start(self, part: multipart.Start) -> None:
+        name, filename = part
+        self._buf = bytearray()
         if filename is not None or name in ("config", "weights"):
             fname = filename or ""
-            names.extend([fname] if fname else [])
+            self.names.extend([fname] if fname else [])
             if name == "config" or fname.rsplit("/", 1)[-1] == CONFIG:
-                config = data
-            else:
-                weights = data
+                self._part = "config"
+                return
+            check_filename(fname)  # a pickle is refused before its bytes are received
+            if self.weights is not None:  # a later file replaces an earlier one
+                self.weights.discard()
+            self.weights = self.uploads.spool(
+                self.max_weights, what=WEIGHTS, field="weights", setting="max_adapter_bytes"
+            )
+            self._part = "weights"
         elif name in FORM_FIELDS:
-            fields[name] = data.decode("utf-8", "replace")
+            self._part = name
         else:
             raise InvalidInput(
                 f"unknown form field {name!r}; accepted: {', '.join(BODY_FIELDS)}", field=name
             )
-    if config is None:
-        raise InvalidInput(f"the upload has no {CONFIG}", field="config")
-    if weights is None:
-        raise InvalidInput("the upload has no adapter_model.safetensors", field="weights")
-    return fields, config, weights, names
+
+    async def _data(self, data: bytes) -> None:
+        if self._part == "weights":
+            assert self.weights is not None
+            await self.weights.write(data)
+            return
+        self._buf += data
+        cap = _SLACK if self._part == "config" else _FIELD_BYTES
+        if len(self._buf) > cap:
+            what = CONFIG if self._part == "config" else f"form field {self._part}"
+            raise PayloadTooLarge(f"{what} is over {cap} bytes", field=self._part)
+
+    def _end(self) -> None:
+        if self._part == "config":
+            self.config = bytes(self._buf)
+        elif self._part != "weights":
+            self.fields[self._part] = self._buf.decode("utf-8", "replace")
+        self._buf = bytearray()
+
+    def result(self) -> tuple[dict[str, Any], bytes, WeightsFile, list[str]]:
+        """(form fields, config bytes, the spooled weights, uploaded file names)."""
+        if self.config is None:
+            raise InvalidInput(f"the upload has no {CONFIG}", field="config")
+        if self.weights is None:
+            raise InvalidInput("the upload has no adapter_model.safetensors", field="weights")
+        w = self.weights
+        return self.fields, self.config, WeightsFile(w.path, w.size, w.sha256), self.names
+
+    def discard(self) -> None:
+        if self.weights is not None:
+            self.weights.discard()
 
 
 def parse_body(body: Any) -> tuple[dict[str, Any], bytes, bytes]:

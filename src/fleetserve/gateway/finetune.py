@@ -19,6 +19,7 @@ need ``adapters:write`` (checked before a body is read), reads ``infer``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -29,7 +30,6 @@ from ..wire import (
     Forbidden,
     InvalidInput,
     NotFound,
-    PayloadTooLarge,
     Principal,
     Scope,
     UnsupportedMediaType,
@@ -39,8 +39,9 @@ from ..wire.finetune import PURPOSE
 from . import multipart
 from .auth import require
 from .errors import body_response, error_response
-from .http import Receive, Send, header, read_body, respond
+from .http import Receive, Send, body_chunks, header, read_body, respond
 from .http import Scope as AsgiScope
+from .upload import Spool, Uploads
 
 FILES = "/v1/files"
 JOBS = "/v1/fine_tuning/jobs"
@@ -54,9 +55,12 @@ DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 class FineTuneRoutes:
     """The fine-tuning routes over ``manager``; call it after authenticating."""
 
-    def __init__(self, manager: FineTuning, *, max_file_bytes: int) -> None:
+    def __init__(
+        self, manager: FineTuning, *, max_file_bytes: int, uploads: Uploads | None = None
+    ) -> None:
         self.manager = manager
         self.max_file_bytes = max_file_bytes
+        self.uploads = uploads or Uploads()
 
     @staticmethod
     def handles(path: str) -> bool:
@@ -114,29 +118,31 @@ class FineTuneRoutes:
         self, scope: AsgiScope, receive: Receive, principal: Principal, query: dict[str, list[str]]
     ) -> Any:
         content_type = header(scope, b"content-type") or ""
-        if multipart.is_multipart(content_type):
-            raw = await read_body(scope, receive, self.max_file_bytes + _SLACK)
-            filename, data, purpose = _form(multipart.parse(raw, content_type))
-        elif content_type.split(";", 1)[0].strip().lower() in RAW_TYPES:
-            data = await read_body(scope, receive, self.max_file_bytes)
-            filename, purpose = _text(query, "filename") or "", _text(query, "purpose")
-        else:
+        raw = content_type.split(";", 1)[0].strip().lower() in RAW_TYPES
+        if not raw and not multipart.is_multipart(content_type):
             raise UnsupportedMediaType(
                 f"unsupported content type {content_type or 'none'!r} for a file; send "
                 f"multipart/form-data (a file part and purpose) or {', '.join(RAW_TYPES)}",
                 field="content-type",
             )
-        if len(data) > self.max_file_bytes:
-            raise PayloadTooLarge(
-                f"the file is {len(data)} bytes, over the limit of {self.max_file_bytes}",
-                field="file",
+        with self.uploads.slot(principal.tenant):
+            spool = self.uploads.spool(
+                self.max_file_bytes, what="the file", field="file", setting="max_file_bytes"
             )
-        if purpose is not None and purpose != PURPOSE:
-            raise InvalidInput(
-                f"purpose must be {PURPOSE!r} (the only one this server takes), not {purpose!r}",
-                field="purpose",
-            )
-        return await self.manager.create_file(principal, filename.rsplit("/", 1)[-1], data)
+            try:
+                if raw:
+                    async for chunk in body_chunks(scope, receive, self.max_file_bytes):
+                        await spool.write(chunk)
+                    filename, purpose = _text(query, "filename") or "", _text(query, "purpose")
+                else:
+                    limit = self.max_file_bytes + _SLACK
+                    filename, purpose = await _form(scope, receive, content_type, limit, spool)
+                await spool.finish()
+                _check_purpose(purpose)
+                data = await asyncio.to_thread(spool.read_bytes)
+            finally:
+                spool.discard()
+            return await self.manager.create_file(principal, filename.rsplit("/", 1)[-1], data)
 
     async def _jobs(self, principal: Principal, query: dict[str, list[str]]) -> dict[str, Any]:
         rows = [j.to_dict() for j in reversed(await self.manager.jobs(principal))]
@@ -158,24 +164,51 @@ def _parts(path: str, prefix: str) -> list[str]:
     return [unquote(p) for p in path[len(prefix) :].strip("/").split("/") if p]
 
 
-def _form(parts: list[multipart.Part]) -> tuple[str, bytes, str | None]:
-    """(filename, file bytes, purpose) of an upload as OpenAI's clients send it."""
-    file: tuple[str, bytes] | None = None
-    purpose: str | None = None
-    for name, filename, data in parts:
-        if name == "file":
-            file = (filename or "", data)
-        elif name == "purpose":
-            purpose = data.decode("utf-8", "replace").strip()
-        else:
-            raise InvalidInput(
-                f"unknown form field {name!r}; accepted: {', '.join(FORM_FIELDS)}", field=name
-            )
+def _check_purpose(purpose: str | None) -> None:
+    if purpose is not None and purpose != PURPOSE:
+        raise InvalidInput(
+            f"purpose must be {PURPOSE!r} (the only one this server takes), not {purpose!r}",
+            field="purpose",
+        )
+
+
+async def _form(
+    scope: AsgiScope, receive: Receive, content_type: str, limit: int, spool: Spool
+) -> tuple[str, str | None]:
+    """(filename, purpose) of an upload as OpenAI's clients send it, its file part
+    written to ``spool`` as it arrives."""
+    parser = multipart.StreamParser(content_type)
+    filename: str | None = None
+    purpose: bytearray | None = None
+    part = ""
+    async for chunk in body_chunks(scope, receive, limit):
+        for event in parser.feed(chunk):
+            if isinstance(event, multipart.Start):
+                part = event.name
+                if part == "file":
+                    if filename is not None:
+                        raise InvalidInput("the upload has two file parts; send one", field="file")
+                    filename = event.filename or ""
+                elif part == "purpose":
+                    purpose = bytearray()
+                else:
+                    raise InvalidInput(
+                        f"unknown form field {part!r}; accepted: {', '.join(FORM_FIELDS)}",
+                        field=part,
+                    )
+            elif isinstance(event, bytes):
+                if part == "file":
+                    await spool.write(event)
+                elif purpose is not None and len(purpose) + len(event) <= _SLACK:
+                    purpose += event
+                else:
+                    raise InvalidInput("field purpose is too long", field="purpose")
+    parser.close()
     if purpose is None:
         raise InvalidInput(f"field purpose ({PURPOSE!r}) is required", field="purpose")
-    if file is None:
+    if filename is None:
         raise InvalidInput("the upload has no file part (the JSONL of pairs)", field="file")
-    return file[0], file[1], purpose
+    return filename, purpose.decode("utf-8", "replace").strip()
 
 
 async def _body(scope: AsgiScope, receive: Receive) -> Any:

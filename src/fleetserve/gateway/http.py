@@ -1,16 +1,20 @@
-"""Minimal ASGI plumbing: read a bounded body, send a complete response."""
+"""Minimal ASGI plumbing: read a bounded body (whole or as it arrives), send a complete
+response."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..wire import InvalidInput, PayloadTooLarge
+from ..wire import Cancelled, InvalidInput, PayloadTooLarge
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("fleetserve.gateway")
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -20,29 +24,55 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole body, failing with 413 as soon as it exceeds ``limit`` bytes."""
+def declared_length(scope: Scope, limit: int) -> int | None:
+    """The body's Content-Length, if sent; 413 at once when it exceeds ``limit``."""
     declared = header(scope, b"content-length")
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            raise InvalidInput("content-length is not an integer", field="content-length") from None
-        if n > limit:
-            raise PayloadTooLarge(f"body of {n} bytes exceeds the limit of {limit}", field="body")
-    chunks: list[bytes] = []
+    if declared is None:
+        return None
+    try:
+        n = int(declared)
+    except ValueError:
+        raise InvalidInput("content-length is not an integer", field="content-length") from None
+    if n > limit:
+        raise PayloadTooLarge(f"body of {n} bytes exceeds the limit of {limit}", field="body")
+    return n
+
+
+def cut_off(scope: Scope, got: int, declared: int | None) -> Cancelled:
+    """The error (and the log line) for a body the client hung up in the middle of: a
+    499 in the access log, and nothing of it is kept."""
+    of = f" of {declared}" if declared is not None else ""
+    message = f"upload cut off after {got}{of} bytes: the client hung up"
+    log.warning("%s %s: %s", scope.get("method", ""), scope.get("path", ""), message)
+    return Cancelled(message, field="body")
+
+
+async def body_chunks(scope: Scope, receive: Receive, limit: int) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive, failing with 413 as soon as it exceeds
+    ``limit`` bytes, and with :func:`cut_off` when the client hangs up before its end
+    (fewer bytes than its Content-Length, or no final chunk)."""
+    declared = declared_length(scope, limit)
     size = 0
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            break
+            raise cut_off(scope, size, declared)
         chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes", field="body")
-        chunks.append(chunk)
+        if chunk:
+            yield chunk
         if not msg.get("more_body", False):
             break
+    if declared is not None and size < declared:
+        raise cut_off(scope, size, declared)
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole body, failing with 413 as soon as it exceeds ``limit`` bytes, and with
+    :func:`cut_off` (never a partial body) when the client hangs up before its end."""
+    chunks = [chunk async for chunk in body_chunks(scope, receive, limit)]
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

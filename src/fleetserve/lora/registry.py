@@ -48,7 +48,15 @@ from ..wire import (
 from .bases import ADAPTER_FAMILIES, Bases
 from .manifest import AdapterInfo
 from .store import AdapterStore
-from .validate import CONFIG, WEIGHTS, Limits, config_base, read_config, validate
+from .validate import (
+    CONFIG,
+    WEIGHTS,
+    Limits,
+    WeightsFile,
+    config_base,
+    read_config,
+    validate,
+)
 
 ROOT = "adapters"
 INFO = "info.json"
@@ -116,14 +124,16 @@ class AdapterRegistry:
         principal: Principal,
         name: str,
         config: bytes,
-        weights: bytes,
+        weights: bytes | WeightsFile,
         filenames: Sequence[str] = (),
         *,
         base: str | None = None,
         version: int | None = None,
         pinned: bool = False,
     ) -> AdapterInfo:
-        """Validate and store a new version of ``name``; see the module docstring."""
+        """Validate and store a new version of ``name``; see the module docstring.
+        ``weights`` may be a file an upload spooled: it is validated from the file and
+        moved into the store, never read whole."""
         if not principal.can(Scope.ADAPTERS_WRITE):
             raise Forbidden("uploading adapters needs the adapters:write scope", field="scope")
         aid = adapter_ref(principal, name, field="name")
@@ -150,6 +160,7 @@ class AdapterRegistry:
             manifest = await asyncio.to_thread(
                 validate, config, weights, filenames, base_model=base, base_shapes=shapes,
                 limits=self.limits, known=_Known(self.bases),
+                allow_regex=Scope.ADMIN in principal.scopes,  # a regex target_modules
             )  # fmt: skip
             vid = await self._claim(aid, version)
             info = AdapterInfo(vid, manifest, created=self._clock(), pinned=pinned)
@@ -211,11 +222,14 @@ class AdapterRegistry:
             raise Conflict(f"adapter {vid} is being uploaded by another request", field="name")
         return vid
 
-    async def _write(self, info: AdapterInfo, config: bytes, weights: bytes) -> None:
+    async def _write(self, info: AdapterInfo, config: bytes, weights: bytes | WeightsFile) -> None:
         root = version_dir(info.id)
         try:
             await self.store.put(f"{root}/{CONFIG}", config)
-            await self.store.put(f"{root}/{WEIGHTS}", weights)
+            if isinstance(weights, WeightsFile):
+                await self.store.put_file(f"{root}/{WEIGHTS}", weights.path)
+            else:
+                await self.store.put(f"{root}/{WEIGHTS}", weights)
             await self.store.put(f"{root}/{INFO}", info.dumps())
         except BaseException:
             await self._remove(info.id)

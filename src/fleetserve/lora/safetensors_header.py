@@ -83,6 +83,7 @@ def parse_header(
     field: str = "weights",
     size: int | None = None,
     dtypes: dict[str, int] = DTYPE_BYTES,
+    max_header: int = MAX_HEADER,
 ) -> Header:
     """The header of the safetensors file ``data``, checked against the file's size.
 
@@ -94,9 +95,10 @@ def parse_header(
     if total < 8:
         raise InvalidInput(f"{what} is truncated: {total} bytes, not even a header", field=field)
     (n,) = struct.unpack("<Q", head)
-    if n > MAX_HEADER:
+    if n > max_header:
         raise InvalidInput(
-            f"{what} is not safetensors: it declares a {n}-byte header (the limit is {MAX_HEADER})",
+            f"{what}: its header declares {n} bytes, over the limit of {max_header}"
+            + (" (max_safetensors_header_bytes)" if max_header < MAX_HEADER else ""),
             field=field,
         )
     if 8 + n > total:
@@ -179,3 +181,22 @@ def read_header(path: Path, *, dtypes: dict[str, int] = ALL_DTYPES) -> Header:
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
         data = head + f.read(min(n, MAX_HEADER))
     return parse_header(data, what=path.name, field="base", size=size, dtypes=dtypes)
+
+
+def read_file_header(
+    path: Path, *, what: str, field: str, max_header: int, dtypes: dict[str, int] = DTYPE_BYTES
+) -> Header:
+    """The header of an uploaded safetensors file on disk, refused before its JSON is
+    read when it declares more than ``max_header`` bytes; no tensor is read."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(9)
+        _not_safetensors(head, what, field)
+        n = struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 0
+        if n > max_header:  # parse_header says so, from the first bytes alone
+            return parse_header(head, what=what, field=field, size=size, max_header=max_header)
+        f.seek(0)
+        data = f.read(8 + n)
+    return parse_header(
+        data, what=what, field=field, size=size, dtypes=dtypes, max_header=max_header
+    )

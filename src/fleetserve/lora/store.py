@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -56,6 +58,30 @@ class AdapterStore:
     async def put(self, key: str, data: bytes) -> None:
         with self._guard():
             await self.store.put(key, data)
+
+    async def put_file(self, key: str, path: Path) -> None:
+        """Store the file at ``path`` under ``key`` without reading it into memory; the
+        file is moved (a file store on the same file system: a rename) or left for the
+        caller to delete. A file store's readers see the old bytes or the new, never
+        part of a file; an object store gets a streamed (multipart) put."""
+        check_key(key)
+        if self._kind == "file":
+            dest = self.store.root / key  # type: ignore[attr-defined]
+            await asyncio.to_thread(_file_move, path, dest)
+        elif self._kind == "s3":
+            import obstore
+
+            await obstore.put_async(self.store.objects, key, path)  # type: ignore[attr-defined]
+        elif self._kind == "nats":
+            with self._guard():
+                obs = await self.store._bound()  # type: ignore[attr-defined]
+                f = await asyncio.to_thread(open, path, "rb")
+                try:
+                    await obs.put(key, f)
+                finally:
+                    f.close()
+        else:  # memory (one process, tests) and stores without a streamed put
+            await self.put(key, await asyncio.to_thread(path.read_bytes))
 
     async def get(self, key: str) -> bytes:
         with self._guard():
@@ -171,6 +197,25 @@ def _file_create(path: Path, data: bytes) -> bool:
         return False
     except OSError:  # a file system without hard links: exclusive create, then write
         return _exclusive_create(path, data)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _file_move(src: Path, dest: Path) -> None:
+    """``src`` renamed to ``dest`` (atomically); across file systems, copied to a
+    temporary file beside ``dest`` first, then renamed."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(src, dest)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -16,11 +16,12 @@ import math
 import re
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..wire import InvalidInput
 from .manifest import AdapterManifest, LoraModule
-from .safetensors_header import check_filename, parse_header
+from .safetensors_header import check_filename, parse_header, read_file_header
 from .shapes import check_shapes, is_embedding, match_modules, strip_peft
 
 CONFIG = "adapter_config.json"
@@ -51,6 +52,7 @@ class Limits:
     max_rank: int = 64
     max_bytes: int = 256 * 1024 * 1024
     max_per_tenant: int = 100
+    max_header_bytes: int = 4 * 1024 * 1024  # the weights' safetensors JSON header
 
     @classmethod
     def from_settings(cls, settings: Any) -> Limits:
@@ -58,7 +60,19 @@ class Limits:
             max_rank=int(settings.max_adapter_rank),
             max_bytes=int(settings.max_adapter_bytes),
             max_per_tenant=int(settings.max_adapters_per_tenant),
+            max_header_bytes=int(settings.max_safetensors_header_bytes),
         )
+
+
+@dataclass(frozen=True)
+class WeightsFile:
+    """An uploaded ``adapter_model.safetensors`` on disk (spooled as it arrived): its
+    path, size and sha256. Validation reads its header from the file, never its
+    tensors; the registry moves the file into the store."""
+
+    path: Path
+    size: int
+    sha256: str
 
 
 def sha256_hex(data: bytes) -> str:
@@ -190,7 +204,7 @@ def _check_targets(targets: object, modules: Iterable[str]) -> None:
 
 def validate(
     config_bytes: bytes,
-    weights_bytes: bytes,
+    weights_bytes: bytes | WeightsFile,
     filenames: Iterable[str] = (),
     *,
     base_model: str,
@@ -203,16 +217,22 @@ def validate(
     of them is for that model)."""
     for name in filenames:
         check_filename(name)
-    if len(weights_bytes) > limits.max_bytes:
+    size = weights_bytes.size if isinstance(weights_bytes, WeightsFile) else len(weights_bytes)
+    if size > limits.max_bytes:
         raise InvalidInput(
-            f"{WEIGHTS} is {len(weights_bytes)} bytes, over this server's limit of "
+            f"{WEIGHTS} is {size} bytes, over this server's limit of "
             f"{limits.max_bytes} (max_adapter_bytes)",
             field="weights",
         )
     config = read_config(config_bytes)
     r, alpha, rslora = _config_checks(config, limits)
     check_base(config, base_model, known)
-    header = parse_header(weights_bytes, what=WEIGHTS)
+    if isinstance(weights_bytes, WeightsFile):
+        header = read_file_header(
+            weights_bytes.path, what=WEIGHTS, field="weights", max_header=limits.max_header_bytes
+        )
+    else:
+        header = parse_header(weights_bytes, what=WEIGHTS, max_header=limits.max_header_bytes)
     pairs = _pairs(header.tensors)
     dtypes = {t.dtype for t in header.tensors.values()}
     if len(dtypes) > 1:
@@ -232,7 +252,11 @@ def validate(
         check_shapes(strip_peft(module), a.shape, b.shape, base_shapes, matched[module], r)
         modules.append(LoraModule(matched[module], slot["A"], slot["B"], a.shape, b.shape))
     modules.sort(key=lambda m: m.module)
-    config_sha, weights_sha = sha256_hex(config_bytes), sha256_hex(weights_bytes)
+    config_sha = sha256_hex(config_bytes)
+    if isinstance(weights_bytes, WeightsFile):
+        weights_sha = weights_bytes.sha256
+    else:
+        weights_sha = sha256_hex(weights_bytes)
     return AdapterManifest(
         base=base_model,
         rank=r,
@@ -245,5 +269,5 @@ def validate(
         config_sha256=config_sha,
         weights_sha256=weights_sha,
         sha256=content_hash(config_sha, weights_sha),
-        bytes=len(config_bytes) + len(weights_bytes),
+        bytes=len(config_bytes) + size,
     )
