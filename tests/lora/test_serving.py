@@ -144,10 +144,18 @@ def behind_gate(srv: ServerThread) -> None:
 
 
 def hold_compute(srv: ServerThread) -> threading.Event:
-    """Block the compute thread until the returned event is set (requests queue up)."""
+    """Block the compute thread until the returned event is set (requests queue up).
+    Returns once the thread is inside the hold: till then the hold itself sits in the
+    thread's queue, where ``behind_gate`` would take it for a forward pass behind it."""
     assert srv.server is not None
-    gate = threading.Event()
-    srv.server.runners[TINY]._forward.submit(gate.wait, 30)  # type: ignore[attr-defined]
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(30)
+
+    srv.server.runners[TINY]._forward.submit(hold)  # type: ignore[attr-defined]
+    assert holding.wait(20), "the compute thread never took the hold"
     return gate
 
 
