@@ -6,7 +6,9 @@ compiles it for the CPU with:
 
 - ``INFERENCE_PRECISION_HINT`` f32, bf16 or f16 (always set: OpenVINO's own default on
   a CPU with AMX is bf16). ``precision`` is then read back from the compiled model, so
-  it says what runs: bf16 asked for on a CPU without bf16 runs fp32, logged once;
+  it says what runs, logged once where it differs: OpenVINO ignores a hint the CPU has
+  no kernels for and keeps its default (bf16 with AVX-512, else fp32), so bf16 asked for
+  below AVX-512 runs fp32, and fp16 without AVX512-FP16 (AMD EPYC) runs bf16;
 - ``PERFORMANCE_HINT`` LATENCY and ``NUM_STREAMS`` 1: the worker runs one forward at a
   time, from its one compute thread;
 - ``INFERENCE_NUM_THREADS`` = ``threads`` (0 keeps OpenVINO's default: all cores).
