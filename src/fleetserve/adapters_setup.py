@@ -19,6 +19,7 @@ from .fleet.manager import Fleet
 from .fleet.memory import mib, parse_size
 from .gateway.adapters import AdapterRoutes
 from .gateway.calls import RegistryCalls
+from .gateway.upload import Uploads
 from .lora.bases import CatalogBases
 from .lora.declared import register_declared
 from .lora.registry import AdapterRegistry
@@ -54,7 +55,8 @@ async def open_registry(
     if declared:
         for info in await register_declared(registry, catalog, settings):
             log.info("adapter %s of %s registered from the catalog", info.id, info.base)
-    routes = AdapterRoutes(registry, max_body_bytes=settings.max_body_bytes)
+    uploads = Uploads.from_settings(settings)  # shared with /v1/files (finetune_setup)
+    routes = AdapterRoutes(registry, max_body_bytes=settings.max_body_bytes, uploads=uploads)
     return Adapters(registry, routes, RegistryCalls(registry))
 
 

@@ -65,10 +65,14 @@ async def open_finetuning(
     return FineTuningParts(manager, store, queue)
 
 
-def routes(settings: Settings, parts: FineTuningParts) -> Any:
+def routes(settings: Settings, parts: FineTuningParts, uploads: Any = None) -> Any:
+    """The /v1/files and /v1/fine_tuning/ routes; ``uploads`` (the adapter routes'
+    :class:`~.gateway.upload.Uploads`) makes one bound for every upload."""
     from .gateway.finetune import FineTuneRoutes
+    from .gateway.upload import Uploads
 
-    return FineTuneRoutes(parts.manager, max_file_bytes=settings.max_file_bytes)
+    uploads = uploads or Uploads.from_settings(settings)
+    return FineTuneRoutes(parts.manager, max_file_bytes=settings.max_file_bytes, uploads=uploads)
 
 
 def job_runner(

@@ -162,7 +162,7 @@ class EmbeddedServer(Service):
         await requeue_unfinished(self.finetuning)
         runner = job_runner(self.settings, self.catalog, self.finetuning, registry)
         self.spawn("trainer", runner.run())
-        self.gateway.finetune = routes(self.settings, self.finetuning)
+        self.gateway.finetune = routes(self.settings, self.finetuning, self.adapters.routes.uploads)
 
     def _new_worker(self) -> Worker:
         return Worker(

@@ -118,7 +118,7 @@ class GatewayProcess(Service):
             interactive_cost=self._interactive_cost(),
             tracer=self.tracer,
         )
-        self.gateway.finetune = routes(self.settings, tuning)
+        self.gateway.finetune = routes(self.settings, tuning, self.adapters.routes.uploads)
         from ..dashboard.fleet_sources import ClusterFleet
 
         self.gateway.dashboard.attach_fleet(ClusterFleet.of(self))  # heartbeats, JetStream
