@@ -6,25 +6,34 @@ import io
 import json
 import math
 import pickle
+import random
+import re
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load, save
 
+from fleetserve.gateway.auth import hash_key
 from fleetserve.lora.shapes import linear_shapes
 from fleetserve.lora.store import AdapterStore
+from fleetserve.lora.targets import MATCH_SECONDS, MAX_NAME, MAX_PATTERN, check_targets
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.storage import MemoryStore
-from fleetserve.wire import InvalidInput
+from fleetserve.wire import Forbidden, InvalidInput
+from tests.conftest import TINY, ServerThread, tiny_settings
 from tests.tiny_generate import build_llama
+from tests.tiny_lora import make_lora
 from tests.tinymodels import build_bert
 
-from .kit import ALICE, BASE, IMAGE, OTHER, Files, Kit, kit_fixture, lora, registry_on  # noqa: F401
+from .kit import ADMIN, ALICE, BASE, IMAGE, OTHER, Files, Kit, kit_fixture, lora, read, registry_on  # noqa: F401
 
 P = "base_model.model.encoder.layer.0.attention.self"
 
@@ -241,9 +250,144 @@ def test_a_llama_adapter_for_generation(tmp_path: Path) -> None:
 def test_a_regex_target_modules_must_match_a_tensor(kit: Kit) -> None:
     limits = Limits()
     ok = kit.lora.with_config(target_modules=r".*\.(query|value)")
-    validate(ok, kit.lora.weights, base_model=BASE, base_shapes=kit.shapes, limits=limits)
+    args: dict[str, Any] = {"base_model": BASE, "base_shapes": kit.shapes, "limits": limits}
+    validate(ok, kit.lora.weights, allow_regex=True, **args)
     for pattern, words in ((r".*\.key", "matches no module"), ("(", "not a regex")):
         bad = kit.lora.with_config(target_modules=pattern)
         with pytest.raises(InvalidInput, match=words):
-            validate(bad, kit.lora.weights, base_model=BASE, base_shapes=kit.shapes, limits=limits)
+            validate(bad, kit.lora.weights, allow_regex=True, **args)
     json.loads(ok)
+
+
+# -- target_modules: no user regex reaches Python's re (issue 22, item 4) --------------
+
+EVIL = "(a+)+$"  # backtracks exponentially in Python's re on a run of a's and a mismatch
+EVIL_MODULE = "a" * 28 + "!"  # 13.1 s of the GIL in Python's re; doubles per extra a
+
+
+def evil_weights(weights: bytes) -> bytes:
+    """The adapter's weights plus a LoRA pair on a module named a x 28 + "!"."""
+    extra = {
+        f"base_model.model.{EVIL_MODULE}.lora_A.weight": np.zeros((4, 32), np.float32),
+        f"base_model.model.{EVIL_MODULE}.lora_B.weight": np.zeros((32, 4), np.float32),
+    }
+    return save({**load(weights), **extra})
+
+
+async def test_a_regex_from_a_key_without_admin_is_a_403(kit: Kit) -> None:
+    """Today any adapters:write key's regex is compiled by Python's re and run on the
+    weights' module names (this one for 13 s, holding the GIL, then a 400)."""
+    store = AdapterStore(MemoryStore())
+    config = kit.lora.with_config(target_modules=EVIL)
+    t0 = time.perf_counter()
+    with pytest.raises(Forbidden) as info:
+        await registry_on(store, kit).create(
+            ALICE, "evil", config, evil_weights(kit.lora.weights), base=BASE
+        )
+    assert time.perf_counter() - t0 < 0.5
+    msg = info.value.message
+    assert "target_modules" in msg and "regex" in msg and "admin scope" in msg, msg
+    assert "list of module names" in msg and info.value.field == "config"
+    assert await store.keys() == []
+
+
+async def test_an_admins_regex_is_matched_by_re2_within_the_bound(kit: Kit) -> None:
+    """Today Python's re takes about 13 s (and the GIL) on "(a+)+$" against a x 28 + "!";
+    RE2 answers at once, and a regex that matches registers the adapter."""
+    store = AdapterStore(MemoryStore())
+    reg = registry_on(store, kit)
+    weights = evil_weights(kit.lora.weights)
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidInput, match="matches no module"):
+        await reg.create(ADMIN, "alice/evil", kit.lora.with_config(target_modules=EVIL), weights)
+    assert time.perf_counter() - t0 < 0.5
+    good = kit.lora.with_config(target_modules=r".*\.(query|value)")
+    info = await reg.create(ADMIN, "alice/good", good, kit.lora.weights, base=BASE)
+    assert set(info.manifest.target_modules) == {
+        f"encoder.layer.{i}.attention.self.{p}" for i in (0, 1) for p in ("query", "value")
+    }  # the resolved names are what is kept and served; no pattern is run again
+
+
+@pytest.mark.parametrize(
+    ("targets", "words"),
+    [
+        ("all-linear", None),  # PEFT's shorthand: the weights say which
+        ("encoder.layer.0.attention.self.query", None),  # a whole name, as a literal
+        ("query", "is not a module"),  # a string names a whole module, as in PEFT
+        (["query", "self.value"], None),
+        (["attention.self.query", "uery"], "target module 'uery' has no tensors"),
+        ("query|value", "admin scope"),  # regex syntax: refused without admin
+    ],
+)
+def test_names_are_compared_never_compiled(kit: Kit, targets: Any, words: str | None) -> None:
+    """Today "all-linear" is compiled as a regex that matches nothing (a 400), and a
+    regex from any key is run; here names are compared and a regex needs admin."""
+    config = kit.lora.with_config(target_modules=targets)
+    args: dict[str, Any] = {"base_model": BASE, "base_shapes": kit.shapes, "limits": Limits()}
+    if words is None:
+        validate(config, kit.lora.weights, **args)
+        return
+    with pytest.raises((InvalidInput, Forbidden), match=words):
+        validate(config, kit.lora.weights, **args)
+
+
+def test_regex_and_name_bounds() -> None:
+    """Today a pattern of any size is compiled and matched for as long as it takes; here
+    size, RE2 program size, name length and matching time are bounded."""
+    names = ["encoder.layer.0.attention.self.query"]
+    for pattern, words in (
+        ("a" * (MAX_PATTERN + 1) + "*", "over the limit of 1000"),
+        ("(x|y){1000}", "instructions, over the limit"),
+        (r"(a)\1", "not a regex RE2 accepts"),
+    ):
+        with pytest.raises(InvalidInput, match=re.escape(words)):
+            check_targets(pattern, names, allow_regex=True)
+    with pytest.raises(InvalidInput, match="characters, over the limit of 1024"):
+        check_targets(["query"], ["a." * 600 + "query"])
+    # RE2 runs in linear time, but a pattern whose DFA does not fit falls back to its
+    # NFA (microseconds a character): matching stops at the time bound
+    rng = random.Random(0)
+    long = ["".join(rng.choice("ab") for _ in range(MAX_NAME)) for _ in range(512)]
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidInput, match="took over"):
+        check_targets("(a|b)*a(a|b){200}c", long, allow_regex=True)
+    assert time.perf_counter() - t0 < MATCH_SECONDS + 0.25
+
+
+def test_healthz_answers_while_a_regex_upload_is_checked(
+    tiny_catalog: Path, tmp_path: Path
+) -> None:
+    """Over a real server: today the writer's upload holds the GIL for about 13 s in
+    Python's re and /healthz waits as long; now it is a 403 (an admin's, a 400 from
+    RE2) and every probe meanwhile answers within 1 s."""
+    writer, admin = "fs-writer-key", "fs-admin-key"
+    keys = [
+        {"sha256": hash_key(writer), "tenant": "alice", "scopes": ["infer", "adapters:write"]},
+        {"sha256": hash_key(admin), "tenant": "ops", "scopes": ["admin"]},
+    ]
+    made = read(make_lora(tiny_catalog.parent / "model", tmp_path / "ad", rank=4))
+    config, weights = made.with_config(target_modules=EVIL), evil_weights(made.weights)
+    settings = tiny_settings(
+        tiny_catalog, auth="keys", keys=json.dumps(keys), adapter_store=tmp_path.as_uri()
+    )
+    srv = ServerThread(settings).start()
+    try:
+        for key, status in ((writer, 403), (admin, 400)):
+            with ThreadPoolExecutor(1) as pool:
+                files = {"config": ("adapter_config.json", config),
+                         "weights": ("adapter_model.safetensors", weights)}  # fmt: skip
+                sent = pool.submit(
+                    httpx.post, f"{srv.url}/v1/adapters", data={"name": "evil", "base": TINY},
+                    files=files, headers={"authorization": f"Bearer {key}"}, timeout=60,
+                )  # fmt: skip
+                slowest, probes = 0.0, 0
+                while not sent.done() or probes < 3:
+                    t0 = time.perf_counter()
+                    assert httpx.get(f"{srv.url}/healthz", timeout=30).status_code == 200
+                    slowest, probes = max(slowest, time.perf_counter() - t0), probes + 1
+                r = sent.result()
+            assert r.status_code == status, r.text
+            assert ("admin scope" if status == 403 else "matches no module") in r.text
+            assert slowest < 1.0, slowest
+    finally:
+        srv.stop()

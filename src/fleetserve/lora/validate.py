@@ -23,6 +23,7 @@ from ..wire import InvalidInput
 from .manifest import AdapterManifest, LoraModule
 from .safetensors_header import check_filename, parse_header, read_file_header
 from .shapes import check_shapes, is_embedding, match_modules, strip_peft
+from .targets import check_targets
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -175,33 +176,6 @@ def _pairs(names: Iterable[str]) -> dict[str, dict[str, str]]:
     return pairs
 
 
-def _check_targets(targets: object, modules: Iterable[str]) -> None:
-    """Each name in ``target_modules`` has tensors (a regex string: at least one)."""
-    names = [strip_peft(m) for m in modules]
-    if targets is None:
-        return
-    if isinstance(targets, str):
-        try:
-            pattern = re.compile(targets)
-        except re.error as exc:
-            raise InvalidInput(
-                f"{CONFIG}: target_modules is not a regex: {exc}", field="config"
-            ) from None
-        if not any(pattern.fullmatch(n) for n in names):
-            raise InvalidInput(
-                f"{CONFIG}: target_modules {targets!r} matches no module in {WEIGHTS}",
-                field="config",
-            )
-        return
-    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise InvalidInput(f"{CONFIG}: target_modules must be a list of names", field="config")
-    for t in targets:
-        if not any(n == t or n.endswith("." + t) for n in names):
-            raise InvalidInput(
-                f"{CONFIG}: target module {t!r} has no tensors in {WEIGHTS}", field="config"
-            )
-
-
 def validate(
     config_bytes: bytes,
     weights_bytes: bytes | WeightsFile,
@@ -211,10 +185,12 @@ def validate(
     base_shapes: Mapping[str, tuple[int, int]],
     limits: Limits,
     known: Container[str] = (),
+    allow_regex: bool = False,
 ) -> AdapterManifest:
     """The manifest of a valid adapter for ``base_model`` (whose Linear layers are
     ``base_shapes``); ``known`` are the served model ids (a config naming another one
-    of them is for that model)."""
+    of them is for that model). A regex ``target_modules`` is refused (403) unless
+    ``allow_regex`` (the uploader is an admin): see :mod:`.targets`."""
     for name in filenames:
         check_filename(name)
     size = weights_bytes.size if isinstance(weights_bytes, WeightsFile) else len(weights_bytes)
@@ -244,7 +220,9 @@ def validate(
                 "the mixed-adapter layer runs LoRA on Linear layers only",
                 field="weights",
             )
-    _check_targets(config.get("target_modules"), pairs)
+    check_targets(
+        config.get("target_modules"), [strip_peft(m) for m in pairs], allow_regex=allow_regex
+    )
     matched = match_modules(pairs, base_shapes)
     modules = []
     for module, slot in pairs.items():
