@@ -11,23 +11,32 @@ from typing import Any, Protocol
 
 import uvicorn
 
+from . import http_limits
 from .settings import Settings
 
 
 async def start_http(
-    app: Any, host: str, port: int
+    app: Any, host: str, port: int, settings: Settings | None = None
 ) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
-    """Serve ``app`` with uvicorn (httptools) on ``host:port``; returns the bound port."""
+    """Serve ``app`` with uvicorn (httptools) on ``host:port``; returns the bound port.
+
+    Parsing and connections are bounded by ``settings``' HTTP limits (the defaults if
+    None; see ``http_limits``); with all of them 0, by nothing (plain httptools)."""
+    limits = settings or Settings()
+    http: Any = "httptools"
+    if http_limits.enabled(limits):
+        http = http_limits.protocol_class(limits, limits.retry_after)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        http="httptools",
+        http=http,
         lifespan="off",
         access_log=False,  # the gateway writes its own access lines (fleetserve.access)
         log_level="warning",
         log_config=None,  # its loggers go through ours (fleetserve.logs), one style
     )
+    config.timeout_keep_alive = limits.http_keepalive_timeout  # type: ignore[assignment]
     sock = _bind(host, port)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve([sock]), name="http")
@@ -77,9 +86,12 @@ class Service:
         self._http: uvicorn.Server | None = None
 
     async def serve_http(self, app: Any, host: str, port: int, *, essential: bool = True) -> int:
-        """Start the HTTP server as the task "http"; returns the bound port."""
+        """Start the HTTP server as the task "http"; returns the bound port. Its HTTP
+        limits are those of the process's ``settings`` (every Service has them)."""
         self._claim("http", essential)
-        self._http, self.tasks["http"], bound = await start_http(app, host, port)
+        settings = getattr(self, "settings", None)
+        limits = settings if isinstance(settings, Settings) else None
+        self._http, self.tasks["http"], bound = await start_http(app, host, port, limits)
         return bound
 
     def spawn(

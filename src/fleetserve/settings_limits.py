@@ -18,6 +18,37 @@ class Limits:
 
     # Each helper adds its fields below, under a comment naming the area.
 
+    # -- HTTP parsing and connections (every HTTP server: http_limits.py) -------------
+    http_max_header_bytes: int = setting(
+        64 * 1024, "Largest request head (request line and headers, bytes); beyond: 431 and "
+        "the connection closed. 0: no limit.",
+        groups="http pool",
+    )  # fmt: skip
+    http_max_headers: int = setting(
+        100, "Most header fields in one request; beyond: 431. 0: no limit.", groups="http pool"
+    )
+    http_max_url_bytes: int = setting(
+        8 * 1024, "Longest request target (path and query, bytes); beyond: 414. 0: no limit.",
+        groups="http pool",
+    )  # fmt: skip
+    http_header_timeout: float = setting(
+        10.0, "Seconds a client has to send a request's head, counted from its first byte "
+        "(or from connecting); beyond: 408 and the connection closed. 0: no limit.",
+        groups="http pool",
+    )  # fmt: skip
+    http_body_timeout: float = setting(
+        30.0, "Seconds a request body may go without a byte arriving (while the server "
+        "reads it); beyond: 408 and the connection closed. 0: no limit.",
+        groups="http pool",
+    )  # fmt: skip
+    http_keepalive_timeout: float = setting(
+        5.0, "Seconds an idle kept-alive connection stays open.", groups="http pool"
+    )
+    http_max_connections: int = setting(
+        1024, "Open connections one HTTP server holds; beyond: 503 and closed. 0: no limit.",
+        groups="http pool",
+    )  # fmt: skip
+
     # -- uploads (/v1/adapters, /v1/files): spooled to disk, bounded ------------------
     max_uploads: int = setting(
         8, "Uploads (adapters and files) one gateway receives at once; beyond: 503.",
@@ -31,6 +62,35 @@ class Limits:
         "Largest JSON header an uploaded adapter_model.safetensors may declare (bytes).",
         groups="adapters",
     )
+
+    # -- keep-alive (X-Keep-Alive: gateway/keepalive.py) --------------------------------
+    max_keep_alive: float = setting(
+        3600.0, "Longest X-Keep-Alive a request may ask (seconds); longer asks are cut to it "
+        "(a model spec's max_keep_alive may lower it). 0: requests keep no model alive.",
+        groups="gateway",
+    )  # fmt: skip
+    max_kept_alive_per_tenant: int = setting(
+        2, "Models one tenant may keep alive with X-Keep-Alive at once; a request beyond "
+        "gets none (X-Keep-Alive-Applied: 0; the model's own keep_alive still holds). "
+        "0: no limit.",
+        groups="gateway",
+    )  # fmt: skip
+
+    # -- the broker (queue/js_health.py): JetStream refusing writes ---------------------
+    queue_probe_interval: float = setting(
+        2.0, "Seconds between write probes of the JetStream work stream (every second "
+        "while it refuses writes): /readyz is 503 while JetStream stores nothing (a full "
+        "disk), and 200 again once it does. 0: no probes.",
+        groups="nats",
+    )  # fmt: skip
+
+    # -- fine-tuning job ownership (lora/jobs/leases.py): servers sharing a store -----
+    train_lease_ttl: float = setting(
+        30.0, "Seconds an embedded server's lease on a fine-tuning job lasts unrenewed "
+        "(renewed every third of it): servers sharing a cache directory take up only jobs "
+        "whose lease is free or this stale (their server died).",
+        groups="training",
+    )  # fmt: skip
 
 
 __all__ = ["Limits", "setting"]
