@@ -2,8 +2,8 @@
 
 ``python -m tests.http_limits_child '{"http_max_header_bytes": 4096}'`` serves, on a
 loopback port it prints, ``GET /healthz`` and ``POST /echo`` (answers the body's
-length) through ``lifecycle.start_http`` with Settings made of the JSON overrides, until
-its stdin closes.
+length; ``/late`` the same, a second late) through ``lifecycle.start_http`` with
+Settings made of the JSON overrides, until its stdin closes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from fleetserve.settings import Settings
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["path"] == "/late":  # an app that takes a second before reading the body
+        await asyncio.sleep(1.0)
     size = 0
     more = True
     while more:  # read the whole body (none for GET)

@@ -225,7 +225,8 @@ async def test_trickled_head_408_and_silent_socket_closed() -> None:
 
 async def test_stalled_body_408_and_a_slow_steady_body_passes() -> None:
     """A body that stops arriving gets 408 after the 0.5 s body timeout; one whose
-    bytes keep coming (every 0.1 s, 1.5 s in all) is answered. Before: the first hung."""
+    bytes keep coming (every 0.1 s, 1.5 s in all) is answered, and so is one whose client
+    waits for a late 100 Continue. Before: the first hung."""
     with served(http_body_timeout=0.5) as (port, _):
         reader, writer = await connect(port)
         writer.write(b"POST /echo HTTP/1.1\r\ncontent-length: 100\r\n\r\n" + b"a" * 10)
@@ -239,6 +240,15 @@ async def test_stalled_body_408_and_a_slow_steady_body_passes() -> None:
             await asyncio.sleep(0.1)
         status, body = await one_response(reader)
         assert (status, json.loads(body)["bytes"]) == (200, 15)
+        # a client waiting for the 100 Continue an app asks for a second late: no 408
+        reader, writer = await connect(port)
+        writer.write(b"POST /late HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 3\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        )
+        writer.write(b"abc")
+        status, body = await one_response(reader)
+        assert (status, json.loads(body)["bytes"]) == (200, 3)
 
 
 async def test_idle_keepalive_closed() -> None:

@@ -239,7 +239,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._phase is None or self.transport.is_closing() or self._deadline == math.inf:
             return
         now = self.loop.time()
-        if now < self._deadline or (self._phase == _BODY and self.flow.read_paused):
+        if now < self._deadline or (self._phase == _BODY and self._app_holds_body()):
             # not yet, or the app is not reading the body: not the client's delay
             self._deadline = max(self._deadline, now + 0.05)
             self._watch = self.loop.call_at(self._deadline, self._on_watch)
@@ -276,6 +276,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             )
         else:
             self.transport.close()
+
+    def _app_holds_body(self) -> bool:
+        """Whether the body waits on the app: reading paused until it takes what came,
+        or a client waiting for the ``100 Continue`` it has not asked for yet."""
+        cycle = self.cycle
+        return self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue)
 
     def _answer(self, status: int, error: FleetError) -> None:
         """Write ``status`` with ``error``'s body, then close the connection."""
