@@ -147,11 +147,12 @@ def test_cut_off_file_upload_over_a_socket_is_not_stored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Finding 5: declare 1000 rows in Content-Length, send 40, close. Before: a 40-row
-    file was stored and logged as 200; now nothing is stored and the log says the
-    upload was cut off after the bytes sent of the bytes declared."""
+    file was stored and logged as 200; now nothing is stored, the log says the upload
+    was cut off after the bytes sent of the bytes declared, and its access line 499."""
     srv = Served(tmp_path / "tune")
     srv.app.finetune = FineTuneRoutes(srv.ft, max_file_bytes=MiB, uploads=Uploads(tmp_path / "up"))
     caplog.set_level(logging.WARNING, logger="fleetserve.gateway")
+    caplog.set_level(logging.INFO, logger="fleetserve.access")
     srv.start()
     try:
         whole, part = pairs(1000, queries=50), pairs(40, queries=10)
@@ -163,12 +164,18 @@ def test_cut_off_file_upload_over_a_socket_is_not_stored(
         with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
             sock.sendall(head + part)
         want = f"upload cut off after {len(part)} of {len(whole)} bytes"
+
+        def logged() -> list[str]:
+            return [r.getMessage() for r in caplog.records]
+
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # the server notices the hang-up on its loop
-            if any(want in r.getMessage() for r in caplog.records):
+            if any(m.startswith("POST /v1/files") for m in logged()):  # the access line
                 break
             time.sleep(0.02)
-        assert any(want in r.getMessage() for r in caplog.records)
+        assert any(want in m for m in logged()), logged()
+        access = [m for m in logged() if m.startswith("POST /v1/files")]
+        assert len(access) == 1 and access[0].startswith("POST /v1/files 499 ")
         assert srv.call(lambda: srv.store.files("alice")) == []
         assert spooled(tmp_path / "up") == []
     finally:
