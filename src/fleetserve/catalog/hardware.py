@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cgroup import cgroup_memory_limit
+
 # the features that matter, in /proc/cpuinfo's spelling (x86 "flags", arm "Features")
 X86_FEATURES = (
     "avx2",
@@ -152,12 +154,14 @@ def detect(device: str = "cpu", *, root: Path = Path("/")) -> Hardware:
 
 
 def memory_limit(root: Path = Path("/")) -> int:
-    """Bytes this process may use: the cgroup v2 (or v1) limit, else MemTotal."""
+    """Bytes this process may use: its own cgroup's limit (v2 or v1), else MemTotal."""
     return memory_source(root)[0]
 
 
 def memory_source(root: Path = Path("/")) -> tuple[int, str]:
-    """``memory_limit`` and where it comes from: "cgroup" or "ram"."""
+    """``memory_limit`` and where it comes from: "cgroup" or "ram". The cgroup is the
+    process's own (``/proc/self/cgroup``) and its ancestors, not the root's: see
+    ``catalog.cgroup``."""
     total = 0
     try:
         for line in (root / "proc/meminfo").read_text().splitlines():
@@ -166,13 +170,9 @@ def memory_source(root: Path = Path("/")) -> tuple[int, str]:
                 break
     except (OSError, ValueError, IndexError):
         pass
-    for f in ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            raw = (root / f).read_text().strip()
-        except OSError:
-            continue
-        if raw.isdigit() and (total == 0 or int(raw) < total):
-            return int(raw), "cgroup"
+    limit = cgroup_memory_limit(root)
+    if limit is not None and (total == 0 or limit < total):
+        return limit, "cgroup"
     return total, "ram"
 
 
