@@ -170,11 +170,11 @@ def test_cut_off_file_upload_over_a_socket_is_not_stored(
 
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # the server notices the hang-up on its loop
-            if any(m.startswith("POST /v1/files") for m in logged()):  # the access line
+            if any(m.startswith("POST /v1/files ") for m in logged()):  # the access line
                 break
             time.sleep(0.02)
         assert any(want in m for m in logged()), logged()
-        access = [m for m in logged() if m.startswith("POST /v1/files")]
+        access = [m for m in logged() if m.startswith("POST /v1/files ")]
         assert len(access) == 1 and access[0].startswith("POST /v1/files 499 ")
         assert srv.call(lambda: srv.store.files("alice")) == []
         assert spooled(tmp_path / "up") == []
