@@ -113,11 +113,14 @@ def _parser() -> argparse.ArgumentParser:
     models = _command(
         sub,
         "models",
-        "List the catalog; prepare models (convert, fetch, export) ahead of serving.",
-        "[list | prepare MODEL …] [options]",
+        "List the catalog; prepare models (convert, fetch, export) ahead of serving; release "
+        "a model's keep-alive on the running server.",
+        "[list | prepare MODEL … | release MODEL …] [options]",
     )
-    models.add_argument("action", nargs="?", default="list", choices=["list", "prepare"])
-    models.add_argument("ids", nargs="*", metavar="MODEL", help="Models to prepare (prepare).")
+    models.add_argument("action", nargs="?", default="list", choices=["list", "prepare", "release"])
+    models.add_argument(
+        "ids", nargs="*", metavar="MODEL", help="Models to prepare, or to release (admin key)."
+    )
     models.add_argument(
         "--runtime",
         dest="prepare_runtime",
@@ -257,8 +260,10 @@ def _catalog_command(settings: Settings, args: argparse.Namespace, console: Cons
         from .tune.cli import run_hardware
 
         return run_hardware(settings, Console())  # the answer goes to stdout
-    from .cli_models import list_models, prepare_models
+    from .cli_models import list_models, prepare_models, release_models
 
+    if args.action == "release":
+        return release_models(settings, args.ids, console)
     if args.action == "prepare":
         return prepare_models(
             settings, args.ids, args.prepare_runtime, args.prepare_precision, console

@@ -15,6 +15,7 @@ import re
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from rich import box
 from rich.console import Console
@@ -87,6 +88,41 @@ def fetch_live(settings: Settings, timeout: float = 1.0) -> tuple[list[dict[str,
     if not isinstance(data, list):
         return None, f"{address} did not answer GET /v1/models ({r.status_code})"
     return [d for d in data if isinstance(d, dict)], ""
+
+
+def release_models(settings: Settings, ids: list[str], errors: Console | None = None) -> int:
+    """``fleetserve models release MODEL …``: end each model's keep-alive on the server at
+    ``settings.host:port`` (``DELETE /v1/models/{id}/keep-alive``, an admin key), so that
+    it may leave when memory is wanted. 1 if any failed, 2 if none was named."""
+    import httpx
+
+    errors = errors or Console(stderr=True)
+    if not ids:
+        errors.print("[red]error:[/] name the models to release: fleetserve models release MODEL")
+        return 2
+    out, address, code = Console(), _address(settings), 0
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    for model in ids:
+        url = f"http://{address}/v1/models/{quote(model, safe='')}/keep-alive"
+        try:
+            r = httpx.delete(url, headers=headers, timeout=10.0, trust_env=False)
+        except httpx.HTTPError as exc:
+            errors.print(f"[red]error:[/] no server on {address}: {escape(str(exc))}")
+            return 1
+        try:
+            body = r.json()
+        except ValueError:
+            body = {}
+        if r.status_code != 200:
+            why = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
+            errors.print(f"[red]error:[/] {escape(str(why or r.text[:200]))} ({r.status_code})")
+            code = 1
+        elif body.get("released"):
+            left = float(body.get("left_s") or 0.0)
+            out.print(f"released {escape(model)}: {left:.0f}s of keep-alive were left")
+        else:
+            out.print(f"{escape(model)} was not kept alive: nothing to release")
+    return code
 
 
 def state_of(entry: dict[str, Any]) -> str:

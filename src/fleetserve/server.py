@@ -72,6 +72,7 @@ class EmbeddedServer(Service):
             authenticator=self.auth,
             interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
             tracer=self.tracer,
+            release_keep_alive=self._release_keep_alive,
         )
         self.port = 0
         self.adapters: Adapters | None = None
@@ -79,6 +80,10 @@ class EmbeddedServer(Service):
         from .dashboard.fleet_sources import EmbeddedFleet
 
         self.gateway.dashboard.attach_fleet(EmbeddedFleet(self))  # the fleet view's data
+
+    async def _release_keep_alive(self, model: str) -> float:
+        """An admin ends ``model``'s keep-alive (the fleet now: quick tuning rebuilds it)."""
+        return self.fleet.release_keep_alive(model)
 
     def alive(self) -> bool:
         """No worker stage crashed and no task died (``/healthz`` says 503 otherwise)."""

@@ -194,6 +194,41 @@ async def test_a_per_request_keep_alive_overrides_the_spec() -> None:
     assert f.state("a") is State.COLD
 
 
+async def test_retry_after_is_when_the_keep_alive_that_frees_room_runs_out() -> None:
+    """Before: every 'no room' was Retry-After 1 though the budget freed only when a
+    keep-alive ran out, a day later for X-Keep-Alive: 24h."""
+    c = Clock()
+    models = [FakeModel(c, m, 30) for m in ("a", "b", "c", "new")]
+    f = fleet(c, 95, *models)
+    await use(f, "a", keep_alive=86400.0)
+    await use(f, "b", keep_alive=600.0)
+    await use(f, "c", keep_alive=300.0)
+    c.now += 100
+    with pytest.raises(Unavailable) as err:
+        await f.acquire("new", timeout=10.0)
+    assert err.value.retry_after == pytest.approx(300.0 - 100 - 1, abs=1.0)  # c leaves first
+    assert "kept alive" in err.value.message
+    c.now += 300
+    await use(f, "new")  # c's keep-alive ran out: it left, as Retry-After said
+    assert f.state("c") is State.COLD
+
+
+async def test_a_released_keep_alive_lets_a_waiting_model_load() -> None:
+    """Before: there was no way to end a keep-alive; 'new' waited out the day."""
+    c = Clock()
+    f = fleet(c, 50, FakeModel(c, "a", 30), FakeModel(c, "new", 30))
+    await use(f, "a", keep_alive=86400.0)
+    assert f.kept_alive("a") == pytest.approx(86400.0, abs=2.0)
+    with pytest.raises(Unavailable) as err:
+        await f.acquire("new", timeout=10.0)
+    assert err.value.retry_after == pytest.approx(86400.0, abs=2.0)
+    assert f.release_keep_alive("a") == pytest.approx(86400.0, abs=2.0)
+    assert f.kept_alive("a") == 0.0 and f.release_keep_alive("a") == 0.0
+    assert f.release_keep_alive("new") == 0.0  # cold: nothing to release
+    await use(f, "new")  # at once: the refusal just before is not repeated
+    assert f.state("a") is State.COLD and f.state("new") is State.RESIDENT
+
+
 async def test_a_load_waits_for_busy_work_to_finish_within_room_wait() -> None:
     c = Clock()
     f = fleet(c, 50, FakeModel(c, "a", 30), FakeModel(c, "b", 30))

@@ -20,6 +20,7 @@ import pytest
 from fleetserve.gateway import adapters as adapter_routes
 from fleetserve.gateway import app as app_mod
 from fleetserve.gateway import finetune as finetune_routes
+from fleetserve.gateway import keepalive
 from fleetserve.gateway import openapi_types as types
 from fleetserve.lora.jobs.manager import JOB_FIELDS
 from fleetserve.wire.finetune import ALIASES, RANGES, Job, JobEvent
@@ -90,6 +91,7 @@ def router_routes(server: ServerThread) -> list[tuple[str, str]]:
         ("delete", adapter_routes.PREFIX + "/{id}"),
     ]
     routes += [("post", finetune_routes.FILES), ("get", finetune_routes.FILES)]
+    routes += [("delete", keepalive.PREFIX + "{model}" + keepalive.SUFFIX)]
     routes += [("post", finetune_routes.JOBS), ("get", finetune_routes.JOBS)]
     return routes
 
@@ -232,6 +234,11 @@ def test_service_routes_match_the_document(server: ServerThread, doc: dict[str, 
     assert call(server, doc, "get", "/dashboard/static/{file}", "/dashboard/static/core.js")
     r = call(server, doc, "get", "/v1/tuning/runs/{id}", "/v1/tuning/runs/nope")
     assert r.status_code == 404 and r.json()["error"]["field"] == "id"
+    released = "/v1/models/{model}/keep-alive"
+    r = call(server, doc, "delete", released, fill(released))
+    assert r.status_code == 200 and r.json()["id"] == TINY, r.text
+    r = call(server, doc, "delete", released, "/v1/models/nope%2Fnone/keep-alive")
+    assert r.status_code == 404, r.text
 
 
 def test_adapter_and_file_routes_match_the_document(

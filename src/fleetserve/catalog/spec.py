@@ -158,6 +158,7 @@ SPEC_FIELDS = (
     "dimensions",
     "pinned",
     "keep_alive",
+    "max_keep_alive",
     "profiles",
     "budgets",
     "description",
@@ -190,6 +191,7 @@ class ModelSpec:
     runtime_options: dict[str, Any] = field(default_factory=dict)  # e.g. an external URL
     size: str = ""  # declared size for `fleetserve models` when the weights are absent
     keep_alive: float = 0.0  # seconds resident after its last use (0: evictable when idle)
+    max_keep_alive: float | None = None  # the most X-Keep-Alive may ask (None: the setting's)
     adapters: tuple[AdapterDecl, ...] = ()  # declared LoRA adapters (catalog/adapters.py)
 
     @classmethod
@@ -240,6 +242,12 @@ class ModelSpec:
             keep_alive = parse_duration(
                 d.get("keep_alive", 0.0), "keep_alive", maximum=KEEP_ALIVE_MAX
             )
+            raw_max = d.get("max_keep_alive")
+            max_keep_alive = (
+                None
+                if raw_max is None
+                else parse_duration(raw_max, "max_keep_alive", maximum=KEEP_ALIVE_MAX)
+            )
         except InvalidInput as exc:
             raise ValueError(exc.message) from None
         return cls(
@@ -259,6 +267,7 @@ class ModelSpec:
             runtime_options=_mapping(d, "runtime_options", "runtime settings"),
             size=_text(d, "size"),
             keep_alive=keep_alive,
+            max_keep_alive=max_keep_alive,
             adapters=parse_adapters(d.get("adapters")),
         )
 

@@ -121,6 +121,7 @@ class Fleet:
             "bytes": self._footprint(s).total,
             "pinned": s.member.pinned,
             "keep_alive": s.member.keep_alive,
+            "kept_alive_s": round(self.kept_alive(model), 1),
             "error": s.error.message if failed and s.error is not None else None,
             "inflight": s.inflight,
         }
@@ -286,7 +287,7 @@ class Fleet:
                     f"no room for model {model!r} ({need.total / MIB:.1f} MiB): the budget of "
                     f"{self.budget / MIB:.1f} MiB is held by models that may not leave now "
                     f"({self._holders()})",
-                    retry_after=1.0,
+                    retry_after=self._frees_in(need),
                 )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
@@ -307,6 +308,43 @@ class Fleet:
             if why:
                 out.append(f"{r.model} {self._slots[r.model].held.total / MIB:.1f} MiB {why}")
         return "; ".join(out) or "loads under way"
+
+    def _frees_in(self, need: Footprint) -> float:
+        """Seconds until ``need`` fits, were nothing used meanwhile: the keep-alives that
+        must run out first (a busy model is taken to free within a second). The
+        cool-down where only pinned models stand in the way (nothing will free)."""
+        now = self.clock()
+        free = self.budget - self.used(Footprint(0, need.peak))
+        frees = sorted(
+            (max(r.keep_until, now + 1.0) if r.busy else max(r.keep_until, now), r.bytes)
+            for r in self._records()
+            if not r.pinned
+        )
+        for at, size in frees:
+            free += size
+            if need.weights <= free:
+                return max(1.0, at - now)
+        return self.cooldown
+
+    def release_keep_alive(self, model: str) -> float:
+        """An admin ends ``model``'s keep-alive: it may leave under pressure now (once idle).
+        The seconds it had left (0: none); a load waiting for room looks again."""
+        r = self._slots[model].record
+        if r is None:
+            return 0.0
+        left = max(0.0, r.keep_until - self.clock())
+        r.keep_until = 0.0
+        for s in self._slots.values():  # those just refused for want of room try again
+            s.no_room, s.no_room_until = None, 0.0
+        self._changed.set()
+        if left:
+            log.info("%s: keep-alive released (%.0fs were left)", model, left)
+        return left
+
+    def kept_alive(self, model: str) -> float:
+        """Seconds ``model`` stays kept alive (0: none, or not resident)."""
+        r = self._slots[model].record
+        return 0.0 if r is None else max(0.0, r.keep_until - self.clock())
 
     def _records(self) -> list[Resident]:
         return [s.record for s in self._slots.values() if s.record is not None]

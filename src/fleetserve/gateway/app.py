@@ -44,6 +44,7 @@ from .calls import AdapterCalls
 from .disconnect import Watched
 from .errors import body_response, crashed, error_response, stamped
 from .http import Receive, Scope, Send, header, read_body, respond
+from .keepalive import Grant, KeepAlives, released_model
 from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests read it)
 from .routes import PATH_MODEL_ROUTES as _PATH_MODEL_ROUTES  # noqa: F401
 from .routes import inference_route, is_adapters, sse_error
@@ -76,6 +77,7 @@ class Gateway:
         interactive_cost: Callable[[str], int] | None = None,
         finetune: FineTuneRoutes | None = None,
         tracer: Tracer | None = None,
+        release_keep_alive: Callable[[str], Awaitable[float]] | None = None,
     ) -> None:
         # the key ring first: a bad auth setting refuses to start (ValueError), never opens
         self.auth = (
@@ -95,6 +97,9 @@ class Gateway:
         self.ready = ready
         self.alive = alive or (lambda: True)  # False: a stage crashed, /healthz says 503
         self.models_info = models_info or self._catalog_info
+        # X-Keep-Alive's caps; ends a model's keep-alive where it lives (None: not here)
+        self.keep_alives = KeepAlives(settings.max_keep_alive, settings.max_kept_alive_per_tenant)
+        self.release_keep_alive = release_keep_alive
         self._startup = on_startup
         self._shutdown = on_shutdown
         # imported here: the dashboard reuses this package's HTTP helpers
@@ -162,6 +167,10 @@ class Gateway:
             elif method == "GET" and path == "/v1/models":
                 body = {"object": "list", "data": self.models_info()}
                 await respond(send, *body_response(200, body, accept))
+            elif (released := released_model(method, path)) is not None:
+                assert principal is not None
+                require(principal, KeyScope.ADMIN)
+                await respond(send, *body_response(200, await self._release(released), accept))
             elif self.adapters is not None and is_adapters(path):
                 assert principal is not None
                 await self.adapters(scope, receive, send, principal)
@@ -211,6 +220,7 @@ class Gateway:
         route = task.value
         access = _access(scope)
         access.tenant = principal.tenant
+        grant: Grant | None = None  # what its X-Keep-Alive got
         try:
             content_type = encoding_of(header(scope, b"content-type"))
             accept = accept_of(header(scope, b"accept"), content_type)
@@ -245,6 +255,11 @@ class Gateway:
                 else self.settings.request_timeout
             )
             timeout = env_mod.parse_timeout(header(scope, b"x-request-timeout"), default)
+            asked = env_mod.parse_keep_alive(header(scope, b"x-keep-alive"))
+            if asked is not None:
+                grant = self.keep_alives.grant(
+                    principal.tenant, model, asked, spec.max_keep_alive, timeout
+                )
             claimed = env_mod.parse_priority_header(header(scope, b"x-priority"))
             priority = env_mod.classify(
                 env_mod.cost_of(len(body)), claimed, self.interactive_cost(model)
@@ -258,7 +273,7 @@ class Gateway:
                 timeout=timeout,
                 request_id=access.request_id,  # the client's, if sane, else a new one
                 tenant=principal.tenant,  # the key's tenant (open: X-Tenant or default)
-                keep_alive=env_mod.parse_keep_alive(header(scope, b"x-keep-alive")),
+                keep_alive=None if grant is None else grant.keep_alive,
                 adapter=adapter,
                 priority=priority,
             )
@@ -269,7 +284,7 @@ class Gateway:
             # a client that hangs up (or a deadline that passes) cancels the work
             pending = Watched(await self.queue.publish(env, body), receive, self.queue, env)
             if stream:
-                await self._stream(send, pending, env, route, t0, trace, access=access)
+                await self._stream(send, pending, env, route, t0, trace, access=access, grant=grant)
                 return
             reply = await pending.wait(env.deadline - time.time())
             access.queue_ms = reply.timings.get("queue_ms")
@@ -280,6 +295,8 @@ class Gateway:
         except FleetError as err:
             access.code = err.code
             self._count(route, model, err.code)
+            if grant is not None:  # it kept nothing alive
+                self.keep_alives.undo(grant)
             await respond(send, *error_response(err, accept))
             return
         except Exception:
@@ -298,12 +315,13 @@ class Gateway:
             (b"x-inference-time-ms", f"{reply.timings.get('inference_ms', 0.0):.3f}".encode()),
             (b"x-total-time-ms", f"{total * 1e3:.3f}".encode()),
             (b"x-priority", env.priority.value.encode()),
+            *(grant.headers() if grant is not None else ()),
         ]
         await respond(send, 200, headers, reply.body)
 
     async def _stream(
         self, send: Send, pending: PendingReply, env: Envelope, route: str, t0: float,
-        trace: RequestTrace = NULL_REQUEST, *, access: Access,
+        trace: RequestTrace = NULL_REQUEST, *, access: Access, grant: Grant | None = None,
     ) -> None:  # fmt: skip
         """Server-sent events: each chunk's bytes (SSE lines the worker wrote) as they come.
 
@@ -321,6 +339,7 @@ class Gateway:
             (b"cache-control", b"no-cache"),
             (b"x-request-id", access.request_id.encode()),
             (b"x-priority", env.priority.value.encode()),
+            *(grant.headers() if grant is not None else ()),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         code = "ok"
@@ -359,6 +378,20 @@ class Gateway:
             self.metrics.stage_latency.labels(env.model, "total").observe(time.perf_counter() - t0)
             if code == "ok":
                 self.dashboard.observe(env.model, time.perf_counter() - t0)
+
+    async def _release(self, model: str) -> dict[str, Any]:
+        """``DELETE /v1/models/{id}/keep-alive``: ``model`` may leave under pressure now."""
+        if not model:
+            raise InvalidInput("the model id in the path is empty", field="path")
+        self.catalog.get(model)  # an unknown model is a 404 naming the served ones
+        if self.release_keep_alive is None:
+            raise Unavailable(
+                "this gateway cannot release keep-alives: its workers hold them",
+                retry_after=self.settings.retry_after,
+            )
+        left = await self.release_keep_alive(model)
+        self.keep_alives.release(model)
+        return {"id": model, "object": "model.keep_alive", "released": left > 0, "left_s": left}
 
     def _authorize(self, scope: Scope) -> None:
         """The dashboard's check (its data and events): a valid key with ``admin``."""

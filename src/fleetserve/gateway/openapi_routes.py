@@ -82,7 +82,8 @@ INFER_HEADERS = (
         "x-keep-alive",
         "header",
         {"type": "string", "pattern": "^[0-9]{1,6}(ms|s|m|h)?$"},
-        "How long the model stays resident after this request (at most a day): 30s, 5m, seconds.",
+        "How long the model stays resident after this request: 30s, 5m, seconds; cut to the "
+        "server's cap (the reply's X-Keep-Alive-Applied and X-Keep-Alive-Max say what held).",
     ),
 )
 ID = Param("id", "path", {"type": "string", "minLength": 1}, "The object's id.", required=True)
@@ -164,6 +165,11 @@ SERVICE: tuple[Op, ...] = (
     Op("get", "/metrics", "metrics", "Prometheus metrics", "service", {TEXT: str}),
     Op("get", "/v1/models", "models", "The catalog's models", "service",
        _same(t.ModelList, (JSON,)), errors=(401, 403)),
+    Op("delete", "/v1/models/{model}/keep-alive", "model_keep_alive_release",
+       "End a model's keep-alive now (admin): it may leave when memory is wanted", "service",
+       _same(t.KeepAliveReleased, (JSON,)), errors=(400, 401, 403, 404, 500, 503),
+       params=(Param("model", "path", {"type": "string", "minLength": 1},
+                     "A catalog model id (it may contain '/').", required=True),)),
 )  # fmt: skip
 
 DASHBOARD: tuple[Op, ...] = (

@@ -76,6 +76,13 @@ class ModelList(msgspec.Struct):
     data: list[ModelCard]
 
 
+class KeepAliveReleased(msgspec.Struct):
+    id: str
+    object: str
+    released: bool  # it was kept alive
+    left_s: float  # the seconds of keep-alive it had left
+
+
 # -- inference replies -----------------------------------------------------------------
 
 Matrix = list[list[float]]

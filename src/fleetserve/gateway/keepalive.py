@@ -1,0 +1,129 @@
+"""X-Keep-Alive within limits: how long a request may keep its model resident.
+
+- A request's ``X-Keep-Alive`` is cut to the cap: the ``max_keep_alive`` setting, or the
+  model spec's ``max_keep_alive`` where that is lower.
+- One tenant keeps at most ``max_kept_alive_per_tenant`` models alive at once (as this
+  gateway counts them, each until its request's deadline plus the keep-alive granted:
+  never less than a worker holds it). A request for one more gets no keep-alive of its
+  own; the model's spec ``keep_alive`` still holds.
+- The reply says what was applied (``X-Keep-Alive-Applied``, seconds) and the cap
+  (``X-Keep-Alive-Max``).
+- An admin ends a model's keep-alive at once: ``DELETE /v1/models/{id}/keep-alive``
+  (``fleetserve models release ID``); its holds leave every tenant's count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+PREFIX, SUFFIX = "/v1/models/", "/keep-alive"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one request asked, what it got, and the cap it was held to."""
+
+    tenant: str
+    model: str
+    asked: float
+    applied: float
+    cap: float
+    before: float | None  # the tenant's hold on the model before this request (undo)
+
+    @property
+    def keep_alive(self) -> float | None:
+        """For the envelope: ``None`` (the spec's own) when refused, else the seconds."""
+        return None if self.asked > 0 and self.applied == 0 else self.applied
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [
+            (b"x-keep-alive-applied", f"{self.applied:g}".encode()),
+            (b"x-keep-alive-max", f"{self.cap:g}".encode()),
+        ]
+
+
+class KeepAlives:
+    """The caps and each tenant's kept-alive models (one gateway's view)."""
+
+    def __init__(
+        self, max_keep_alive: float, per_tenant: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_keep_alive = max_keep_alive
+        self.per_tenant = per_tenant  # 0: no limit
+        self.clock = clock
+        self._holds: dict[str, dict[str, float]] = {}  # tenant -> model -> held until
+        self._sweep_at = 1024  # tenants known before the expired ones are swept
+
+    def cap(self, spec_cap: float | None) -> float:
+        """The longest keep-alive a request for a model with ``spec_cap`` may get."""
+        return self.max_keep_alive if spec_cap is None else min(spec_cap, self.max_keep_alive)
+
+    def grant(
+        self, tenant: str, model: str, asked: float, spec_cap: float | None, timeout: float
+    ) -> Grant:
+        """What ``tenant``'s request for ``model`` gets of the ``asked`` seconds;
+        ``timeout`` is the request's (its keep-alive counts from its last use)."""
+        cap = self.cap(spec_cap)
+        applied = min(asked, cap)
+        now = self.clock()
+        holds = self._live(tenant, now)
+        before = holds.get(model)
+        if applied > 0 and self.per_tenant and before is None and len(holds) >= self.per_tenant:
+            applied = 0.0  # this tenant keeps its share alive already
+        if applied > 0:
+            holds[model] = max(before or 0.0, now + timeout + applied)
+            self._holds[tenant] = holds
+            if len(self._holds) > self._sweep_at:
+                self._sweep(now)
+        return Grant(tenant, model, asked, applied, cap, before)
+
+    def undo(self, grant: Grant) -> None:
+        """The request failed: its hold goes back to what it was."""
+        holds = self._holds.get(grant.tenant)
+        if holds is None or grant.applied == 0:
+            return
+        if grant.before is None:
+            holds.pop(grant.model, None)
+        else:
+            holds[grant.model] = grant.before
+        if not holds:
+            self._holds.pop(grant.tenant, None)
+
+    def release(self, model: str) -> None:
+        """An admin released ``model``: no tenant holds it any longer."""
+        for tenant in list(self._holds):
+            holds = self._holds[tenant]
+            holds.pop(model, None)
+            if not holds:
+                del self._holds[tenant]
+
+    def held(self, tenant: str) -> dict[str, float]:
+        """``tenant``'s kept-alive models and the seconds each is held yet."""
+        now = self.clock()
+        return {m: until - now for m, until in self._live(tenant, now).items()}
+
+    def _live(self, tenant: str, now: float) -> dict[str, float]:
+        holds = self._holds.get(tenant, {})
+        return {m: until for m, until in holds.items() if until > now}
+
+    def _sweep(self, now: float) -> None:
+        for tenant in list(self._holds):
+            live = self._live(tenant, now)
+            if live:
+                self._holds[tenant] = live
+            else:
+                del self._holds[tenant]
+        self._sweep_at = max(1024, 2 * len(self._holds))
+
+
+def released_model(method: str, path: str) -> str | None:
+    """The model id of ``DELETE /v1/models/{id}/keep-alive`` (ids may hold '/')."""
+    if method != "DELETE" or not path.startswith(PREFIX) or not path.endswith(SUFFIX):
+        return None
+    return unquote(path[len(PREFIX) : -len(SUFFIX)])
+
+
+__all__ = ["PREFIX", "SUFFIX", "Grant", "KeepAlives", "released_model"]
