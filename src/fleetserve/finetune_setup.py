@@ -2,8 +2,10 @@
 
 - The embedded server: a memory job queue, the job store in its adapter store, the
   routes, and a runner that trains one job at a time in a child process with
-  ``train_threads`` threads. Jobs left unfinished by a stopped server are queued
-  again at start.
+  ``train_threads`` threads. Each job it holds has a lease in the store
+  (``lora/jobs/leases.py``): jobs left unfinished by a stopped server are queued again
+  at start, and a running server takes up those of a killed one, but never a job
+  another live server on the same store holds.
 - A gateway: the routes, over the JetStream job queue and the store in the adapter
   store (the NATS object store by default), which every process shares.
 - A worker started with ``--train``: the same queue and store, and a runner.
@@ -18,14 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import Catalog
-from .lora.jobs.manager import FineTuning, TrainLimits, add_event
-from .lora.jobs.queue import JobQueue, JobRef, MemoryJobQueue
+from .lora.jobs.leases import LeasedJobQueue, StoreLeases, requeue
+from .lora.jobs.manager import FineTuning, TrainLimits
+from .lora.jobs.queue import JobQueue, MemoryJobQueue
 from .lora.jobs.runner import JobRunner, TrainBase
 from .lora.jobs.store import JobStore
 from .lora.registry import AdapterRegistry
 from .settings import Settings
-from .wire import InvalidInput, ModelNotFound, Overloaded
-from .wire.finetune import JobStatus
+from .wire import InvalidInput, ModelNotFound
 
 log = logging.getLogger("fleetserve.train")
 
@@ -45,7 +47,8 @@ async def open_finetuning(
     store = JobStore(registry.store)
     queue: JobQueue
     if nats is None:
-        queue = MemoryJobQueue(settings.train_max_queued)
+        leases = StoreLeases(store, settings.train_lease_ttl)
+        queue = LeasedJobQueue(MemoryJobQueue(settings.train_max_queued), leases)
     else:
         from .lora.jobs.queue_js import JetStreamJobQueue
 
@@ -116,26 +119,22 @@ def base_resolver(settings: Settings, catalog: Catalog) -> Callable[[str], Await
 
 async def requeue_unfinished(parts: FineTuningParts) -> int:
     """At the embedded server's start: jobs a stopped server left queued or running
-    go back on the (memory) queue; a running one resumes from its checkpoint."""
-    count = 0
-    for tenant in await parts.store.tenants_with_jobs():
-        for job in await parts.store.jobs(tenant):
-            if job.status.finished:
-                continue
-            if job.status is not JobStatus.QUEUED:
-                job = job.with_(status=JobStatus.QUEUED)
-                await parts.store.put_job(job)
-                await add_event(parts.store, job, "the server restarted; job queued again",
-                                type="status")  # fmt: skip
-            try:
-                await parts.queue.submit(JobRef(job.tenant, job.id))
-            except Overloaded as exc:  # more left over than the queue now holds
-                error = {"code": exc.code, "message": exc.message, "field": None, "param": None}
-                failed = job.with_(status=JobStatus.FAILED, error=error)
-                await parts.store.put_job(failed)
-                await add_event(parts.store, failed, exc.message, level="error", type="status")
-                continue
-            count += 1
+    go back on the (memory) queue, and a running one resumes from its checkpoint;
+    those whose lease a live server holds (one sharing this store) are left to it."""
+    jobs = [j for j in await parts.store.jobs(None) if not j.status.finished]
+    if isinstance(parts.queue, LeasedJobQueue):
+        count = await parts.queue.take_up(jobs, "the server restarted; job queued again")
+    else:
+        count = 0
+        for job in jobs:
+            count += await requeue(parts.store, parts.queue, job,
+                                   "the server restarted; job queued again")  # fmt: skip
     if count:
         log.info("fine-tuning: %d unfinished job(s) queued again", count)
     return count
+
+
+async def keep_leases(parts: FineTuningParts) -> None:
+    """The embedded server's leases renewed, and a killed server's jobs taken up."""
+    if isinstance(parts.queue, LeasedJobQueue):
+        await parts.queue.keep()

@@ -159,7 +159,13 @@ class EmbeddedServer(Service):
 
     async def _start_training(self) -> None:
         """Fine-tuning jobs: trained here, one at a time, each in a child process."""
-        from .finetune_setup import job_runner, open_finetuning, requeue_unfinished, routes
+        from .finetune_setup import (
+            job_runner,
+            keep_leases,
+            open_finetuning,
+            requeue_unfinished,
+            routes,
+        )
 
         assert self.adapters is not None
         registry = self.adapters.registry
@@ -167,6 +173,7 @@ class EmbeddedServer(Service):
         await requeue_unfinished(self.finetuning)
         runner = job_runner(self.settings, self.catalog, self.finetuning, registry)
         self.spawn("trainer", runner.run())
+        self.spawn("train-leases", keep_leases(self.finetuning))  # one owner per job
         self.gateway.finetune = routes(self.settings, self.finetuning, self.adapters.routes.uploads)
 
     def _new_worker(self) -> Worker:

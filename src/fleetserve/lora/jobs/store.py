@@ -9,6 +9,8 @@ trains: the adapter store (memory, a directory, S3 or the NATS object store), un
 - ``.../<id>.events``: its feed (JSON lines, rewritten whole; a few hundred lines at
   most); ``.../<id>.cancel``: the cancel request; ``.../<id>.ckpt``: the last
   checkpoint, which a redelivered job resumes from.
+- ``.../<id>.lease`` and ``.../<id>.claim-<epoch>``: which embedded server holds the
+  job, and how it changed hands (``leases.py``); gone once the job is settled.
 """
 
 from __future__ import annotations
@@ -122,6 +124,41 @@ class JobStore:
         for ext in ("ckpt", "cancel"):
             with suppress(PayloadMissing, FileNotFoundError):
                 await self.store.delete(self._job_key(tenant, job_id, ext))
+
+    # -- leases (embedded servers sharing a store: leases.py) --------------------------------
+    async def lease(self, tenant: str, job_id: str) -> dict[str, Any] | None:
+        raw = await self._get(self._job_key(tenant, job_id, "lease"))
+        return None if raw is None else dict(json.loads(raw))
+
+    async def put_lease(self, tenant: str, job_id: str, record: dict[str, Any]) -> None:
+        await self.store.put(self._job_key(tenant, job_id, "lease"), _dump(record))
+
+    async def claim_lease(
+        self, tenant: str, job_id: str, epoch: int, record: dict[str, Any]
+    ) -> bool:
+        """Create ``<id>.claim-<epoch>`` unless it exists: of two claimants, one wins."""
+        return await self.store.create(
+            self._job_key(tenant, job_id, f"claim-{epoch}"), _dump(record)
+        )
+
+    async def claim(self, tenant: str, job_id: str, epoch: int) -> dict[str, Any] | None:
+        raw = await self._get(self._job_key(tenant, job_id, f"claim-{epoch}"))
+        return None if raw is None else dict(json.loads(raw))
+
+    async def drop_lease(self, tenant: str, job_id: str, epochs: range) -> None:
+        """The lease and its claims: the job is settled, nobody holds it."""
+        for ext in ("lease", *(f"claim-{e}" for e in epochs)):
+            with suppress(PayloadMissing, FileNotFoundError):
+                await self.store.delete(self._job_key(tenant, job_id, ext))
+
+    async def leased(self) -> list[tuple[str, str]]:
+        """(tenant, job id) of every job with a lease record."""
+        out = []
+        for key in await self.store.keys(f"{ROOT}/jobs/"):
+            parts = key.split("/")
+            if len(parts) == 4 and parts[3].endswith(".lease"):
+                out.append((parts[2], parts[3].removesuffix(".lease")))
+        return out
 
     async def _get(self, key: str) -> bytes | None:
         try:
