@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from fleetserve.cluster import NatsServer
 from fleetserve.gateway.auth import hash_key
 from fleetserve.gateway.keepalive import KeepAlives, released_model
+from fleetserve.gateway.process import GatewayProcess
+from fleetserve.worker.process import WorkerProcess
 
 from ..conftest import ServerThread, tiny_settings
+from ..hangup import wait_for
+from ..services import Services
 from ..tinymodels import build_bert, write_spec
 
 ACME, BETA, ADMIN = "fs-acme-infer-key", "fs-beta-infer-key", "fs-ops-admin-key"
@@ -184,3 +190,32 @@ def test_retry_after_says_when_room_frees_and_an_admin_release_lets_the_model_in
     r = httpx.delete(server.url + "/v1/models/ka/a/keep-alive", headers=admin)
     assert r.status_code == 200 and r.json()["released"] is True, r.text
     assert 0 < r.json()["left_s"] <= 60 and kept(server)[A] == 0
+
+
+def test_a_distributed_gateway_releases_the_keep_alive_its_workers_hold(
+    catalog: tuple[Path, Path], nats_server: NatsServer
+) -> None:
+    """Before: the route did not exist; the workers held the keep-alive for a day."""
+    cat, keys = catalog
+    settings = tiny_settings(
+        cat, models=A, keys_file=str(keys), worker_port=0, nats=nats_server.url,
+        queue_prefix=f"ka{time.monotonic_ns()}", stream_storage="memory", max_keep_alive=60.0,
+    )  # fmt: skip
+    gateway, worker = GatewayProcess(settings), WorkerProcess(settings)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    with Services(worker, gateway):
+        url = f"http://127.0.0.1:{gateway.port}"
+
+        def known() -> bool:  # the gateway has heard the worker's heartbeat
+            models = httpx.get(url + "/v1/models", headers=admin).json()["data"]
+            return any(m["id"] == A and m["workers"] for m in models)
+
+        assert wait_for(known, 60)
+        headers = {"Authorization": f"Bearer {ACME}", "X-Keep-Alive": "24h"}
+        body = {"model": A, "input": ["keep me"]}
+        r = httpx.post(url + "/v1/embeddings", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200 and r.headers["x-keep-alive-applied"] == "60", r.text
+        assert 50 < worker.fleet.kept_alive(A) <= 60
+        r = httpx.delete(url + "/v1/models/ka/a/keep-alive", headers=admin, timeout=10)
+        assert r.status_code == 200 and r.json()["released"] is True, r.text
+        assert 50 < r.json()["left_s"] <= 60 and worker.fleet.kept_alive(A) == 0

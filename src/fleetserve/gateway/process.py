@@ -85,6 +85,13 @@ class GatewayProcess(Service):
             )
         return out
 
+    async def _release_keep_alive(self, model: str) -> float:
+        """Every worker that serves ``model`` ends its keep-alive (over NATS)."""
+        from ..queue.js_release import release_everywhere
+
+        workers = len(self.registry.holders(model))
+        return await release_everywhere(self.js.nc, self.settings.queue_prefix, model, workers)
+
     def _interactive_cost(self) -> Callable[[str], int]:
         """Each model's interactive threshold, from its profile for this machine's class
         (the workers' may differ; the threshold is in predicted tokens, not time)."""
@@ -117,6 +124,7 @@ class GatewayProcess(Service):
             calls=self.adapters.calls,
             interactive_cost=self._interactive_cost(),
             tracer=self.tracer,
+            release_keep_alive=self._release_keep_alive,
         )
         self.gateway.finetune = routes(self.settings, tuning, self.adapters.routes.uploads)
         from ..dashboard.fleet_sources import ClusterFleet

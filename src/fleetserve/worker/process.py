@@ -97,6 +97,10 @@ class WorkerProcess(Service):
             for h in self.peers.holders(model)
         )
 
+    def _release_keep_alive(self, model: str) -> float | None:
+        """A gateway's release: ``model``'s keep-alive here ends (None: not served here)."""
+        return self.fleet.release_keep_alive(model) if model in self.runners else None
+
     @property
     def ready(self) -> bool:
         return self.worker is not None and self.worker.ready and bool(self.js and self.js.healthy)
@@ -138,6 +142,9 @@ class WorkerProcess(Service):
         self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
         keepalive = min(waits.values(), default=5.0) / 3
         await self.peers.listen(self.js.nc, self.settings.queue_prefix)
+        from ..queue.js_release import serve_releases  # an admin's keep-alive releases
+
+        await serve_releases(self.js.nc, self.settings.queue_prefix, self._release_keep_alive)
         from ..adapters_setup import host_adapters, open_registry, prepare_hosts
 
         # adapters uploaded through any gateway: from the NATS object store by default

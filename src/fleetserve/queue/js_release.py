@@ -1,0 +1,69 @@
+"""Keep-alive releases across machines: core-NATS requests on ``<prefix>.keepalive``.
+
+In distributed mode the keep-alives live in the workers' fleets. A gateway asked to
+release a model (``DELETE /v1/models/{id}/keep-alive``) publishes the model id with a
+reply inbox; every worker that serves the model releases it in its fleet and answers
+with the seconds of keep-alive it had left. The gateway gathers the answers of the
+workers its heartbeats know of, for at most a second. Nothing is stored: a worker that
+is not connected at that moment keeps its keep-alive until it runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("fleetserve.queue")
+WAIT = 1.0  # seconds a gateway waits for the workers' answers
+
+
+def subject(prefix: str) -> str:
+    return f"{prefix}.keepalive"
+
+
+async def serve_releases(nc: Any, prefix: str, release: Callable[[str], float | None]) -> None:
+    """A worker: answer each release with ``release(model)``'s seconds (``None``: it
+    does not serve the model, and stays silent)."""
+
+    async def on_msg(msg: Any) -> None:
+        try:
+            model = bytes(msg.data).decode()
+            left = release(model)
+            if left is not None and msg.reply:
+                await msg.respond(json.dumps({"left_s": left}).encode())
+        except Exception as exc:  # one bad message never stops the subscription
+            log.warning("could not release a keep-alive: %s", exc)
+
+    await nc.subscribe(subject(prefix), cb=on_msg)
+
+
+async def release_everywhere(nc: Any, prefix: str, model: str, workers: int) -> float:
+    """A gateway: release ``model`` on every worker; the most seconds any had left.
+    Waits for ``workers`` answers (those its heartbeats know serve it), at most ``WAIT``."""
+    answers: list[float] = []
+    done = asyncio.Event()
+
+    async def on_reply(msg: Any) -> None:
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            answers.append(float(json.loads(msg.data)["left_s"]))
+        if len(answers) >= workers:
+            done.set()
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    try:
+        await nc.publish(subject(prefix), model.encode(), reply=inbox)
+        await nc.flush()
+        if workers > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), WAIT)
+    finally:
+        await sub.unsubscribe()
+    return max(answers, default=0.0)
+
+
+__all__ = ["WAIT", "release_everywhere", "serve_releases", "subject"]
