@@ -128,6 +128,17 @@ class Metrics:
         self.worker_up = Gauge(
             "fleetserve_worker_up", "1 while the worker's stages are running.", registry=r
         )
+        # -- the broker (queue/js_health.py) --------------------------------------
+        self.queue_ready = Gauge(
+            "fleetserve_queue_ready",
+            "1 while NATS is reachable and JetStream stores what is published.",
+            registry=r,
+        )
+        self.queue_storage_full = Counter(
+            "fleetserve_queue_storage_full",
+            "Writes JetStream refused for lack of storage, or did not confirm while connected.",
+            registry=r,
+        )
         # -- the fleet: models resident within the memory budget ------------------
         self.resident_models = Gauge(
             "fleetserve_resident_models", "Models resident in this worker.", registry=r

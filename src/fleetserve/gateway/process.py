@@ -21,7 +21,7 @@ from ..catalog.spec import Profile
 from ..cluster.presence import Registry
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
-from ..queue.factory import open_distributed, require_nats
+from ..queue.factory import open_distributed, require_nats, watch_broker
 from ..settings import Settings
 from ..storage import sweep_forever
 from ..tracing import open_tracer
@@ -101,6 +101,7 @@ class GatewayProcess(Service):
 
     async def start(self) -> None:
         self.js, queue, store = await open_distributed(self.settings, self.node)
+        watch_broker(self.js, self.metrics)
         await self.registry.listen(self.js.nc, self.settings.queue_prefix)
         from ..adapters_setup import open_registry  # the NATS object store by default
 
@@ -116,7 +117,9 @@ class GatewayProcess(Service):
             self.catalog,
             queue,
             self.metrics,
-            ready=lambda: bool(self.js is not None and self.js.healthy),
+            # connected: a request then gets the queue's own 503 (storage full, say);
+            # /readyz also asks queue.healthy, false while JetStream refuses writes
+            ready=lambda: bool(self.js is not None and self.js.connected),
             models_info=self.models_info,
             alive=lambda: self.failed_stage() is None,
             authenticator=self.auth,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..metrics import Metrics
 from ..settings import Settings
 from ..storage import Offload, PayloadStore, open_store
 from .jetstream import JetStreamQueue, StreamOptions
@@ -16,6 +17,12 @@ HEADROOM = 64 * 1024  # NATS max_payload counts headers too
 def require_nats(settings: Settings) -> None:
     if not settings.nats:
         raise ValueError("distributed mode needs a NATS URL: --nats nats://HOST:4222")
+
+
+def watch_broker(js: JetStreamQueue, metrics: Metrics) -> None:
+    """``fleetserve_queue_ready`` and ``fleetserve_queue_storage_full_total`` follow ``js``."""
+    metrics.queue_ready.set_function(lambda: float(js.healthy))
+    js.writes.on_storage_full = metrics.queue_storage_full.inc
 
 
 def stream_options(settings: Settings) -> StreamOptions:
@@ -51,6 +58,7 @@ async def open_distributed(
         node=node,
         connect_for=settings.nats_connect_timeout,
         age_limit=settings.batch_age_limit,
+        probe_interval=settings.queue_probe_interval,
     )
     await js.start()
     if ack_waits and js.puller is not None:

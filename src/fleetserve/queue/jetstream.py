@@ -28,12 +28,12 @@ from .base import Message, QueueStats
 from .cancels import CancelListener
 from .dlq import DeadLetters
 from .js_cancel import CancelChannel
+from .js_health import FULL, Writes, probe_forever, storage_refusal, unconfirmed
 from .js_pull import Puller
 from .nats_conn import connect
 from .pending import Pending
 
 log = logging.getLogger("fleetserve.queue")
-FULL = 10077  # JetStream: maximum messages per subject exceeded
 # after a reconnect, gateways may still be resubscribing to their reply subjects for
 # this long; a reply sent meanwhile (or while disconnected) may be dropped by NATS
 RESUBSCRIBE_WINDOW = 2.0
@@ -76,6 +76,7 @@ class JetStreamQueue:
         node: str | None = None,
         connect_for: float = 30.0,
         age_limit: float = 2.0,
+        probe_interval: float = 2.0,
     ) -> None:
         self.url = url
         self.options = options or StreamOptions()
@@ -96,6 +97,9 @@ class JetStreamQueue:
         self._streamed: set[int] = set()  # deliveries that sent chunks: never redone
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancels = CancelChannel(self.options.prefix)  # <prefix>.cancel, core NATS
+        self.writes = Writes()  # whether JetStream stores what is published (js_health)
+        self.probe_interval = probe_interval  # seconds between write probes; 0: none
+        self._backoff_until = 0.0  # loop time before which a failed pull is not retried
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:
@@ -119,6 +123,17 @@ class JetStreamQueue:
         await self.nc.subscribe(self._reply_subject, cb=self._on_reply)
         await self._cancels.start(self.nc)
         self._closed = False
+        if self.probe_interval > 0:
+            self._spawn(
+                probe_forever(
+                    self.writes, self.js, self.options, self.probe_interval, lambda: self.connected
+                )
+            )
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _ensure_stream(self) -> None:
         from nats.js import api
@@ -148,6 +163,8 @@ class JetStreamQueue:
         if self._closed and self.nc is None:
             return
         self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
         if self.puller is not None:
             await self.puller.close()
         for p in list(self._pending.values()):
@@ -159,8 +176,13 @@ class JetStreamQueue:
         self.nc = None
 
     @property
-    def healthy(self) -> bool:
+    def connected(self) -> bool:
         return not self._closed and self.nc is not None and bool(self.nc.is_connected)
+
+    @property
+    def healthy(self) -> bool:
+        """Connected, and JetStream stores what is published (``/readyz``)."""
+        return self.connected and self.writes.refused is None
 
     def _on_disconnect(self) -> None:
         """With memory storage a lost server loses the work: waiting requests get 503.
@@ -185,9 +207,7 @@ class JetStreamQueue:
         if self.puller is not None:
             self.puller.reset()
         if self.options.storage == "memory":  # a restarted server lost the streams
-            task = asyncio.ensure_future(self._restore_streams())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._restore_streams())
 
     async def _restore_streams(self) -> None:
         try:
@@ -205,8 +225,12 @@ class JetStreamQueue:
 
     # -- gateway side -------------------------------------------------------------
     async def publish(self, envelope: Envelope, body: bytes, payload: str | None = None) -> Pending:
-        if not self.healthy:
+        if not self.connected:
             raise Unavailable("not connected to the queue", retry_after=self.retry_after)
+        if self.writes.refused is not None and self.probe_interval > 0:
+            # answered at once until a probe finds JetStream storing again
+            raise Unavailable(self.writes.refused, retry_after=self.retry_after)
+        reconnected = self._reconnected_at
         pending = Pending(envelope.request_id, self._forget)
         self._pending[envelope.request_id] = pending
         headers = H.envelope_headers(envelope, self._reply_subject, payload)
@@ -219,6 +243,15 @@ class JetStreamQueue:
             )
         except Exception as exc:
             pending.cancel()
+            why = storage_refusal(exc)
+            # a timeout while connected all along (not a publish lost in a reconnect):
+            # JetStream answers nothing when its stream's store has failed (a full disk)
+            lost = reconnected != self._reconnected_at
+            if why is None and isinstance(exc, TimeoutError) and self.connected and not lost:
+                why = unconfirmed(5)
+            if why is not None:
+                self.writes.refuse(why)
+                raise Unavailable(why, retry_after=self.retry_after) from None
             if getattr(exc, "err_code", None) == FULL:
                 raise Overloaded(
                     f"queue for {envelope.model!r} is full "
@@ -273,7 +306,18 @@ class JetStreamQueue:
         if self._closed:
             return []
         classes = (Priority.INTERACTIVE,) if interactive_only else tuple(Priority)
-        return await self._puller().pull(models, budget, timeout, classes)
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._backoff_until:
+            await asyncio.sleep(min(max(timeout, 0.01), self._backoff_until - loop.time()))
+            return []
+        try:
+            return await self._puller().pull(models, budget, timeout, classes)
+        except Exception as exc:  # any JetStream call the pull makes, while the broker is away
+            if not _transient(exc):
+                raise
+            log.warning("pull failed (%s: %s); retrying in 1s", type(exc).__name__, exc)
+            self._backoff_until = loop.time() + 1.0
+            return []
 
     async def ack(self, msg: Message) -> None:
         self._streamed.discard(msg.delivery_id)
@@ -308,7 +352,12 @@ class JetStreamQueue:
         assert self.dlq is not None
         self._unsure.discard(msg.delivery_id)
         self._streamed.discard(msg.delivery_id)
-        await self.dlq.put(raw, reason, msg.attempts)
+        try:
+            await self.dlq.put(raw, reason, msg.attempts)
+        except Exception as exc:  # the broker is away: delivered again, dead-lettered then
+            log.warning("could not dead-letter %s (%s); put back", msg.envelope.request_id, exc)
+            await puller.settle(msg, "nak", 1.0)
+            return
         await puller.settle(msg, "term")
 
     async def reply(self, msg: Message, reply: Reply) -> None:
@@ -335,3 +384,12 @@ class JetStreamQueue:
     async def refresh(self, models: Sequence[str]) -> None:
         if self.puller is not None and self.healthy:
             await self.puller.refresh(models)
+
+
+def _transient(exc: BaseException) -> bool:
+    """A broker that is away or slow (nats-py's errors, timeouts, a lost socket)."""
+    try:
+        from nats.errors import Error as NatsError
+    except ImportError:  # pragma: no cover - nats-py is installed wherever this runs
+        return isinstance(exc, (TimeoutError, OSError))
+    return isinstance(exc, (NatsError, TimeoutError, OSError, ConnectionError))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire import FleetError, InternalError, Priority
 from ..wire import headers as H
 from .base import Message, QueueStats
+from .js_health import Backoff
 from .sizing import CostWindow, choose, pull_batch
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetserve.queue")
 Lane = tuple[str, Priority]  # a model and a class: one subject, one consumer
+CALL_TIMEOUT = 2.0  # seconds for a JetStream API call (nats-py's default is 5)
 _CLASS_TOKEN = {Priority.INTERACTIVE: "i", Priority.BATCH: "b"}
 _TOKEN_CLASS = {v: k for k, v in _CLASS_TOKEN.items()}
 
@@ -78,6 +80,7 @@ class Puller:
         self._keeper: asyncio.Future[None] | None = None
         self._wanted_at: dict[Lane, float] = {}  # loop time each lane was last pulled
         self.ack_waits: dict[str, float] = {}  # per model, sized from its profile
+        self._backoff = Backoff()  # creating consumers while the broker is away
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(f"{self._inbox}.>", cb=self._on_msg)
@@ -153,12 +156,31 @@ class Puller:
             max_waiting=4096,
         )
         try:
-            await self.js.add_consumer(o.stream, config)
+            await self.js.add_consumer(o.stream, config, timeout=CALL_TIMEOUT)
         except Exception as exc:
             if getattr(exc, "err_code", None) != 10148:  # exists with another config
                 raise
             await self.js.update_consumer(o.stream, config)
         self._consumers.add(lane)
+
+    async def _ensure_consumers(self, lanes: Sequence[Lane], timeout: float) -> bool:
+        """Each lane's durable consumer exists (again, after a reconnect). While the
+        broker is unreachable, or JetStream does not answer, waits with backoff (at most
+        ``timeout``) and returns False: the worker pulls nothing and tries again."""
+        loop = asyncio.get_running_loop()
+        wait = self._backoff.wait(loop.time())
+        if wait <= 0 and self.nc.is_connected:
+            try:
+                for lane in lanes:
+                    await self._ensure_consumer(lane)
+                self._backoff.succeeded()
+                return True
+            except Exception as exc:  # TimeoutError, NoRespondersError, a closed connection
+                wait = self._backoff.failed(loop.time(), exc)
+        elif not self.nc.is_connected:
+            wait = max(wait, 0.05)  # nats-py reconnects by itself; check again soon
+        await asyncio.sleep(min(max(wait, 0.0), max(timeout, 0.01)))
+        return False
 
     # -- deliveries -----------------------------------------------------------------
     async def _on_msg(self, raw: Any) -> None:
@@ -225,8 +247,9 @@ class Puller:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         lanes = [(m, p) for p in classes for m in models]
+        if not await self._ensure_consumers(lanes, timeout):
+            return []
         for lane in lanes:
-            await self._ensure_consumer(lane)
             self._wanted_at[lane] = loop.time()
         wanted = set(lanes)
         if not any(lane in wanted for _, lane, _ in self._buffer):
@@ -282,7 +305,14 @@ class Puller:
         try:
             routed = H.routed_from_headers(raw.headers)
         except FleetError as err:
-            await self.dlq.put(raw, f"malformed message: {err.message}", raw.metadata.num_delivered)
+            try:
+                await self.dlq.put(
+                    raw, f"malformed message: {err.message}", raw.metadata.num_delivered
+                )
+            except Exception as exc:  # the broker is away: it comes back to us, or another
+                log.warning("could not dead-letter a malformed message (%s); put back", exc)
+                await _quietly(raw.nak(1.0))
+                return None
             await self.dlq.answer(raw, InternalError("the request message was malformed"))
             await _quietly(raw.term())
             return None

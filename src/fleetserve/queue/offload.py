@@ -119,6 +119,10 @@ class OffloadingQueue:
                 await self.inner.reply(msg, reply)
                 await self.inner.dead_letter(msg, f"payload missing: {exc}")
                 continue
+            except Exception as exc:  # the store (NATS, S3) is away: delivered again later
+                log.warning("could not read %s's body (%s); put back", msg.envelope.request_id, exc)
+                await self.inner.nak(msg, 1.0)
+                continue
             out.append(msg)
         return out
 

@@ -46,7 +46,7 @@ from ..cluster.presence import announce_forever
 from ..fleet.memory import budget_limit, default_budget, parse_size
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
-from ..queue.factory import open_distributed
+from ..queue.factory import open_distributed, watch_broker
 from ..queue.local import LocalQueueServer
 from ..settings import Settings
 from .device_child import runtime_device, usable_cores
@@ -174,6 +174,7 @@ class DevicePool(Service):
         self.port = await self.serve_http(app, self.settings.host, self.settings.worker_port)
         waits = {m: ack_wait_for(p, self.settings) for m, p in self.profiles.items()}
         self.js, queue, _ = await open_distributed(self.settings, self.node, waits)
+        watch_broker(self.js, self.metrics)
         self._dir = tempfile.mkdtemp(prefix="fleetserve-devices-")
         self.server = LocalQueueServer(
             queue,

@@ -33,7 +33,7 @@ from ..dashboard.fleet_local import worker_figures
 from ..lifecycle import Service, run_process
 from ..logs.summary import ready_summary
 from ..metrics import Metrics
-from ..queue.factory import open_distributed, require_nats
+from ..queue.factory import open_distributed, require_nats, watch_broker
 from ..settings import Settings
 from ..tracing import open_tracer
 from .affinity import Affinity
@@ -140,6 +140,7 @@ class WorkerProcess(Service):
         self.fleet.check_budget()  # now with what the pinned models measured
         waits = {m: ack_wait_for(r.profile, self.settings) for m, r in self.runners.items()}
         self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
+        watch_broker(self.js, self.metrics)
         keepalive = min(waits.values(), default=5.0) / 3
         await self.peers.listen(self.js.nc, self.settings.queue_prefix)
         from ..queue.js_release import serve_releases  # an admin's keep-alive releases

@@ -1,0 +1,219 @@
+"""Workers outlive the broker: a nats-server killed and restarted, a JetStream store on
+a full disk. Real processes: nats-server, `fleetserve gateway` and two workers.
+
+Nothing accepted is lost (every request is answered 200 or 503, never a 504 at its
+deadline), no worker exits, and ``/readyz`` follows the broker: 503 while it is away
+or refuses writes, 200 again on its own once it stores again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..conftest import TINY
+from .conftest import RunningCluster, start_cluster, wait_for
+
+OUTAGE = 6.0  # seconds nats-server stays down: past nats-py's 5 s request timeout
+DEADLINE = 20.0  # a request lost in the fault would be answered 504 after this
+
+
+def _ready(url: str) -> int:
+    try:
+        return httpx.get(url + "/readyz", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0  # not even listening
+
+
+def _worker_urls(rc: RunningCluster) -> list[str]:
+    assert wait_for(lambda: len(rc.workers()) == 2, 30)
+    return [str(w["url"]) for w in rc.workers()]
+
+
+class Load:
+    """Requests at a steady pace from a thread of its own, each recorded with its answer."""
+
+    def __init__(self, api: str, every: float = 0.05) -> None:
+        self.api, self.every = api, every
+        self.answers: list[tuple[float, float, int, str]] = []  # sent, answered, code, body
+        self._stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: Any = None
+
+    def __enter__(self) -> Load:
+        import threading
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(DEADLINE + 15)
+        assert not self._thread.is_alive(), "requests still unanswered"
+
+    def count(self) -> int:
+        return len(self.answers)
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        limits = httpx.Limits(max_connections=400, max_keepalive_connections=50)
+        async with httpx.AsyncClient(base_url=self.api, timeout=DEADLINE + 10, limits=limits) as c:
+            tasks: list[asyncio.Task[None]] = []
+            for i in range(2000):  # bounded: at most 100 s at this pace
+                if self._stop.is_set():
+                    break
+                tasks.append(asyncio.create_task(self._one(c, i)))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.every)
+            await asyncio.gather(*tasks)
+
+    async def _one(self, c: httpx.AsyncClient, i: int) -> None:
+        sent = time.monotonic()
+        body = {"model": TINY, "input": [f"broker sentence {i}"]}
+        try:
+            r = await c.post("/v1/embeddings", json=body)
+            code, text = r.status_code, r.text
+        except httpx.HTTPError as exc:
+            code, text = 0, repr(exc)
+        self.answers.append((sent, time.monotonic(), code, text))
+
+
+def _no_loss(answers: list[tuple[float, float, int, str]]) -> None:
+    bad = [(code, text[:200]) for _, _, code, text in answers if code not in (200, 503)]
+    assert not bad, f"{len(bad)} of {len(answers)} not 200 or 503, first: {bad[0]}"
+
+
+def _alive(rc: RunningCluster) -> None:
+    assert rc.cluster.gateway is not None and rc.cluster.gateway.poll() is None
+    codes = [w.poll() for w in rc.cluster.workers]
+    assert codes == [None, None], f"a worker exited: {codes}"
+
+
+@pytest.fixture
+def outage_cluster(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
+    rc = start_cluster(cluster_catalog, tmp_path, request_timeout=DEADLINE)
+    yield rc
+    rc.cluster.stop()
+
+
+def test_a_5s_broker_outage_loses_no_worker_and_no_request(
+    outage_cluster: RunningCluster,
+) -> None:
+    """nats-server killed -9 under load and restarted 5 s later on the same store.
+
+    Fails on the code before this change: each worker's pull re-created its consumers
+    after the disconnect with a 5 s JetStream request, whose TimeoutError crashed the
+    worker stage ('worker stage crashed'), so both workers exited and every request
+    after the restart went unanswered until its 504."""
+    rc = outage_cluster
+    workers = _worker_urls(rc)
+    with Load(rc.api) as load:
+        assert wait_for(lambda: load.count() >= 20, 30)  # served before the fault
+        rc.cluster.nats.kill()
+        killed = time.monotonic()
+        assert wait_for(lambda: _ready(rc.api) == 503, 5)
+        assert wait_for(lambda: all(_ready(w) == 503 for w in workers), 5)
+        time.sleep(max(0.0, OUTAGE - (time.monotonic() - killed)))  # the outage itself
+        rc.cluster.nats.start()
+        back = time.monotonic()
+        assert wait_for(lambda: _ready(rc.api) == 200, 15), "the gateway stayed not ready"
+        assert wait_for(lambda: all(_ready(w) == 200 for w in workers), 15)
+        ready_in = time.monotonic() - back
+        served_from = back + 5.0
+        wait_for(lambda: time.monotonic() > served_from + 3.0, 10)  # 3 s of load after
+    _alive(rc)
+    answers = load.answers
+    _no_loss(answers)
+    after = [code for sent, _, code, _ in answers if sent >= served_from]
+    assert len(after) >= 20, len(after)
+    assert after.count(200) == len(after), f"{after.count(200)}/{len(after)} served"
+    print(f"ready {ready_in:.1f}s after the restart; {len(answers)} requests")
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            check=True, capture_output=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs here ({exc}): the full-disk test needs root")
+
+
+def _fill(path: Path) -> Path:
+    ballast = path / "ballast"
+    with open(ballast, "wb") as f:
+        try:
+            for _ in range(64):  # 64 MiB at most; the tmpfs holds 24
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:  # ENOSPC: full
+            pass
+    return ballast
+
+
+@pytest.fixture
+def full_disk_cluster(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
+    store = tmp_path / "js"  # start_cluster's store directory
+    _mount_tmpfs(store, "24m")
+    try:
+        rc = start_cluster(cluster_catalog, tmp_path, request_timeout=DEADLINE)
+        try:
+            yield rc
+        finally:
+            rc.cluster.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(store)], check=False, timeout=10)
+
+
+def test_a_full_jetstream_disk_is_a_503_that_says_so_and_readiness_follows(
+    full_disk_cluster: RunningCluster,
+) -> None:
+    """The JetStream store on a 24 MiB tmpfs, filled with a file under load, then freed.
+
+    Fails on the code before this change: each publish waited 5 s for an answer
+    JetStream never sent and got 503 'could not enqueue: TimeoutError', and /readyz
+    stayed 200 throughout. Now: 503 'queue storage full ...' (at once once a probe or a
+    publish found it), /readyz 503 on the gateway and the workers, the
+    fleetserve_queue_storage_full_total counter up; nothing accepted is lost.
+
+    nats-server 2.15 keeps a stream whose file store hit ENOSPC failing after the
+    space is freed (its critical write error is sticky until the stream is reopened),
+    so readiness stays 503 after the ballast is removed, truthfully, until nats-server
+    restarts; then gateway and workers are ready again on their own, not restarted."""
+    rc = full_disk_cluster
+    workers = _worker_urls(rc)
+    store = rc.cluster.nats.store_dir
+    with Load(rc.api, every=0.1) as load:
+        assert wait_for(lambda: load.count() >= 10, 30)
+        ballast = _fill(store)
+        assert wait_for(lambda: _ready(rc.api) == 503, 15), "the gateway stayed ready"
+        assert wait_for(lambda: all(_ready(w) == 503 for w in workers), 15)
+        assert wait_for(lambda: any("queue storage full" in t for *_, t in load.answers), 10)
+        _alive(rc)
+        ballast.unlink()
+        rc.cluster.nats.stop()  # nats-server reopens the stream's store at its start
+        rc.cluster.nats.start()
+        assert wait_for(lambda: _ready(rc.api) == 200, 20), "the gateway stayed not ready"
+        assert wait_for(lambda: all(_ready(w) == 200 for w in workers), 20)
+        back = time.monotonic()
+        wait_for(lambda: time.monotonic() > back + 8.0, 10)
+    _alive(rc)
+    _no_loss(load.answers)
+    after = [c for sent, _, c, _ in load.answers if sent >= back + 5.0]
+    assert after and after.count(200) == len(after), after
+    text = httpx.get(rc.api + "/metrics", timeout=5).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("fleetserve_queue_storage_full"))
+    assert float(line.rsplit(" ", 1)[1]) >= 1
