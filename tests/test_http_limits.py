@@ -246,6 +246,7 @@ async def test_stalled_body_408_and_a_slow_steady_body_passes() -> None:
         assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == (
             b"HTTP/1.1 100 Continue\r\n\r\n"
         )
+        await asyncio.sleep(0.2)  # a client's own pause, within the body timeout
         writer.write(b"abc")
         status, body = await one_response(reader)
         assert (status, json.loads(body)["bytes"]) == (200, 3)

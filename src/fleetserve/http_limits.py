@@ -85,6 +85,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # bytes of the open head seen in earlier chunks
         self._head_known = 0  # head bytes counted from its target and fields
         self._fields = 0
+        self._held = False  # whether the app held the body back at the last check
         self._began = False  # whether a head began in the chunk being parsed
         self._before = 0  # bytes of that chunk known to precede the open head
 
@@ -204,6 +205,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # this head's bytes in the chunk precede any head that opens after it
         self._before += max(0, self._head_known - self._head_bytes)
         self._phase = _BODY
+        self._held = False
         self._arm(self.limits.http_body_timeout)
         super().on_headers_complete()
 
@@ -239,9 +241,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._phase is None or self.transport.is_closing() or self._deadline == math.inf:
             return
         now = self.loop.time()
-        if now < self._deadline or (self._phase == _BODY and self._app_holds_body()):
-            # not yet, or the app is not reading the body: not the client's delay
-            self._deadline = max(self._deadline, now + 0.05)
+        if self._phase == _BODY and (self._held or self._app_holds_body()):
+            # the app is not reading the body (or was not at the last check): not the
+            # client's delay; its clock starts again once the app lets it send
+            self._held = self._app_holds_body()
+            self._deadline = max(self._deadline, now + self.limits.http_body_timeout)
+        if now < self._deadline:
             self._watch = self.loop.call_at(self._deadline, self._on_watch)
             return
         cycle = self.cycle
