@@ -25,6 +25,7 @@ JSONL = "application/jsonl"
 Bodies = dict[str, Any]
 INFER_ERRORS = (400, 401, 403, 404, 413, 415, 429, 500, 503, 504)
 ADMIN_ERRORS = (400, 401, 403, 404, 409, 413, 415, 500, 503)
+UPLOAD_ERRORS = (*ADMIN_ERRORS[:-2], 429, *ADMIN_ERRORS[-2:])  # max_uploads_per_tenant
 READ_ERRORS = (400, 401, 403, 404, 500)
 
 
@@ -197,7 +198,7 @@ ADAPTERS: tuple[Op, ...] = (
     Op("post", "/v1/adapters", "adapter_upload", "Upload a LoRA adapter", "adapters",
        _same(t.AdapterInfo), 201,
        {MULTIPART: t.AdapterForm, JSON: t.AdapterUpload, MSGPACK: t.AdapterUpload},
-       ADMIN_ERRORS),
+       UPLOAD_ERRORS),
     Op("get", "/v1/adapters", "adapter_list", "The adapters the caller sees", "adapters",
        _same(t.AdapterList), errors=READ_ERRORS,
        params=(Param("base", "query", {"type": "string"}, "Only adapters of this model."),)),
@@ -211,7 +212,7 @@ ADAPTERS: tuple[Op, ...] = (
 
 FINETUNE: tuple[Op, ...] = (
     Op("post", "/v1/files", "file_upload", "Upload a JSONL file of training pairs", "fine-tuning",
-       _same(t.FileObject), 200, {MULTIPART: t.FileForm, JSONL: str}, ADMIN_ERRORS,
+       _same(t.FileObject), 200, {MULTIPART: t.FileForm, JSONL: str}, UPLOAD_ERRORS,
        (Param("filename", "query", {"type": "string"}, "The file's name (raw uploads)."),
         Param("purpose", "query", {"type": "string"}, "fine-tune (raw uploads).")),
        ),
