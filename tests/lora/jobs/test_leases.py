@@ -107,6 +107,19 @@ async def test_a_clean_stop_frees_its_jobs_at_once(tmp_path: Path) -> None:
     assert lease is not None and lease.ref.job_id == job.id
 
 
+async def test_a_restarted_server_takes_up_a_killed_ones_job(tmp_path: Path) -> None:
+    """Fails on the code before: no lease was kept or looked at (no leases.py)."""
+    clock = Clock()
+    job = await a_running_job(server(tmp_path, clock))  # A is then killed: no renewal
+    restarted = server(tmp_path, clock)
+    assert await requeue_unfinished(restarted) == 0  # A's lease may still be alive
+    clock.now += TTL
+    assert await requeue_unfinished(restarted) == 1
+    lease = await restarted.queue.take(0.1)
+    assert lease is not None and lease.ref.job_id == job.id
+    assert (await messages(restarted, job))[-1] == "the server restarted; job queued again"
+
+
 async def test_of_many_claimants_of_a_stale_lease_one_wins(tmp_path: Path) -> None:
     """Fails on the code before: nothing claimed a job (no leases.py)."""
     clock = Clock()
@@ -150,10 +163,17 @@ class Serve:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).parents[3],
             start_new_session=True, text=True,
         )  # fmt: skip
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the child prints its URL once it serves
-        assert line, f"the server did not start (exit {self.proc.wait(10)})"
-        self.url = str(json.loads(line)["url"])
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """Once it serves (the child prints its URL then)."""
+        if self._url is None:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()
+            assert line, f"the server did not start (exit {self.proc.wait(10)})"
+            self._url = str(json.loads(line)["url"])
+        return self._url
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -212,16 +232,19 @@ def test_two_serve_processes_on_one_cache_never_train_one_job(
             hp = {"epochs": 50, "batch_size": 2}
             job = a.create_fine_tuning_job(TINY, f["id"], suffix="owned", hyperparameters=hp)
 
+            servers.append(Serve(tiny_catalog, cache))  # B starts while A has the job
+
             def messages() -> list[str]:
                 return status_messages(a, job["id"])
 
+            def newest() -> str:
+                return str(a.fine_tuning_events(job["id"], limit=1)[0]["message"])
+
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not a.fine_tuning_events(job["id"], limit=1)[0][
-                "message"
-            ].startswith("step"):
+            while time.monotonic() < deadline and not newest().startswith("step"):
                 time.sleep(0.2)
             assert any(m.startswith("training started") for m in messages()), messages()
-            servers.append(Serve(tiny_catalog, cache))  # B: its start and a sweep
+            assert servers[1].url  # B has started (its start took up nothing): now a sweep
             window = time.monotonic() + 1.5 * SERVE_TTL  # B sweeps after SERVE_TTL
             while time.monotonic() < window:
                 seen = messages()
