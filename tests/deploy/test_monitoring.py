@@ -139,7 +139,8 @@ def test_the_issues_alerts_are_there() -> None:
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     names = {r["alert"] for g in groups for r in g["rules"]}
     wanted = {"FleetserveQueueLagGrowing", "FleetserveP99OverSLO", "FleetserveDeadLetters",
-              "FleetserveEvictionsThrashing", "FleetserveWorkerDown"}  # fmt: skip
+              "FleetserveEvictionsThrashing", "FleetserveWorkerDown",
+              "FleetserveQueueStorageFull"}  # fmt: skip
     assert wanted <= names
 
 
