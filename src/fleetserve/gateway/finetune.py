@@ -139,7 +139,7 @@ class FineTuneRoutes:
                     filename, purpose = await _form(scope, receive, content_type, limit, spool)
                 await spool.finish()
                 _check_purpose(purpose)
-                data = await asyncio.to_thread(spool.read_bytes)
+                data = await asyncio.to_thread(spool.path.read_bytes)
             finally:
                 spool.discard()
             return await self.manager.create_file(principal, filename.rsplit("/", 1)[-1], data)

@@ -74,9 +74,6 @@ class Spool:
     def sha256(self) -> str:
         return self._hash.hexdigest()
 
-    def read_bytes(self) -> bytes:
-        return self.path.read_bytes()
-
     def discard(self) -> None:
         """Close and delete the file (it may have been moved into a store already)."""
         with contextlib.suppress(OSError):
