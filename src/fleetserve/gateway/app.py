@@ -17,6 +17,7 @@ from ..catalog import Catalog
 from ..catalog.spec import Profile
 from ..logs import kv
 from ..logs.access import Access, request_id
+from ..logs.context import for_request
 from ..metrics import Metrics
 from ..queue import WorkQueue
 from ..queue.base import PendingReply
@@ -134,7 +135,8 @@ class Gateway:
         scope["fleetserve.access"] = access = Access.of(scope)
         send = stamped(send, access)
         try:
-            await self._http(scope, receive, send)
+            with for_request(access.request_id):  # a store's log line names the request
+                await self._http(scope, receive, send)
         except Exception:  # a bug in a handler: a 500, never a dead connection or process
             log.exception("request failed", extra=kv(path=access.path, id=access.request_id))
             await crashed(send, access)

@@ -23,6 +23,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -31,11 +32,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..logs.context import current_request_id
 from ..storage import FileStore, MemoryStore, PayloadMissing, PayloadStore, check_key, open_store
 from ..wire import Unavailable
 
 DISTRIBUTED_DEFAULT = "nats://fleetserve-adapters"
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
+
+log = logging.getLogger("fleetserve.lora.store")
 
 
 class AdapterStore:
@@ -53,7 +57,7 @@ class AdapterStore:
         return f"AdapterStore({self.store!r})"
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return _nats_unreachable() if self._kind == "nats" else contextlib.nullcontext()
+        return _unreachable(self._kind, self.url)
 
     async def put(self, key: str, data: bytes) -> None:
         with self._guard():
@@ -65,23 +69,24 @@ class AdapterStore:
         caller to delete. A file store's readers see the old bytes or the new, never
         part of a file; an object store gets a streamed (multipart) put."""
         check_key(key)
-        if self._kind == "file":
-            dest = self.store.root / key  # type: ignore[attr-defined]
-            await asyncio.to_thread(_file_move, path, dest)
-        elif self._kind == "s3":
-            import obstore
+        if self._kind in ("memory", "other"):  # stores without a streamed put
+            await self.put(key, await asyncio.to_thread(path.read_bytes))
+            return
+        with self._guard():
+            if self._kind == "file":
+                dest = self.store.root / key  # type: ignore[attr-defined]
+                await asyncio.to_thread(_file_move, path, dest)
+            elif self._kind == "s3":
+                import obstore
 
-            await obstore.put_async(self.store.objects, key, path)  # type: ignore[attr-defined]
-        elif self._kind == "nats":
-            with self._guard():
+                await obstore.put_async(self.store.objects, key, path)  # type: ignore[attr-defined]
+            else:  # nats
                 obs = await self.store._bound()  # type: ignore[attr-defined]
                 f = await asyncio.to_thread(open, path, "rb")
                 try:
                     await obs.put(key, f)
                 finally:
                     f.close()
-        else:  # memory (one process, tests) and stores without a streamed put
-            await self.put(key, await asyncio.to_thread(path.read_bytes))
 
     async def get(self, key: str) -> bytes:
         with self._guard():
@@ -97,17 +102,17 @@ class AdapterStore:
     async def keys(self, prefix: str = "") -> list[str]:
         """Every key that starts with ``prefix``, sorted."""
         found: list[str]
-        if self._kind == "memory":
-            found = list(self.store._objects)  # type: ignore[attr-defined]
-        elif self._kind == "file":
-            found = await asyncio.to_thread(_file_keys, self.store.root)  # type: ignore[attr-defined]
-        elif self._kind == "s3":
-            found = await _s3_keys(self.store, prefix)
-        elif self._kind == "nats":
-            with self._guard():
+        with self._guard():
+            if self._kind == "memory":
+                found = list(self.store._objects)  # type: ignore[attr-defined]
+            elif self._kind == "file":
+                found = await asyncio.to_thread(_file_keys, self.store.root)  # type: ignore[attr-defined]
+            elif self._kind == "s3":
+                found = await _s3_keys(self.store, prefix)
+            elif self._kind == "nats":
                 found = await _nats_keys(self.store)
-        else:
-            found = list(await self.store.keys(prefix))  # type: ignore[attr-defined]
+            else:
+                found = list(await self.store.keys(prefix))  # type: ignore[attr-defined]
         return sorted(k for k in found if k.startswith(prefix))
 
     async def create(self, key: str, data: bytes) -> bool:
@@ -120,21 +125,65 @@ class AdapterStore:
                 return False
             await self.store.put(key, data)
             return True
-        if self._kind == "file":
-            path = self.store.root / key  # type: ignore[attr-defined]
-            return await asyncio.to_thread(_file_create, path, data)
-        if self._kind == "s3":
-            return await _s3_create(self.store, key, data)
-        if self._kind == "nats":
-            with self._guard():
+        with self._guard():
+            if self._kind == "file":
+                path = self.store.root / key  # type: ignore[attr-defined]
+                return await asyncio.to_thread(_file_create, path, data)
+            if self._kind == "s3":
+                return await _s3_create(self.store, key, data)
+            if self._kind == "nats":
                 return await _nats_create(self.store, key, data)
-        return bool(await self.store.create(key, data))  # type: ignore[attr-defined]
+            return bool(await self.store.create(key, data))  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
-def _nats_unreachable() -> Iterator[None]:
-    """NATS briefly away (a restart, a reconnect, JetStream not yet up) is a 503 the
-    client retries, not a 500 (a soak's nats-server restart found it)."""
+def _unreachable(kind: str, url: str) -> Iterator[None]:
+    """The store away or failing (S3 or NATS unreachable, a file system error) is a 503
+    the client retries, not a 500 (a soak's nats-server restart found it). The caller
+    is told which kind of failure, never its text: an S3 client's names the hosts it
+    tried (the endpoint, the cloud's metadata address). The log has it all, with the
+    request it failed."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_outage(kind, exc):
+            raise
+        log.warning(
+            "the adapter store %s failed (request %s): %s: %s",
+            url,
+            current_request_id(),
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+        raise Unavailable(
+            f"the adapter store is unreachable ({type(exc).__name__}); retry", retry_after=1.0
+        ) from None
+
+
+def _is_outage(kind: str, exc: Exception) -> bool:
+    """Whether ``exc`` from a store of ``kind`` says the store failed, rather than
+    something a caller handles (a missing key, a create that lost its race)."""
+    if isinstance(exc, FileNotFoundError | FileExistsError | PayloadMissing):
+        return False
+    if kind == "nats":
+        return isinstance(exc, _nats_outages())
+    if kind == "s3":
+        from obstore.exceptions import (
+            AlreadyExistsError,
+            BaseError,
+            NotFoundError,
+            NotModifiedError,
+            PreconditionError,
+        )
+
+        handled = (AlreadyExistsError, NotFoundError, NotModifiedError, PreconditionError)
+        return isinstance(exc, BaseError | OSError) and not isinstance(exc, handled)
+    return kind == "file" and isinstance(exc, OSError)
+
+
+def _nats_outages() -> tuple[type[Exception], ...]:
+    """NATS briefly away: a restart, a reconnect, JetStream not yet up."""
     from nats.errors import (
         ConnectionClosedError,
         ConnectionReconnectingError,
@@ -145,9 +194,7 @@ def _nats_unreachable() -> Iterator[None]:
     from nats.errors import TimeoutError as NatsTimeout
     from nats.js.errors import ServiceUnavailableError
 
-    try:
-        yield
-    except (
+    return (
         ConnectionClosedError,
         ConnectionReconnectingError,
         NoRespondersError,
@@ -155,10 +202,7 @@ def _nats_unreachable() -> Iterator[None]:
         StaleConnectionError,
         NatsTimeout,
         ServiceUnavailableError,
-    ) as exc:
-        raise Unavailable(
-            f"the adapter store is unreachable ({type(exc).__name__}); retry", retry_after=1.0
-        ) from None
+    )
 
 
 def _kind_of(store: PayloadStore) -> str:

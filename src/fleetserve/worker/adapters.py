@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..families import FamilyAdapter
+from ..logs.context import for_request
 from ..lora.bases import ADAPTER_FAMILIES, check_takes_adapters
 from ..wire import AdapterNotFound, FleetError, InternalError, InvalidInput
 
@@ -355,7 +356,8 @@ async def submit_when_hot(
     called when it no longer waits here (its tokens count in the pull budget till then)."""
     try:
         runner.takes(key)
-        await runner.heat(key)
+        with for_request(job.msg.envelope.request_id):  # a store's log line names it
+            await runner.heat(key)
     except Exception as exc:
         done()
         await fail(job, as_fleet_error(exc, key, runner.spec.id))
