@@ -172,7 +172,10 @@ class Gateway:
             elif (released := released_model(method, path)) is not None:
                 assert principal is not None
                 require(principal, KeyScope.ADMIN)
-                await respond(send, *body_response(200, await self._release(released), accept))
+                body = await self.keep_alives.release_route(
+                    released, self.catalog, self.release_keep_alive
+                )
+                await respond(send, *body_response(200, body, accept))
             elif self.adapters is not None and is_adapters(path):
                 assert principal is not None
                 await self.adapters(scope, receive, send, principal)
@@ -380,20 +383,6 @@ class Gateway:
             self.metrics.stage_latency.labels(env.model, "total").observe(time.perf_counter() - t0)
             if code == "ok":
                 self.dashboard.observe(env.model, time.perf_counter() - t0)
-
-    async def _release(self, model: str) -> dict[str, Any]:
-        """``DELETE /v1/models/{id}/keep-alive``: ``model`` may leave under pressure now."""
-        if not model:
-            raise InvalidInput("the model id in the path is empty", field="path")
-        self.catalog.get(model)  # an unknown model is a 404 naming the served ones
-        if self.release_keep_alive is None:
-            raise Unavailable(
-                "this gateway cannot release keep-alives: its workers hold them",
-                retry_after=self.settings.retry_after,
-            )
-        left = await self.release_keep_alive(model)
-        self.keep_alives.release(model)
-        return {"id": model, "object": "model.keep_alive", "released": left > 0, "left_s": left}
 
     def _authorize(self, scope: Scope) -> None:
         """The dashboard's check (its data and events): a valid key with ``admin``."""

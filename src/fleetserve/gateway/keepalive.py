@@ -15,9 +15,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
+
+from ..catalog import Catalog
+from ..wire import InvalidInput, Unavailable
 
 PREFIX, SUFFIX = "/v1/models/", "/keep-alive"
 
@@ -99,6 +103,20 @@ class KeepAlives:
             holds.pop(model, None)
             if not holds:
                 del self._holds[tenant]
+
+    async def release_route(
+        self, model: str, catalog: Catalog, hook: Callable[[str], Awaitable[float]] | None
+    ) -> dict[str, Any]:
+        """``DELETE /v1/models/{id}/keep-alive`` (the caller checked the admin scope):
+        ``hook`` ends ``model``'s keep-alive where it lives; the seconds it had left."""
+        if not model:
+            raise InvalidInput("the model id in the path is empty", field="path")
+        catalog.get(model)  # an unknown model is a 404 naming the served ones
+        if hook is None:
+            raise Unavailable("this gateway cannot reach the fleet that keeps models alive")
+        left = await hook(model)
+        self.release(model)
+        return {"id": model, "object": "model.keep_alive", "released": left > 0, "left_s": left}
 
     def held(self, tenant: str) -> dict[str, float]:
         """``tenant``'s kept-alive models and the seconds each is held yet."""
