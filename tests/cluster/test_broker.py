@@ -89,6 +89,16 @@ class Load:
         self.answers.append((sent, time.monotonic(), code, text))
 
 
+def _figures(answers: list[tuple[float, float, int, str]]) -> str:
+    codes = [c for _, _, c, _ in answers]
+    slowest = max((done - sent for sent, done, c, _ in answers if c == 503), default=0.0)
+    full = sum("queue storage full" in t for *_, t in answers)
+    return (
+        f"{len(codes)} requests: {codes.count(200)} 200, {codes.count(503)} 503 "
+        f"({full} 'queue storage full', slowest 503 {slowest:.2f}s)"
+    )
+
+
 def _no_loss(answers: list[tuple[float, float, int, str]]) -> None:
     bad = [(code, text[:200]) for _, _, code, text in answers if code not in (200, 503)]
     assert not bad, f"{len(bad)} of {len(answers)} not 200 or 503, first: {bad[0]}"
@@ -100,23 +110,61 @@ def _alive(rc: RunningCluster) -> None:
     assert codes == [None, None], f"a worker exited: {codes}"
 
 
-@pytest.fixture
-def outage_cluster(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
-    rc = start_cluster(cluster_catalog, tmp_path, request_timeout=DEADLINE)
-    yield rc
-    rc.cluster.stop()
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    """A small tmpfs at ``path`` (root only); False where it cannot be mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            check=True, capture_output=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def _fill(path: Path) -> Path:
+    ballast = path / "ballast"
+    with open(ballast, "wb", buffering=0) as f:
+        try:
+            for _ in range(64):  # 64 MiB at most; the tmpfs holds 24
+                f.write(b"\0" * (1 << 20))
+        except OSError:  # ENOSPC: full
+            pass
+    return ballast
+
+
+@pytest.fixture(scope="module")
+def broker_cluster(
+    cluster_catalog: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunningCluster, bool]]:
+    """One cluster for both faults (a start costs ~10 s of the 2 cores), its JetStream
+    store on a 24 MiB tmpfs where one can be mounted; with whether it is."""
+    tmp = tmp_path_factory.mktemp("broker")
+    store = tmp / "js"  # start_cluster's store directory
+    tmpfs = _mount_tmpfs(store, "24m")
+    try:
+        rc = start_cluster(cluster_catalog, tmp, request_timeout=DEADLINE)
+        try:
+            yield rc, tmpfs
+        finally:
+            rc.cluster.stop()
+    finally:
+        if tmpfs:
+            subprocess.run(["umount", "-l", str(store)], check=False, timeout=10)
 
 
 def test_a_5s_broker_outage_loses_no_worker_and_no_request(
-    outage_cluster: RunningCluster,
+    broker_cluster: tuple[RunningCluster, bool],
 ) -> None:
-    """nats-server killed -9 under load and restarted 5 s later on the same store.
+    """nats-server killed -9 under load and restarted 6 s later on the same store (the
+    finding's 5 s, and enough that nats-py's 5 s request timeout surely expires first).
 
     Fails on the code before this change: each worker's pull re-created its consumers
     after the disconnect with a 5 s JetStream request, whose TimeoutError crashed the
     worker stage ('worker stage crashed'), so both workers exited and every request
     after the restart went unanswered until its 504."""
-    rc = outage_cluster
+    rc, _ = broker_cluster
     workers = _worker_urls(rc)
     with Load(rc.api) as load:
         assert wait_for(lambda: load.count() >= 20, 30)  # served before the fault
@@ -131,55 +179,18 @@ def test_a_5s_broker_outage_loses_no_worker_and_no_request(
         assert wait_for(lambda: all(_ready(w) == 200 for w in workers), 15)
         ready_in = time.monotonic() - back
         served_from = back + 5.0
-        wait_for(lambda: time.monotonic() > served_from + 3.0, 10)  # 3 s of load after
+        wait_for(lambda: time.monotonic() > served_from + 2.0, 10)  # 2 s of load after
     _alive(rc)
     answers = load.answers
     _no_loss(answers)
     after = [code for sent, _, code, _ in answers if sent >= served_from]
-    assert len(after) >= 20, len(after)
+    assert len(after) >= 10, len(after)
     assert after.count(200) == len(after), f"{after.count(200)}/{len(after)} served"
-    print(f"ready {ready_in:.1f}s after the restart; {len(answers)} requests")
-
-
-def _mount_tmpfs(path: Path, size: str) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-            check=True, capture_output=True, timeout=10,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here ({exc}): the full-disk test needs root")
-
-
-def _fill(path: Path) -> Path:
-    ballast = path / "ballast"
-    with open(ballast, "wb") as f:
-        try:
-            for _ in range(64):  # 64 MiB at most; the tmpfs holds 24
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError:  # ENOSPC: full
-            pass
-    return ballast
-
-
-@pytest.fixture
-def full_disk_cluster(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
-    store = tmp_path / "js"  # start_cluster's store directory
-    _mount_tmpfs(store, "24m")
-    try:
-        rc = start_cluster(cluster_catalog, tmp_path, request_timeout=DEADLINE)
-        try:
-            yield rc
-        finally:
-            rc.cluster.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(store)], check=False, timeout=10)
+    print(f"outage: ready {ready_in:.1f}s after the restart; {_figures(answers)}")
 
 
 def test_a_full_jetstream_disk_is_a_503_that_says_so_and_readiness_follows(
-    full_disk_cluster: RunningCluster,
+    broker_cluster: tuple[RunningCluster, bool],
 ) -> None:
     """The JetStream store on a 24 MiB tmpfs, filled with a file under load, then freed.
 
@@ -193,7 +204,9 @@ def test_a_full_jetstream_disk_is_a_503_that_says_so_and_readiness_follows(
     space is freed (its critical write error is sticky until the stream is reopened),
     so readiness stays 503 after the ballast is removed, truthfully, until nats-server
     restarts; then gateway and workers are ready again on their own, not restarted."""
-    rc = full_disk_cluster
+    rc, tmpfs = broker_cluster
+    if not tmpfs:
+        pytest.skip("cannot mount a tmpfs here: the full-disk test needs root")
     workers = _worker_urls(rc)
     store = rc.cluster.nats.store_dir
     with Load(rc.api, every=0.1) as load:
@@ -209,9 +222,10 @@ def test_a_full_jetstream_disk_is_a_503_that_says_so_and_readiness_follows(
         assert wait_for(lambda: _ready(rc.api) == 200, 20), "the gateway stayed not ready"
         assert wait_for(lambda: all(_ready(w) == 200 for w in workers), 20)
         back = time.monotonic()
-        wait_for(lambda: time.monotonic() > back + 8.0, 10)
+        wait_for(lambda: time.monotonic() > back + 7.0, 10)  # 2 s of load from 5 s after
     _alive(rc)
     _no_loss(load.answers)
+    print(f"full disk: {_figures(load.answers)}")
     after = [c for sent, _, c, _ in load.answers if sent >= back + 5.0]
     assert after and after.count(200) == len(after), after
     text = httpx.get(rc.api + "/metrics", timeout=5).text

@@ -28,7 +28,7 @@ from .base import Message, QueueStats
 from .cancels import CancelListener
 from .dlq import DeadLetters
 from .js_cancel import CancelChannel
-from .js_health import FULL, Writes, probe_forever, storage_refusal, unconfirmed
+from .js_health import FULL, Writes, probe_forever, probe_subject, storage_refusal, unconfirmed
 from .js_pull import Puller
 from .nats_conn import connect
 from .pending import Pending
@@ -141,7 +141,7 @@ class JetStreamQueue:
         o = self.options
         config = api.StreamConfig(
             name=o.stream,
-            subjects=[f"{o.prefix}.work.>"],
+            subjects=[f"{o.prefix}.work.>", probe_subject(o)],  # the write probe's own
             retention=api.RetentionPolicy.WORK_QUEUE,
             storage=api.StorageType(o.storage),
             num_replicas=o.replicas,

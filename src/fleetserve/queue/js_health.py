@@ -6,8 +6,8 @@ resources``) or, after a critical write error on the stream's file store, not at
 Either way the gateway's and the workers' ``/readyz`` must say 503 until it stores
 again, and a request must get a 503 at once that says why, not a 504 after its deadline.
 
-A probe publishes an empty message to ``<prefix>.work._probe`` (no model's subject
-token starts with ``_p``: ``subject_token`` escapes ``_`` as ``_5F``) and purges it:
+A probe publishes an empty message to ``<prefix>.probe``, a subject of the work stream
+outside ``<prefix>.work.>`` (no lane, consumer or fleet view sees it), and purges it:
 every ``interval`` seconds while writes are accepted, every second while they are not,
 so that readiness comes back on its own once the broker stores again.
 """
@@ -26,7 +26,6 @@ log = logging.getLogger("fleetserve.queue")
 FULL = 10077  # JetStream: a stream limit (e.g. maximum messages per subject) exceeded
 STORAGE_CODES = frozenset({10023, 10028, 10047})  # insufficient resources, memory, storage
 _STORAGE_WORDS = ("insufficient", "no space", "storage", "resources")
-PROBE_TOKEN = "_probe"
 STORAGE_FULL = "queue storage full"
 
 
@@ -68,9 +67,13 @@ class Writes:
         self.refused = None
 
 
+def probe_subject(options: StreamOptions) -> str:
+    return f"{options.prefix}.probe"
+
+
 async def probe(js: Any, options: StreamOptions, timeout: float) -> None:
     """One write to the work stream, then its removal; raises what the publish raised."""
-    subject = f"{options.prefix}.work.{PROBE_TOKEN}"
+    subject = probe_subject(options)
     try:
         await js.publish(subject, b"", timeout=timeout)
     except Exception as exc:

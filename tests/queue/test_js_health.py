@@ -1,0 +1,89 @@
+"""Whether JetStream accepts writes (queue/js_health.py): the classification of its
+errors and the probe that makes readiness follow it.
+
+All of these fail on the code before issue 22's item 7: there was no such module, a
+storage error was a 503 'could not enqueue: ...' and nothing probed JetStream's writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fleetserve.queue.jetstream import StreamOptions
+from fleetserve.queue.js_health import Backoff, Writes, probe_forever, storage_refusal
+
+
+class _APIError(Exception):
+    def __init__(self, err_code: int, description: str) -> None:
+        super().__init__(description)
+        self.err_code, self.description = err_code, description
+
+
+def test_storage_errors_say_queue_storage_full_and_stream_limits_do_not() -> None:
+    full = storage_refusal(_APIError(10047, "insufficient storage resources available"))
+    assert full is not None and full.startswith("queue storage full")
+    assert "insufficient storage" in full
+    assert storage_refusal(_APIError(10023, "insufficient resources")) is not None
+    # the bounded queue: a 429 elsewhere, not a storage fault
+    assert storage_refusal(_APIError(10077, "maximum messages per subject exceeded")) is None
+    assert storage_refusal(TimeoutError()) is None
+
+
+class _FakeJS:
+    """Refuses (times out) until ``stores`` is set; counts purges of the probe."""
+
+    def __init__(self) -> None:
+        self.stores = asyncio.Event()
+        self.purged = 0
+        self.probed = asyncio.Event()
+
+    async def publish(self, subject: str, body: bytes, timeout: float) -> Any:
+        self.probed.set()
+        if not self.stores.is_set():
+            raise TimeoutError
+        return None
+
+    async def purge_stream(self, stream: str, subject: str) -> bool:
+        assert subject == "t.probe"
+        self.purged += 1
+        return True
+
+
+async def test_the_probe_refuses_while_writes_time_out_and_accepts_once_they_store() -> None:
+    writes, js = Writes(), _FakeJS()
+    counted: list[int] = []
+    writes.on_storage_full = lambda: counted.append(1)
+    task = asyncio.create_task(
+        probe_forever(writes, js, StreamOptions(prefix="t"), 0.01, lambda: True, timeout=0.05)
+    )
+    try:
+        async with asyncio.timeout(5):
+            while writes.refused is None:
+                await asyncio.sleep(0.01)
+        assert "queue storage full" in writes.refused and counted
+        js.stores.set()
+        async with asyncio.timeout(5):
+            while writes.refused is not None:
+                await asyncio.sleep(0.01)
+        assert js.purged >= 1
+    finally:
+        task.cancel()
+
+
+async def test_no_probe_while_disconnected() -> None:
+    writes, js = Writes(), _FakeJS()
+    task = asyncio.create_task(
+        probe_forever(writes, js, StreamOptions(prefix="t"), 0.01, lambda: False, timeout=0.05)
+    )
+    await asyncio.sleep(0.1)
+    task.cancel()
+    assert not js.probed.is_set() and writes.refused is None
+
+
+def test_backoff_doubles_to_its_cap_and_resets() -> None:
+    b = Backoff(first=0.1, most=0.4)
+    assert [b.failed(0.0, TimeoutError()) for _ in range(4)] == [0.1, 0.2, 0.4, 0.4]
+    assert b.wait(0.0) == 0.4
+    b.succeeded()
+    assert b.wait(0.0) <= 0
