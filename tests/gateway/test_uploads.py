@@ -120,16 +120,22 @@ async def test_adapter_upload_cut_off_is_discarded_and_logged(
 
 
 async def test_multipart_without_closing_boundary_is_discarded(
-    adapters: tuple[AdapterRoutes, AdapterStore, Path], kit: Kit, tmp_path: Path
+    adapters: tuple[AdapterRoutes, AdapterStore, Path],
+    kit: Kit,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A body that ends (Content-Length met) before its closing boundary is refused
-    with a 400 and leaves nothing: no spool file, no adapter, no training file.
-    Before, there was no spool; this pins that the streaming parser still refuses it."""
+    with a 400, logged as cut off, and leaves nothing: no spool file, no adapter, no
+    training file. Before, it was refused but not logged as cut off."""
     routes, store, spool = adapters
+    caplog.set_level(logging.WARNING, logger="fleetserve.gateway")
     raw, ctype = multipart_bytes(kit, closing=False)
     status, body = await call(routes, scope_of("/v1/adapters", ctype, len(raw)), [raw], ALICE)
     assert status == 400 and "cut short" in body["error"]["message"]
     assert await store.keys("adapters/") == [] and spooled(spool) == []
+    cut_off = f"upload cut off: a multipart body of {len(raw)} bytes has no closing boundary"
+    assert [r.getMessage() for r in caplog.records] == [cut_off]
     ft = finetuning()
     files = FineTuneRoutes(ft, max_file_bytes=MiB, uploads=Uploads(tmp_path / "ft"))
     form = (

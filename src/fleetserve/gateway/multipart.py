@@ -11,6 +11,7 @@ that ends before its closing boundary is refused (:meth:`StreamParser.close`).
 
 from __future__ import annotations
 
+import logging
 from email.parser import BytesHeaderParser
 from email.policy import HTTP
 from typing import Final, NamedTuple
@@ -19,6 +20,8 @@ from ..wire import InvalidInput
 
 MULTIPART = "multipart/form-data"
 MAX_HEAD = 16 * 1024  # a part's headers: a name, a file name, a content type
+
+log = logging.getLogger("fleetserve.gateway")
 
 
 class Start(NamedTuple):
@@ -69,6 +72,7 @@ class StreamParser:
         self._state = "preamble"  # -> after (a delimiter) -> head -> data -> after ... done
         self._max_head = max_head
         self.parts = 0
+        self.size = 0  # bytes fed
 
     @property
     def done(self) -> bool:
@@ -78,6 +82,7 @@ class StreamParser:
         if self._state == "done":
             return []  # the epilogue, ignored
         self._buf += chunk
+        self.size += len(chunk)
         events: list[Event] = []
         while self._step(events):
             pass
@@ -85,6 +90,9 @@ class StreamParser:
 
     def close(self) -> None:
         if self._state != "done":
+            log.warning(
+                "upload cut off: a multipart body of %d bytes has no closing boundary", self.size
+            )
             raise InvalidInput("multipart body is cut short (no closing boundary)", field="body")
         if self.parts == 0:
             raise InvalidInput("multipart body has no parts", field="body")
