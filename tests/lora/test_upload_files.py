@@ -118,3 +118,13 @@ def test_validate_reads_a_spooled_file_within_the_header_limit(kit: Kit, tmp_pat
             kit.lora.config, weights, base_model=BASE, base_shapes=shapes,
             limits=Limits(max_header_bytes=64),
         )  # fmt: skip
+
+
+def test_a_deeply_nested_header_is_a_400(tmp_path: Path) -> None:
+    """A header of 200,000 '[' (well within the size limit) made json.loads raise
+    RecursionError, which nothing caught: a crashed request (500); now a 400."""
+    raw = b"[" * 200_000
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        read_file_header(path, what="w", field="weights", max_header=4 << 20)

@@ -115,6 +115,10 @@ def parse_header(
         raise InvalidInput(
             f"{what} is not safetensors: its header is not JSON ({exc})", field=field
         ) from None
+    except RecursionError:  # "[[[[..." within the size limit: a 400, not a crashed request
+        raise InvalidInput(
+            f"{what} is not safetensors: its header is nested too deeply", field=field
+        ) from None
     if not isinstance(raw, dict):
         raise InvalidInput(f"{what} is not safetensors: its header is not an object", field=field)
     meta = raw.pop("__metadata__", None) or {}
