@@ -17,7 +17,7 @@ from fleetserve.lora.registry import AdapterRegistry
 from fleetserve.lora.store import AdapterStore
 from fleetserve.lora.validate import Limits
 from fleetserve.storage import MemoryStore
-from fleetserve.wire import OPEN, InvalidInput
+from fleetserve.wire import OPEN, Cancelled, InvalidInput
 from fleetserve.wire.finetune import Job, JobStatus
 
 
@@ -119,3 +119,34 @@ async def test_a_trainer_that_lost_its_job_writes_nothing() -> None:
     bases.go.set()
     await handling
     assert await ft.job(OPEN, j.id) == other  # not failed over the other's work
+
+
+async def test_a_trainer_whose_job_was_taken_over_stops_training() -> None:
+    """Another trainer takes the job over mid-training (its token in the record): this
+    one's training is stopped within a tick, and it writes nothing. Fails on the code
+    before: it trained on to the end beside the new owner (the wait times out)."""
+    ft, queue, _, _ = setup()
+    started = asyncio.Event()
+
+    async def base_of(model: str) -> TrainBase:
+        return TrainBase("/nowhere", "mean", True, 32)
+
+    async def train(spec: object, on_event: object, cancel: asyncio.Event) -> object:
+        started.set()
+        await cancel.wait()  # the child process is terminated when this is set
+        raise Cancelled("cancelled while training")
+
+    runner = JobRunner(ft.store, queue, runner_registry(ft), base_of, train=train)  # type: ignore[arg-type]
+    j = await job(ft)
+    lease = await queue.take(1.0)
+    assert lease is not None
+    handling = asyncio.ensure_future(runner.handle(lease))
+    await asyncio.wait_for(started.wait(), 10)
+    other = (await ft.job(OPEN, j.id)).with_(owner="another-trainer", attempts=2)
+    await ft.store.put_job(other)
+    await asyncio.wait_for(handling, 10)
+    assert await ft.job(OPEN, j.id) == other  # nothing written over the new owner's
+
+
+def runner_registry(ft: FineTuning) -> AdapterRegistry:
+    return AdapterRegistry(ft.store.store, limits=Limits(), bases=StaticBases({}))

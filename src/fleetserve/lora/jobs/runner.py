@@ -177,7 +177,7 @@ class JobRunner:
                         data={"node": self.node, "attempt": job.attempts})  # fmt: skip
         feed = _Feed(self.store, job)
         cancel, stop = asyncio.Event(), asyncio.Event()
-        watch = asyncio.ensure_future(self._watch(job, feed, cancel, stop))
+        watch = asyncio.ensure_future(self._watch(job, token, feed, cancel, stop))
         t0 = time.perf_counter()
         outcome: tuple[JobStatus, str, str, str | None] | None = None
         result: TrainResult | None = None
@@ -245,16 +245,23 @@ class JobRunner:
         )  # fmt: skip
 
     async def _watch(
-        self, job: Job, feed: _Feed, cancel: asyncio.Event, stop: asyncio.Event
+        self, job: Job, token: str, feed: _Feed, cancel: asyncio.Event, stop: asyncio.Event
     ) -> None:
-        """While a job runs: the feed and checkpoints out, a cancel seen. A store that
-        fails a tick is tried again the next."""
+        """While a job runs: the feed and checkpoints out, a cancel seen, and training
+        stopped if another trainer took the job over (its token in the record: this one
+        then writes nothing more). A store that fails a tick is tried again the next."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), TICK)
             try:
                 await feed.flush()
                 if await self.store.cancel_requested(job.tenant, job.id):
+                    cancel.set()
+                taken = (await self.store.job(job.tenant, job.id)).owner != token
+                if taken and not cancel.is_set():
+                    log.warning("training job %s: another trainer holds it now; stopping "
+                                "here", job.id)  # fmt: skip
+                if taken:
                     cancel.set()
             except Exception as exc:
                 log.warning("training job %s: the store failed a tick: %s", job.id, exc)
