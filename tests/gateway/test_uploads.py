@@ -149,6 +149,29 @@ async def test_multipart_without_closing_boundary_is_discarded(
     assert await ft.store.files("alice") == [] and spooled(tmp_path / "ft") == []
 
 
+async def test_a_deeply_nested_config_is_a_400(
+    adapters: tuple[AdapterRoutes, AdapterStore, Path], kit: Kit
+) -> None:
+    """An adapter_config.json of 200,000 '[' (within its 1 MiB) made json.loads raise
+    RecursionError, which nothing caught: a 500; now a 400 naming the file."""
+    routes, store, spool = adapters
+    deep = b"[" * 200_000
+    form = (
+        Multipart()
+        .field("name", "deep")
+        .field("base", BASE)
+        .file("files", "adapter_config.json", [deep], len(deep))
+        .file("files", "adapter_model.safetensors", [kit.lora.weights], len(kit.lora.weights))
+    )
+    raw = b"".join(form)
+    status, body = await call(
+        routes, scope_of("/v1/adapters", form.content_type, len(raw)), [raw], ALICE
+    )
+    assert status == 400 and "nested too deeply" in body["error"]["message"]
+    assert body["error"]["field"] == "config" and spooled(spool) == []
+    assert await store.keys("adapters/") == []
+
+
 def test_cut_off_file_upload_over_a_socket_is_not_stored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -90,6 +90,8 @@ def read_config(config_bytes: bytes) -> dict[str, Any]:
         config = json.loads(config_bytes)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"{CONFIG} is not JSON: {exc}", field="config") from None
+    except RecursionError:  # "[[[[..." within the upload's limit: a 400, not a 500
+        raise InvalidInput(f"{CONFIG} is nested too deeply", field="config") from None
     if not isinstance(config, dict):
         raise InvalidInput(f"{CONFIG} must be a JSON object", field="config")
     return config
