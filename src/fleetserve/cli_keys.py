@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--scopes",
         dest="key_scopes",
         default="infer",
-        help="Comma-separated scopes: infer, adapters:write, admin (add) [infer].",
+        help="Comma-separated scopes: infer, adapters:write, metrics, admin (add) [infer].",
     )
     keys.add_argument("--name", dest="key_name", default="", help="A label for the key (add).")
     keys.add_argument(

@@ -161,8 +161,8 @@ class Settings(Limits):
     keys_file: str = setting(
         "",
         "YAML file of API keys: a list of {sha256, tenant, scopes, name}, scopes from infer, "
-        "adapters:write, admin. Keys are stored hashed (`fleetserve keys add` prints a new "
-        "key once and appends its hash); read at start, and a bad file refuses to start.",
+        "adapters:write, metrics, admin. Keys are stored hashed (`fleetserve keys add` prints "
+        "a new key once and appends its hash); read at start, and a bad file refuses to start.",
         groups="auth keys",
     )
     keys: str = setting(

@@ -265,3 +265,18 @@ def test_pdbs_and_service_monitor() -> None:
     wanted = {e["port"] for e in sm["spec"]["endpoints"]}
     assert wanted == ports == {"http", "metrics"}
     assert {e["path"] for e in sm["spec"]["endpoints"]} == {"/metrics"}
+
+
+def test_service_monitor_sends_a_metrics_key_to_the_gateways_only() -> None:
+    """With API keys the gateways' /metrics needs a key (the metrics scope): the chart
+    had no way to give Prometheus one. By default there is none, as before."""
+    (plain,) = by_kind(manifests({}), "ServiceMonitor")
+    assert all("authorization" not in e for e in plain["spec"]["endpoints"])
+    secret = {"name": "fleetserve-metrics-key", "key": "token"}
+    (sm,) = by_kind(manifests({"serviceMonitor": {"bearerTokenSecret": secret}}), "ServiceMonitor")
+    by_port = {e["port"]: e for e in sm["spec"]["endpoints"]}
+    # prometheus-operator's Endpoint.authorization: a type and a SecretKeySelector
+    assert by_port["http"]["authorization"] == {"type": "Bearer", "credentials": secret}
+    assert "authorization" not in by_port["metrics"]  # workers hold no keys
+    with pytest.raises(helm.HelmValuesError, match="tokn"):
+        render({"serviceMonitor": {"bearerTokenSecret": {"name": "s", "tokn": "t"}}})

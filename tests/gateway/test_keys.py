@@ -454,7 +454,7 @@ async def test_routes_and_scopes(tmp_path: Path, catalog: Catalog) -> None:
     assert not queue.published
     assert (await call(app, "/v1/models", **bearer(WRITE_KEY)))[0] == 200  # any valid key
     assert (await call(app, "/v1/models"))[0] == 401
-    for path in ("/healthz", "/readyz", "/metrics"):
+    for path in ("/healthz", "/readyz"):  # probes stay open
         assert (await call(app, path))[0] == 200, path
     # the adapters API gets the principal after authentication, and checks scopes itself
     assert (await call(app, "/v1/adapters", "POST"))[0] == 401
@@ -468,6 +468,30 @@ async def test_routes_and_scopes(tmp_path: Path, catalog: Catalog) -> None:
     bare, _ = gateway(tmp_path, catalog, ring(tmp_path))  # no adapters API: 404 as before
     assert (await call(bare, "/v1/adapters", **bearer(INFER_KEY)))[0] == 404
     assert (await call(bare, "/v1/adapters"))[0] == 401
+
+
+async def test_metrics_and_the_openapi_document_follow_the_auth_mode(
+    tmp_path: Path, catalog: Catalog
+) -> None:
+    """With keys, /metrics needs the metrics scope (or admin) and /openapi.json any
+    valid key; both answered anyone before. Open, both stay open."""
+    scraper = "fs-prometheus-key-for-tests"
+    app, _ = gateway(tmp_path, catalog, ring(tmp_path, RING + entry(scraper, "ops", "[metrics]")))
+    status, err = await call(app, "/metrics")
+    assert status == 401 and err["error"]["field"] == "authorization"
+    status, err = await call(app, "/metrics", **bearer(INFER_KEY))
+    assert status == 403 and "'metrics'" in err["error"]["message"]
+    for key in (scraper, ADMIN_KEY):
+        assert (await call(app, "/metrics", **bearer(key)))[0] == 200, key
+    assert (await call(app, "/openapi.json"))[0] == 401
+    for key in (INFER_KEY, WRITE_KEY, scraper):
+        assert (await call(app, "/openapi.json", **bearer(key)))[0] == 200, key
+    assert (await call(app, "/v1/models", **bearer(scraper)))[0] == 200  # any valid key
+    status, _ = await call(app, ENCODE, "POST", BODY, **JSON, **bearer(scraper))
+    assert status == 403  # a scraper's key calls no model
+    open_app, _ = gateway(tmp_path, catalog, Authenticator.open())
+    for path in ("/metrics", "/openapi.json"):
+        assert (await call(open_app, path))[0] == 200, path
 
 
 async def test_the_dashboard_needs_admin(tmp_path: Path, catalog: Catalog) -> None:

@@ -182,9 +182,11 @@ class Gateway:
             elif self.finetune is not None and self.finetune.handles(path):
                 assert principal is not None
                 await self.finetune(scope, receive, send, principal)
-            elif method == "GET" and path == "/metrics":
+            elif method == "GET" and path == "/metrics":  # with keys: the metrics scope
+                self.auth.authorize(scope, KeyScope.METRICS)
                 await respond(send, 200, _TEXT, self.metrics.render())
-            elif method == "GET" and path == "/openapi.json":
+            elif method == "GET" and path == "/openapi.json":  # with keys: any valid key
+                self.auth.authenticate(scope)
                 from .openapi import CACHE  # on first use: it imports every family's types
 
                 await respond(send, 200, [(b"content-type", b"application/json")], CACHE.get(self))

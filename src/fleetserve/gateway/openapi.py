@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .app import Gateway
 
 REF = "#/components/schemas/{name}"
+KEYED = frozenset({"/metrics", "/openapi.json"})  # outside /v1/, but keyed like it
 REASONS = {
     200: "OK",
     201: "Created",
@@ -173,7 +174,7 @@ def _operation(op: Op, schema_of: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         "tags": [op.tag],
         "responses": responses,
     }
-    if op.path.startswith("/v1/"):
+    if op.path.startswith("/v1/") or op.path in KEYED:
         out["security"] = [{}, {"bearer": []}]  # keys are optional: the server may be open
     if op.params:
         out["parameters"] = [

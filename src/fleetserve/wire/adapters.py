@@ -26,6 +26,7 @@ class Scope(enum.StrEnum):
     INFER = "infer"  # call models and adapters, list them
     ADAPTERS_WRITE = "adapters:write"  # upload and delete its tenant's adapters
     ADMIN = "admin"  # everything, and public adapters
+    METRICS = "metrics"  # read /metrics (a Prometheus scraper's key)
 
 
 @dataclass(frozen=True, slots=True, order=True)
