@@ -226,7 +226,8 @@ class Settings(Limits):
     )
     train_max_chars: int = setting(
         2000,
-        "Texts longer than this are flagged in a file's warnings (training cuts them).",
+        "Longest text (characters) of a training file: a longer one is a 400 naming its "
+        "line, or cut to this when the upload says truncate=true.",
         groups="training",
     )
     train_margin: float = setting(

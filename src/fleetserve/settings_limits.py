@@ -92,5 +92,18 @@ class Limits:
         groups="training",
     )  # fmt: skip
 
+    # -- training input and the training process (lora/pairs.py, lora/train/child.py) -
+    train_max_line_bytes: int = setting(
+        1024 * 1024, "Longest line of a training file (bytes); a longer one is a 400 naming "
+        "it, read no further (truncate=true or not).",
+        groups="training",
+    )  # fmt: skip
+    train_memory_limit: str = setting(
+        "50%", "Memory a training job's process may take (its data segment, RLIMIT_DATA: "
+        "what it reserves, above what it touches): a size (4GiB, 800MiB), a percent of the "
+        "machine's (or cgroup's) memory, or 0 for none. A job over it fails, saying so.",
+        groups="training",
+    )  # fmt: skip
+
 
 __all__ = ["Limits", "setting"]

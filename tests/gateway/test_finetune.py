@@ -156,6 +156,32 @@ async def test_bad_uploads_name_what_is_wrong(http: httpx.AsyncClient) -> None:
     assert (await http.get(FILES)).json()["data"] == []
 
 
+async def test_a_text_over_train_max_chars_is_a_400_unless_truncate(
+    http: httpx.AsyncClient,
+) -> None:
+    """Today the file is accepted whole with a warning, the long text kept for training;
+    there was no truncate."""
+    long = make_pairs(3) + json.dumps({"query": "q", "positive": "x" * 2500}).encode() + b"\n"
+    raw = {"content-type": "application/jsonl"}
+    for r in (await upload(http, long), await http.post(FILES, content=long, headers=raw)):
+        assert r.status_code == 400, r.text
+        assert error(r)["field"] == "line 4"
+        assert error(r)["message"].startswith("line 4 positive is 2,500 characters, over")
+    assert (await http.get(FILES)).json()["data"] == []
+    files = {"file": ("pairs.jsonl", long, "application/jsonl")}
+    for r in (
+        await http.post(FILES, files=files, data={"purpose": "fine-tune", "truncate": "true"}),
+        await http.post(FILES, content=long, headers=raw, params={"truncate": "true"}),
+    ):
+        assert r.status_code == 200, r.text
+        said = "line 4: positive was 2,500 characters; cut to 2,000 (truncate)"
+        assert r.json()["rows"] == 4 and r.json()["warnings"] == [said]
+        kept = await ft_of(http).store.pairs("alice", r.json()["id"])
+        assert [len(p.positive) for p in kept if p.query == "q"] == [2000]
+    r = await http.post(FILES, content=long, headers=raw, params={"truncate": "maybe"})
+    assert r.status_code == 400 and error(r)["field"] == "truncate"
+
+
 async def test_jobs_create_get_list_and_pages(http: httpx.AsyncClient) -> None:
     job = await a_job(http, hyperparameters={"n_epochs": 2, "rank": 8}, suffix="legal")
     assert job["object"] == "fine_tuning.job" and job["status"] == "queued"

@@ -1,9 +1,10 @@
-"""Files of pairs: each rejection names its line; repeats merge; long texts are flagged;
-the held-out split never shares a query with training."""
+"""Files of pairs: each rejection names its line; repeats merge; long texts are refused
+or, with truncate, cut; the held-out split never shares a query with training."""
 
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 
@@ -78,12 +79,59 @@ def test_repeats_merge_and_keep_their_negatives() -> None:
     assert parsed.queries == 2
 
 
-def test_long_texts_are_flagged_by_line_not_refused() -> None:
-    raw = jsonl({"query": "q", "positive": "x" * 30}, {"query": "q" * 31, "positive": "p"})
-    parsed = parse_pairs(raw, max_chars=29)
-    assert len(parsed.pairs) == 2
-    assert parsed.warnings[0].startswith("line 1: positive is 30 characters, over 29")
-    assert parsed.warnings[1].startswith("line 2: query is 31 characters")
+def test_a_text_over_max_chars_is_refused_naming_its_line() -> None:
+    """Today such texts are kept and only flagged in the warnings (a 50 MiB one too)."""
+    ok = {"query": "q", "positive": "p"}
+    for row, name in (
+        ({"query": "q2", "positive": "x" * 30}, "positive"),
+        ({"query": "q" * 31, "positive": "p"}, "query"),
+        ({"query": "q2", "positive": "p", "negative": ["n", "n" * 30]}, "negative"),
+    ):
+        with pytest.raises(InvalidInput) as err:
+            parse_pairs(jsonl(ok, row), max_chars=29)
+        assert err.value.field == "line 2"
+        msg = err.value.message
+        assert msg.startswith(f"line 2 {name} is ") and "over the limit of 29" in msg, msg
+        assert "train_max_chars" in msg and "truncate=true" in msg
+
+
+def test_truncate_cuts_long_texts_and_says_so() -> None:
+    """Today there is no truncate; long texts were kept whole."""
+    raw = jsonl(
+        {"query": "q", "positive": "x" * 30, "negative": "y" * 40},
+        {"query": "q" * 31, "positive": "p"},
+    )
+    parsed = parse_pairs(raw, max_chars=29, truncate=True)
+    assert parsed.pairs == (Pair("q", "x" * 29, ("y" * 29,)), Pair("q" * 29, "p"))
+    assert parsed.warnings == (
+        "line 1: positive was 30 characters; cut to 29 (truncate)",
+        "line 1: negative was 40 characters; cut to 29 (truncate)",
+        "line 2: query was 31 characters; cut to 29 (truncate)",
+    )
+
+
+def test_a_50_mib_line_is_refused_by_its_length_unread() -> None:
+    """Today the file is decoded and split whole and the line parsed (about 200 MiB
+    for a 50 MiB line), then kept; the training child then grew to 5.9 GB."""
+    raw = jsonl({"query": "q", "positive": "p"}) + b'{"query": "q", "positive": "'
+    raw += b"x" * (50 << 20) + b'"}\n'
+    for truncate in (False, True):
+        tracemalloc.start()
+        try:
+            with pytest.raises(InvalidInput) as err:
+                parse_pairs(raw, truncate=truncate, max_line_bytes=1 << 20)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert err.value.field == "line 2"
+        assert "over the limit of 1,048,576 (train_max_line_bytes)" in err.value.message
+        assert peak < 4 << 20, peak  # nothing of the line was copied or decoded
+
+
+def test_a_line_nested_too_deeply_is_a_400() -> None:
+    """Today json.loads raises RecursionError: a 500, not a 400 naming the line."""
+    with pytest.raises(InvalidInput, match="line 1 is nested too deeply"):
+        parse_pairs(b"[" * 200_000 + b"\n")
 
 
 def test_the_split_holds_out_whole_queries() -> None:

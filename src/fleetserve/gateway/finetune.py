@@ -4,7 +4,9 @@
 - ``POST /v1/files``: ``multipart/form-data`` with a ``file`` part and
   ``purpose=fine-tune`` (as OpenAI's clients send it), or the raw JSONL with
   ``Content-Type: application/jsonl`` (``application/x-ndjson``, ``text/plain``) and
-  ``?filename=``. 200 with the file; 413 over ``max_file_bytes``.
+  ``?filename=``. 200 with the file; 413 over ``max_file_bytes``; 400 naming the line
+  of a text over ``train_max_chars``, unless ``truncate=true`` (a form field or in the
+  query) asks to cut such texts to it.
 - ``GET /v1/files``, ``GET /v1/files/{id}``: the caller's files (an admin key's:
   every tenant's files and jobs, as it sees every tenant's adapters).
 - ``POST /v1/fine_tuning/jobs``: a JSON or msgpack job; 200 with it, queued.
@@ -46,7 +48,7 @@ from .upload import Spool, Uploads
 FILES = "/v1/files"
 JOBS = "/v1/fine_tuning/jobs"
 RAW_TYPES = ("application/jsonl", "application/x-ndjson", "application/json-lines", "text/plain")
-FORM_FIELDS = ("file", "purpose")
+FORM_FIELDS = ("file", "purpose", "truncate")
 JOB_BODY_BYTES = 1 << 20  # a job is a small object
 _SLACK = 64 * 1024  # the multipart framing around the file
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
@@ -130,19 +132,23 @@ class FineTuneRoutes:
                 self.max_file_bytes, what="the file", field="file", setting="max_file_bytes"
             )
             try:
+                truncate = _text(query, "truncate")
                 if raw:
                     async for chunk in body_chunks(scope, receive, self.max_file_bytes):
                         await spool.write(chunk)
                     filename, purpose = _text(query, "filename") or "", _text(query, "purpose")
                 else:
                     limit = self.max_file_bytes + _SLACK
-                    filename, purpose = await _form(scope, receive, content_type, limit, spool)
+                    form = await _form(scope, receive, content_type, limit, spool)
+                    filename, purpose, truncate = form[0], form[1], form[2] or truncate
                 await spool.finish()
                 _check_purpose(purpose)
+                cut = _flag(truncate, "truncate")
                 data = await asyncio.to_thread(spool.path.read_bytes)
             finally:
                 spool.discard()
-            return await self.manager.create_file(principal, filename.rsplit("/", 1)[-1], data)
+            name = filename.rsplit("/", 1)[-1]
+            return await self.manager.create_file(principal, name, data, truncate=cut)
 
     async def _jobs(self, principal: Principal, query: dict[str, list[str]]) -> dict[str, Any]:
         rows = [j.to_dict() for j in reversed(await self.manager.jobs(principal))]
@@ -174,12 +180,13 @@ def _check_purpose(purpose: str | None) -> None:
 
 async def _form(
     scope: AsgiScope, receive: Receive, content_type: str, limit: int, spool: Spool
-) -> tuple[str, str | None]:
-    """(filename, purpose) of an upload as OpenAI's clients send it, its file part
-    written to ``spool`` as it arrives."""
+) -> tuple[str, str | None, str | None]:
+    """(filename, purpose, truncate) of an upload as OpenAI's clients send it, its file
+    part written to ``spool`` as it arrives."""
     parser = multipart.StreamParser(content_type)
     filename: str | None = None
     purpose: bytearray | None = None
+    truncate: bytearray | None = None
     part = ""
     async for chunk in body_chunks(scope, receive, limit):
         for event in parser.feed(chunk):
@@ -191,6 +198,8 @@ async def _form(
                     filename = event.filename or ""
                 elif part == "purpose":
                     purpose = bytearray()
+                elif part == "truncate":
+                    truncate = bytearray()
                 else:
                     raise InvalidInput(
                         f"unknown form field {part!r}; accepted: {', '.join(FORM_FIELDS)}",
@@ -199,16 +208,31 @@ async def _form(
             elif isinstance(event, bytes):
                 if part == "file":
                     await spool.write(event)
-                elif purpose is not None and len(purpose) + len(event) <= _SLACK:
+                elif part == "truncate" and truncate is not None and len(truncate) < 16:
+                    truncate += event
+                elif part == "purpose" and purpose is not None:
+                    if len(purpose) + len(event) > _SLACK:
+                        raise InvalidInput("field purpose is too long", field="purpose")
                     purpose += event
                 else:
-                    raise InvalidInput("field purpose is too long", field="purpose")
+                    raise InvalidInput(f"field {part} is too long", field=part)
     parser.close()
     if purpose is None:
         raise InvalidInput(f"field purpose ({PURPOSE!r}) is required", field="purpose")
     if filename is None:
         raise InvalidInput("the upload has no file part (the JSONL of pairs)", field="file")
-    return filename, purpose.decode("utf-8", "replace").strip()
+    said = truncate.decode("utf-8", "replace").strip() if truncate is not None else None
+    return filename, purpose.decode("utf-8", "replace").strip(), said
+
+
+def _flag(value: str | None, name: str) -> bool:
+    """A yes/no parameter: true/false (1/0, yes/no); absent is false."""
+    if value is None:
+        return False
+    said = value.strip().lower()
+    if said not in ("true", "false", "1", "0", "yes", "no"):
+        raise InvalidInput(f"{name} must be true or false, not {value[:20]!r}", field=name)
+    return said in ("true", "1", "yes")
 
 
 async def _body(scope: AsgiScope, receive: Receive) -> Any:

@@ -42,6 +42,7 @@ CANCEL_WAIT = 5.0  # seconds a cancel waits for the trainer to stop a running jo
 class TrainLimits:
     min_pairs: int = 32
     max_chars: int = 2000
+    max_line_bytes: int = 1 << 20
     max_rank: int = 64
     margin: float = 0.01
     validation_fraction: float = 0.2
@@ -51,6 +52,7 @@ class TrainLimits:
         return cls(
             min_pairs=int(settings.train_min_pairs),
             max_chars=int(settings.train_max_chars),
+            max_line_bytes=int(settings.train_max_line_bytes),
             max_rank=int(settings.max_adapter_rank),
             margin=float(settings.train_margin),
             validation_fraction=float(settings.train_validation_fraction),
@@ -79,11 +81,16 @@ class FineTuning:
         self.limits = limits or TrainLimits()
 
     # -- files --------------------------------------------------------------------------
-    async def create_file(self, principal: Principal, filename: str, raw: bytes) -> FileInfo:
+    async def create_file(
+        self, principal: Principal, filename: str, raw: bytes, *, truncate: bool = False
+    ) -> FileInfo:
+        """Check ``raw`` whole and keep its pairs; a text over ``max_chars`` is a 400
+        naming its line, or with ``truncate`` cut to ``max_chars`` (in the warnings)."""
         _can_write(principal)
         parsed = await asyncio.to_thread(
-            parse_pairs, raw, min_pairs=self.limits.min_pairs, max_chars=self.limits.max_chars
-        )
+            parse_pairs, raw, min_pairs=self.limits.min_pairs, max_chars=self.limits.max_chars,
+            truncate=truncate, max_line_bytes=self.limits.max_line_bytes,
+        )  # fmt: skip
         info = FileInfo(
             id=new_id("file"),
             tenant=principal.tenant,
