@@ -116,7 +116,11 @@ class DeadLetters:
             f"delivered {deliveries} times without an ack: the worker died or "
             "overran ack_wait each time"
         )
-        await self.put(raw, reason, deliveries)
+        try:
+            await self.put(raw, reason, deliveries)
+        except Exception as exc:  # the broker is away: it stays in the work stream
+            log.warning("could not dead-letter message %d: %s", seq, exc)
+            return
         await self.answer(raw, InternalError("the request failed on every worker that took it"))
         try:
             await self.js.delete_msg(self.options.stream, seq)
