@@ -107,7 +107,7 @@ async def test_s3_away_is_unavailable_and_logged_in_full(
     500 to the caller. Now a 503 naming the failure's kind only; the log has the text
     and the request it failed."""
     store, port = _s3_away()
-    with caplog.at_level(logging.WARNING, logger="fleetserve.lora.store"):
+    with caplog.at_level(logging.WARNING, logger="fleetserve.storage"):
         for i, call in enumerate(
             (
                 lambda: store.keys("default/a"),
@@ -147,7 +147,7 @@ def test_the_gateway_answers_503_without_the_store_internals(
         assert srv.server is not None and srv.server.adapters is not None
         store, port = _s3_away()
         srv.server.adapters.registry.store = store
-        with caplog.at_level(logging.WARNING, logger="fleetserve.lora.store"):
+        with caplog.at_level(logging.WARNING, logger="fleetserve.storage"):
             r = httpx.get(
                 f"{srv.url}/v1/adapters", headers={"x-request-id": "list-while-away"}, timeout=30
             )

@@ -23,23 +23,18 @@ import contextlib
 import errno
 import hashlib
 import json
-import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..logs.context import current_request_id
 from ..storage import FileStore, MemoryStore, PayloadMissing, PayloadStore, check_key, open_store
-from ..wire import Unavailable
+from ..storage.outage import unreachable
 
 DISTRIBUTED_DEFAULT = "nats://fleetserve-adapters"
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
-
-log = logging.getLogger("fleetserve.lora.store")
 
 
 class AdapterStore:
@@ -57,7 +52,7 @@ class AdapterStore:
         return f"AdapterStore({self.store!r})"
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return _unreachable(self._kind, self.url)
+        return unreachable("adapter store", self._kind, self.url)
 
     async def put(self, key: str, data: bytes) -> None:
         with self._guard():
@@ -134,75 +129,6 @@ class AdapterStore:
             if self._kind == "nats":
                 return await _nats_create(self.store, key, data)
             return bool(await self.store.create(key, data))  # type: ignore[attr-defined]
-
-
-@contextlib.contextmanager
-def _unreachable(kind: str, url: str) -> Iterator[None]:
-    """The store away or failing (S3 or NATS unreachable, a file system error) is a 503
-    the client retries, not a 500 (a soak's nats-server restart found it). The caller
-    is told which kind of failure, never its text: an S3 client's names the hosts it
-    tried (the endpoint, the cloud's metadata address). The log has it all, with the
-    request it failed."""
-    try:
-        yield
-    except Exception as exc:
-        if not _is_outage(kind, exc):
-            raise
-        log.warning(
-            "the adapter store %s failed (request %s): %s: %s",
-            url,
-            current_request_id(),
-            type(exc).__name__,
-            exc,
-            exc_info=exc,
-        )
-        raise Unavailable(
-            f"the adapter store is unreachable ({type(exc).__name__}); retry", retry_after=1.0
-        ) from None
-
-
-def _is_outage(kind: str, exc: Exception) -> bool:
-    """Whether ``exc`` from a store of ``kind`` says the store failed, rather than
-    something a caller handles (a missing key, a create that lost its race)."""
-    if isinstance(exc, FileNotFoundError | FileExistsError | PayloadMissing):
-        return False
-    if kind == "nats":
-        return isinstance(exc, _nats_outages())
-    if kind == "s3":
-        from obstore.exceptions import (
-            AlreadyExistsError,
-            BaseError,
-            NotFoundError,
-            NotModifiedError,
-            PreconditionError,
-        )
-
-        handled = (AlreadyExistsError, NotFoundError, NotModifiedError, PreconditionError)
-        return isinstance(exc, BaseError | OSError) and not isinstance(exc, handled)
-    return kind == "file" and isinstance(exc, OSError)
-
-
-def _nats_outages() -> tuple[type[Exception], ...]:
-    """NATS briefly away: a restart, a reconnect, JetStream not yet up."""
-    from nats.errors import (
-        ConnectionClosedError,
-        ConnectionReconnectingError,
-        NoRespondersError,
-        NoServersError,
-        StaleConnectionError,
-    )
-    from nats.errors import TimeoutError as NatsTimeout
-    from nats.js.errors import ServiceUnavailableError
-
-    return (
-        ConnectionClosedError,
-        ConnectionReconnectingError,
-        NoRespondersError,
-        NoServersError,
-        StaleConnectionError,
-        NatsTimeout,
-        ServiceUnavailableError,
-    )
 
 
 def _kind_of(store: PayloadStore) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, NoReturn
 
 from .base import PayloadStore, check_key
+from .outage import kind_of, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +93,15 @@ class Offload:
         if not self.needed(len(data)):
             return None
         key = new_key(request_id, kind)
-        await self.store.put(key, data)
+        with unreachable("payload store", kind_of(self.store), self.store.url):
+            await self.store.put(key, data)  # away: a 503 without the store's text
         return key
 
     async def load(self, key: str) -> bytes:
-        """The payload; raises :class:`~fleetserve.storage.base.PayloadMissing`."""
-        return await self.store.get(key)
+        """The payload; raises :class:`~fleetserve.storage.base.PayloadMissing`, or
+        ``Unavailable`` if the store is away."""
+        with unreachable("payload store", kind_of(self.store), self.store.url):
+            return await self.store.get(key)
 
     async def discard(self, request_id: str) -> None:
         """Delete the request's body and result, if stored. Never raises on a store
