@@ -120,6 +120,23 @@ async def test_a_restarted_server_takes_up_a_killed_ones_job(tmp_path: Path) -> 
     assert (await messages(restarted, job))[-1] == "the server restarted; job queued again"
 
 
+async def test_a_job_lost_while_queued_is_not_trained_by_its_first_server(
+    tmp_path: Path,
+) -> None:
+    """A queued its job, then went a ttl without renewing (frozen); B took it up. A's
+    queue no longer hands it out. Fails on the code before: no leases.py."""
+    clock = Clock()
+    a, b = server(tmp_path, clock), server(tmp_path, clock)
+    f = await a.manager.create_file(ACME, "a.jsonl", pairs())
+    job = await a.manager.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    clock.now += TTL
+    assert await b.queue.take_up(await b.queue._stale()) == 1  # type: ignore[attr-defined]
+    assert await a.queue.leases.renew() == [JobRef("acme", job.id)]  # type: ignore[attr-defined]
+    assert await a.queue.take(0.01) is None
+    lease = await b.queue.take(0.1)
+    assert lease is not None and lease.ref.job_id == job.id
+
+
 async def test_of_many_claimants_of_a_stale_lease_one_wins(tmp_path: Path) -> None:
     """Fails on the code before: nothing claimed a job (no leases.py)."""
     clock = Clock()
