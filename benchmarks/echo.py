@@ -37,3 +37,16 @@ def _starlette() -> Any:
 
 
 starlette_app = _starlette()
+
+
+def _limited_httptools() -> Any:
+    """fleetserve's bounded httptools protocol with its default limits, for
+    ``uvicorn --http benchmarks.echo:limited_httptools`` (http_limits.py)."""
+    from fleetserve.http_limits import protocol_class
+    from fleetserve.settings import Settings
+
+    settings = Settings()
+    return protocol_class(settings, settings.retry_after)
+
+
+limited_httptools = _limited_httptools()

@@ -25,6 +25,19 @@ from .targets import HttpTarget, InProcess, InProcessRuntime, fleetserve_target,
 
 REAL = "sentence-transformers/all-MiniLM-L6-v2"
 JSON_HEADERS = {"content-type": "application/json"}
+# --http-limits: the same server with every HTTP limit off (http_limits.enabled: False)
+UNLIMITED = "fleetserve-no-http-limits"
+NO_HTTP_LIMITS = [
+    f"--http-{name}=0"
+    for name in (
+        "max-header-bytes",
+        "max-headers",
+        "max-url-bytes",
+        "header-timeout",
+        "body-timeout",
+        "max-connections",
+    )
+]
 
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
@@ -44,6 +57,12 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
         help="sentences: --tokens each; mix: real text of 8-256 tokens (zaragoza corpus)",
     )
     p.add_argument("--no-infinity", action="store_true")
+    p.add_argument(
+        "--http-limits",
+        action="store_true",
+        help="also run fleetserve with every HTTP limit off (plain httptools, as before "
+        "issue 22), interleaved with the limited one, and report what the limits cost",
+    )
     p.add_argument("--fleetserve-args", default="", help="extra flags for fleetserve serve")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--catalog", default="", help="extra catalog directory (also passed to serve)")
@@ -95,6 +114,8 @@ def main(argv: Sequence[str] = ()) -> int:
 
     extra = args.fleetserve_args.split() + (["--catalog", args.catalog] if args.catalog else [])
     servers: list[HttpTarget] = [fleetserve_target(REAL, extra or None)]
+    if args.http_limits:
+        servers.append(fleetserve_target(REAL, extra + NO_HTTP_LIMITS, UNLIMITED))
     venv = Path(args.infinity_venv)
     if not args.no_infinity:
         if (venv / "bin" / "infinity_emb").exists():
@@ -118,7 +139,7 @@ def main(argv: Sequence[str] = ()) -> int:
                     _inproc_throughput(ip, texts, lengths, args.batch)
                 )
                 lat.setdefault(ip.name, []).append(_inproc_latency(ip, texts, args.duration / 2))
-            for s in servers:
+            for s in servers if r % 2 == 0 else servers[::-1]:  # ABBA: no order bias
                 res = _load(s, texts, args.concurrency, args.batch, tokens, args.duration)
                 sat.setdefault(s.name, []).append(res.tokens_per_s)
                 lat.setdefault(s.name, []).append(_latency(s, texts, tokens, args.duration / 2))
@@ -137,6 +158,8 @@ def main(argv: Sequence[str] = ()) -> int:
 
     rows = _rows(sat, lat, quality)
     console.print(table(rows, "saturation throughput and low-load latency (medians)"))
+    if args.http_limits:
+        console.print(_limits_cost(sat))
     header = (
         f"Machine: {machine()}. Workload: {what}. {args.rounds} interleaved rounds, "
         f"medians; saturation = {args.concurrency} clients x {args.batch} texts/request; "
@@ -147,6 +170,17 @@ def main(argv: Sequence[str] = ()) -> int:
     plot(knee, rows, out / "embed.png")
     save(out, {"rows": rows, "knee": knee, "machine": machine(), "args": vars(args)}, md, console)
     return 0
+
+
+def _limits_cost(sat: dict[str, list[float]]) -> str:
+    """The HTTP limits' cost: fleetserve's throughput against the same server without
+    them, per interleaved round and of the medians."""
+    rounds = [f"{1 - a / b:+.1%}" for a, b in zip(sat["fleetserve"], sat[UNLIMITED], strict=True)]
+    med = 1 - statistics.median(sat["fleetserve"]) / statistics.median(sat[UNLIMITED])
+    return (
+        f"HTTP limits cost {med:+.2%} of saturation throughput (medians; per round: "
+        f"{', '.join(rounds)}; negative: the limited server was faster)"
+    )
 
 
 def _min_cos(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:

@@ -50,6 +50,10 @@ def _uvicorn(app: str, http: str, loop: str) -> list[str]:
 STACKS = {
     "uvicorn+httptools+uvloop, raw ASGI": _uvicorn("raw_app", "httptools", "uvloop"),
     "uvicorn+httptools+uvloop, starlette": _uvicorn("starlette_app", "httptools", "uvloop"),
+    # fleetserve's own protocol: httptools with its HTTP limits (http_limits.py), as served
+    "uvicorn+bounded httptools+uvloop, raw ASGI": _uvicorn(
+        "raw_app", f"{APP}:limited_httptools", "uvloop"
+    ),
     "uvicorn+h11+asyncio, raw ASGI": _uvicorn("raw_app", "h11", "asyncio"),
     "granian (1 worker, uvloop), raw ASGI": [
         sys.executable,
@@ -75,12 +79,15 @@ def main(argv: Sequence[str] = ()) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--only", default="", help="only the stacks whose name contains this")
     args = p.parse_args(list(argv))
     console = Console()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     targets = []
     for name, argv_ in STACKS.items():
+        if args.only not in name:
+            continue
         t = HttpTarget(
             name=name,
             argv=argv_,
@@ -100,8 +107,8 @@ def main(argv: Sequence[str] = ()) -> int:
     body = b'{"input": "' + b"x" * 300 + b'"}'
     hdrs = {"content-type": "application/json"}
     try:
-        for _ in range(args.rounds):
-            for t in targets:
+        for r in range(args.rounds):
+            for t in targets if r % 2 == 0 else targets[::-1]:  # ABBA: no order bias
                 one = asyncio.run(
                     run_load(
                         t.url,

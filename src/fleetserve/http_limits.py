@@ -77,17 +77,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.url, self.headers = b"", []  # as if a head had begun: the checks read them
         self._phase: int | None = _HEAD
         self._deadline = math.inf
         self._watch: asyncio.TimerHandle | None = None
         self._refused = False
         self._head_got = False  # whether the open head has had a byte yet
         self._head_bytes = 0  # bytes of the open head seen in earlier chunks
-        self._head_known = 0  # head bytes counted from its target and fields
-        self._fields = 0
         self._held = False  # whether the app held the body back at the last check
-        self._began = False  # whether a head began in the chunk being parsed
-        self._before = 0  # bytes of that chunk known to precede the open head
+        self._chunk = 0  # the length of the chunk being parsed
+        self._began = False  # whether a head began in it
+        self._before = 0  # its bytes known to precede the open head
 
     # -- the connection -------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -121,7 +121,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._phase is None:
             self._start_head()
         self._head_got = True
-        self._began, self._before = False, 0
+        self._chunk, self._began, self._before = len(data), False, 0
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -140,19 +140,27 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
             return
         if self._phase == _HEAD and not self.transport.is_closing():
-            # the open head's bytes in this chunk: all of it, or what followed the
-            # requests and bodies that completed in it
+            # a head still open: its bytes in this chunk are all of it, or what followed
+            # the requests and bodies that completed in it
             self._head_bytes += len(data) - self._before if self._began else len(data)
-            most = self.limits.http_max_header_bytes
-            if most and self._head_bytes > most:
-                self._reject(_too_large(most))
+            rejected = self._head_error(self._head_bytes)
+            if rejected is not None:
+                self._reject(rejected)
 
     def _reject(self, reject: _Reject) -> None:
+        self._drop_head()
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             self.transport.close()  # a pipelined request: no answer amid another's
         else:
             self._answer(reject.status, reject.error)
+
+    def _drop_head(self) -> None:
+        """Let the open head go now: the loop may reach this connection's close only
+        after parsing many others (their heads all held meanwhile)."""
+        self.headers.clear()
+        self.url = b""
+        self.parser = None  # type: ignore[assignment]
 
     def _invalid(self) -> None:
         msg = "Invalid HTTP request received."
@@ -167,47 +175,49 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._head_got = True
         self._began = True
         self._head_bytes = 0
-        self._head_known = _LINE
-        self._fields = 0
-
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        self._head_known += len(url)
-        most = self.limits.http_max_url_bytes
-        if most and len(self.url) > most:
-            raise _Reject(
-                414,
-                PayloadTooLarge(
-                    f"the request target is longer than {most} bytes "
-                    "(FLEETSERVE_HTTP_MAX_URL_BYTES)",
-                    field="url",
-                ),
-            )
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields += 1
-        self._head_known += len(name) + len(value) + _FIELD
-        most = self.limits.http_max_headers
-        if most and self._fields > most:
-            raise _Reject(
-                431,
-                PayloadTooLarge(
-                    f"the request has more than {most} header fields (FLEETSERVE_HTTP_MAX_HEADERS)",
-                    field="headers",
-                ),
-            )
-        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         most = self.limits.http_max_header_bytes
-        if most and self._head_known > most:
-            raise _too_large(most)
-        # this head's bytes in the chunk precede any head that opens after it
-        self._before += max(0, self._head_known - self._head_bytes)
+        if most and self._head_bytes + self._chunk > most:  # it may be too large: count
+            size = _LINE + len(self.url) + sum(len(n) + len(v) + _FIELD for n, v in self.headers)
+            # this head's bytes in the chunk precede any head that opens after it
+            self._before += max(0, size - self._head_bytes)
+        else:
+            size = 0
+        error = self._head_error(size)
+        if error is not None:
+            raise error
         self._phase = _BODY
         self._held = False
         self._arm(self.limits.http_body_timeout)
         super().on_headers_complete()
+
+    def _head_error(self, size: int) -> _Reject | None:
+        """What to answer if the open head's ``size`` in bytes, its target or its
+        fields are over their limits; None if none is."""
+        limits = self.limits
+        error: _Reject | None = None
+        if limits.http_max_header_bytes and size > limits.http_max_header_bytes:
+            error = _too_large(limits.http_max_header_bytes)
+        elif limits.http_max_url_bytes and len(self.url) > limits.http_max_url_bytes:
+            error = _Reject(
+                414,
+                PayloadTooLarge(
+                    f"the request target is longer than {limits.http_max_url_bytes} bytes "
+                    "(FLEETSERVE_HTTP_MAX_URL_BYTES)",
+                    field="url",
+                ),
+            )
+        elif limits.http_max_headers and len(self.headers) > limits.http_max_headers:
+            error = _Reject(
+                431,
+                PayloadTooLarge(
+                    f"the request has more than {limits.http_max_headers} header fields "
+                    "(FLEETSERVE_HTTP_MAX_HEADERS)",
+                    field="headers",
+                ),
+            )
+        return error
 
     def on_body(self, body: bytes) -> None:
         self._before += len(body)
@@ -259,6 +269,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             elif not self._head_got:
                 self.transport.close()
             else:
+                self._drop_head()
                 secs = self.limits.http_header_timeout
                 self._answer(
                     408,
