@@ -24,7 +24,7 @@ from fleetserve.lora.store import AdapterStore
 from fleetserve.storage import FileStore, PayloadMissing
 from fleetserve.storage.s3 import S3Store
 from fleetserve.wire import Unavailable
-from tests.conftest import ServerThread, tiny_settings
+from tests.conftest import TINY, ServerThread, tiny_settings
 from tests.lora.test_serving import upload
 from tests.tiny_lora import make_lora
 
@@ -145,14 +145,21 @@ def test_the_gateway_answers_503_without_the_store_internals(
     srv = ServerThread(settings).start()
     try:
         assert srv.server is not None and srv.server.adapters is not None
+        lora = make_lora(tiny_catalog.parent / "model", tmp_path / "lora", seed=1)
+        aid = upload(srv.url, lora, "before").json()["id"]  # known, never fetched yet
         store, port = _s3_away()
         srv.server.adapters.registry.store = store
         with caplog.at_level(logging.WARNING, logger="fleetserve.storage"):
             r = httpx.get(
                 f"{srv.url}/v1/adapters", headers={"x-request-id": "list-while-away"}, timeout=30
             )
-            lora = make_lora(tiny_catalog.parent / "model", tmp_path / "lora", seed=1)
             up = upload(srv.url, lora, "n", **{"x-request-id": "upload-while-away"})
+            call = httpx.post(
+                f"{srv.url}/v1/encode/{TINY}",
+                json={"inputs": ["x"], "adapter": aid},
+                headers={"x-request-id": "call-while-away"},
+                timeout=30,
+            )
         assert r.status_code == 503, r.text
         assert r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "unavailable"
@@ -161,5 +168,8 @@ def test_the_gateway_answers_503_without_the_store_internals(
         assert up.status_code == 503, up.text
         _no_internals(up.json()["error"]["message"], port)
         assert "upload-while-away" in caplog.text
+        assert call.status_code == 503, call.text  # its files are fetched on first use
+        _no_internals(call.json()["error"]["message"], port)
+        assert "call-while-away" in caplog.text
     finally:
         srv.stop()
