@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 
+from .bounds import json_too_deep, msgpack_too_deep
 from .errors import InvalidInput, UnsupportedMediaType
 from .types import Encoding
 
@@ -22,6 +23,7 @@ _json_enc = msgspec.json.Encoder()
 _msgpack_any = msgspec.msgpack.Decoder()
 _json_any = msgspec.json.Decoder()
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
+MAX_DEPTH = 64  # the max_nesting_depth setting's default
 
 
 def encoding_of(content_type: str | None, *, default: Encoding = Encoding.JSON) -> Encoding:
@@ -59,16 +61,42 @@ def dumps(obj: Any, encoding: Encoding) -> bytes:
     return enc.encode(obj)
 
 
-def loads(data: bytes, encoding: Encoding) -> Any:
+def check_depth(data: bytes, encoding: Encoding, max_depth: int = MAX_DEPTH) -> None:
+    """400 when ``data`` nests arrays and objects deeper than ``max_depth``; a bounded
+    scan that decodes nothing (:mod:`.bounds`). ``max_depth`` 0: no check."""
+    if max_depth <= 0:
+        return
+    deep = msgpack_too_deep if encoding is Encoding.MSGPACK else json_too_deep
+    if deep(data, max_depth):
+        raise too_deep(encoding, max_depth)
+
+
+def too_deep(encoding: Encoding, max_depth: int | None) -> InvalidInput:
+    limit = f"more than {max_depth} deep (max_nesting_depth)" if max_depth else "too deeply"
+    return InvalidInput(
+        f"malformed {encoding.name.lower()} body: arrays and objects nested {limit}",
+        field="body",
+    )
+
+
+def loads(data: bytes, encoding: Encoding, *, max_depth: int = MAX_DEPTH) -> Any:
+    """Decode a whole body to plain values; 400 for one malformed or nested deeper than
+    ``max_depth`` (checked before decoding). Every body the gateway decodes goes here or
+    through :class:`TypedDecoder`."""
+    check_depth(data, encoding, max_depth)
     try:
         dec = _msgpack_any if encoding is Encoding.MSGPACK else _json_any
         return dec.decode(data)
     except msgspec.DecodeError as exc:
         raise InvalidInput(f"malformed {encoding.name.lower()} body: {exc}", field="body") from None
+    except RecursionError:  # deeper than the interpreter allows (max_depth 0)
+        raise too_deep(encoding, None) from None
 
 
 class TypedDecoder:
-    """Decode a body straight into a typed struct, with errors that name the field."""
+    """Decode a body straight into a typed struct, with errors that name the field; a
+    body nested past the interpreter's recursion limit is a 400 too (callers that take
+    bodies from clients run :func:`check_depth` first for the configured limit)."""
 
     def __init__(self, typ: type[T]) -> None:
         self._typ = typ
@@ -93,6 +121,8 @@ class TypedDecoder:
         except msgspec.DecodeError as exc:
             kind = encoding.name.lower()
             raise InvalidInput(f"malformed {kind} body: {exc}", field="body") from None
+        except RecursionError:
+            raise too_deep(encoding, None) from None
 
 
 def array_to_wire(arr: np.ndarray[Any, Any]) -> dict[str, Any]:
