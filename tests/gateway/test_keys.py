@@ -549,6 +549,10 @@ def test_server_refuses_without_a_valid_key(keys_server: ServerThread) -> None:
     assert httpx.get(keys_server.url + "/v1/models").status_code == 401
     assert httpx.get(keys_server.url + "/healthz").status_code == 200
     assert httpx.get(keys_server.url + "/readyz").status_code == 200
+    assert httpx.get(keys_server.url + "/metrics").status_code == 401
+    assert httpx.get(keys_server.url + "/openapi.json").status_code == 401
+    scraped = httpx.get(keys_server.url + "/metrics", headers=bearer(ADMIN_KEY))
+    assert scraped.status_code == 200 and "fleetserve_" in scraped.text
 
 
 def test_server_serves_a_valid_key_under_its_tenant(
