@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 from .catalog.sources import is_present
 from .gateway import Gateway
 from .gateway.auth import Authenticator
+from .gateway.request_limits import RequestLimits
 from .lifecycle import Service, run_process
 from .logs.summary import ready_summary
 from .metrics import Metrics
@@ -120,6 +121,7 @@ class EmbeddedServer(Service):
                         "max_batch_size": r.profile.max_batch_size,
                         "max_seq_len": spec.max_seq_len,
                         "request_timeout_s": self.settings.request_timeout,
+                        **RequestLimits.from_settings(self.settings).advertised(),
                     },
                 }
             )

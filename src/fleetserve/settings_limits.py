@@ -76,6 +76,34 @@ class Limits:
         groups="gateway",
     )  # fmt: skip
 
+    # -- request parsing (wire/bounds.py, gateway/request_limits.py): bodies and deadlines -
+    max_nesting_depth: int = setting(
+        64, "Deepest nesting of arrays and objects in a JSON or msgpack body; deeper: 400.",
+        groups="gateway",
+    )  # fmt: skip
+    max_items: int = setting(
+        2048, "Most inputs (texts, documents, items, messages) in one inference request; "
+        "more: 413 naming max_items (GET /v1/models advertises it; the SDK chunks within).",
+        groups="gateway",
+    )  # fmt: skip
+    max_item_bytes: int = setting(
+        1024 * 1024, "Largest single input (a text, document, image, query or prompt) as "
+        "encoded in the body (bytes); larger: 413 naming max_item_bytes.",
+        groups="gateway",
+    )  # fmt: skip
+    request_memory: str = setting(
+        "512MiB", "Memory for the requests in flight, apart from --memory-budget: each "
+        "request reserves its body's bytes times 4 before anything decodes it; a full "
+        "budget answers 503 (Retry-After), a request larger than it alone 413. Bytes or a "
+        "size (256MiB); 0: no budget.",
+        groups="gateway",
+    )  # fmt: skip
+    max_request_timeout: float = setting(
+        3600.0, "Longest deadline X-Request-Timeout may ask (seconds); a longer ask is cut "
+        "to it. Not finite or not positive: 400. 0: no cap.",
+        groups="gateway",
+    )  # fmt: skip
+
     # -- the broker (queue/js_health.py): JetStream refusing writes ---------------------
     queue_probe_interval: float = setting(
         2.0, "Seconds between write probes of the JetStream work stream (every second "

@@ -209,3 +209,19 @@ async def test_async_client_chunks_and_sends_priority() -> None:
     assert scores == [0.0, 1.0, 2.0]
     posts = [r for r in echo.requests if r.method == "POST"]
     assert [r.headers["x-priority"] for r in posts] == ["batch"] * 3 + ["interactive"]
+
+
+def test_chunks_stay_within_the_advertised_max_items() -> None:
+    """Before, the SDK read no max_items: with a large batch size it sent chunks of 200
+    items to a server that takes 7 (each a 413)."""
+    assert plan([1] * 20, Limits(10**6, 10**6, 100, 512, max_items=7), 0, 0) == [
+        (0, 7),
+        (7, 14),
+        (14, 20),
+    ]
+    limits = {"max_batch_size": 100, "max_body_bytes": 1 << 20, "max_items": 7}
+    echo = Echo({"data": [{"id": "m", "limits": limits}]})
+    with client(echo) as c:
+        emb = c.encode("m", TEXTS)
+    np.testing.assert_array_equal(emb[:, 0], np.arange(300))
+    assert max(len(b["inputs"]) for b in echo.bodies()) == 7

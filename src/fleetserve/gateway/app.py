@@ -44,8 +44,10 @@ from .auth import Authenticator, PrincipalApp, require
 from .calls import AdapterCalls
 from .disconnect import Watched
 from .errors import body_response, crashed, error_response, stamped
-from .http import Receive, Scope, Send, header, read_body, respond
+from .http import Receive, Scope, Send, declared_length, header, read_body, respond
 from .keepalive import Grant, KeepAlives, released_model
+from .request_limits import RequestLimits
+from .request_memory import RequestMemory
 from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests read it)
 from .routes import PATH_MODEL_ROUTES as _PATH_MODEL_ROUTES  # noqa: F401
 from .routes import inference_route, is_adapters, sse_error
@@ -109,6 +111,9 @@ class Gateway:
         log.info(self.auth.describe())
         auth = None if self.auth.is_open else self._authorize
         self.dashboard = Dashboard.from_settings(settings, authorize=auth)
+        # inference bodies: nesting, items and request memory, before anything decodes them
+        self.request_limits = RequestLimits.from_settings(settings)
+        self.request_memory = RequestMemory.from_settings(settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -228,11 +233,15 @@ class Gateway:
         access = _access(scope)
         access.tenant = principal.tenant
         grant: Grant | None = None  # what its X-Keep-Alive got
+        held = self.request_memory.reservation()  # given back once the reply is in
         try:
             content_type = encoding_of(header(scope, b"content-type"))
             accept = accept_of(header(scope, b"accept"), content_type)
+            held.grow(declared_length(scope, self.settings.max_body_bytes) or 0)
             body = await read_body(scope, receive, self.settings.max_body_bytes)
             access.bytes_in = len(body)
+            held.grow(len(body))  # a body with no Content-Length: now it is known
+            await self.request_limits.check(body, content_type, task)
             stream = False
             route_model = model is not None  # native routes: an adapter may be a body field
             if model is None:
@@ -261,7 +270,11 @@ class Gateway:
                 if task in (Task.CHAT, Task.GENERATE)
                 else self.settings.request_timeout
             )
-            timeout = env_mod.parse_timeout(header(scope, b"x-request-timeout"), default)
+            timeout = env_mod.parse_timeout(
+                header(scope, b"x-request-timeout"),
+                default,
+                float(getattr(self.settings, "max_request_timeout", 0.0)),
+            )
             asked = env_mod.parse_keep_alive(header(scope, b"x-keep-alive"))
             if asked is not None:
                 grant = self.keep_alives.grant(
@@ -311,6 +324,8 @@ class Gateway:
             self._count(route, model, InternalError.code)
             await crashed(send, access, accept)  # a 500 (a stream: on its access line)
             return
+        finally:
+            held.release()
         total = time.perf_counter() - t0
         self.metrics.stage_latency.labels(model, "total").observe(total)
         self.dashboard.observe(model, total)  # the fleet view's throughput and latency

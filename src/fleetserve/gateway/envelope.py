@@ -39,9 +39,13 @@ def stream_flag(body: bytes, encoding: Encoding) -> bool:
     return bool(_STREAM_ONLY.decode(body, encoding).stream)
 
 
-def parse_timeout(raw: str | None, default: float) -> float:
+def parse_timeout(raw: str | None, default: float, maximum: float = 0.0) -> float:
+    """The ``X-Request-Timeout`` header in seconds (absent: ``default``). Not a number,
+    not finite or not positive: 400; above ``maximum`` (the ``max_request_timeout``
+    setting; 0: none) it is cut to ``maximum``, as the default is."""
+    cap = maximum if maximum > 0 else float("inf")
     if raw is None:
-        return default
+        return min(default, cap)
     try:
         value = float(raw)
     except ValueError:
@@ -49,9 +53,14 @@ def parse_timeout(raw: str | None, default: float) -> float:
             f"X-Request-Timeout must be seconds as a number, not {raw!r}",
             field="x-request-timeout",
         ) from None
-    if not value > 0 or value != value or value == float("inf"):
+    if value != value or value in (float("inf"), float("-inf")):
+        raise InvalidInput(
+            f"X-Request-Timeout must be a finite number of seconds, not {raw!r}",
+            field="x-request-timeout",
+        )
+    if not value > 0:
         raise InvalidInput("X-Request-Timeout must be positive", field="x-request-timeout")
-    return value
+    return min(value, cap)
 
 
 # a request that claims interactive is served so only up to this many times the

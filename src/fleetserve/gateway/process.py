@@ -27,6 +27,7 @@ from ..storage import sweep_forever
 from ..tracing import open_tracer
 from .app import Gateway
 from .auth import Authenticator
+from .request_limits import RequestLimits
 
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
@@ -80,6 +81,7 @@ class GatewayProcess(Service):
                         "max_body_bytes": self.settings.max_body_bytes,
                         "max_seq_len": spec.max_seq_len,
                         "request_timeout_s": self.settings.request_timeout,
+                        **RequestLimits.from_settings(self.settings).advertised(),
                     },
                 }
             )

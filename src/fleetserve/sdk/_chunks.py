@@ -4,8 +4,9 @@ and a failed chunk's error with its item index in the whole list.
 A call of at most ``SMALL_ITEMS`` items and ``SMALL_BYTES`` bytes goes as one request,
 with no look-up. A longer one is cut into chunks of whole items, each at most
 ``BODY_SHARE`` of the server's ``max_body_bytes`` and ``BATCHES`` batches' worth of
-the model's ``max_batch_tokens`` (estimated) and ``max_batch_size``, so that each is
-served well within its deadline.
+the model's ``max_batch_tokens`` (estimated) and ``max_batch_size``, and never more
+than the server's ``max_items`` items, so that each is served well within its deadline
+(an item over ``max_item_bytes`` goes alone and gets the server's 413 naming it).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Limits:
     max_batch_tokens: int = 2048
     max_batch_size: int = 64
     max_seq_len: int = 512
+    max_items: int = 2048
 
     @classmethod
     def from_info(cls, info: Any) -> Limits:
@@ -94,7 +96,7 @@ def plan(sizes: Sequence[int], limits: Limits, base_bytes: int, extra_tokens: in
     along (the query, for scoring)."""
     max_bytes = max(1, int(limits.max_body_bytes * BODY_SHARE) - base_bytes)
     max_tokens = BATCHES * limits.max_batch_tokens
-    max_items = BATCHES * limits.max_batch_size
+    max_items = min(BATCHES * limits.max_batch_size, limits.max_items)
     spans: list[Span] = []
     start = used_bytes = used_tokens = 0
     for i, size in enumerate(sizes):

@@ -1,0 +1,81 @@
+"""The memory requests in flight hold, reserved against a budget of its own
+(``request_memory``) before a body is read or decoded.
+
+A request reserves its body's bytes times :data:`FACTOR` (the body, its copy in the
+queue and what decoding and tokenizing its items build), from its Content-Length
+before the body arrives, else from the body it read, and gives it back when its reply
+is sent. The models' budget (``--memory-budget``) does not count requests, so the
+process stays within that budget plus this one. A full budget is a 503 with
+Retry-After (others' requests will finish); a request that alone exceeds it a 413.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..fleet.memory import parse_size
+from ..wire import PayloadTooLarge, Unavailable
+
+FACTOR = 4  # bytes held per body byte while a request is in flight (see the module doc)
+
+
+class RequestMemory:
+    """Reservations against ``budget`` bytes (0: no budget, nothing is refused)."""
+
+    def __init__(self, budget: int, *, retry_after: float = 1.0, factor: int = FACTOR) -> None:
+        self.budget = budget
+        self.factor = factor
+        self.retry_after = retry_after
+        self.held = 0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> RequestMemory:
+        raw = str(getattr(settings, "request_memory", "0")).strip()
+        try:
+            budget = 0 if raw in ("", "0") else parse_size(raw, limit=0)
+        except ValueError:
+            raise ValueError(
+                f"--request-memory: cannot use {raw!r}; give bytes or a size such as 256MiB, or 0"
+            ) from None
+        return cls(budget, retry_after=float(getattr(settings, "retry_after", 1.0)))
+
+    def reservation(self) -> Reservation:
+        """An empty reservation: :meth:`Reservation.grow` takes, ``release`` gives back."""
+        return Reservation(self)
+
+    def _take(self, body_bytes: int, extra: int, held: int) -> None:
+        if self.budget and extra:
+            if held + extra > self.budget:
+                raise PayloadTooLarge(
+                    f"a body of {body_bytes} bytes needs {held + extra} bytes of request "
+                    f"memory, more than this server's budget of {self.budget} (request_memory)",
+                    field="body",
+                )
+            if self.held + extra > self.budget:
+                raise Unavailable(
+                    f"request memory is full ({self.held} of {self.budget} bytes held by "
+                    "requests in flight; request_memory): retry shortly",
+                    retry_after=self.retry_after,
+                )
+        self.held += extra
+
+
+class Reservation:
+    """What one request holds of a :class:`RequestMemory`."""
+
+    def __init__(self, memory: RequestMemory) -> None:
+        self.memory = memory
+        self.bytes = 0
+
+    def grow(self, body_bytes: int) -> None:
+        """Hold enough for a body of ``body_bytes`` (413 or 503 when it cannot)."""
+        extra = max(0, body_bytes * self.memory.factor - self.bytes)
+        self.memory._take(body_bytes, extra, self.bytes)
+        self.bytes += extra
+
+    def release(self) -> None:
+        self.memory.held -= self.bytes
+        self.bytes = 0
+
+
+__all__ = ["FACTOR", "RequestMemory", "Reservation"]
