@@ -23,9 +23,10 @@ from .catalog import Catalog
 from .lora.jobs.leases import LeasedJobQueue, StoreLeases, requeue
 from .lora.jobs.manager import FineTuning, TrainLimits
 from .lora.jobs.queue import JobQueue, MemoryJobQueue
-from .lora.jobs.runner import JobRunner, TrainBase
+from .lora.jobs.runner import JobRunner, Train, TrainBase
 from .lora.jobs.store import JobStore
 from .lora.registry import AdapterRegistry
+from .lora.train import TrainResult, TrainSpec, train_in_child
 from .settings import Settings
 from .wire import InvalidInput, ModelNotFound
 
@@ -94,7 +95,37 @@ def job_runner(
         max_attempts=settings.train_max_attempts,
         price_per_hour=settings.train_price_per_hour,
         node=node,
+        train=limited_trainer(memory_limit(settings)),
     )
+
+
+def memory_limit(settings: Settings) -> int:
+    """``train_memory_limit`` in bytes (0: none): a size, or a percent of the machine's
+    memory (its cgroup's limit when lower); a ``ValueError`` at start for anything else."""
+    from .catalog.hardware import memory_source
+    from .fleet.memory import parse_size
+
+    text = str(settings.train_memory_limit).strip()
+    if text.lower() in ("", "0", "off", "none"):
+        return 0
+    try:
+        return parse_size(text, limit=memory_source()[0])
+    except ValueError:
+        raise ValueError(
+            f"--train-memory-limit: cannot use {text!r}; give a size (4GiB, 800MiB), a "
+            "percent of memory (50%) or 0 for none"
+        ) from None
+
+
+def limited_trainer(limit: int) -> Train:
+    """Training in a child process whose data segment is capped at ``limit`` bytes."""
+
+    async def train(
+        spec: TrainSpec, on_event: Callable[[str, dict[str, Any]], None], cancel: asyncio.Event
+    ) -> TrainResult:
+        return await train_in_child(spec, on_event, cancel, memory_limit=limit)
+
+    return train
 
 
 def base_resolver(settings: Settings, catalog: Catalog) -> Callable[[str], Awaitable[TrainBase]]:

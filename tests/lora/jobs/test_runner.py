@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
+import pytest
+
+from fleetserve.catalog.hardware import memory_source
+from fleetserve.finetune_setup import limited_trainer, memory_limit
 from fleetserve.lora.bases import StaticBases
 from fleetserve.lora.jobs.manager import FineTuning, TrainLimits
 from fleetserve.lora.jobs.queue import JobRef, MemoryJobQueue
@@ -16,9 +21,11 @@ from fleetserve.lora.jobs.store import ROOT, JobStore
 from fleetserve.lora.registry import AdapterRegistry
 from fleetserve.lora.store import AdapterStore
 from fleetserve.lora.validate import Limits
+from fleetserve.settings import Settings
 from fleetserve.storage import MemoryStore
 from fleetserve.wire import OPEN, Cancelled, InvalidInput
 from fleetserve.wire.finetune import Job, JobStatus
+from tests.tinymodels import build_bert
 
 
 def pairs(n: int = 8) -> bytes:
@@ -150,3 +157,40 @@ async def test_a_trainer_whose_job_was_taken_over_stops_training() -> None:
 
 def runner_registry(ft: FineTuning) -> AdapterRegistry:
     return AdapterRegistry(ft.store.store, limits=Limits(), bases=StaticBases({}))
+
+
+async def test_a_job_whose_child_runs_out_of_memory_fails_saying_so(tmp_path: Path) -> None:
+    """Today the child has no memory limit and a job that outgrows the machine dies by
+    the OOM killer's SIGKILL ("training failed: ... died without a result"). Here the
+    runner's child is capped (at 256 MiB, which importing torch passes) and the job
+    fails with code out_of_memory, naming the limit."""
+    store = JobStore(AdapterStore(MemoryStore()))
+    queue = MemoryJobQueue()
+    ft = FineTuning(store, queue, {"m": "dense"}.get, TrainLimits(min_pairs=4))
+    registry = AdapterRegistry(store.store, limits=Limits(), bases=StaticBases({}))
+    bert = str(build_bert(tmp_path / "bert"))
+
+    async def base_of(model: str) -> TrainBase:
+        return TrainBase(bert, "mean", True, 16)
+
+    runner = JobRunner(store, queue, registry, base_of, train=limited_trainer(256 << 20))
+    j = await job(ft)
+    lease = await queue.take(1.0)
+    assert lease is not None
+    await asyncio.wait_for(runner.handle(lease), 120)
+    done = await ft.job(OPEN, j.id)
+    assert done.status is JobStatus.FAILED and done.error is not None
+    assert done.error["code"] == "out_of_memory"
+    assert "ran out of memory" in done.error["message"]
+    assert "limit 256 MiB, train_memory_limit" in done.error["message"]
+
+
+def test_train_memory_limit_is_a_size_a_percent_or_none() -> None:
+    """Today there is no train_memory_limit."""
+    total = memory_source()[0]
+    for text, want in (("2GiB", 2 << 30), ("800M", 800 << 20), ("0", 0), ("", 0), ("off", 0)):
+        assert memory_limit(Settings.load(overrides={"train_memory_limit": text})) == want
+    half = memory_limit(Settings.load(overrides={}))  # the default: half the memory
+    assert abs(half - total // 2) <= 1
+    with pytest.raises(ValueError, match="--train-memory-limit: cannot use 'lots'"):
+        memory_limit(Settings.load(overrides={"train_memory_limit": "lots"}))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import multiprocessing
 import os
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 
 from fleetserve.lora.shapes import linear_shapes
-from fleetserve.lora.train import TrainResult, TrainSpec, train, train_in_child
+from fleetserve.lora.train import OutOfMemory, TrainResult, TrainSpec, train, train_in_child
+from fleetserve.lora.train.child import describe_error, is_out_of_memory, rebuild_error
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import Cancelled, InvalidInput
 from tests.lora.train import Events, tiny_spec
@@ -160,3 +162,41 @@ async def test_a_fleetserve_error_keeps_its_type(spec: TrainSpec) -> None:
     with pytest.raises(InvalidInput, match="mean or cls") as exc:
         await asyncio.wait_for(train_in_child(replace(spec, pooling="none"), Events()), DEADLINE)
     assert exc.value.field == "model"
+
+
+async def test_a_child_over_its_memory_limit_fails_saying_so(spec: TrainSpec) -> None:
+    """Today there is no limit: the child grows until the kernel's OOM killer takes it
+    (or the server), and the job says only "died without a result". Here the child caps
+    its data segment at 256 MiB, which importing torch already passes."""
+    events = Children()
+    limit = 256 << 20
+    with pytest.raises(OutOfMemory, match=r"ran out of memory .*limit 256 MiB, train_memory_limit"):
+        await asyncio.wait_for(train_in_child(spec, events, memory_limit=limit), DEADLINE)
+    assert not any(p.name == "fleetserve-train" for p in multiprocessing.active_children())
+
+
+def test_what_counts_as_out_of_memory() -> None:
+    """Today no error is told apart as running out of memory."""
+    try:
+        raise RuntimeError("wrapped") from MemoryError()
+    except RuntimeError as exc:
+        wrapped = exc
+    for exc in (
+        MemoryError(),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 1048576 bytes"
+        ),
+        OSError(errno.ENOMEM, "Cannot allocate memory"),
+        ImportError("libtorch_cpu.so: failed to map segment from shared object"),
+        wrapped,
+    ):
+        assert is_out_of_memory(exc), exc
+        assert describe_error(exc)["type"] == "OutOfMemory"
+    for exc in (RuntimeError("shapes do not match"), ValueError("memory")):
+        assert not is_out_of_memory(exc), exc
+    said = rebuild_error(describe_error(MemoryError()), 3 << 30)
+    assert isinstance(said, OutOfMemory)
+    assert str(said) == (
+        "the training process ran out of memory (limit 3.0 GiB, train_memory_limit): MemoryError"
+    )

@@ -23,7 +23,7 @@ from ...wire import Cancelled, FleetError, InvalidInput, Principal, Scope
 from ...wire.finetune import Job, JobEvent, JobStatus, Pair
 from ..pairs import split_by_query
 from ..registry import AdapterRegistry
-from ..train import CheckpointMismatch, TrainResult, TrainSpec, train_in_child
+from ..train import CheckpointMismatch, OutOfMemory, TrainResult, TrainSpec, train_in_child
 from .manager import add_event
 from .queue import JobQueue, Lease
 from .store import JobStore
@@ -196,6 +196,9 @@ class JobRunner:
             outcome = (JobStatus.CANCELLED, "cancelled while training", "cancelled", None)
         except FleetError as exc:
             outcome = (JobStatus.FAILED, exc.message, exc.code, exc.field)
+        except OutOfMemory as exc:  # over train_memory_limit: says so and names it
+            log.warning("training job %s failed: %s", job.id, exc)
+            outcome = (JobStatus.FAILED, str(exc), "out_of_memory", None)
         except Exception as exc:
             log.warning("training job %s failed: %s", job.id, exc)
             outcome = (JobStatus.FAILED, f"training failed: {exc}", "training_failed", None)

@@ -9,7 +9,7 @@ sentence-transformers, PEFT, datasets and pytrec_eval are imported only when use
 
 from __future__ import annotations
 
-from .child import train_in_child
+from .child import OutOfMemory, train_in_child
 from .ireval import EvalSet, Scores, build_eval_set, evaluate
 from .mining import mine, negatives_for
 from .trainer import CheckpointMismatch, TrainResult, TrainSpec, spec_fingerprint, train
@@ -17,6 +17,7 @@ from .trainer import CheckpointMismatch, TrainResult, TrainSpec, spec_fingerprin
 __all__ = [
     "CheckpointMismatch",
     "EvalSet",
+    "OutOfMemory",
     "Scores",
     "TrainResult",
     "TrainSpec",

@@ -6,15 +6,25 @@ threads, locks or torch thread pool), which lowers its own priority and runs
 thread of the parent, and are handed to ``on_event`` on the event loop. Cancelling
 (the ``cancel`` event, or cancelling the awaiting task) terminates the child; in every
 path the child is joined before this returns, so none is left behind as a zombie.
+
+With a ``memory_limit``, the child caps its own data segment (``RLIMIT_DATA``: the
+private memory it maps, touched or not, heap and anonymous mmaps alike) before it
+trains, so a job that outgrows it fails its own allocations instead of swelling until
+the kernel's out-of-memory killer picks a process (maybe the server). A child that
+runs out of memory (a ``MemoryError``, torch's "can't allocate memory", a library
+that cannot map) or is killed by SIGKILL, as that killer does, raises
+:class:`OutOfMemory` here, which says so and names the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib
 import multiprocessing
 import os
+import resource
 import signal
 import sys
 import threading
@@ -30,25 +40,43 @@ from .trainer import CheckpointMismatch, TrainResult, TrainSpec, train
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 NICE = 10  # the child's niceness increment: serving goes first
+EXIT_NO_MEMORY = 3  # the child's exit status when it ran out of memory
 GRACE = 5.0  # seconds a child has to exit (after its result, or after SIGTERM)
+LOOK_EVERY = 0.1  # seconds between looks at the child's memory while it is quiet
+NEAR = 0.8  # a child that dies at this fraction of its memory limit ran out of it
 _END = ("result", "error", "eof")
 _STOPPING: set[asyncio.Future[None]] = set()  # shutdowns under way (kept referenced)
+# what a failed allocation says, in Python, torch (c10), glibc's loader and threads
+_NO_MEMORY = ("can't allocate memory", "cannot allocate memory", "std::bad_alloc",
+              "out of memory", "failed to map segment", "can't start new thread")  # fmt: skip
+
+
+class OutOfMemory(RuntimeError):
+    """The training process ran out of memory: over ``train_memory_limit``, or killed
+    (SIGKILL) as the kernel's out-of-memory killer does."""
 
 
 async def train_in_child(
-    spec: TrainSpec, on_event: OnEvent, cancel: asyncio.Event | None = None
+    spec: TrainSpec,
+    on_event: OnEvent,
+    cancel: asyncio.Event | None = None,
+    *,
+    memory_limit: int = 0,
 ) -> TrainResult:
     """:func:`~.trainer.train` in a child process. ``on_event(kind, data)`` gets the
     child's reports as they come. When ``cancel`` is set, the child is terminated
     (SIGTERM, SIGKILL after a grace period) and :class:`~fleetserve.wire.Cancelled`
     raised. A fleetserve error or :class:`~.trainer.CheckpointMismatch` raised in the
     child is raised again here as the same type; any other failure, or the child
-    dying, is a ``RuntimeError`` saying what it was."""
+    dying, is a ``RuntimeError`` saying what it was; running out of memory (over
+    ``memory_limit`` bytes, 0: none) is :class:`OutOfMemory`."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("the training was cancelled")
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=child_main, args=(spec, send), name="fleetserve-train", daemon=True)
+    proc = ctx.Process(
+        target=child_main, args=(spec, send, memory_limit), name="fleetserve-train", daemon=True
+    )
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     pump = threading.Thread(
@@ -60,7 +88,7 @@ async def train_in_child(
         await asyncio.shield(starting)
         send.close()  # the child's end: its exit is then our end-of-file
         pump.start()
-        result = await _relay(queue, on_event, cancel, proc)
+        result = await _relay(queue, on_event, cancel, proc, memory_limit)
         finished = True
         return result
     finally:
@@ -89,34 +117,73 @@ async def _relay(
     on_event: OnEvent,
     cancel: asyncio.Event | None,
     proc: BaseProcess,
+    memory_limit: int = 0,
 ) -> TrainResult:
     cancelled = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
     message: asyncio.Future[tuple[Any, ...]] | None = None
+    used = 0  # the child's data segment (bytes) when last looked at
     try:
         while True:
-            message = asyncio.ensure_future(queue.get())
+            if message is None:
+                message = asyncio.ensure_future(queue.get())
             waits: set[asyncio.Future[Any]] = {message}
             if cancelled is not None:
                 waits.add(cancelled)
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=LOOK_EVERY, return_when=asyncio.FIRST_COMPLETED)
             if cancelled is not None and cancelled.done():
-                message.cancel()
                 raise Cancelled("the training was cancelled")
+            used = data_bytes(proc.pid) or used
+            if not message.done():
+                continue
             kind, *rest = message.result()
+            message = None
             if kind == "event":
                 on_event(rest[0], rest[1])
             elif kind == "result":
                 result: TrainResult = rest[0]
                 return result
             elif kind == "error":
-                raise rebuild_error(rest[0])
+                error = rebuild_error(rest[0], memory_limit)
+                if type(error) is RuntimeError and memory_limit > 0 and used >= NEAR * memory_limit:
+                    # what a library raises when its allocations start failing varies
+                    said = rest[0]["message"] or rest[0]["type"]
+                    raise OutOfMemory(f"the training process ran out of memory "
+                                      f"({limit_text(memory_limit)}; {used / memory_limit:.0%} "
+                                      f"in use): {said}")  # fmt: skip
+                raise error
             else:
-                code = await asyncio.to_thread(_exit_code, proc)
-                raise RuntimeError(f"the training process died without a result ({code})")
+                raise _died(await asyncio.to_thread(_exit_code, proc), memory_limit, used)
     finally:
         for waiting in (cancelled, message):
             if waiting is not None:
                 waiting.cancel()
+
+
+def _died(code: str, memory_limit: int, used: int) -> RuntimeError:
+    """The error of a child that died without a result (``code``, as :func:`_exit_code`
+    says it), which last used ``used`` bytes of data segment."""
+    said = f"the training process died without a result ({code})"
+    if code == f"exit code {EXIT_NO_MEMORY}":  # it said so, if not over the pipe
+        return OutOfMemory(f"the training process ran out of memory ({limit_text(memory_limit)})")
+    if code == "killed by SIGKILL":  # not by us: we kill only after this returns
+        return OutOfMemory(f"{said}, as the kernel's out-of-memory killer does: it most likely "
+                           f"ran out of memory ({limit_text(memory_limit)})")  # fmt: skip
+    if memory_limit > 0 and used >= NEAR * memory_limit:  # a library that exits (OpenBLAS)
+        return OutOfMemory(f"{said} with {used / memory_limit:.0%} of its memory in use: it "
+                           f"ran out of memory ({limit_text(memory_limit)})")  # fmt: skip
+    return RuntimeError(said)
+
+
+def data_bytes(pid: int | None) -> int:
+    """A live process's data segment (VmData, what RLIMIT_DATA counts), 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _pump(receive: Connection, loop: asyncio.AbstractEventLoop, queue: Any) -> None:
@@ -164,11 +231,15 @@ def _stop(proc: BaseProcess, pump: threading.Thread, receive: Connection, finish
 # -- the child --------------------------------------------------------------------
 
 
-def child_main(spec: TrainSpec, send: Connection) -> None:
-    """The child's entry point: train and send events, then the result or the error."""
+def child_main(spec: TrainSpec, send: Connection, memory_limit: int = 0) -> None:
+    """The child's entry point: cap its memory, train and send events, then the result
+    or the error."""
+    if memory_limit > 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        cap = memory_limit if hard == resource.RLIM_INFINITY else min(memory_limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     os.nice(NICE)
     parent = os.getppid()
-    _quiet()
 
     def report(kind: str, data: dict[str, Any]) -> None:
         if os.getppid() != parent:  # the server is gone: nobody will read the result
@@ -176,12 +247,13 @@ def child_main(spec: TrainSpec, send: Connection) -> None:
         send.send(("event", kind, data))
 
     try:
+        _quiet()  # imports libraries: under a memory limit, that can fail too
         result = train(spec, report)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):  # no memory left even to say so: the exit code
             send.send(("error", describe_error(exc)))
         send.close()
-        sys.exit(1)
+        sys.exit(EXIT_NO_MEMORY if is_out_of_memory(exc) else 1)
     send.send(("result", result))
     send.close()
 
@@ -205,8 +277,12 @@ def _quiet() -> None:
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
-    """What crosses the pipe of an exception: its type's name, message and field."""
+    """What crosses the pipe of an exception: its type's name, message and field (of
+    one that is running out of memory: ``OutOfMemory`` and the first line of it)."""
     message = exc.message if isinstance(exc, FleetError) else str(exc)
+    if is_out_of_memory(exc):
+        said = message.strip().splitlines()[0][:200] if message.strip() else type(exc).__name__
+        return {"type": OutOfMemory.__name__, "message": said, "field": None, "fleet": False}
     return {
         "type": type(exc).__name__,
         "message": message,
@@ -215,8 +291,38 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def rebuild_error(d: dict[str, Any]) -> Exception:
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a failed allocation."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain, a few links deep
+        if seen is None:
+            return False
+        if isinstance(seen, MemoryError):
+            return True
+        if isinstance(seen, OSError) and seen.errno == errno.ENOMEM:
+            return True
+        if isinstance(seen, RuntimeError | OSError | ImportError):
+            text = str(seen).lower()
+            if any(s in text for s in _NO_MEMORY):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def limit_text(memory_limit: int) -> str:
+    """The limit as a message gives it."""
+    if memory_limit <= 0:
+        return "no train_memory_limit is set: the machine's"
+    size = (f"{memory_limit / (1 << 30):.1f} GiB" if memory_limit >= 1 << 30
+            else f"{memory_limit / (1 << 20):.0f} MiB")  # fmt: skip
+    return f"limit {size}, train_memory_limit"
+
+
+def rebuild_error(d: dict[str, Any], memory_limit: int = 0) -> Exception:
     """The parent's side of :func:`describe_error`."""
+    if d["type"] == OutOfMemory.__name__:
+        return OutOfMemory(f"the training process ran out of memory ({limit_text(memory_limit)})"
+                           f": {d['message']}")  # fmt: skip
     if d["type"] == CheckpointMismatch.__name__:
         return CheckpointMismatch(d["message"])
     kind = getattr(wire, d["type"], None) if d.get("fleet") else None
