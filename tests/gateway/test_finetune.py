@@ -6,7 +6,10 @@ moves them through the store."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 
 from fleetserve.lora.jobs.manager import FineTuning, add_event
 from fleetserve.wire.finetune import JobStatus
+from tests.conftest import ServerThread, tiny_settings
 
 from .finetune_kit import (
     ADMIN,
@@ -180,6 +184,57 @@ async def test_a_text_over_train_max_chars_is_a_400_unless_truncate(
         assert [len(p.positive) for p in kept if p.query == "q"] == [2000]
     r = await http.post(FILES, content=long, headers=raw, params={"truncate": "maybe"})
     assert r.status_code == 400 and error(r)["field"] == "truncate"
+
+
+def rss() -> int:
+    """This process's resident set (bytes)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_50_mib_line_costs_little_and_healthz_answers(tiny_catalog: Path, tmp_path: Path) -> None:
+    """Over a real server: today a file with one 50 MiB line is decoded, split and
+    parsed whole (some 200 MiB more) and kept, its text then sent to training. Now it is
+    a 400 naming the line, the server grows by under 100 MiB (the spooled file read
+    back, 50 MiB) and /healthz answers within 1 s meanwhile."""
+    path = tmp_path / "big.jsonl"
+    with path.open("wb") as f:
+        f.write(make_pairs(3) + b'{"query": "q", "positive": "')
+        for _ in range(50):
+            f.write(b"x" * (1 << 20))
+        f.write(b'"}\n')
+    srv = ServerThread(tiny_settings(tiny_catalog, cache_dir=str(tmp_path / "cache"))).start()
+    try:
+        base, peak, done = rss(), 0, threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.wait(0.005):
+                peak = max(peak, rss())
+
+        watcher = threading.Thread(target=sample)
+        watcher.start()
+        with ThreadPoolExecutor(1) as pool, path.open("rb") as body:
+            sent = pool.submit(
+                httpx.post, f"{srv.url}{FILES}", content=iter(lambda: body.read(1 << 16), b""),
+                headers={"content-type": "application/jsonl"}, timeout=120,
+            )  # fmt: skip
+            slowest, probes = 0.0, 0
+            while not sent.done() or probes < 3:
+                t0 = time.perf_counter()
+                assert httpx.get(f"{srv.url}/healthz", timeout=30).status_code == 200
+                slowest, probes = max(slowest, time.perf_counter() - t0), probes + 1
+            r = sent.result()
+        done.set()
+        watcher.join()
+        assert r.status_code == 400, r.text[:300]
+        assert error(r)["field"] == "line 4" and "train_max_line_bytes" in error(r)["message"]
+        assert peak - base < 100 << 20, (peak - base) >> 20
+        assert slowest < 1.0, slowest
+    finally:
+        srv.stop()
 
 
 async def test_jobs_create_get_list_and_pages(http: httpx.AsyncClient) -> None:
