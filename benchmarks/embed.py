@@ -143,7 +143,8 @@ def main(argv: Sequence[str] = ()) -> int:
                 res = _load(s, texts, args.concurrency, args.batch, tokens, args.duration)
                 sat.setdefault(s.name, []).append(res.tokens_per_s)
                 lat.setdefault(s.name, []).append(_latency(s, texts, tokens, args.duration / 2))
-                console.print(f"  {s.name}: {res.tokens_per_s:,.0f} tok/s")
+                failed = f", {res.errors} failed requests" if res.errors else ""
+                console.print(f"  {s.name}: {res.tokens_per_s:,.0f} tok/s{failed}")
         knee = {
             s.name: [
                 _load(s, texts, c, 8, tokens, args.duration).__dict__
@@ -175,11 +176,12 @@ def main(argv: Sequence[str] = ()) -> int:
 def _limits_cost(sat: dict[str, list[float]]) -> str:
     """The HTTP limits' cost: fleetserve's throughput against the same server without
     them, per interleaved round and of the medians."""
-    rounds = [f"{1 - a / b:+.1%}" for a, b in zip(sat["fleetserve"], sat[UNLIMITED], strict=True)]
+    pairs = [1 - a / b for a, b in zip(sat["fleetserve"], sat[UNLIMITED], strict=True)]
     med = 1 - statistics.median(sat["fleetserve"]) / statistics.median(sat[UNLIMITED])
     return (
-        f"HTTP limits cost {med:+.2%} of saturation throughput (medians; per round: "
-        f"{', '.join(rounds)}; negative: the limited server was faster)"
+        f"HTTP limits cost {med:+.2%} of saturation throughput (of the medians; "
+        f"median of the rounds' pairs {statistics.median(pairs):+.2%}; per round: "
+        f"{', '.join(f'{x:+.1%}' for x in pairs)}; negative: the limited server was faster)"
     )
 
 
