@@ -28,9 +28,42 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], *, truncate: bool) -> tuple[list[list[int]], int | None]:
         """Token ids per text, and the index of the first over-long text when not truncating."""
-        encs = self._tok.encode_batch(texts)
+        encs = self._tok.encode_batch(self.cut(texts))
         if not truncate:
             for i, e in enumerate(encs):
                 if e.overflowing:
                     return [], i
         return [e.ids for e in encs], None
+
+    def cut(self, texts: list[str]) -> list[str]:
+        """``texts`` with each long one cut, at a space, to a prefix that still holds
+        more than ``max_len`` tokens: the same ids come out, but a 1 MiB text is not
+        tokenized whole (the tokenizer builds every overflowing piece before it
+        truncates: +266 MiB and 2.3 s for one such text). A prefix that holds too few
+        tokens is doubled until it does, or is the whole text."""
+        out = list(texts)
+        size = self.max_len * CHARS_PER_TOKEN
+        todo = [i for i, t in enumerate(texts) if len(t) > size]
+        while todo:
+            heads = [_prefix(texts[i], size) for i in todo]
+            encs = self._tok.encode_batch(heads)
+            for i, head, e in zip(todo, heads, encs, strict=True):
+                if e.overflowing:  # more than max_len tokens before the cut
+                    out[i] = head
+            size *= 2
+            todo = [i for i, e in zip(todo, encs, strict=True) if not e.overflowing]
+            todo = [i for i in todo if len(texts[i]) > size]
+        return out
+
+
+CHARS_PER_TOKEN = 8  # a first cut's length per token of max_len (English: ~4.5)
+
+
+def _prefix(text: str, size: int) -> str:
+    """``text`` up to its last whitespace within ``size`` characters (tokenizers split
+    words there: every word kept is whole), else its first ``size`` characters."""
+    head = text[:size]
+    for i in range(len(head) - 1, max(-1, len(head) - 200), -1):
+        if head[i].isspace():
+            return head[:i]
+    return head
