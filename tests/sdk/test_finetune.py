@@ -175,3 +175,17 @@ async def test_the_async_client(tmp_path: Path) -> None:
         other = await c.create_fine_tuning_job(DENSE, done["training_file"])
         assert (await c.cancel_fine_tuning_job(other["id"]))["status"] == "cancelled"
         assert (await c.upload_file(pairs(3), filename="x.jsonl"))["filename"] == "x.jsonl"
+
+
+def test_upload_file_truncate(served: Served) -> None:
+    """Today a long text is kept (flagged) and upload_file has no truncate: here it is
+    a 400 naming the line, and truncate=True cuts it to train_max_chars (2000)."""
+    long = pairs(3) + b'{"query": "q", "positive": "' + b"x" * 2100 + b'"}\n'
+    with Client(served.url, api_key=ALICE) as c:
+        with pytest.raises(InvalidInput, match="line 4 positive is 2,100 characters") as bad:
+            c.upload_file(long)
+        assert bad.value.field == "line 4"
+        cut = c.upload_file(long, truncate=True)
+        assert cut["rows"] == 4 and cut["warnings"] == [
+            "line 4: positive was 2,100 characters; cut to 2,000 (truncate)"
+        ]

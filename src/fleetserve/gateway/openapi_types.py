@@ -279,6 +279,7 @@ class FileForm(msgspec.Struct):
 
     file: bytes  # JSONL: one {"query", "positive", "negative"?} per line
     purpose: str  # "fine-tune"
+    truncate: bool = False  # cut texts over train_max_chars instead of a 400
 
 
 class FileObject(msgspec.Struct):

@@ -50,9 +50,11 @@ def _read(file: Pairs, filename: str | None) -> tuple[bytes, str]:
     return rows, filename or "pairs.jsonl"
 
 
-def upload(file: Pairs, filename: str | None) -> Request[dict[str, Any]]:
+def upload(file: Pairs, filename: str | None, truncate: bool = False) -> Request[dict[str, Any]]:
     data, name = _read(file, filename)
     params = {"filename": name, "purpose": PURPOSE}
+    if truncate:  # texts over the server's train_max_chars are cut, not a 400
+        params["truncate"] = "true"
     return Request(
         "POST", FILES, dict, params=params, content=data, content_type="application/jsonl"
     )
@@ -148,10 +150,16 @@ class FineTuneMethods:
         raise NotImplementedError
 
     def upload_file(
-        self, file: Pairs, *, filename: str | None = None, timeout: float | None = None
+        self,
+        file: Pairs,
+        *,
+        filename: str | None = None,
+        truncate: bool = False,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Upload a JSONL of pairs; the file (``id``, ``rows``, ``warnings``...)."""
-        return self._send(upload(file, filename), timeout)
+        """Upload a JSONL of pairs; the file (``id``, ``rows``, ``warnings``...). A text
+        over the server's ``train_max_chars`` is a 400, or with ``truncate`` cut to it."""
+        return self._send(upload(file, filename, truncate), timeout)
 
     def list_files(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
         return self._send(Request("GET", FILES, lambda r: list(r["data"])), timeout)
@@ -265,9 +273,14 @@ class AsyncFineTuneMethods:
         raise NotImplementedError
 
     async def upload_file(
-        self, file: Pairs, *, filename: str | None = None, timeout: float | None = None
+        self,
+        file: Pairs,
+        *,
+        filename: str | None = None,
+        truncate: bool = False,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        return await self._send(upload(file, filename), timeout)
+        return await self._send(upload(file, filename, truncate), timeout)
 
     async def list_files(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
         return await self._send(Request("GET", FILES, lambda r: list(r["data"])), timeout)
