@@ -127,7 +127,7 @@ class Limits:
         groups="training",
     )  # fmt: skip
     train_memory_limit: str = setting(
-        "50%", "Memory a training job's process may take (its data segment, RLIMIT_DATA: "
+        "75%", "Memory a training job's process may take (its data segment, RLIMIT_DATA: "
         "what it reserves, above what it touches): a size (4GiB, 800MiB), a percent of the "
         "machine's (or cgroup's) memory, or 0 for none. A job over it fails, saying so.",
         groups="training",

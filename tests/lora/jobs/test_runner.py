@@ -190,7 +190,7 @@ def test_train_memory_limit_is_a_size_a_percent_or_none() -> None:
     total = memory_source()[0]
     for text, want in (("2GiB", 2 << 30), ("800M", 800 << 20), ("0", 0), ("", 0), ("off", 0)):
         assert memory_limit(Settings.load(overrides={"train_memory_limit": text})) == want
-    half = memory_limit(Settings.load(overrides={}))  # the default: half the memory
-    assert abs(half - total // 2) <= 1
+    default = memory_limit(Settings.load(overrides={}))  # three quarters of the memory
+    assert abs(default - total * 3 // 4) <= 1
     with pytest.raises(ValueError, match="--train-memory-limit: cannot use 'lots'"):
         memory_limit(Settings.load(overrides={"train_memory_limit": "lots"}))
