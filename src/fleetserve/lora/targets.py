@@ -9,12 +9,13 @@ pattern hold the GIL for seconds):
   shorthand) and a string of plain name characters (``[A-Za-z0-9_.-]``, no regex
   syntax), matched as that literal name;
 - any other string is a regex, accepted only when ``allow_regex`` (the uploading key
-  has the admin scope; the gateway decides) and compiled with RE2 (google-re2), whose
-  matching is linear in the text, without backtracking, and releases the GIL. The
-  pattern is at most :data:`MAX_PATTERN` characters and :data:`MAX_PROGRAM` RE2
-  instructions, each module name at most :data:`MAX_NAME` characters, and matching
-  stops after :data:`MATCH_SECONDS` (one name takes at most a few milliseconds at
-  these bounds), so an upload's regex costs at most that much wall time of one
+  has the admin scope: the registry says so from the caller's key) and compiled with
+  RE2 (google-re2), whose matching is linear in the text, without backtracking, and
+  releases the GIL. The pattern is at most :data:`MAX_PATTERN` characters and
+  :data:`MAX_PROGRAM` RE2 instructions, each module name at most :data:`MAX_NAME`
+  characters, and matching stops after :data:`MATCH_SECONDS` (one name takes well
+  under 20 ms at these bounds; measured: 5 ms for a 1024-character name against a
+  609-instruction NFA), so an upload's regex costs at most that much wall time of one
   thread, and none of the event loop's.
 
 Module names from the weights are checked for length in every case, so no later step
