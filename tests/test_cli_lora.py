@@ -270,3 +270,19 @@ def test_train_detach_bad_files_and_ctrl_c(
     assert "interrupted: job ftjob-" in out and "is cancelled" in out
     statuses = {j.status for j in served.call(lambda: served.store.jobs("alice"))}
     assert JobStatus.CANCELLED in statuses
+
+
+def test_train_truncate(
+    served: Served, fast: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Today a text over train_max_chars is kept and the CLI has no --truncate: here the
+    file is refused naming the line, and --truncate uploads it with the text cut."""
+    args = train_args(served, tmp_path / "a.jsonl", "--detach")
+    long = tmp_path / "long.jsonl"
+    long.write_bytes(pairs(6) + b'{"query": "q", "positive": "' + b"x" * 2100 + b'"}\n')
+    args[5] = str(long)
+    assert main(args) == 1
+    assert "line 7 positive is 2,100 characters" in capsys.readouterr().out
+    assert main([*args, "--truncate"]) == 0
+    out = capsys.readouterr().out
+    assert "7 pairs" in out and "detached" in out

@@ -47,7 +47,7 @@ ARGS = frozenset(
     {"lora_action", "lora_path", "lora_name", "lora_base", "lora_version", "lora_pinned"}
     | {"lora_url", "lora_id", "lora_model", "lora_pairs", "lora_eval", "lora_suffix"}
     | {"lora_rank", "lora_alpha", "lora_epochs", "lora_lr", "lora_batch", "lora_margin"}
-    | {"lora_detach"}
+    | {"lora_detach", "lora_truncate"}
 )
 UPLOAD_TIMEOUT = 600.0
 
@@ -198,6 +198,10 @@ def train_parser(
     tr.add_argument(
         "--detach", dest="lora_detach", action="store_true", help="Create the job and return."
     )
+    tr.add_argument(
+        "--truncate", dest="lora_truncate", action="store_true",
+        help="Cut texts over the server's --train-max-chars instead of refusing the file.",
+    )  # fmt: skip
     return tr
 
 
@@ -226,11 +230,12 @@ def train(client: Client, args: argparse.Namespace, console: Console) -> int:
 
 
 def _create(client: Client, args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    pairs = client.upload_file(args.lora_pairs, timeout=UPLOAD_TIMEOUT)
+    cut = bool(args.lora_truncate)
+    pairs = client.upload_file(args.lora_pairs, truncate=cut, timeout=UPLOAD_TIMEOUT)
     _said_file(console, pairs)
     validation = None
     if args.lora_eval:
-        validation = client.upload_file(args.lora_eval, timeout=UPLOAD_TIMEOUT)
+        validation = client.upload_file(args.lora_eval, truncate=cut, timeout=UPLOAD_TIMEOUT)
         _said_file(console, validation)
     chosen = {
         "rank": args.lora_rank, "alpha": args.lora_alpha, "epochs": args.lora_epochs,
