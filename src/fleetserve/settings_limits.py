@@ -93,7 +93,7 @@ class Limits:
     )  # fmt: skip
     request_memory: str = setting(
         "512MiB", "Memory for the requests in flight, apart from --memory-budget: each "
-        "request reserves its body's bytes times 4 before anything decodes it; a full "
+        "request reserves its body's bytes times 7 before anything decodes it; a full "
         "budget answers 503 (Retry-After), a request larger than it alone 413. Bytes or a "
         "size (256MiB); 0: no budget.",
         groups="gateway",

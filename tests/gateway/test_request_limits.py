@@ -163,7 +163,7 @@ def test_a_body_over_the_request_memory_is_a_413(tiny_catalog: Path) -> None:
     """Before: there was no request memory budget at all."""
     srv = ServerThread(tiny_settings(tiny_catalog, request_memory="1MiB")).start()
     try:
-        body = msgspec.json.encode({"inputs": ["word " * 70_000]})  # 350 KB: 1.4 MB held
+        body = msgspec.json.encode({"inputs": ["word " * 70_000]})  # 350 KB: 2.4 MB held
         r = post(srv, f"/v1/encode/{TINY}", body)
         assert r.status_code == 413 and "request_memory" in r.text, r.text
         ok = post(srv, f"/v1/encode/{TINY}", msgspec.json.encode({"inputs": ["hi"]}))
