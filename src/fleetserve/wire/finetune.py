@@ -162,7 +162,7 @@ class FileInfo:
     rows: int  # pairs kept, after deduplication
     created_at: int
     duplicates: int = 0  # rows dropped as repeats
-    warnings: tuple[str, ...] = ()  # e.g. "line 7: positive is 9,120 characters"
+    warnings: tuple[str, ...] = ()  # e.g. "line 7: positive was 9,120 characters; cut to 2,000"
     purpose: str = PURPOSE
 
     def to_dict(self) -> dict[str, Any]:
