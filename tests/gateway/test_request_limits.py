@@ -172,3 +172,11 @@ def test_a_body_over_the_request_memory_is_a_413(tiny_catalog: Path) -> None:
         assert srv.server.gateway.request_memory.held == 0
     finally:
         srv.stop()
+
+
+def test_a_training_file_line_nested_deep_is_a_400(tiny_server: ServerThread) -> None:
+    """/v1/files (the training file's rows are decoded line by line): before, a 1000-deep
+    line was a RecursionError; a 400 naming the line now (pairs.py's own bound)."""
+    line = b'{"query": "q", "positive": ' + DEEP + b"}\n"
+    r = post(tiny_server, "/v1/files?purpose=fine-tune", line, "application/jsonl")
+    assert r.status_code == 400 and r.json()["error"]["field"] == "line 1", r.text
