@@ -87,8 +87,9 @@ class Limits:
         groups="gateway",
     )  # fmt: skip
     max_item_bytes: int = setting(
-        1024 * 1024, "Largest single input (a text, document, image, query or prompt) as "
-        "encoded in the body (bytes); larger: 413 naming max_item_bytes.",
+        1024 * 1024, "Largest single input (a text, document, message, query or prompt) as "
+        "encoded in the body (bytes); larger: 413 naming max_item_bytes. Images have "
+        "their model's max_image_bytes instead.",
         groups="gateway",
     )  # fmt: skip
     request_memory: str = setting(

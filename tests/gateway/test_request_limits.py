@@ -180,3 +180,19 @@ def test_a_training_file_line_nested_deep_is_a_400(tiny_server: ServerThread) ->
     line = b'{"query": "q", "positive": ' + DEEP + b"}\n"
     r = post(tiny_server, "/v1/files?purpose=fine-tune", line, "application/jsonl")
     assert r.status_code == 400 and r.json()["error"]["field"] == "line 1", r.text
+
+
+def test_images_are_not_held_to_the_text_item_limit() -> None:
+    """An image ({"image": ...}) keeps its model's max_image_bytes (10 MiB by default):
+    max_item_bytes is for texts (new: without this, a 3 MiB photo would be a 413)."""
+    from fleetserve.gateway.request_limits import RequestLimits
+    from fleetserve.wire import Encoding, Task
+
+    limits = RequestLimits()
+    photo = {"image": b"\xff" * (3 << 20)}
+    for task, body in ((Task.ENCODE, {"inputs": [photo, "a cat"]}),
+                       (Task.SCORE, {"query": photo, "items": ["a cat"]})):  # fmt: skip
+        limits.check_now(msgspec.msgpack.encode(body), Encoding.MSGPACK, task)
+    text = msgspec.msgpack.encode({"inputs": ["a cat", "x" * (3 << 20)]})
+    with pytest.raises(PayloadTooLarge, match="max_item_bytes"):
+        limits.check_now(text, Encoding.MSGPACK, Task.ENCODE)

@@ -34,6 +34,9 @@ SINGLES: dict[Task, tuple[str, ...]] = {
     Task.RERANK: ("query",),
     Task.GENERATE: ("prompt",),
 }
+# where an item may be an image ({"image": ...}): bounded by the model's max_image_bytes
+# (10 MiB unless its spec says), not max_item_bytes, which is for texts
+IMAGE_TASKS = frozenset({Task.ENCODE, Task.SCORE})
 THREAD_BYTES = 1 << 20  # bodies this large are checked off the event loop
 _RAW_LIST_JSON = msgspec.json.Decoder(list[msgspec.Raw])
 _RAW_LIST_MSGPACK = msgspec.msgpack.Decoder(list[msgspec.Raw])
@@ -89,7 +92,7 @@ class RequestLimits:
         for name in LISTS.get(task, ()):
             self._list(name, bytes(getattr(head, name)), encoding, task)
         for name in SINGLES.get(task, ()):
-            self._size(name, len(getattr(head, name)))
+            self._item(name, bytes(getattr(head, name)), encoding, task)
 
     def _list(self, name: str, raw: bytes, encoding: Encoding, task: Task) -> None:
         if not raw:
@@ -97,7 +100,7 @@ class RequestLimits:
         mp = encoding is Encoding.MSGPACK
         count = msgpack_elements(raw) if mp else json_elements(raw)
         if count is None or (task is Task.EMBEDDINGS and _numbers(raw, mp)):
-            self._size(name, len(raw))  # one item (a text, an image, a list of token ids)
+            self._item(name, raw, encoding, task)  # one item (a text, an image, token ids)
             return
         if self.max_items and count > self.max_items:
             raise PayloadTooLarge(
@@ -108,7 +111,12 @@ class RequestLimits:
         if self.max_item_bytes and len(raw) > self.max_item_bytes:
             items = (_RAW_LIST_MSGPACK if mp else _RAW_LIST_JSON).decode(raw)
             for i, item in enumerate(items):
-                self._size(f"{name}[{i}]", len(item))
+                self._item(f"{name}[{i}]", bytes(item), encoding, task)
+
+    def _item(self, field: str, raw: bytes, encoding: Encoding, task: Task) -> None:
+        if task in IMAGE_TASKS and _is_object(raw, encoding is Encoding.MSGPACK):
+            return  # an image: the model's max_image_bytes bounds it
+        self._size(field, len(raw))
 
     def _size(self, field: str, size: int) -> None:
         if self.max_item_bytes and size > self.max_item_bytes:
@@ -117,6 +125,12 @@ class RequestLimits:
                 f"{self.max_item_bytes} bytes per item (max_item_bytes)",
                 field=field,
             )
+
+
+def _is_object(raw: bytes, msgpack: bool) -> bool:
+    if msgpack:
+        return bool(raw) and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF))
+    return raw.lstrip()[:1] == b"{"
 
 
 def _numbers(raw: bytes, msgpack: bool) -> bool:
