@@ -52,3 +52,20 @@ def test_a_long_text_is_not_tokenized_whole(tmp_path: Path, size: int) -> None:
     ids, _ = tok.encode([text], truncate=True)
     assert len(ids[0]) == tok.max_len
     assert len(tok.cut([text])[0]) <= 8 * tok.max_len  # one first cut sufficed
+
+
+def test_cross_encoder_pairs_are_the_same_with_long_texts_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rerank documents (and the query) are cut the same way before they are tokenized
+    (before: a rerank of long documents tokenized each whole)."""
+    from fleetserve.families import cross_encoder
+
+    tok = cross_encoder.PairTokenizer(build_bert(tmp_path / "tiny"), 128, 64)
+    rnd = random.Random(1)
+    docs = [" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(1, 2000))) for _ in range(20)]
+    query = " ".join(rnd.choice(WORDS) for _ in range(800))
+    cases = [(q, truncate) for q in ("a short query", query) for truncate in (True, False)]
+    got = [tok.encode(q, docs, truncate=t) for q, t in cases]
+    monkeypatch.setattr(cross_encoder, "cut_long", lambda texts, *_: texts)
+    assert got == [tok.encode(q, docs, truncate=t) for q, t in cases]

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput
 from . import scoring
 from .base import Array, Family, Prepared, pad_batch, rows
+from .tokenize import cut_long
 
 ACTIVATIONS = ("sigmoid", "softmax", "none")
 Pair = tuple[list[int], list[int]]  # a (query, document) pair's ids and token type ids
@@ -61,6 +62,12 @@ class PairTokenizer:
             )
         self.max_query_tokens = max_query_tokens
 
+    def _whole(self, texts: list[str]) -> list[Encoding]:
+        return list(self._tok.encode_batch(texts, add_special_tokens=False))
+
+    def _over(self, enc: Encoding) -> bool:
+        return len(enc.ids) > self.max_len
+
     def token_id(self, *names: str) -> int | None:
         for name in names:
             tid = self._tok.token_to_id(name)
@@ -73,8 +80,10 @@ class PairTokenizer:
     ) -> tuple[list[Pair], int | None]:
         """(ids, type ids) per pair; and when not truncating, the first pair that is too
         long (-1 for the query alone), else None."""
+        whole = self._whole  # only what can matter of a long text is tokenized
+        query = cut_long([query], self.max_len, whole, self._over)[0]
         q = self._tok.encode(query, add_special_tokens=False)
-        encs = self._tok.encode_batch(docs, add_special_tokens=False)
+        encs = whole(cut_long(docs, self.max_len, whole, self._over))
         if truncate:
             if len(q.ids) > self.max_query_tokens:
                 q.truncate(self.max_query_tokens)

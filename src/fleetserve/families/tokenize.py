@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 
 class TextTokenizer:
@@ -36,24 +37,36 @@ class TextTokenizer:
         return [e.ids for e in encs], None
 
     def cut(self, texts: list[str]) -> list[str]:
-        """``texts`` with each long one cut, at a space, to a prefix that still holds
-        more than ``max_len`` tokens: the same ids come out, but a 1 MiB text is not
-        tokenized whole (the tokenizer builds every overflowing piece before it
-        truncates: +266 MiB and 2.3 s for one such text). A prefix that holds too few
-        tokens is doubled until it does, or is the whole text."""
-        out = list(texts)
-        size = self.max_len * CHARS_PER_TOKEN
-        todo = [i for i, t in enumerate(texts) if len(t) > size]
-        while todo:
-            heads = [_prefix(texts[i], size) for i in todo]
-            encs = self._tok.encode_batch(heads)
-            for i, head, e in zip(todo, heads, encs, strict=True):
-                if e.overflowing:  # more than max_len tokens before the cut
-                    out[i] = head
-            size *= 2
-            todo = [i for i, e in zip(todo, encs, strict=True) if not e.overflowing]
-            todo = [i for i in todo if len(texts[i]) > size]
-        return out
+        """``texts`` with each long one cut to a prefix that still overflows ``max_len``
+        (:func:`cut_long`)."""
+        return cut_long(texts, self.max_len, self._tok.encode_batch, lambda e: bool(e.overflowing))
+
+
+def cut_long(
+    texts: list[str],
+    max_tokens: int,
+    encode: Callable[[list[str]], list[Encoding]],
+    more: Callable[[Encoding], bool],
+) -> list[str]:
+    """``texts`` with each long one cut, at a space, to a prefix that still holds more
+    than ``max_tokens`` tokens (``more`` says whether an encoding does): the same ids
+    come out of the first ``max_tokens``, but a 1 MiB text is not tokenized whole (the
+    tokenizer builds every token, and every overflowing piece, before it truncates:
+    +266 MiB and 2.3 s for one such text). A prefix that holds too few tokens is
+    doubled until it does, or is the whole text."""
+    out = list(texts)
+    size = max_tokens * CHARS_PER_TOKEN
+    todo = [i for i, t in enumerate(texts) if len(t) > size]
+    while todo:
+        heads = [_prefix(texts[i], size) for i in todo]
+        encs = encode(heads)
+        for i, head, e in zip(todo, heads, encs, strict=True):
+            if more(e):
+                out[i] = head
+        size *= 2
+        todo = [i for i, e in zip(todo, encs, strict=True) if not more(e)]
+        todo = [i for i in todo if len(texts[i]) > size]
+    return out
 
 
 CHARS_PER_TOKEN = 8  # a first cut's length per token of max_len (English: ~4.5)
