@@ -21,7 +21,6 @@ need ``adapters:write`` (checked before a body is read), reads ``infer``.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -144,11 +143,12 @@ class FineTuneRoutes:
                 await spool.finish()
                 _check_purpose(purpose)
                 cut = _flag(truncate, "truncate")
-                data = await asyncio.to_thread(spool.path.read_bytes)
+                name = filename.rsplit("/", 1)[-1]
+                # checked from the spool a line at a time, the rows kept written to a
+                # file beside it and moved into the store: never the file in memory
+                return await self.manager.create_file(principal, name, spool.path, truncate=cut)
             finally:
                 spool.discard()
-            name = filename.rsplit("/", 1)[-1]
-            return await self.manager.create_file(principal, name, data, truncate=cut)
 
     async def _jobs(self, principal: Principal, query: dict[str, list[str]]) -> dict[str, Any]:
         rows = [j.to_dict() for j in reversed(await self.manager.jobs(principal))]

@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...wire import Conflict, Forbidden, InvalidInput, Overloaded, Principal, Scope, Unavailable
@@ -26,7 +27,8 @@ from ...wire.finetune import (
     check_suffix,
     new_id,
 )
-from ..pairs import parse_pairs, split_by_query, to_jsonl
+from ..pairs import check_bytes, check_file, one_query, split_by_query
+from ..pairs_check import MAX_WARNINGS, Checked
 from .queue import JobQueue, JobRef
 from .store import JobStore
 
@@ -82,27 +84,42 @@ class FineTuning:
 
     # -- files --------------------------------------------------------------------------
     async def create_file(
-        self, principal: Principal, filename: str, raw: bytes, *, truncate: bool = False
+        self, principal: Principal, filename: str, raw: bytes | Path, *, truncate: bool = False
     ) -> FileInfo:
-        """Check ``raw`` whole and keep its pairs; a text over ``max_chars`` is a 400
-        naming its line, or with ``truncate`` cut to ``max_chars`` (in the warnings)."""
+        """Check ``raw`` (bytes, or a file on disk: read a line at a time, never whole)
+        and keep its pairs; a text over ``max_chars`` is a 400 naming its line, or with
+        ``truncate`` cut to ``max_chars`` (in the warnings)."""
         _can_write(principal)
-        parsed = await asyncio.to_thread(
-            parse_pairs, raw, min_pairs=self.limits.min_pairs, max_chars=self.limits.max_chars,
-            truncate=truncate, max_line_bytes=self.limits.max_line_bytes,
-        )  # fmt: skip
-        info = FileInfo(
+        limits: dict[str, Any] = {
+            "min_pairs": self.limits.min_pairs, "max_chars": self.limits.max_chars,
+            "truncate": truncate, "max_line_bytes": self.limits.max_line_bytes,
+        }  # fmt: skip
+        if isinstance(raw, Path):
+            checked, kept = await asyncio.to_thread(check_file, raw, **limits)
+            try:
+                size = (await asyncio.to_thread(raw.stat)).st_size
+                info = self._info(principal, filename, size, checked)
+                await self.store.put_file(info, kept, two_queries=checked.two_queries)
+            finally:  # moved into a file store; copied into any other
+                await asyncio.to_thread(kept.unlink, missing_ok=True)
+            return info
+        checked, pairs = await asyncio.to_thread(check_bytes, raw, **limits)
+        info = self._info(principal, filename, len(raw), checked)
+        await self.store.put_file(info, pairs, two_queries=checked.two_queries)
+        return info
+
+    @staticmethod
+    def _info(principal: Principal, filename: str, size: int, checked: Checked) -> FileInfo:
+        return FileInfo(
             id=new_id("file"),
             tenant=principal.tenant,
             filename=filename or "pairs.jsonl",
-            bytes=len(raw),
-            rows=len(parsed.pairs),
+            bytes=size,
+            rows=checked.rows,
             created_at=int(time.time()),
-            duplicates=parsed.duplicates,
-            warnings=parsed.warnings[:100],
+            duplicates=checked.duplicates,
+            warnings=checked.warnings[:MAX_WARNINGS],
         )
-        await self.store.put_file(info, await asyncio.to_thread(to_jsonl, parsed.pairs))
-        return info
 
     async def files(self, principal: Principal) -> list[FileInfo]:
         """The caller's files; an admin key's: every tenant's."""
@@ -145,7 +162,7 @@ class FineTuning:
         suffix = check_suffix(body.get("suffix") or f"ft-{job_id[-8:]}")  # the random part
         training = _file_id(body.get("training_file"), "training_file", required=True) or ""
         validation = _file_id(body.get("validation_file"), "validation_file")
-        pairs = await self.store.pairs(principal.tenant, training)  # 404: not the caller's
+        await self.store.file(principal.tenant, training)  # 404: not the caller's
         if validation == training:
             raise InvalidInput(
                 "validation_file is the training file: hold out other pairs, or leave it "
@@ -155,7 +172,7 @@ class FineTuning:
         if validation is not None:
             await self.store.file(principal.tenant, validation)
         else:  # a 400 now if nothing can be held out
-            await asyncio.to_thread(split_by_query, pairs, fraction)
+            await self._can_hold_out(principal.tenant, training, fraction)
         job = Job(
             id=job_id, tenant=principal.tenant, model=model, training_file=training,
             suffix=suffix, hyperparameters=hp, validation_file=validation,
@@ -175,6 +192,16 @@ class FineTuning:
             await add_event(self.store, failed, exc.message, level="error", type="status")
             raise
         return job
+
+    async def _can_hold_out(self, tenant: str, file_id: str, fraction: float) -> None:
+        """A 400 if the file's pairs ask one query, as its record says (the pairs are
+        read only for a file whose record does not say: one kept before it did)."""
+        two = await self.store.two_queries(tenant, file_id)
+        if two is None:
+            pairs = await self.store.pairs(tenant, file_id)
+            await asyncio.to_thread(split_by_query, pairs, fraction)
+        elif not two:
+            raise one_query()
 
     async def jobs(self, principal: Principal) -> list[Job]:
         """The caller's jobs; an admin key's: every tenant's."""

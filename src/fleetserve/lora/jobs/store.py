@@ -19,14 +19,17 @@ import asyncio
 import json
 import re
 from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 from ...wire import NotFound
 from ...wire.finetune import FileInfo, Job, JobEvent, Pair
+from ..pairs import read_pairs
 from ..store import AdapterStore, PayloadMissing
 
 ROOT = "finetune"
 ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TWO_QUERIES = "two_queries"  # in a file's record, not its API answer
 MAX_EVENTS = 1000  # a feed keeps its first status lines and the newest progress
 
 
@@ -35,10 +38,20 @@ class JobStore:
         self.store = store
 
     # -- files ----------------------------------------------------------------------------
-    async def put_file(self, info: FileInfo, pairs: bytes) -> None:
+    async def put_file(
+        self, info: FileInfo, pairs: bytes | Path, *, two_queries: bool | None = None
+    ) -> None:
+        """Keep a file's pairs (bytes, or a file on disk: moved into a file store or
+        streamed into an object store, never read whole here) and then its record;
+        ``two_queries``: whether the pairs ask two or more queries (kept in the record,
+        so a job's check of a held-out split needs not read the pairs)."""
         base = f"{ROOT}/files/{info.tenant}/{info.id}"
-        await self.store.put(base + ".jsonl", pairs)
-        await self.store.put(base + ".json", _dump(info.to_dict()))  # last: the commit
+        if isinstance(pairs, Path):
+            await self.store.put_file(base + ".jsonl", pairs)
+        else:
+            await self.store.put(base + ".jsonl", pairs)
+        record = info.to_dict() | ({} if two_queries is None else {TWO_QUERIES: two_queries})
+        await self.store.put(base + ".json", _dump(record))  # last: the commit
 
     async def file(self, tenant: str, file_id: str) -> FileInfo:
         raw = await self._get(f"{ROOT}/files/{tenant}/{_safe(file_id)}.json")
@@ -46,11 +59,20 @@ class JobStore:
             raise NotFound(f"no file {file_id!r} for tenant {tenant}", field="file")
         return FileInfo.from_dict(json.loads(raw))
 
+    async def two_queries(self, tenant: str, file_id: str) -> bool | None:
+        """Whether the file's pairs ask two or more queries; None for a file whose record
+        does not say (kept before records said it)."""
+        raw = await self._get(f"{ROOT}/files/{tenant}/{_safe(file_id)}.json")
+        if raw is None:
+            raise NotFound(f"no file {file_id!r} for tenant {tenant}", field="file")
+        said = json.loads(raw).get(TWO_QUERIES)
+        return None if said is None else bool(said)
+
     async def pairs(self, tenant: str, file_id: str) -> tuple[Pair, ...]:
         raw = await self._get(f"{ROOT}/files/{tenant}/{_safe(file_id)}.jsonl")
         if raw is None:
             raise NotFound(f"no file {file_id!r} for tenant {tenant}", field="file")
-        return await asyncio.to_thread(_read_pairs, raw)
+        return await asyncio.to_thread(read_pairs, raw)
 
     async def files(self, tenant: str | None) -> list[FileInfo]:
         """``tenant``'s files; every tenant's for ``None`` (an admin's view)."""
@@ -185,8 +207,3 @@ def _event_dict(e: JobEvent) -> dict[str, Any]:
 
 def _event(d: dict[str, Any]) -> JobEvent:
     return JobEvent(int(d["seq"]), float(d["t"]), d["m"], d["l"], d["k"], d.get("d"))
-
-
-def _read_pairs(raw: bytes) -> tuple[Pair, ...]:
-    rows = (json.loads(line) for line in raw.split(b"\n") if line.strip())
-    return tuple(Pair(r["query"], r["positive"], tuple(r.get("negative", ()))) for r in rows)
