@@ -8,9 +8,10 @@ storage error was a 503 'could not enqueue: ...' and nothing probed JetStream's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
-from fleetserve.queue.jetstream import StreamOptions
+from fleetserve.queue.jetstream import JetStreamQueue, StreamOptions
 from fleetserve.queue.js_health import Backoff, Writes, probe_forever, storage_refusal
 
 
@@ -68,7 +69,7 @@ async def test_the_probe_refuses_while_writes_time_out_and_accepts_once_they_sto
                 await asyncio.sleep(0.01)
         assert js.purged >= 1
     finally:
-        task.cancel()
+        await _stop(task)
 
 
 async def test_no_probe_while_disconnected() -> None:
@@ -77,8 +78,14 @@ async def test_no_probe_while_disconnected() -> None:
         probe_forever(writes, js, StreamOptions(prefix="t"), 0.01, lambda: False, timeout=0.05)
     )
     await asyncio.sleep(0.1)
-    task.cancel()
+    await _stop(task)
     assert not js.probed.is_set() and writes.refused is None
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def test_backoff_doubles_to_its_cap_and_resets() -> None:
@@ -87,3 +94,71 @@ def test_backoff_doubles_to_its_cap_and_resets() -> None:
     assert b.wait(0.0) == 0.4
     b.succeeded()
     assert b.wait(0.0) <= 0
+
+
+def test_a_held_refusal_ends_on_its_own_and_one_without_hold_does_not() -> None:
+    """Before, a refusal lasted until a probe accepted: with probes off, for good."""
+    now = [0.0]
+    held, lasting = Writes(hold=1.0, clock=lambda: now[0]), Writes(clock=lambda: now[0])
+    for w in (held, lasting):
+        w.refuse("queue storage full: test")
+    now[0] = 0.5
+    assert held.refused is not None and lasting.refused is not None
+    now[0] = 1.0
+    assert held.refused is None and lasting.refused is not None
+    assert held.storage_full == 1  # still counted
+
+
+class _Conn:
+    is_connected = True
+
+
+class _PublishJS:
+    """Refuses the first publish for lack of storage, stores the rest."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def publish(self, subject: str, body: bytes, headers: Any, timeout: float) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise _APIError(10047, "insufficient storage resources available")
+
+
+def _queue(probe_interval: float) -> JetStreamQueue:
+    q = JetStreamQueue("nats://unused", probe_interval=probe_interval, retry_after=30.0)
+    q.nc, q.js, q._closed = _Conn(), _PublishJS(), False
+    return q
+
+
+async def test_without_probes_a_publish_that_stores_makes_the_queue_ready_again() -> None:
+    """Before, one refused publish with queue_probe_interval=0 kept healthy (/readyz,
+    fleetserve_queue_ready) false until a restart: only probes accepted again."""
+    from fleetserve.wire import Unavailable
+
+    from .envelopes import env
+
+    q = _queue(probe_interval=0)
+    with contextlib.suppress(Unavailable):
+        await q.publish(env(), b"x")
+    assert not q.healthy and q.writes.refused is not None
+    pending = await q.publish(env(), b"x")  # no probes: the publish itself tries
+    pending.cancel()
+    assert q.healthy and q.writes.refused is None
+
+
+async def test_with_probes_a_refusal_is_answered_at_once_until_accepted() -> None:
+    from fleetserve.wire import Unavailable
+
+    from .envelopes import env
+
+    q = _queue(probe_interval=2.0)
+    for _ in range(2):
+        try:
+            await q.publish(env(), b"x")
+        except Unavailable as err:
+            assert err.message.startswith("queue storage full")
+    assert q.js.calls == 1 and not q.healthy  # the second never reached JetStream
+    q.writes.accept()  # a probe stored
+    (await q.publish(env(), b"x")).cancel()
+    assert q.healthy

@@ -97,8 +97,10 @@ class JetStreamQueue:
         self._streamed: set[int] = set()  # deliveries that sent chunks: never redone
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancels = CancelChannel(self.options.prefix)  # <prefix>.cancel, core NATS
-        self.writes = Writes()  # whether JetStream stores what is published (js_health)
         self.probe_interval = probe_interval  # seconds between write probes; 0: none
+        # whether JetStream stores what is published (js_health); with no probes to end
+        # a refusal, it ends on its own after retry_after (the next publish tries again)
+        self.writes = Writes(hold=None if probe_interval > 0 else retry_after)
         self._backoff_until = 0.0  # loop time before which a failed pull is not retried
 
     # -- lifecycle ----------------------------------------------------------------
@@ -262,6 +264,7 @@ class JetStreamQueue:
                 f"could not enqueue: {type(exc).__name__} {exc}".strip(),
                 retry_after=self.retry_after,
             ) from None
+        self.writes.accept()  # it stored: ready, whatever a probe or publish saw before
         return pending
 
     async def _on_reply(self, msg: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +47,29 @@ def unconfirmed(timeout: float) -> str:
 
 
 class Writes:
-    """Accepted or refused, as last seen; ``refused`` says why (None: accepted)."""
+    """Accepted or refused, as last seen; ``refused`` says why (None: accepted).
 
-    def __init__(self) -> None:
-        self.refused: str | None = None
+    A publish that stores, or a probe, accepts again. ``hold`` (seconds), for a queue
+    that runs no probes, ends a refusal on its own that long after it was last seen:
+    with nothing to probe the broker, the next publish is what tries again, and
+    readiness must not stay 503 for good after one refused write."""
+
+    def __init__(
+        self, hold: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._refused: str | None = None
+        self._until = 0.0  # clock time at which a held refusal ends
+        self.hold = hold
+        self._clock = clock
         self.storage_full = 0  # writes refused (or unconfirmed) by a connected broker
         self.on_storage_full: Callable[[], None] | None = None  # a metric's inc
+
+    @property
+    def refused(self) -> str | None:
+        if self._refused is not None and self.hold is not None and self._clock() >= self._until:
+            log.warning("no write refused for %gs (no probes run): ready again", self.hold)
+            self._refused = None
+        return self._refused
 
     def refuse(self, why: str) -> None:
         self.storage_full += 1
@@ -59,12 +77,13 @@ class Writes:
             self.on_storage_full()
         if self.refused is None:
             log.error("JetStream refuses writes: %s; /readyz is 503 until it stores again", why)
-        self.refused = why
+        self._refused = why
+        self._until = self._clock() + (self.hold or 0.0)
 
     def accept(self) -> None:
-        if self.refused is not None:
+        if self._refused is not None:
             log.warning("JetStream stores again; ready")
-        self.refused = None
+        self._refused = None
 
 
 def probe_subject(options: StreamOptions) -> str:
