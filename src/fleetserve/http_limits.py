@@ -81,7 +81,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._phase: int | None = _HEAD
         self._deadline = math.inf
         self._watch: asyncio.TimerHandle | None = None
-        self._refused = False
         self._head_got = False  # whether the open head has had a byte yet
         self._head_bytes = 0  # bytes of the open head seen in earlier chunks
         self._held = False  # whether the app held the body back at the last check
@@ -94,9 +93,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         cap = self.limits.http_max_connections
         if cap and len(self.admitted) >= cap:
-            self._refused = True
-        else:
-            self.admitted.add(self)
+            # answered at once, unread: a refused socket costs no parsing and holds no
+            # file descriptor until a timeout
+            error = Unavailable(
+                f"the server holds its limit of {cap} open connections "
+                "(FLEETSERVE_HTTP_MAX_CONNECTIONS); retry later",
+                retry_after=self.retry_after,
+            )
+            self._answer(503, error)
+            return
+        self.admitted.add(self)
         self._start_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -108,14 +114,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:  # answered unread, so that it costs no parsing
-            cap = self.limits.http_max_connections
-            error = Unavailable(
-                f"the server holds its limit of {cap} open connections "
-                "(FLEETSERVE_HTTP_MAX_CONNECTIONS); retry later",
-                retry_after=self.retry_after,
-            )
-            self._answer(503, error)
+        if self.transport.is_closing():  # a refused connection's late bytes
             return
         self._unset_keepalive_if_required()
         if self._phase is None:

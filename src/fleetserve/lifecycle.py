@@ -80,6 +80,8 @@ class Service:
     """A process's named tasks: some essential (their end ends the process), the
     others in the background; and the one HTTP server, stopped gracefully."""
 
+    settings: Settings  # each process sets its own before it serves
+
     def __init__(self) -> None:
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.essential: set[str] = set()
@@ -89,9 +91,7 @@ class Service:
         """Start the HTTP server as the task "http"; returns the bound port. Its HTTP
         limits are those of the process's ``settings`` (every Service has them)."""
         self._claim("http", essential)
-        settings = getattr(self, "settings", None)
-        limits = settings if isinstance(settings, Settings) else None
-        self._http, self.tasks["http"], bound = await start_http(app, host, port, limits)
+        self._http, self.tasks["http"], bound = await start_http(app, host, port, self.settings)
         return bound
 
     def spawn(
