@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 
 from ..storage import Offload, PayloadMissing
-from ..wire import Envelope, InternalError, Reply
+from ..wire import Envelope, InternalError, Reply, Unavailable
 from .base import Message, PendingReply, QueueStats, WorkQueue
 from .cancels import CancelListener
 
@@ -105,11 +106,15 @@ class OffloadingQueue:
         *,
         interactive_only: bool = False,
     ) -> list[Message]:
-        out = []
+        out: list[Message] = []
         got = await self.inner.pull(models, budget, timeout, interactive_only=interactive_only)
-        for msg in got:
+        away = False  # the store failed once in this pull: the rest are not tried
+        for i, msg in enumerate(got):
             if msg.payload is None or time.time() > msg.envelope.deadline:
                 out.append(msg)  # expired work is dropped unread by the worker
+                continue
+            if away:  # each would wait out its own timeout on a store that hangs
+                await self.inner.nak(msg, 1.0)
                 continue
             try:
                 msg.body = await self.offload.load(msg.payload)
@@ -119,10 +124,20 @@ class OffloadingQueue:
                 await self.inner.reply(msg, reply)
                 await self.inner.dead_letter(msg, f"payload missing: {exc}")
                 continue
-            except Exception as exc:  # the store (NATS, S3) is away: delivered again later
-                log.warning("could not read %s's body (%s); put back", msg.envelope.request_id, exc)
+            except Unavailable:  # an outage (storage/outage.py, logged there): again later
+                away = True
+                log.warning(
+                    "could not read %s's body: the payload store is away; "
+                    "put back with the rest of the pull",
+                    msg.envelope.request_id,
+                )
                 await self.inner.nak(msg, 1.0)
                 continue
+            except Exception:  # a bug, not an outage: it raises; the pull goes back first
+                for m in [*out, *got[i:]]:
+                    with contextlib.suppress(Exception):
+                        await self.inner.nak(m)
+                raise
             out.append(msg)
         return out
 
