@@ -304,3 +304,28 @@ def test_each_device_process_serves_adapters_from_the_object_store(
     for resp in got:
         assert resp.status_code == 200, resp.text
         np.testing.assert_allclose(np.asarray(resp.json()["embeddings"]), want, atol=1e-5)
+
+
+def test_a_multi_device_host_releases_its_devices_keep_alives_at_once(
+    stack: tuple[GatewayThread, str],
+) -> None:
+    """Before, the parent never served releases: the gateway counted it among the model's
+    holders, waited its full second and answered ``released: false``."""
+    gw, wid = stack
+
+    def ready() -> bool:
+        b = gw.beat(wid) or {}
+        return bool(b.get("ready")) and all(d["ready"] for d in b.get("devices") or [])
+
+    wait_for(ready, 30, "the device processes to be ready")
+    r = httpx.post(
+        f"{gw.url}/v1/encode/{TINY}",
+        json={"inputs": ["keep me"]},
+        headers={"X-Keep-Alive": "60s"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    start = time.monotonic()
+    r = httpx.delete(f"{gw.url}/v1/models/{TINY}/keep-alive", timeout=10)
+    assert r.status_code == 200 and r.json()["released"] is True, r.text
+    assert 0 < r.json()["left_s"] <= 60 and time.monotonic() - start < 0.9

@@ -25,6 +25,7 @@ from ..queue.factory import open_distributed, require_nats, watch_broker
 from ..settings import Settings
 from ..storage import sweep_forever
 from ..tracing import open_tracer
+from ..wire import Unavailable
 from .app import Gateway
 from .auth import Authenticator
 from .request_limits import RequestLimits
@@ -91,8 +92,21 @@ class GatewayProcess(Service):
         """Every worker that serves ``model`` ends its keep-alive (over NATS)."""
         from ..queue.js_release import release_everywhere
 
+        nc = self.js.nc if self.js is not None else None
+        if nc is None or not self.js.connected:
+            raise Unavailable(
+                "cannot release keep-alives: not connected to the queue; retry",
+                retry_after=self.settings.retry_after,
+            )
         workers = len(self.registry.holders(model))
-        return await release_everywhere(self.js.nc, self.settings.queue_prefix, model, workers)
+        try:
+            return await release_everywhere(nc, self.settings.queue_prefix, model, workers)
+        except Exception as exc:  # nats-py's: the connection dropped meanwhile
+            log.warning("keep-alive release of %r failed: %s: %s", model, type(exc).__name__, exc)
+            raise Unavailable(
+                "cannot release keep-alives: the queue did not take the request; retry",
+                retry_after=self.settings.retry_after,
+            ) from None
 
     def _interactive_cost(self) -> Callable[[str], int]:
         """Each model's interactive threshold, from its profile for this machine's class

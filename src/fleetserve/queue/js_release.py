@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger("fleetserve.queue")
@@ -25,14 +26,18 @@ def subject(prefix: str) -> str:
     return f"{prefix}.keepalive"
 
 
-async def serve_releases(nc: Any, prefix: str, release: Callable[[str], float | None]) -> None:
+async def serve_releases(
+    nc: Any, prefix: str, release: Callable[[str], float | Awaitable[float | None] | None]
+) -> None:
     """A worker: answer each release with ``release(model)``'s seconds (``None``: it
-    does not serve the model, and stays silent)."""
+    does not serve the model, and stays silent). ``release`` may be a coroutine
+    function (a multi-device host asks its device processes)."""
 
     async def on_msg(msg: Any) -> None:
         try:
             model = bytes(msg.data).decode()
-            left = release(model)
+            answer = release(model)
+            left = await answer if inspect.isawaitable(answer) else answer
             if left is not None and msg.reply:
                 await msg.respond(json.dumps({"left_s": left}).encode())
         except Exception as exc:  # one bad message never stops the subscription

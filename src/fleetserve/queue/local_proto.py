@@ -111,6 +111,14 @@ class Abandon(msgspec.Struct, tag="abandon"):
     until: float
 
 
+class Released(msgspec.Struct, tag="released"):
+    """The answer to ``Release``: the seconds of keep-alive ``model`` had left (None:
+    this device does not serve it)."""
+
+    rid: int
+    left: float | None = None
+
+
 # -- parent -> device process ----------------------------------------------------------
 class Done(msgspec.Struct, tag="done"):
     rid: int
@@ -145,8 +153,16 @@ class Cancelled(msgspec.Struct, tag="cancelled"):
     dropped: list[str] = msgspec.field(default_factory=list)
 
 
-ToParent = Hello | Pull | Settle | SendReply | Publish | Cancel | Refresh | Abandon
-ToDevice = Done | Pulled | Depths | Replied | Cancelled
+class Release(msgspec.Struct, tag="release"):
+    """A gateway's keep-alive release heard upstream (``queue/js_release.py``): the
+    device ends ``model``'s keep-alive and answers ``Released``."""
+
+    rid: int
+    model: str
+
+
+ToParent = Hello | Pull | Settle | SendReply | Publish | Cancel | Refresh | Abandon | Released
+ToDevice = Done | Pulled | Depths | Replied | Cancelled | Release
 
 _encoder = msgspec.msgpack.Encoder()
 parent_decoder = msgspec.msgpack.Decoder(ToParent)
@@ -193,6 +209,8 @@ class LocalQueueClient:
         self._rids = itertools.count(1)
         self._closed = True
         self._cancels = Listeners()
+        # ends a model's keep-alive here; the seconds it had left (None: not served here)
+        self.on_release: Callable[[str], float | None] | None = None
 
     async def start(self) -> None:
         self._reader, self._writer = await asyncio.open_unix_connection(self.path)
@@ -256,6 +274,9 @@ class LocalQueueClient:
                 if isinstance(f, Cancelled):
                     self._cancels.emit(CancelWork(f.request_id, f.until, tuple(f.dropped)))
                     continue
+                if isinstance(f, Release):
+                    self._send(Released(f.rid, self._release(f.model)))
+                    continue
                 if isinstance(f, Replied):
                     final = f.reply is None or f.reply.final
                     pending = self._pending.pop(f.rid, None) if final else self._pending.get(f.rid)
@@ -273,6 +294,15 @@ class LocalQueueClient:
         finally:
             self.lost.set()
             self._fail_all()
+
+    def _release(self, model: str) -> float | None:
+        if self.on_release is None:
+            return None
+        try:
+            return self.on_release(model)
+        except Exception:  # one bad release never stops the connection
+            log.exception("could not release the keep-alive of %r", model)
+            return None
 
     def _fail_all(self) -> None:
         for fut in self._calls.values():

@@ -75,8 +75,13 @@ class DeviceProcess(Service):
         }
         self.fleet = build_fleet(settings, self.runners, self.metrics, console)
         self.queue = LocalQueueClient(path)
+        self.queue.on_release = self._release_keep_alive  # a gateway's, via the parent
         self.worker: Worker | None = None
         self.port = 0
+
+    def _release_keep_alive(self, model: str) -> float | None:
+        """``model``'s keep-alive here ends; the seconds it had left (None: not served)."""
+        return self.fleet.release_keep_alive(model) if model in self.runners else None
 
     @property
     def ready(self) -> bool:

@@ -186,6 +186,9 @@ class DevicePool(Service):
             on_lost=self._on_lost,
         )
         await self.server.start()
+        from ..queue.js_release import serve_releases  # an admin's keep-alive releases
+
+        await serve_releases(self.js.nc, self.settings.queue_prefix, self._release_keep_alive)
         log.info(
             "worker %s: local queue on %s; starting %d device processes (%s)",
             self.node, self.server.path, len(self.children), ", ".join(self.devices),
@@ -217,6 +220,17 @@ class DevicePool(Service):
             c.proc.stdin.write(json.dumps(env).encode())
         with contextlib.suppress(OSError):
             c.proc.stdin.close()
+
+    async def _release_keep_alive(self, model: str) -> float | None:
+        """A gateway's release, passed to every device process: the most seconds any had
+        left (0 when none answered in time: the gateway counts this host among the
+        model's holders, and must not wait for an answer that never comes)."""
+        if model not in self.profiles or self.server is None:
+            return None
+        from ..queue.js_release import WAIT
+
+        left = await self.server.release(model, timeout=WAIT / 2)
+        return 0.0 if left is None else left
 
     def _on_hello(self, info: dict[str, Any]) -> None:
         index = info.get("index")
