@@ -47,7 +47,7 @@ from .errors import body_response, crashed, error_response, stamped
 from .http import Receive, Scope, Send, declared_length, header, read_body, respond
 from .keepalive import Grant, KeepAlives, released_model
 from .request_limits import RequestLimits
-from .request_memory import RequestMemory
+from .request_memory import RequestMemory, Reservation
 from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests read it)
 from .routes import PATH_MODEL_ROUTES as _PATH_MODEL_ROUTES  # noqa: F401
 from .routes import inference_route, is_adapters, sse_error
@@ -207,13 +207,17 @@ class Gateway:
         self, scope: Scope, receive: Receive, send: Send, task: Task, model: str | None,
         *, principal: Principal,
     ) -> None:  # fmt: skip
-        """``_infer`` inside the request's span (tracing off: the null one, a no-op)."""
+        """``_infer`` inside the request's span (tracing off: the null one, a no-op), holding
+        its request memory until its reply (a stream's last chunk too) is sent."""
         trace = self.tracer.request(scope)
+        held = self.request_memory.reservation()
         try:
             await self._infer(
-                scope, receive, trace.watch(send), task, model, principal=principal, trace=trace
-            )
+                scope, receive, trace.watch(send), task, model,
+                principal=principal, trace=trace, held=held,
+            )  # fmt: skip
         finally:
+            held.release()
             trace.end()
 
     async def _infer(
@@ -225,6 +229,7 @@ class Gateway:
         model: str | None,
         *,
         principal: Principal,
+        held: Reservation,  # its request memory: ``_traced`` gives it back once all is sent
         trace: RequestTrace = NULL_REQUEST,
     ) -> None:
         t0 = time.perf_counter()
@@ -233,14 +238,14 @@ class Gateway:
         access = _access(scope)
         access.tenant = principal.tenant
         grant: Grant | None = None  # what its X-Keep-Alive got
-        held = self.request_memory.reservation()  # given back once the reply is in
+        published = False  # once it is, a worker may have kept its model alive
         try:
             content_type = encoding_of(header(scope, b"content-type"))
             accept = accept_of(header(scope, b"accept"), content_type)
             held.grow(declared_length(scope, self.settings.max_body_bytes) or 0)
-            body = await read_body(scope, receive, self.settings.max_body_bytes)
+            # grown as the chunks arrive: a body with no Content-Length is held to it too
+            body = await read_body(scope, receive, self.settings.max_body_bytes, held.grow)
             access.bytes_in = len(body)
-            held.grow(len(body))  # a body with no Content-Length: now it is known
             await self.request_limits.check(body, content_type, task)
             stream = False
             route_model = model is not None  # native routes: an adapter may be a body field
@@ -273,7 +278,7 @@ class Gateway:
             timeout = env_mod.parse_timeout(
                 header(scope, b"x-request-timeout"),
                 default,
-                float(getattr(self.settings, "max_request_timeout", 0.0)),
+                self.settings.max_request_timeout,
             )
             asked = env_mod.parse_keep_alive(header(scope, b"x-keep-alive"))
             if asked is not None:
@@ -302,7 +307,11 @@ class Gateway:
             env = dataclasses.replace(trace.stamp(env), request_id=access.envelope_id())
             access.priority = env.priority.value
             # a client that hangs up (or a deadline that passes) cancels the work
-            pending = Watched(await self.queue.publish(env, body), receive, self.queue, env)
+            reply_to = await self.queue.publish(env, body)
+            published = True
+            if grant is not None:  # a worker applies it now, whatever comes after
+                self.keep_alives.kept(grant)
+            pending = Watched(reply_to, receive, self.queue, env)
             if stream:
                 await self._stream(send, pending, env, route, t0, trace, access=access, grant=grant)
                 return
@@ -315,17 +324,17 @@ class Gateway:
         except FleetError as err:
             access.code = err.code
             self._count(route, model, err.code)
-            if grant is not None:  # it kept nothing alive
+            if grant is not None and not published:  # no worker saw it: nothing kept alive
                 self.keep_alives.undo(grant)
             await respond(send, *error_response(err, accept))
             return
         except Exception:
+            if grant is not None and not published:
+                self.keep_alives.undo(grant)
             log.exception("gateway failure")
             self._count(route, model, InternalError.code)
             await crashed(send, access, accept)  # a 500 (a stream: on its access line)
             return
-        finally:
-            held.release()
         total = time.perf_counter() - t0
         self.metrics.stage_latency.labels(model, "total").observe(total)
         self.dashboard.observe(model, total)  # the fleet view's throughput and latency

@@ -69,10 +69,20 @@ async def body_chunks(scope: Scope, receive: Receive, limit: int) -> AsyncIterat
         raise cut_off(scope, size, declared)
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, grow: Callable[[int], None] | None = None
+) -> bytes:
     """The whole body, failing with 413 as soon as it exceeds ``limit`` bytes, and with
-    :func:`cut_off` (never a partial body) when the client hangs up before its end."""
-    chunks = [chunk async for chunk in body_chunks(scope, receive, limit)]
+    :func:`cut_off` (never a partial body) when the client hangs up before its end.
+    ``grow`` hears the bytes read so far after each chunk (a request memory reservation:
+    it raises to refuse the body before the rest of it arrives)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in body_chunks(scope, receive, limit):
+        chunks.append(chunk)
+        size += len(chunk)
+        if grow is not None:
+            grow(size)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -5,7 +5,9 @@
 - One tenant keeps at most ``max_kept_alive_per_tenant`` models alive at once (as this
   gateway counts them, each until its request's deadline plus the keep-alive granted:
   never less than a worker holds it). A request for one more gets no keep-alive of its
-  own; the model's spec ``keep_alive`` still holds.
+  own; the model's spec ``keep_alive`` still holds. Each request's hold is its own: a
+  request that never reached a worker (its publish failed) takes back its hold alone,
+  and one that did keeps it (the worker applied the keep-alive, whatever came after).
 - The reply says what was applied (``X-Keep-Alive-Applied``, seconds) and the cap
   (``X-Keep-Alive-Max``).
 - An admin ends a model's keep-alive at once: ``DELETE /v1/models/{id}/keep-alive``
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
@@ -35,7 +37,7 @@ class Grant:
     asked: float
     applied: float
     cap: float
-    before: float | None  # the tenant's hold on the model before this request (undo)
+    hold: int = 0  # this request's own hold on the model (0: none), for undo
 
     @property
     def keep_alive(self) -> float | None:
@@ -49,6 +51,22 @@ class Grant:
         ]
 
 
+@dataclass
+class _Hold:
+    """One tenant's hold on one model: until when the requests that reached a worker
+    keep it, and the holds of those not yet published (each its own, by number)."""
+
+    until: float = 0.0
+    pending: dict[int, float] = field(default_factory=dict)
+
+    def end(self) -> float:
+        return max(self.until, *self.pending.values()) if self.pending else self.until
+
+    def live(self, now: float) -> _Hold | None:
+        pending = {n: until for n, until in self.pending.items() if until > now}
+        return _Hold(self.until, pending) if self.until > now or pending else None
+
+
 class KeepAlives:
     """The caps and each tenant's kept-alive models (one gateway's view)."""
 
@@ -58,7 +76,8 @@ class KeepAlives:
         self.max_keep_alive = max_keep_alive
         self.per_tenant = per_tenant  # 0: no limit
         self.clock = clock
-        self._holds: dict[str, dict[str, float]] = {}  # tenant -> model -> held until
+        self._holds: dict[str, dict[str, _Hold]] = {}  # tenant -> model -> its hold
+        self._next = 0  # the last pending hold's number
         self._sweep_at = 1024  # tenants known before the expired ones are swept
 
     def cap(self, spec_cap: float | None) -> float:
@@ -69,30 +88,40 @@ class KeepAlives:
         self, tenant: str, model: str, asked: float, spec_cap: float | None, timeout: float
     ) -> Grant:
         """What ``tenant``'s request for ``model`` gets of the ``asked`` seconds;
-        ``timeout`` is the request's (its keep-alive counts from its last use)."""
+        ``timeout`` is the request's (its keep-alive counts from its last use). The hold
+        is pending until :meth:`kept` (published) or :meth:`undo` (never published)."""
         cap = self.cap(spec_cap)
         applied = min(asked, cap)
         now = self.clock()
         holds = self._live(tenant, now)
-        before = holds.get(model)
-        if applied > 0 and self.per_tenant and before is None and len(holds) >= self.per_tenant:
+        full = self.per_tenant and len(holds) >= self.per_tenant
+        if applied > 0 and full and model not in holds:
             applied = 0.0  # this tenant keeps its share alive already
-        if applied > 0:
-            holds[model] = max(before or 0.0, now + timeout + applied)
-            self._holds[tenant] = holds
-            if len(self._holds) > self._sweep_at:
-                self._sweep(now)
-        return Grant(tenant, model, asked, applied, cap, before)
+        if applied == 0:
+            return Grant(tenant, model, asked, applied, cap)
+        self._next += 1
+        holds.setdefault(model, _Hold()).pending[self._next] = now + timeout + applied
+        self._holds[tenant] = holds
+        if len(self._holds) > self._sweep_at:
+            self._sweep(now)
+        return Grant(tenant, model, asked, applied, cap, self._next)
+
+    def kept(self, grant: Grant) -> None:
+        """The request was published: a worker keeps the model alive for it, whatever
+        its outcome (a timeout or hang-up after this does not undo it)."""
+        hold = self._holds.get(grant.tenant, {}).get(grant.model)
+        if hold is not None and grant.hold in hold.pending:
+            hold.until = max(hold.until, hold.pending.pop(grant.hold))
 
     def undo(self, grant: Grant) -> None:
-        """The request failed: its hold goes back to what it was."""
+        """The request never reached a worker: its own pending hold is taken back (the
+        holds of the tenant's other requests on the model stay)."""
         holds = self._holds.get(grant.tenant)
-        if holds is None or grant.applied == 0:
+        hold = None if holds is None else holds.get(grant.model)
+        if holds is None or hold is None or hold.pending.pop(grant.hold, None) is None:
             return
-        if grant.before is None:
+        if hold.live(self.clock()) is None:
             holds.pop(grant.model, None)
-        else:
-            holds[grant.model] = grant.before
         if not holds:
             self._holds.pop(grant.tenant, None)
 
@@ -121,11 +150,16 @@ class KeepAlives:
     def held(self, tenant: str) -> dict[str, float]:
         """``tenant``'s kept-alive models and the seconds each is held yet."""
         now = self.clock()
-        return {m: until - now for m, until in self._live(tenant, now).items()}
+        return {m: h.end() - now for m, h in self._live(tenant, now).items()}
 
-    def _live(self, tenant: str, now: float) -> dict[str, float]:
-        holds = self._holds.get(tenant, {})
-        return {m: until for m, until in holds.items() if until > now}
+    def _live(self, tenant: str, now: float) -> dict[str, _Hold]:
+        """``tenant``'s holds that have not run out, per model."""
+        live = {}
+        for m, hold in self._holds.get(tenant, {}).items():
+            left = hold.live(now)
+            if left is not None:
+                live[m] = left
+        return live
 
     def _sweep(self, now: float) -> None:
         for tenant in list(self._holds):
