@@ -52,7 +52,7 @@ class NatsObjectStore:
 
 @pytest.mark.parametrize("exc", [NatsTimeout(), NoRespondersError()])
 async def test_nats_away_is_unavailable_with_retry_after(exc: Exception) -> None:
-    store = AdapterStore(NatsObjectStore(exc))  # type: ignore[arg-type]
+    store = AdapterStore(NatsObjectStore(exc), retry_after=1.0)  # type: ignore[arg-type]
     for call in (
         store.keys("default/a"),
         store.get("k"),
@@ -91,7 +91,7 @@ def _s3_away() -> tuple[AdapterStore, int]:
         max_retries=0,
         retry_timeout=2.0,
     )
-    return AdapterStore(s3), port
+    return AdapterStore(s3, retry_after=1.0), port  # the setting, as opened
 
 
 def _no_internals(message: str, port: int) -> None:

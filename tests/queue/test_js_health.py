@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
+
+import pytest
 
 from fleetserve.queue.jetstream import JetStreamQueue, StreamOptions
 from fleetserve.queue.js_health import Backoff, Writes, probe_forever, storage_refusal
@@ -162,3 +165,50 @@ async def test_with_probes_a_refusal_is_answered_at_once_until_accepted() -> Non
     q.writes.accept()  # a probe stored
     (await q.publish(env(), b"x")).cancel()
     assert q.healthy
+
+
+class _AwayPuller:
+    """A puller whose pulls fail while ``away`` (the broker is down)."""
+
+    def __init__(self) -> None:
+        self.away, self.calls = True, 0
+
+    async def pull(self, *args: Any) -> list[Any]:
+        self.calls += 1
+        if self.away:
+            from nats.errors import TimeoutError as NatsTimeout
+
+            raise NatsTimeout
+        return []
+
+
+async def test_failed_pulls_back_off_and_log_once_per_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, a failed pull waited a fixed second and logged a warning every time."""
+    q = _queue(probe_interval=2.0)
+    puller = _AwayPuller()
+    q.puller = puller  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="fleetserve.queue"):
+        start = asyncio.get_running_loop().time()
+        while puller.calls < 4:
+            assert await q.pull(["m/a"], 10, 0.5) == []
+        assert asyncio.get_running_loop().time() - start < 1.5  # 0.1, 0.2, 0.4: not 1 s each
+        puller.away = False
+        while puller.calls < 6:
+            await q.pull(["m/a"], 10, 0.5)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "not answering" in lines[0] and "answers pulls again" in lines[1]
+
+
+async def test_a_bug_in_a_pull_is_no_outage() -> None:
+    q = _queue(probe_interval=2.0)
+
+    class Broken:
+        async def pull(self, *args: Any) -> list[Any]:
+            raise KeyError("a bug")
+
+    q.puller = Broken()  # type: ignore[assignment]
+    with pytest.raises(KeyError):
+        await q.pull(["m/a"], 10, 0.1)

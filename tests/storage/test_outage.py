@@ -74,3 +74,41 @@ def test_what_counts_as_an_outage(tmp_path: Path) -> None:
     assert not is_outage("s3", PayloadMissing("k", "s3://b")) and not is_outage("memory", OSError())
     with pytest.raises(ValueError), unreachable("payload store", "file", "file:///x"):
         raise ValueError("a bad key is the caller's")
+
+
+async def test_an_outage_carries_the_retry_after_setting_it_was_opened_with(
+    tmp_path: Path,
+) -> None:
+    """Before, every store outage said Retry-After 1.0 whatever retry_after was set to."""
+    from fleetserve.lora.store import open_adapter_store
+    from fleetserve.settings import Settings
+
+    class Away(FileStore):
+        async def get(self, key: str) -> bytes:
+            raise PermissionError(f"{self.root}/{key}")
+
+    with pytest.raises(Unavailable) as info:
+        await Offload(Away(tmp_path), retry_after=7.0).load("req/a-in")
+    assert info.value.retry_after == 7.0
+    settings = Settings(retry_after=4.0, adapter_store=(tmp_path / "adapters").as_uri())
+    adapters = await open_adapter_store(settings)
+    assert adapters.retry_after == 4.0
+
+
+def test_one_kind_and_one_nats_outage_rule_for_every_store(tmp_path: Path) -> None:
+    """Before, kind_of called a FileStore subclass 'other' (no outage ever) while the
+    adapter store's own copy called it 'file'; and the queue had a third, broader test
+    of a NATS outage than the stores."""
+    from nats.errors import NoServersError
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import NotFoundError
+
+    from fleetserve.storage.outage import is_nats_outage
+
+    class Mine(FileStore):
+        pass
+
+    assert kind_of(Mine(tmp_path)) == "file" and is_outage("file", PermissionError())
+    for exc in (NatsTimeout(), NoServersError(), TimeoutError(), ConnectionResetError()):
+        assert is_nats_outage(exc) and is_outage("nats", exc)
+    assert not is_nats_outage(NotFoundError()) and not is_nats_outage(ValueError())

@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..storage import FileStore, MemoryStore, PayloadMissing, PayloadStore, check_key, open_store
-from ..storage.outage import unreachable
+from ..storage import PayloadMissing, PayloadStore, check_key, open_store
+from ..storage.outage import kind_of, unreachable
 
 DISTRIBUTED_DEFAULT = "nats://fleetserve-adapters"
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
@@ -40,9 +40,10 @@ _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-seq
 class AdapterStore:
     """A payload store plus ``keys(prefix)`` and ``create(key, data)``."""
 
-    def __init__(self, store: PayloadStore) -> None:
+    def __init__(self, store: PayloadStore, *, retry_after: float | None = None) -> None:
         self.store = store
         self._kind = _kind_of(store)
+        self.retry_after = retry_after  # the setting: in the 503 of an outage
 
     @property
     def url(self) -> str:
@@ -52,7 +53,7 @@ class AdapterStore:
         return f"AdapterStore({self.store!r})"
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return unreachable("adapter store", self._kind, self.url)
+        return unreachable("adapter store", self._kind, self.url, self.retry_after)
 
     async def put(self, key: str, data: bytes) -> None:
         with self._guard():
@@ -132,18 +133,12 @@ class AdapterStore:
 
 
 def _kind_of(store: PayloadStore) -> str:
-    if isinstance(store, MemoryStore):
-        return "memory"
-    if isinstance(store, FileStore):
-        return "file"
-    name = type(store).__name__
-    if name == "S3Store":
-        return "s3"
-    if name == "NatsObjectStore":
-        return "nats"
-    if hasattr(store, "keys") and hasattr(store, "create"):
-        return "other"
-    raise TypeError(f"{store!r} cannot hold adapters: it lists no keys and has no create")
+    """The store's kind (``storage.outage.kind_of``); another kind must list its keys
+    and create one atomically itself."""
+    kind = kind_of(store)
+    if kind == "other" and not (hasattr(store, "keys") and hasattr(store, "create")):
+        raise TypeError(f"{store!r} cannot hold adapters: it lists no keys and has no create")
+    return kind
 
 
 def _file_keys(root: Path) -> list[str]:
@@ -297,7 +292,7 @@ async def open_adapter_store(settings: Any, *, nats: Any = None) -> AdapterStore
         s3_region=settings.s3_region or None,
         s3_endpoint=settings.s3_endpoint or None,
     )
-    return AdapterStore(store)
+    return AdapterStore(store, retry_after=settings.retry_after)
 
 
 __all__ = ["DISTRIBUTED_DEFAULT", "AdapterStore", "PayloadMissing", "open_adapter_store"]

@@ -74,4 +74,8 @@ async def open_distributed(
     )
     limit = int(js.nc.max_payload) - HEADROOM
     threshold = max(0, min(settings.offload_threshold, limit))
-    return js, OffloadingQueue(js, Offload(store, threshold=threshold)), store
+    return (
+        js,
+        OffloadingQueue(js, Offload(store, threshold=threshold, retry_after=settings.retry_after)),
+        store,
+    )

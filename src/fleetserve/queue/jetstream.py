@@ -22,13 +22,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..storage.outage import is_nats_outage
 from ..wire import Envelope, Overloaded, Priority, Reply, Unavailable
 from ..wire import headers as H
 from .base import Message, QueueStats
 from .cancels import CancelListener
 from .dlq import DeadLetters
 from .js_cancel import CancelChannel
-from .js_health import FULL, Writes, probe_forever, probe_subject, storage_refusal, unconfirmed
+from .js_health import (
+    FULL,
+    Backoff,
+    Writes,
+    probe_forever,
+    probe_subject,
+    storage_refusal,
+    unconfirmed,
+)
 from .js_pull import Puller
 from .nats_conn import connect
 from .pending import Pending
@@ -101,7 +110,7 @@ class JetStreamQueue:
         # whether JetStream stores what is published (js_health); with no probes to end
         # a refusal, it ends on its own after retry_after (the next publish tries again)
         self.writes = Writes(hold=None if probe_interval > 0 else retry_after)
-        self._backoff_until = 0.0  # loop time before which a failed pull is not retried
+        self._backoff = Backoff(what="pulls")  # a pull that failed while the broker is away
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:
@@ -310,17 +319,19 @@ class JetStreamQueue:
             return []
         classes = (Priority.INTERACTIVE,) if interactive_only else tuple(Priority)
         loop = asyncio.get_running_loop()
-        if loop.time() < self._backoff_until:
-            await asyncio.sleep(min(max(timeout, 0.01), self._backoff_until - loop.time()))
+        wait = self._backoff.wait(loop.time())
+        if wait > 0:
+            await asyncio.sleep(min(max(timeout, 0.01), wait))
             return []
         try:
-            return await self._puller().pull(models, budget, timeout, classes)
+            got = await self._puller().pull(models, budget, timeout, classes)
         except Exception as exc:  # any JetStream call the pull makes, while the broker is away
-            if not _transient(exc):
+            if not is_nats_outage(exc):
                 raise
-            log.warning("pull failed (%s: %s); retrying in 1s", type(exc).__name__, exc)
-            self._backoff_until = loop.time() + 1.0
+            self._backoff.failed(loop.time(), exc)  # logged once, when the outage starts
             return []
+        self._backoff.succeeded()  # and once when it ends
+        return got
 
     async def ack(self, msg: Message) -> None:
         self._streamed.discard(msg.delivery_id)
@@ -387,12 +398,3 @@ class JetStreamQueue:
     async def refresh(self, models: Sequence[str]) -> None:
         if self.puller is not None and self.healthy:
             await self.puller.refresh(models)
-
-
-def _transient(exc: BaseException) -> bool:
-    """A broker that is away or slow (nats-py's errors, timeouts, a lost socket)."""
-    try:
-        from nats.errors import Error as NatsError
-    except ImportError:  # pragma: no cover - nats-py is installed wherever this runs
-        return isinstance(exc, (TimeoutError, OSError))
-    return isinstance(exc, (NatsError, TimeoutError, OSError, ConnectionError))

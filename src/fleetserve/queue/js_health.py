@@ -133,10 +133,10 @@ async def probe_forever(
 
 class Backoff:
     """Retries of a call to a broker that is away: 0.1 s doubling to 2 s, one log line
-    when it starts failing and one when it works again."""
+    when it starts failing and one when it works again. ``what`` names the calls."""
 
-    def __init__(self, first: float = 0.1, most: float = 2.0) -> None:
-        self.first, self.most = first, most
+    def __init__(self, first: float = 0.1, most: float = 2.0, what: str = "calls") -> None:
+        self.first, self.most, self.what = first, most, what
         self.delay = 0.0
         self.until = 0.0  # loop time before which not to try
 
@@ -145,14 +145,16 @@ class Backoff:
 
     def failed(self, now: float, exc: BaseException) -> float:
         if not self.delay:
-            log.warning("JetStream is not answering (%s); retrying with backoff", _why(exc))
+            log.warning(
+                "JetStream is not answering (%s); retrying %s with backoff", _why(exc), self.what
+            )
         self.delay = min(max(self.delay * 2, self.first), self.most)
         self.until = now + self.delay
         return self.delay
 
     def succeeded(self) -> None:
         if self.delay:
-            log.warning("JetStream answers again; pulling")
+            log.warning("JetStream answers %s again", self.what)
         self.delay = 0.0
         self.until = 0.0
 

@@ -80,7 +80,7 @@ class Puller:
         self._keeper: asyncio.Future[None] | None = None
         self._wanted_at: dict[Lane, float] = {}  # loop time each lane was last pulled
         self.ack_waits: dict[str, float] = {}  # per model, sized from its profile
-        self._backoff = Backoff()  # creating consumers while the broker is away
+        self._backoff = Backoff(what="consumer creation")  # while the broker is away
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(f"{self._inbox}.>", cb=self._on_msg)

@@ -19,6 +19,7 @@ without having seen a reply. Request ids are unique (JetStream de-duplicates on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
@@ -79,6 +80,7 @@ class Offload:
 
     store: PayloadStore
     threshold: int = DEFAULT_THRESHOLD
+    retry_after: float | None = None  # the setting, in the 503 of a store outage
 
     def __post_init__(self) -> None:
         if self.threshold < 0:
@@ -93,15 +95,18 @@ class Offload:
         if not self.needed(len(data)):
             return None
         key = new_key(request_id, kind)
-        with unreachable("payload store", kind_of(self.store), self.store.url):
+        with self._guard():
             await self.store.put(key, data)  # away: a 503 without the store's text
         return key
 
     async def load(self, key: str) -> bytes:
         """The payload; raises :class:`~fleetserve.storage.base.PayloadMissing`, or
         ``Unavailable`` if the store is away."""
-        with unreachable("payload store", kind_of(self.store), self.store.url):
+        with self._guard():
             return await self.store.get(key)
+
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return unreachable("payload store", kind_of(self.store), self.store.url, self.retry_after)
 
     async def discard(self, request_id: str) -> None:
         """Delete the request's body and result, if stored. Never raises on a store

@@ -11,6 +11,7 @@ outage: it passes through, for the caller to handle.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 
@@ -24,8 +25,12 @@ _KINDS = {"MemoryStore": "memory", "FileStore": "file", "S3Store": "s3", "NatsOb
 
 
 def kind_of(store: object) -> str:
-    """``memory``, ``file``, ``s3``, ``nats`` or ``other``, by the store's class."""
-    return _KINDS.get(type(store).__name__, "other")
+    """``memory``, ``file``, ``s3``, ``nats`` or ``other``, by the store's class (or
+    the nearest base class that is one of ours: a subclass keeps its base's kind)."""
+    for cls in type(store).__mro__:
+        if cls.__name__ in _KINDS:
+            return _KINDS[cls.__name__]
+    return "other"
 
 
 def is_outage(kind: str, exc: BaseException) -> bool:
@@ -33,7 +38,7 @@ def is_outage(kind: str, exc: BaseException) -> bool:
     if isinstance(exc, FileNotFoundError | FileExistsError | PayloadMissing):
         return False
     if kind == "nats":
-        return isinstance(exc, _nats_outages())
+        return is_nats_outage(exc)
     if kind == "s3":
         from obstore.exceptions import (
             AlreadyExistsError,
@@ -48,10 +53,18 @@ def is_outage(kind: str, exc: BaseException) -> bool:
     return kind == "file" and isinstance(exc, OSError)
 
 
+def is_nats_outage(exc: BaseException) -> bool:
+    """NATS briefly away or slow: a restart, a reconnect, JetStream not yet up, a call
+    that timed out, a lost socket. The one test of it, for stores and the queue alike."""
+    return isinstance(exc, _nats_outages())
+
+
 @contextlib.contextmanager
-def unreachable(what: str, kind: str, url: str) -> Iterator[None]:
+def unreachable(what: str, kind: str, url: str, retry_after: float | None = None) -> Iterator[None]:
     """An outage in the block is logged in full and raised as ``Unavailable``
-    ("the <what> is unreachable (<exception type>); retry")."""
+    ("the <what> is unreachable (<exception type>); retry"), with ``retry_after`` (the
+    ``retry_after`` setting, threaded by whoever opened the store; None: the gateway's
+    error mapping sends its default)."""
     try:
         yield
     except Exception as exc:
@@ -67,12 +80,12 @@ def unreachable(what: str, kind: str, url: str) -> Iterator[None]:
             exc_info=exc,
         )
         raise Unavailable(
-            f"the {what} is unreachable ({type(exc).__name__}); retry", retry_after=1.0
+            f"the {what} is unreachable ({type(exc).__name__}); retry", retry_after=retry_after
         ) from None
 
 
-def _nats_outages() -> tuple[type[Exception], ...]:
-    """NATS briefly away: a restart, a reconnect, JetStream not yet up."""
+@functools.cache
+def _nats_outages() -> tuple[type[BaseException], ...]:
     from nats.errors import (
         ConnectionClosedError,
         ConnectionReconnectingError,
@@ -80,7 +93,6 @@ def _nats_outages() -> tuple[type[Exception], ...]:
         NoServersError,
         StaleConnectionError,
     )
-    from nats.errors import TimeoutError as NatsTimeout
     from nats.js.errors import ServiceUnavailableError
 
     return (
@@ -89,9 +101,10 @@ def _nats_outages() -> tuple[type[Exception], ...]:
         NoRespondersError,
         NoServersError,
         StaleConnectionError,
-        NatsTimeout,
         ServiceUnavailableError,
+        TimeoutError,  # nats-py's TimeoutError is one, as is an asyncio timeout
+        OSError,  # a socket error (ConnectionError included)
     )
 
 
-__all__ = ["is_outage", "kind_of", "unreachable"]
+__all__ = ["is_nats_outage", "is_outage", "kind_of", "unreachable"]
