@@ -196,3 +196,46 @@ def test_images_are_not_held_to_the_text_item_limit() -> None:
     text = msgspec.msgpack.encode({"inputs": ["a cat", "x" * (3 << 20)]})
     with pytest.raises(PayloadTooLarge, match="max_item_bytes"):
         limits.check_now(text, Encoding.MSGPACK, Task.ENCODE)
+
+
+def test_a_text_in_an_object_item_is_held_to_the_item_limit() -> None:
+    """Before: every {...} item on encode and score passed as if it were an image, so
+    {"text": <3 MiB>} got around max_item_bytes; now its text is held to it (an image
+    keeps its model's max_image_bytes)."""
+    from fleetserve.gateway.request_limits import RequestLimits
+    from fleetserve.wire import Encoding, Task
+
+    limits = RequestLimits()
+    big = "x" * (3 << 20)
+    cases = [
+        (Task.ENCODE, {"inputs": [{"text": "a cat"}, {"text": big}]}, "inputs[1].text"),
+        (Task.ENCODE, {"inputs": {"text": big}}, "inputs.text"),
+        (Task.SCORE, {"query": {"text": big}, "items": ["a cat"]}, "query.text"),
+        (Task.SCORE, {"query": "q", "items": [{"text": big}]}, "items[0].text"),
+    ]
+    for encoding, dump in ((Encoding.MSGPACK, msgspec.msgpack.encode),
+                           (Encoding.JSON, msgspec.json.encode)):  # fmt: skip
+        for task, body, field in cases:
+            with pytest.raises(PayloadTooLarge, match="max_item_bytes") as err:
+                limits.check_now(dump(body), encoding, task)
+            assert err.value.field == field, (encoding, body.keys())
+        photo = {"inputs": [{"image": "A" * (3 << 20)}, {"text": "a cat"}]}  # base64
+        limits.check_now(dump(photo), encoding, Task.ENCODE)
+
+
+@pytest.mark.parametrize("item", ["a", "a longer text " * 10])
+def test_item_counts_are_the_same_on_every_path(item: str) -> None:
+    """The count is checked however the list is looked at: too short to count, split by
+    msgspec (up to SCAN_BYTES) or scanned (larger): 2048 items pass, 2049 do not (new:
+    the split path replaced the scan for most lists)."""
+    from fleetserve.gateway.request_limits import RequestLimits
+    from fleetserve.wire import Encoding, Task
+
+    limits = RequestLimits()
+    for n in (1, 2048, 2049):
+        body = msgspec.json.encode({"model": "m", "input": [item] * n})
+        if n > 2048:
+            with pytest.raises(PayloadTooLarge, match="max_items"):
+                limits.check_now(body, Encoding.JSON, Task.EMBEDDINGS)
+        else:
+            limits.check_now(body, Encoding.JSON, Task.EMBEDDINGS)

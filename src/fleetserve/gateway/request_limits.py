@@ -3,19 +3,30 @@ decodes its items: nesting depth (400), item count and per-item size (413).
 
 The gateway does not decode items. It takes each item field of the route's body as a
 raw slice of the body's bytes (``msgspec.Raw``: the other fields are skipped, nothing
-is built), counts the elements of an item list without building them (a msgpack
-array's header says it; JSON is scanned, :mod:`fleetserve.wire.bounds`), and only then,
-the count being within ``max_items``, measures each item's encoded bytes.
+is built), and checks an item list at the least cost that bounds it:
+
+- a list too short to hold more than ``max_items`` elements or a larger item than
+  ``max_item_bytes`` (the usual request) is not looked into at all;
+- a msgpack array's header says its count; a JSON list up to :data:`SCAN_BYTES` is split
+  into raw slices (``list[msgspec.Raw]``: a few µs, and at most half its bytes in
+  elements), a larger one is counted by a scan that builds nothing
+  (:mod:`fleetserve.wire.bounds`) and split only once its count is within ``max_items``;
+- then each element's encoded bytes are measured, from the same slices.
+
+An object item on encode and score (``{"image": ...}`` or ``{"text": ...}``, the image
+families) is held to ``max_item_bytes`` by its text; an image keeps its model's
+``max_image_bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
+from ..settings import Settings
 from ..wire import Encoding, PayloadTooLarge, Task
 from ..wire.bounds import json_elements, msgpack_elements
 from ..wire.codec import TypedDecoder, check_depth
@@ -38,8 +49,21 @@ SINGLES: dict[Task, tuple[str, ...]] = {
 # (10 MiB unless its spec says), not max_item_bytes, which is for texts
 IMAGE_TASKS = frozenset({Task.ENCODE, Task.SCORE})
 THREAD_BYTES = 1 << 20  # bodies this large are checked off the event loop
+# JSON lists up to this size are split by msgspec (at most SCAN_BYTES / 2 slices, ~25 MiB
+# of Raw objects at worst); larger ones are counted by the numpy scan first
+SCAN_BYTES = 256 * 1024
 _RAW_LIST_JSON = msgspec.json.Decoder(list[msgspec.Raw])
 _RAW_LIST_MSGPACK = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+class _Text(msgspec.Struct):
+    """An image family's object item, its text alone (an image is skipped, not built)."""
+
+    text: msgspec.Raw = msgspec.Raw()
+
+
+_TEXT_JSON = msgspec.json.Decoder(_Text)
+_TEXT_MSGPACK = msgspec.msgpack.Decoder(_Text)
 
 
 def _fields_struct(task: Task) -> type[msgspec.Struct]:
@@ -53,18 +77,14 @@ def _fields_struct(task: Task) -> type[msgspec.Struct]:
 class RequestLimits:
     """``max_nesting_depth``, ``max_items`` and ``max_item_bytes`` (0: that check off)."""
 
-    max_depth: int = 64
-    max_items: int = 2048
-    max_item_bytes: int = 1024 * 1024
+    # the defaults are the settings' (one source: settings_limits.py)
+    max_depth: int = Settings.max_nesting_depth
+    max_items: int = Settings.max_items
+    max_item_bytes: int = Settings.max_item_bytes
 
     @classmethod
-    def from_settings(cls, settings: Any) -> RequestLimits:
-        d = cls()
-        return cls(
-            int(getattr(settings, "max_nesting_depth", d.max_depth)),
-            int(getattr(settings, "max_items", d.max_items)),
-            int(getattr(settings, "max_item_bytes", d.max_item_bytes)),
-        )
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        return cls(settings.max_nesting_depth, settings.max_items, settings.max_item_bytes)
 
     def advertised(self) -> dict[str, int]:
         """What ``GET /v1/models`` says in each model's ``limits``."""
@@ -90,15 +110,30 @@ class RequestLimits:
             return
         head = decoder.decode(body, encoding)
         for name in LISTS.get(task, ()):
-            self._list(name, bytes(getattr(head, name)), encoding, task)
+            self._list(name, getattr(head, name), encoding, task)
         for name in SINGLES.get(task, ()):
-            self._item(name, bytes(getattr(head, name)), encoding, task)
+            self._item(name, getattr(head, name), encoding, task)
 
-    def _list(self, name: str, raw: bytes, encoding: Encoding, task: Task) -> None:
-        if not raw:
+    def _list(self, name: str, field: msgspec.Raw, encoding: Encoding, task: Task) -> None:
+        if not field:
             return  # absent: the worker names what is missing
+        # n elements take 2n+1 bytes at least ("[" "]" and n-1 commas; msgpack n+1): a
+        # short list cannot hold too many, nor an item longer than itself
+        few = not self.max_items or len(field) < 2 * self.max_items + 1
+        if few and (not self.max_item_bytes or len(field) <= self.max_item_bytes):
+            return
+        raw = bytes(field)
         mp = encoding is Encoding.MSGPACK
-        count = msgpack_elements(raw) if mp else json_elements(raw)
+        items: list[msgspec.Raw] | None = None
+        if mp:
+            count = msgpack_elements(raw)
+        elif raw.lstrip()[:1] != b"[":
+            count = None
+        elif len(raw) <= SCAN_BYTES:  # split once, the slices measured below
+            items = _RAW_LIST_JSON.decode(raw)
+            count = len(items)
+        else:
+            count = json_elements(raw)
         if count is None or (task is Task.EMBEDDINGS and _numbers(raw, mp)):
             self._item(name, raw, encoding, task)  # one item (a text, an image, token ids)
             return
@@ -109,14 +144,26 @@ class RequestLimits:
                 field=name,
             )
         if self.max_item_bytes and len(raw) > self.max_item_bytes:
-            items = (_RAW_LIST_MSGPACK if mp else _RAW_LIST_JSON).decode(raw)
+            if items is None:
+                items = (_RAW_LIST_MSGPACK if mp else _RAW_LIST_JSON).decode(raw)
             for i, item in enumerate(items):
-                self._item(f"{name}[{i}]", bytes(item), encoding, task)
+                self._item(f"{name}[{i}]", item, encoding, task)
 
-    def _item(self, field: str, raw: bytes, encoding: Encoding, task: Task) -> None:
-        if task in IMAGE_TASKS and _is_object(raw, encoding is Encoding.MSGPACK):
-            return  # an image: the model's max_image_bytes bounds it
-        self._size(field, len(raw))
+    def _item(self, field: str, raw: bytes | msgspec.Raw, encoding: Encoding, task: Task) -> None:
+        size = len(raw)
+        if not self.max_item_bytes or size <= self.max_item_bytes:
+            return  # nothing in it can be larger
+        mp = encoding is Encoding.MSGPACK
+        if task in IMAGE_TASKS and _is_object(raw, mp):
+            # {"image": ...} or {"text": ...}: the text is held to max_item_bytes, an
+            # image to its model's max_image_bytes
+            text: bytes | msgspec.Raw
+            try:
+                text = (_TEXT_MSGPACK if mp else _TEXT_JSON).decode(raw).text
+            except msgspec.DecodeError:  # not an item the worker takes: measured whole
+                text = raw
+            field, size = f"{field}.text", len(text)
+        self._size(field, size)
 
     def _size(self, field: str, size: int) -> None:
         if self.max_item_bytes and size > self.max_item_bytes:
@@ -127,10 +174,14 @@ class RequestLimits:
             )
 
 
-def _is_object(raw: bytes, msgpack: bool) -> bool:
+def _is_object(raw: bytes | msgspec.Raw, msgpack: bool) -> bool:
+    view = memoryview(raw)
     if msgpack:
-        return bool(raw) and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF))
-    return raw.lstrip()[:1] == b"{"
+        return bool(view) and (0x80 <= view[0] <= 0x8F or view[0] in (0xDE, 0xDF))
+    return bytes(view[:64]).lstrip()[:1] == b"{"
+
+
+_JSON_NUMBER_FIRST = re.compile(rb"[ \t\r\n]*\[[ \t\r\n]*[-0-9]")
 
 
 def _numbers(raw: bytes, msgpack: bool) -> bool:
@@ -139,7 +190,7 @@ def _numbers(raw: bytes, msgpack: bool) -> bool:
         skip = 1 if 0x90 <= raw[0] <= 0x9F else 3 if raw[0] == 0xDC else 5
         b = raw[skip : skip + 1]
         return bool(b) and (b[0] <= 0x7F or 0xCA <= b[0] <= 0xD3 or b[0] >= 0xE0)
-    return raw.lstrip()[1:].lstrip()[:1] in (b"-", *(bytes([c]) for c in b"0123456789"))
+    return _JSON_NUMBER_FIRST.match(raw) is not None  # nothing of the list is copied
 
 
 _DECODERS = {t: TypedDecoder(_fields_struct(t)) for t in Task if t in LISTS or t in SINGLES}
