@@ -72,7 +72,8 @@ class Settings(Limits):
     )
     load_retry_after: float = setting(
         30.0, "Seconds before a model that failed to load is tried again (its requests get "
-        "the reason meanwhile).",
+        "the reason meanwhile); also the longest Retry-After of a 503 for want of room "
+        "(less when room frees sooner).",
         groups="runtime",
     )  # fmt: skip
     room_wait: float = setting(

@@ -199,7 +199,7 @@ async def test_retry_after_is_when_the_keep_alive_that_frees_room_runs_out() -> 
     keep-alive ran out, a day later for X-Keep-Alive: 24h."""
     c = Clock()
     models = [FakeModel(c, m, 30) for m in ("a", "b", "c", "new")]
-    f = fleet(c, 95, *models)
+    f = fleet(c, 95, *models, cooldown=3600.0)  # the cap (load_retry_after) above c's 199 s
     await use(f, "a", keep_alive=86400.0)
     await use(f, "b", keep_alive=600.0)
     await use(f, "c", keep_alive=300.0)
@@ -221,7 +221,7 @@ async def test_a_released_keep_alive_lets_a_waiting_model_load() -> None:
     assert f.kept_alive("a") == pytest.approx(86400.0, abs=2.0)
     with pytest.raises(Unavailable) as err:
         await f.acquire("new", timeout=10.0)
-    assert err.value.retry_after == pytest.approx(86400.0, abs=2.0)
+    assert err.value.retry_after == 30.0  # a day's keep-alive, cut to load_retry_after
     assert f.release_keep_alive("a") == pytest.approx(86400.0, abs=2.0)
     assert f.kept_alive("a") == 0.0 and f.release_keep_alive("a") == 0.0
     assert f.release_keep_alive("new") == 0.0  # cold: nothing to release
@@ -305,3 +305,18 @@ async def test_a_zipf_trace_stays_within_the_budget_and_keeps_the_pinned() -> No
         assert f.state("m0") is State.RESIDENT
     m = f.metrics
     assert m is not None and m.evictions.labels("m11", "pressure")._value.get() >= 1
+
+
+async def test_retry_after_for_want_of_room_is_capped_at_the_cool_down() -> None:
+    """Before: a 503 for want of room said Retry-After up to the keep-alive's end (an
+    hour and more); now at most load_retry_after, and less when room frees sooner."""
+    c = Clock()
+    f = fleet(c, 50, FakeModel(c, "a", 30), FakeModel(c, "new", 30), cooldown=30.0)
+    await use(f, "a", keep_alive=3600.0)
+    with pytest.raises(Unavailable) as err:
+        await f.acquire("new", timeout=10.0)
+    assert err.value.retry_after == 30.0
+    c.now += 3590  # 10 s of keep-alive left: that is what it says
+    with pytest.raises(Unavailable) as err:
+        await f.acquire("new", timeout=10.0)
+    assert err.value.retry_after == pytest.approx(10.0, abs=1.0)

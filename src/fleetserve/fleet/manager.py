@@ -311,8 +311,10 @@ class Fleet:
 
     def _frees_in(self, need: Footprint) -> float:
         """Seconds until ``need`` fits, were nothing used meanwhile: the keep-alives that
-        must run out first (a busy model is taken to free within a second). The
-        cool-down where only pinned models stand in the way (nothing will free)."""
+        must run out first (a busy model is taken to free within a second), at most the
+        cool-down (``load_retry_after``), which it is too where only pinned models stand
+        in the way (nothing will free). The cap: an hour's keep-alive is not an hour's
+        Retry-After (an admin release or a model that leaves sooner lets it in)."""
         now = self.clock()
         free = self.budget - self.used(Footprint(0, need.peak))
         frees = sorted(
@@ -323,7 +325,7 @@ class Fleet:
         for at, size in frees:
             free += size
             if need.weights <= free:
-                return max(1.0, at - now)
+                return max(1.0, min(at - now, self.cooldown))
         return self.cooldown
 
     def release_keep_alive(self, model: str) -> float:
