@@ -132,7 +132,7 @@ def test_workers_models_throughput_and_lag_reach_the_gateway(
     # work that waits: the interactive lane through its durable consumer (made as a
     # worker's puller makes it), the batch lane with none yet
     assert gateway.js.puller is not None
-    services.run(gateway.js.puller._ensure_consumer((ORPHAN, Priority.INTERACTIVE)))
+    services.run(gateway.js.puller.consumers.ensure_one((ORPHAN, Priority.INTERACTIVE)))
 
     def ask(priority: str) -> None:
         headers = {"x-priority": priority, "x-request-timeout": "2.5"}

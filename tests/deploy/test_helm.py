@@ -7,7 +7,7 @@ Rendered without the NATS subchart (no chart repository is reachable here; see
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -15,7 +15,7 @@ from fleetserve.assembly import build_catalog
 from fleetserve.cli import _parser
 from fleetserve.ops.capacity import consumer_name, lag_threshold, main, model_capacity
 from fleetserve.queue.jetstream import StreamOptions
-from fleetserve.queue.js_pull import Puller
+from fleetserve.queue.js_consumers import durable as durable_name
 from fleetserve.settings import Settings
 from fleetserve.wire import Priority
 from fleetserve.wire.headers import subject_token
@@ -142,7 +142,7 @@ def test_scaled_objects_point_at_fleetserves_stream_and_consumers() -> None:
     want = set()
     for m in ids:  # the durable names the worker's puller creates; patterns have none
         for p in Priority:
-            durable = Puller._durable(cast(Puller, None), (m, p))
+            durable = durable_name((m, p))
             assert durable == consumer_name(m, p)
             want.add(durable)
     assert lanes == want

@@ -204,3 +204,20 @@ async def test_stream_replicas_reach_the_server(nats_server: NatsServer) -> None
     with pytest.raises(Exception, match=r"(?i)replicas"):
         await q.start()
     await q.close()
+
+
+async def test_a_consumer_made_with_another_ack_wait_is_updated(queue: JetStreamQueue) -> None:
+    """Nothing failed before: the fallback to ``js.update_consumer`` (which nats-py 2.16
+    lacks) ran only on error 10148, which nats-py's legacy durable create never gets.
+    It is gone; this pins that ``add_consumer`` on the durable updates its config."""
+    from fleetserve.queue.js_consumers import durable
+    from fleetserve.wire import Priority
+
+    assert queue.puller is not None
+    lane = ("org/m-1.5", Priority.BATCH)
+    await queue.puller.consumers.ensure_one(lane)
+    queue.puller.ack_waits["org/m-1.5"] = 7.0  # the profile's, sized later
+    queue.puller.reset()  # as after a reconnect: made sure of again
+    assert await queue.puller.consumers.ensure([lane], timeout=1.0)
+    info = await queue.js.consumer_info(queue.options.stream, durable(lane))
+    assert info.config.ack_wait == 7.0

@@ -30,7 +30,7 @@ READ_TIMEOUT = 2.0  # seconds for one reading of every lane
 
 
 def durable(model: str, priority: Priority) -> str:
-    """The lane's durable consumer, as ``queue.js_pull.Puller`` names it."""
+    """The lane's durable consumer, as ``queue.js_consumers.durable`` names it."""
     kind = "w" if priority is Priority.BATCH else "wi"
     return f"{kind}-{H.subject_token(model)}"
 

@@ -71,7 +71,7 @@ class LaneThreshold:
 
 
 def consumer_name(model: str, priority: Priority) -> str:
-    """The durable consumer of a lane, as the worker names it (``queue.js_pull``)."""
+    """The durable consumer of a lane, as the worker names it (``queue.js_consumers``)."""
     kind = "w" if priority is Priority.BATCH else "wi"
     return f"{kind}-{subject_token(model)}"
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire import FleetError, InternalError, Priority
 from ..wire import headers as H
 from .base import Message, QueueStats
-from .js_health import Backoff
+from .js_consumers import Consumers, Lane, durable
 from .sizing import CostWindow, choose, pull_batch
 
 if TYPE_CHECKING:
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from .jetstream import StreamOptions
 
 log = logging.getLogger("fleetserve.queue")
-Lane = tuple[str, Priority]  # a model and a class: one subject, one consumer
-CALL_TIMEOUT = 2.0  # seconds for a JetStream API call (nats-py's default is 5)
 _CLASS_TOKEN = {Priority.INTERACTIVE: "i", Priority.BATCH: "b"}
 _TOKEN_CLASS = {v: k for k, v in _CLASS_TOKEN.items()}
 
@@ -68,7 +66,6 @@ class Puller:
         self._buffer: list[tuple[int, Lane, Any]] = []  # (stream seq, lane, raw msg)
         self._open: dict[Lane, _Request] = {}
         self._arrived = asyncio.Event()
-        self._consumers: set[Lane] = set()
         self._costs: dict[Lane, CostWindow] = {}
         self._pending: dict[Lane, int] = {}  # num_pending as last seen
         self._oldest: dict[Lane, float | None] = {}  # its oldest message's enqueue time
@@ -80,7 +77,7 @@ class Puller:
         self._keeper: asyncio.Future[None] | None = None
         self._wanted_at: dict[Lane, float] = {}  # loop time each lane was last pulled
         self.ack_waits: dict[str, float] = {}  # per model, sized from its profile
-        self._backoff = Backoff(what="consumer creation")  # while the broker is away
+        self.consumers = Consumers(nc, js, options, self.ack_waits)  # one per lane
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(f"{self._inbox}.>", cb=self._on_msg)
@@ -117,17 +114,9 @@ class Puller:
     def reset(self) -> None:
         """After a reconnect, open requests are gone with the old connection."""
         self._open.clear()
-        self._consumers.clear()
+        self.consumers.reset()
 
-    # -- consumers ----------------------------------------------------------------
-    def _durable(self, lane: Lane) -> str:
-        """Batch work keeps the consumer it had before classes existed (a work-queue
-        stream allows one consumer per subject): ``w-<model>``; interactive work has
-        ``wi-<model>`` (``-`` is a character tokens keep, so the names never clash)."""
-        model, cls = lane
-        kind = "w" if cls is Priority.BATCH else "wi"
-        return f"{kind}-{H.subject_token(model)}"
-
+    # -- lanes (their consumers: js_consumers.py) ----------------------------------------
     def _lane_of(self, subject: str) -> Lane | None:
         """The lane of a delivery (its work subject) or a status (our inbox)."""
         work = f"{self.options.prefix}.work."
@@ -138,49 +127,6 @@ class Puller:
             token, _, cls = subject[len(self._inbox) + 1 :].partition(".")
             return H.model_from_token(token), _TOKEN_CLASS.get(cls, Priority.BATCH)
         return None
-
-    async def _ensure_consumer(self, lane: Lane) -> None:
-        if lane in self._consumers:
-            return
-        from nats.js import api
-
-        o = self.options
-        model, cls = lane
-        config = api.ConsumerConfig(
-            durable_name=self._durable(lane),
-            filter_subject=o.subject(model, cls),
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=self.ack_waits.get(model, o.ack_wait),
-            max_deliver=o.max_deliver,
-            max_ack_pending=100_000,
-            max_waiting=4096,
-        )
-        try:
-            await self.js.add_consumer(o.stream, config, timeout=CALL_TIMEOUT)
-        except Exception as exc:
-            if getattr(exc, "err_code", None) != 10148:  # exists with another config
-                raise
-            await self.js.update_consumer(o.stream, config)
-        self._consumers.add(lane)
-
-    async def _ensure_consumers(self, lanes: Sequence[Lane], timeout: float) -> bool:
-        """Each lane's durable consumer exists (again, after a reconnect). While the
-        broker is unreachable, or JetStream does not answer, waits with backoff (at most
-        ``timeout``) and returns False: the worker pulls nothing and tries again."""
-        loop = asyncio.get_running_loop()
-        wait = self._backoff.wait(loop.time())
-        if wait <= 0 and self.nc.is_connected:
-            try:
-                for lane in lanes:
-                    await self._ensure_consumer(lane)
-                self._backoff.succeeded()
-                return True
-            except Exception as exc:  # TimeoutError, NoRespondersError, a closed connection
-                wait = self._backoff.failed(loop.time(), exc)
-        elif not self.nc.is_connected:
-            wait = max(wait, 0.05)  # nats-py reconnects by itself; check again soon
-        await asyncio.sleep(min(max(wait, 0.0), max(timeout, 0.01)))
-        return False
 
     # -- deliveries -----------------------------------------------------------------
     async def _on_msg(self, raw: Any) -> None:
@@ -219,7 +165,7 @@ class Puller:
         if expires:
             req["expires"] = int(expires * 1e9)
         self._open[lane] = _Request(batch, loop.time() + (expires or 0.0) + 2.0)
-        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.options.stream}.{self._durable(lane)}"
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.options.stream}.{durable(lane)}"
         reply = f"{self._inbox}.{H.subject_token(lane[0])}.{_CLASS_TOKEN[lane[1]]}"
         task = asyncio.ensure_future(
             self.nc.publish(subject, json.dumps(req).encode(), reply=reply)
@@ -247,7 +193,7 @@ class Puller:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         lanes = [(m, p) for p in classes for m in models]
-        if not await self._ensure_consumers(lanes, timeout):
+        if not await self.consumers.ensure(lanes, timeout):
             return []
         for lane in lanes:
             self._wanted_at[lane] = loop.time()
@@ -375,7 +321,7 @@ class Puller:
     async def refresh(self, models: Sequence[str]) -> None:
         for lane in [(m, p) for m in models for p in Priority]:
             try:
-                info = await self.js.consumer_info(self.options.stream, self._durable(lane))
+                info = await self.js.consumer_info(self.options.stream, durable(lane))
                 self._pending[lane] = info.num_pending
                 self._oldest[lane] = None
                 if info.num_pending:
