@@ -69,3 +69,40 @@ def test_cross_encoder_pairs_are_the_same_with_long_texts_cut(
     got = [tok.encode(q, docs, truncate=t) for q, t in cases]
     monkeypatch.setattr(cross_encoder, "cut_long", lambda texts, *_: texts)
     assert got == [tok.encode(q, docs, truncate=t) for q, t in cases]
+
+
+class Counting:
+    """A tokenizer that notes every text it is asked to encode."""
+
+    def __init__(self, tok: object) -> None:
+        self.tok = tok
+        self.seen: list[str] = []
+
+    def encode_batch(self, texts: list[str], **kw: object) -> object:
+        self.seen += texts
+        return self.tok.encode_batch(texts, **kw)  # type: ignore[attr-defined]
+
+    def encode(self, text: str, **kw: object) -> object:
+        self.seen.append(text)
+        return self.tok.encode(text, **kw)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.tok, name)
+
+
+def test_a_long_text_is_tokenized_once(tmp_path: Path) -> None:
+    """Before: a long text's cut was tokenized while cutting and then again with the
+    others (each long text twice); now what the cut tokenized is kept, the same ids out."""
+    from fleetserve.families import cross_encoder
+
+    tok = _tokenizers(tmp_path)[0]
+    long, short = "word " * 5000, "a short text"
+    want = tok.encode([long, short], truncate=True)
+    tok._tok = counting = Counting(tok._tok)  # type: ignore[assignment]
+    assert tok.encode([long, short], truncate=True) == want
+    assert len(counting.seen) == 2 and counting.seen[1] == short, [len(t) for t in counting.seen]
+    pairs = cross_encoder.PairTokenizer(build_bert(tmp_path / "pair"), 128, 64)
+    want_pairs = pairs.encode(long, [long, short], truncate=True)
+    pairs._tok = counting = Counting(pairs._tok)  # type: ignore[assignment]
+    assert pairs.encode(long, [long, short], truncate=True) == want_pairs
+    assert len(counting.seen) == 3, [len(t) for t in counting.seen]  # two cuts and short

@@ -32,7 +32,7 @@ from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput
 from . import scoring
 from .base import Array, Family, Prepared, pad_batch, rows
-from .tokenize import cut_long
+from .tokenize import cut_long, encoded
 
 ACTIVATIONS = ("sigmoid", "softmax", "none")
 Pair = tuple[list[int], list[int]]  # a (query, document) pair's ids and token type ids
@@ -81,9 +81,9 @@ class PairTokenizer:
         """(ids, type ids) per pair; and when not truncating, the first pair that is too
         long (-1 for the query alone), else None."""
         whole = self._whole  # only what can matter of a long text is tokenized
-        query = cut_long([query], self.max_len, whole, self._over)[0]
-        q = self._tok.encode(query, add_special_tokens=False)
-        encs = whole(cut_long(docs, self.max_len, whole, self._over))
+        # a long text's cut is tokenized once, while it is cut (encoded takes it as it is)
+        q = encoded(cut_long([query], self.max_len, whole, self._over), whole)[0]
+        encs = encoded(cut_long(docs, self.max_len, whole, self._over), whole)
         if truncate:
             if len(q.ids) > self.max_query_tokens:
                 q.truncate(self.max_query_tokens)

@@ -29,7 +29,8 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], *, truncate: bool) -> tuple[list[list[int]], int | None]:
         """Token ids per text, and the index of the first over-long text when not truncating."""
-        encs = self._tok.encode_batch(self.cut(texts))
+        # the long texts' cuts were tokenized while cutting: only the others are now
+        encs = encoded(self.cut(texts), self._tok.encode_batch)
         if not truncate:
             for i, e in enumerate(encs):
                 if e.overflowing:
@@ -38,7 +39,7 @@ class TextTokenizer:
 
     def cut(self, texts: list[str]) -> list[str]:
         """``texts`` with each long one cut to a prefix that still overflows ``max_len``
-        (:func:`cut_long`)."""
+        (:func:`cut_long`: a :class:`Cut`, with the cuts' encodings)."""
         return cut_long(texts, self.max_len, self._tok.encode_batch, lambda e: bool(e.overflowing))
 
 
@@ -47,14 +48,16 @@ def cut_long(
     max_tokens: int,
     encode: Callable[[list[str]], list[Encoding]],
     more: Callable[[Encoding], bool],
-) -> list[str]:
+) -> Cut:
     """``texts`` with each long one cut, at a space, to a prefix that still holds more
     than ``max_tokens`` tokens (``more`` says whether an encoding does): the same ids
     come out of the first ``max_tokens``, but a 1 MiB text is not tokenized whole (the
     tokenizer builds every token, and every overflowing piece, before it truncates:
     +266 MiB and 2.3 s for one such text). A prefix that holds too few tokens is
-    doubled until it does, or is the whole text."""
-    out = list(texts)
+    doubled until it does, or is the whole text. The :class:`Cut` it returns holds the
+    encoding ``encode`` gave each text it cut (:func:`encoded` reuses them rather than
+    tokenize the cuts again)."""
+    out = Cut(texts)
     size = max_tokens * CHARS_PER_TOKEN
     todo = [i for i, t in enumerate(texts) if len(t) > size]
     while todo:
@@ -63,10 +66,32 @@ def cut_long(
         for i, head, e in zip(todo, heads, encs, strict=True):
             if more(e):
                 out[i] = head
+                out.done[i] = e
         size *= 2
         todo = [i for i, e in zip(todo, encs, strict=True) if not more(e)]
         todo = [i for i in todo if len(texts[i]) > size]
     return out
+
+
+class Cut(list[str]):
+    """Texts as :func:`cut_long` left them, and the encodings of those it cut (by index)."""
+
+    def __init__(self, texts: list[str]) -> None:
+        super().__init__(texts)
+        self.done: dict[int, Encoding] = {}
+
+
+def encoded(texts: list[str], encode: Callable[[list[str]], list[Encoding]]) -> list[Encoding]:
+    """The encodings of ``texts`` (from ``encode``), but for the texts a :class:`Cut`
+    holds encodings of already: those are taken as they are."""
+    done = texts.done if isinstance(texts, Cut) else {}
+    if not done:
+        return list(encode(texts))
+    rest = [i for i in range(len(texts)) if i not in done]
+    out = dict(done)
+    if rest:
+        out.update(zip(rest, encode([texts[i] for i in rest]), strict=True))
+    return [out[i] for i in range(len(texts))]
 
 
 CHARS_PER_TOKEN = 8  # a first cut's length per token of max_len (English: ~4.5)
