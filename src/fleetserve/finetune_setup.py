@@ -103,18 +103,12 @@ def memory_limit(settings: Settings) -> int:
     """``train_memory_limit`` in bytes (0: none): a size, or a percent of the machine's
     memory (its cgroup's limit when lower); a ``ValueError`` at start for anything else."""
     from .catalog.hardware import memory_source
-    from .fleet.memory import parse_size
+    from .fleet.memory import parse_limit
 
-    text = str(settings.train_memory_limit).strip()
-    if text.lower() in ("", "0", "off", "none"):
-        return 0
-    try:
-        return parse_size(text, limit=memory_source()[0])
-    except ValueError:
-        raise ValueError(
-            f"--train-memory-limit: cannot use {text!r}; give a size (4GiB, 800MiB), a "
-            "percent of memory (50%) or 0 for none"
-        ) from None
+    forms = "a size (4GiB, 800MiB), a percent of memory (50%) or 0 for none"
+    return parse_limit(
+        settings.train_memory_limit, "--train-memory-limit", limit=memory_source()[0], forms=forms
+    )
 
 
 def limited_trainer(limit: int) -> Train:

@@ -14,6 +14,7 @@ from fleetserve.fleet.memory import (
     default_budget,
     measure_activation_peak,
     mib,
+    parse_limit,
     parse_size,
     peak_bytes,
     process_limit_bytes,
@@ -55,6 +56,18 @@ def test_parse_size_refuses_in_one_line_naming_the_flag(text: str) -> None:
     message = str(err.value)
     assert "--memory-budget" in message and "\n" not in message
     assert "2GiB" in message and "60%" in message
+
+
+def test_parse_limit_is_the_one_reader_of_size_limits_that_may_be_off() -> None:
+    """--request-memory and --train-memory-limit read sizes through one helper (before:
+    each wrapped parse_size its own way, and "off" was 0 for one and an error for the
+    other); its error names the flag it was given."""
+    for off in ("", "0", " off ", "None"):
+        assert parse_limit(off, "--x", limit=GIB, forms="a size") == 0
+    assert parse_limit("256MiB", "--x", limit=0, forms="a size") == 256 * 2**20
+    assert parse_limit("50%", "--x", limit=GIB, forms="a size") == GIB // 2
+    with pytest.raises(ValueError, match=r"^--request-memory: cannot use 'lots'; give a size$"):
+        parse_limit("lots", "--request-memory", limit=GIB, forms="a size")
 
 
 def _root(tmp_path: Path, cgroup: str | None) -> Path:

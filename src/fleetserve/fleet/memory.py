@@ -134,6 +134,22 @@ def parse_size(text: str, *, limit: int) -> int:
     return int(n)
 
 
+OFF = ("", "0", "off", "none")  # a size limit that is not set
+
+
+def parse_limit(text: str, flag: str, *, limit: int, forms: str) -> int:
+    """A size limit in bytes (a setting where 0 means none): ``OFF`` is 0, else
+    :func:`parse_size` (a percent is of ``limit``); a ``ValueError`` naming ``flag`` and
+    the ``forms`` it takes for anything else."""
+    raw = text.strip()
+    if raw.lower() in OFF:
+        return 0
+    try:
+        return parse_size(raw, limit=limit)
+    except ValueError:
+        raise ValueError(f"{flag}: cannot use {raw!r}; give {forms}") from None
+
+
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".onnx", ".xml", ".gguf")
 PRECISION_SHARE = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.25}
 
@@ -227,6 +243,7 @@ __all__ = [
     "default_budget",
     "measure_activation_peak",
     "mib",
+    "parse_limit",
     "parse_size",
     "peak_bytes",
     "process_limit_bytes",

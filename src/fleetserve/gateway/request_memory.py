@@ -11,9 +11,8 @@ Retry-After (others' requests will finish); a request that alone exceeds it a 41
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..fleet.memory import parse_size
+from ..fleet.memory import parse_limit
+from ..settings import Settings
 from ..wire import PayloadTooLarge, Unavailable
 
 FACTOR = 7  # bytes held per body byte in flight: measured 6.4 (2048 texts, a 15 MB body)
@@ -29,15 +28,10 @@ class RequestMemory:
         self.held = 0
 
     @classmethod
-    def from_settings(cls, settings: Any) -> RequestMemory:
-        raw = str(getattr(settings, "request_memory", "0")).strip()
-        try:
-            budget = 0 if raw in ("", "0") else parse_size(raw, limit=0)
-        except ValueError:
-            raise ValueError(
-                f"--request-memory: cannot use {raw!r}; give bytes or a size such as 256MiB, or 0"
-            ) from None
-        return cls(budget, retry_after=float(getattr(settings, "retry_after", 1.0)))
+    def from_settings(cls, settings: Settings) -> RequestMemory:
+        forms = "bytes or a size such as 256MiB, or 0"
+        budget = parse_limit(settings.request_memory, "--request-memory", limit=0, forms=forms)
+        return cls(budget, retry_after=settings.retry_after)
 
     def reservation(self) -> Reservation:
         """An empty reservation: :meth:`Reservation.grow` takes, ``release`` gives back."""
