@@ -8,6 +8,7 @@ encoding, its bytes go back untouched.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,18 +21,15 @@ from ..logs.access import Access, request_id
 from ..logs.context import for_request
 from ..metrics import Metrics
 from ..queue import WorkQueue
-from ..queue.base import PendingReply
 from ..settings import Settings
 from ..tracing import NULL_REQUEST, NULL_TRACER, RequestTrace, Tracer
 from ..wire import (
     Encoding,
-    Envelope,
     FleetError,
     InternalError,
     InvalidInput,
     NotFound,
     Principal,
-    Reply,
     Task,
     Unavailable,
     error_from_body,
@@ -50,7 +48,8 @@ from .request_limits import RequestLimits
 from .request_memory import RequestMemory, Reservation
 from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests read it)
 from .routes import PATH_MODEL_ROUTES as _PATH_MODEL_ROUTES  # noqa: F401
-from .routes import inference_route, is_adapters, sse_error
+from .routes import inference_route, is_adapters
+from .streaming import relay
 
 if TYPE_CHECKING:
     from .finetune import FineTuneRoutes
@@ -313,7 +312,8 @@ class Gateway:
                 self.keep_alives.kept(grant)
             pending = Watched(reply_to, receive, self.queue, env)
             if stream:
-                await self._stream(send, pending, env, route, t0, trace, access=access, grant=grant)
+                ended = functools.partial(self._streamed, route, env.model, t0)
+                await relay(send, pending, env, trace, access=access, grant=grant, ended=ended)
                 return
             reply = await pending.wait(env.deadline - time.time())
             access.queue_ms = reply.timings.get("queue_ms")
@@ -350,65 +350,12 @@ class Gateway:
         ]
         await respond(send, 200, headers, reply.body)
 
-    async def _stream(
-        self, send: Send, pending: PendingReply, env: Envelope, route: str, t0: float,
-        trace: RequestTrace = NULL_REQUEST, *, access: Access, grant: Grant | None = None,
-    ) -> None:  # fmt: skip
-        """Server-sent events: each chunk's bytes (SSE lines the worker wrote) as they come.
-
-        Errors before the first chunk are plain HTTP errors; after it, the status is sent
-        already, so an error becomes an SSE ``error`` event and the stream ends. ``access``
-        learns the outcome's code and the worker's timings (its last chunk has them)."""
-        chunks = pending.stream(env.deadline - time.time())
-        first = await anext(chunks)  # errors here propagate as HTTP errors
-        trace.replied(first)  # its first chunk (or its whole, one-chunk reply)
-        _timings(access, first)  # known now: in the headers (stamped), else left out
-        if first.error is not None:
-            raise error_from_body(first.error, retry_after=first.timings.get("retry_after"))
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", access.request_id.encode()),
-            (b"x-priority", env.priority.value.encode()),
-            *(grant.headers() if grant is not None else ()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        code = "ok"
-        try:
-            await send({"type": "http.response.body", "body": first.body, "more_body": True})
-            if not first.final:
-                async for reply in chunks:
-                    if reply.final or reply.error is not None:
-                        trace.replied(reply)  # the stream's end, with the worker's timings
-                        _timings(access, reply)
-                    if reply.error is not None:
-                        code = str(reply.error.get("error", {}).get("code", "internal"))
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": sse_error(reply.error),
-                                "more_body": True,
-                            }
-                        )
-                        break
-                    await send(
-                        {"type": "http.response.body", "body": reply.body, "more_body": True}
-                    )
-        except FleetError as err:
-            code = err.code
-            body = sse_error(err.to_body())
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-        except Exception:
-            code = InternalError.code
-            raise
-        finally:
-            access.code = None if code == "ok" else code
-            await chunks.aclose()
-            await send({"type": "http.response.body", "body": b""})
-            self._count(route, env.model, code)
-            self.metrics.stage_latency.labels(env.model, "total").observe(time.perf_counter() - t0)
-            if code == "ok":
-                self.dashboard.observe(env.model, time.perf_counter() - t0)
+    def _streamed(self, route: str, model: str, t0: float, code: str) -> None:
+        """A stream ended with ``code``: counted, and its latency observed."""
+        self._count(route, model, code)
+        self.metrics.stage_latency.labels(model, "total").observe(time.perf_counter() - t0)
+        if code == "ok":
+            self.dashboard.observe(model, time.perf_counter() - t0)
 
     def _authorize(self, scope: Scope) -> None:
         """The dashboard's check (its data and events): a valid key with ``admin``."""
@@ -432,9 +379,3 @@ def _access(scope: Scope) -> Access:
     if isinstance(found, Access):
         return found
     return Access(scope.get("method", ""), scope.get("path", ""), request_id(None))
-
-
-def _timings(access: Access, reply: Reply) -> None:
-    """The worker's timings, where the reply has them, on the access line."""
-    access.queue_ms = reply.timings.get("queue_ms", access.queue_ms)
-    access.inference_ms = reply.timings.get("inference_ms", access.inference_ms)
