@@ -212,3 +212,23 @@ async def test_a_bug_in_a_pull_is_no_outage() -> None:
     q.puller = Broken()  # type: ignore[assignment]
     with pytest.raises(KeyError):
         await q.pull(["m/a"], 10, 0.1)
+
+
+async def test_an_unknown_publish_failure_is_logged_in_full_and_answered_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, the 503 said 'could not enqueue: <type> <the exception's text>'."""
+    from fleetserve.wire import Unavailable
+
+    from .envelopes import env
+
+    class Reset:
+        async def publish(self, *args: Any, **kwargs: Any) -> None:
+            raise ConnectionResetError("nats://10.0.0.7:4222: connection reset")
+
+    q = _queue(probe_interval=2.0)
+    q.js = Reset()
+    with caplog.at_level(logging.WARNING, "fleetserve.queue"), pytest.raises(Unavailable) as info:
+        await q.publish(env(), b"x")
+    assert info.value.message == "could not enqueue: ConnectionResetError; retry"
+    assert "10.0.0.7" in caplog.text

@@ -274,3 +274,14 @@ async def test_a_full_device_asking_for_queries_hoards_no_batch_work(stack: Loca
     assert msg.envelope.request_id == "query"
     bulk = await stack.pull(["m/a"], budget=10, timeout=1)  # room again: the batch work
     assert sorted(m.envelope.request_id for m in bulk) == ["bulk-0", "bulk-1"]
+
+
+def test_an_unexpected_error_crosses_to_a_device_without_its_text() -> None:
+    """Before, WireError.of sent any exception's text (hosts, paths) to the device."""
+    from fleetserve.queue.local_proto import WireError
+    from fleetserve.wire import Unavailable
+
+    err = WireError.of(ConnectionResetError("nats://10.0.0.7:4222 reset")).exception()
+    assert err.code == "internal_error" and err.message == "internal error (ConnectionResetError)"
+    kept = WireError.of(Unavailable("queue storage full", retry_after=2.0)).exception()
+    assert kept.message == "queue storage full" and kept.retry_after == 2.0

@@ -125,3 +125,15 @@ def test_wire_is_a_leaf() -> None:
             if level == 0 and ours and not in_wire:
                 bad.append(f"{f.name}: import {module}")
     assert not bad, f"wire/ must import nothing else of fleetserve: {bad}"
+
+
+def test_brief_keeps_an_errors_kind_and_first_line_without_hosts_or_paths() -> None:
+    """Before there was no such helper: records carried an exception's whole text."""
+    from fleetserve.wire.errors import brief
+
+    assert brief(RuntimeError("ValueError: bad shape (3, 4)")) == "ValueError: bad shape (3, 4)"
+    assert brief(KeyError("a")) == "KeyError: 'a'" and brief(RuntimeError()) == "RuntimeError"
+    said = brief(OSError("to nats://u@10.1.2.3:4222 and [::1]:80 at /home/x/.cache/f.bin\nmore"))
+    assert said == "OSError: to <url> and <host> at <path>", said
+    assert len(brief(ValueError("x" * 1000))) <= len("ValueError: ") + 200
+    assert brief(ValueError("shape a/b mismatch")) == "ValueError: shape a/b mismatch"

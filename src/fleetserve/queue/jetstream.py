@@ -269,8 +269,9 @@ class JetStreamQueue:
                     f"({self.options.max_depth} waiting or in flight)",
                     retry_after=self.retry_after,
                 ) from None
+            log.warning("could not enqueue %s: %r", envelope.request_id, exc)  # may name hosts
             raise Unavailable(
-                f"could not enqueue: {type(exc).__name__} {exc}".strip(),
+                f"could not enqueue: {type(exc).__name__}; retry",
                 retry_after=self.retry_after,
             ) from None
         self.writes.accept()  # it stored: ready, whatever a probe or publish saw before

@@ -40,8 +40,10 @@ class WireError(msgspec.Struct, frozen=True):
     def of(cls, exc: BaseException) -> WireError:
         if isinstance(exc, FleetError):
             return cls(exc.to_body(), exc.retry_after)
-        body = {"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}
-        return cls(body)
+        # its text may name hosts, paths or URLs: the log has it, the device its type
+        log.warning("the local queue failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        message = f"internal error ({type(exc).__name__})"
+        return cls({"error": {"code": "internal_error", "message": message}})
 
     def exception(self) -> FleetError:
         return error_from_body(self.body, retry_after=self.retry_after)

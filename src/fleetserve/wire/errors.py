@@ -8,6 +8,7 @@ rebuilds the same classes from the error body, so clients catch the same types.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 
@@ -158,3 +159,28 @@ def error_from_body(body: Any, *, retry_after: float | None = None) -> FleetErro
         field=str(field) if field is not None else None,
         retry_after=retry_after,
     )
+
+
+# what a message a caller reads (a job record, say) must not carry: URLs, hosts, paths
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I)
+_HOST = re.compile(
+    r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?"  # an IPv4 address, maybe with a port
+    r"|\[[0-9a-f:]+\](?::\d+)?"  # an IPv6 one
+    r"|\b[\w-]+(?:\.[\w-]+)+:\d{2,5}\b",  # a host name with a port
+    re.I,
+)
+_PATH = re.compile(r"(?<![\w/])/(?:[^\s/'\"]+/)+[^\s'\",)]*")
+_TYPED = re.compile(r"[A-Z][\w.]*: ")  # "ValueError: ..." as the child reports it
+_BRIEF = 200  # characters of an error's first line kept
+
+
+def brief(exc: BaseException) -> str:
+    """A failure as a caller may read it (a fine-tuning job's record): the exception's
+    type and the first line of its text, cut to 200 characters, with URLs, hosts and
+    absolute paths left out (the log has them all)."""
+    text = next(iter(str(exc).strip().splitlines()), "")
+    text = _PATH.sub("<path>", _HOST.sub("<host>", _URL.sub("<url>", text)))[:_BRIEF]
+    name = type(exc).__name__
+    if type(exc) is RuntimeError and _TYPED.match(text):  # the child's, typed already
+        return text
+    return f"{name}: {text}" if text else name

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import nats
 import pytest
@@ -229,3 +231,27 @@ def test_a_reference_round_trips() -> None:
 def test_garbage_is_not_a_reference(data: bytes) -> None:
     with pytest.raises(ValueError, match="not a job reference"):
         JobRef.decode(data)
+
+
+async def test_a_job_queue_publish_failure_says_its_kind_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, the 503 said 'could not queue the job: <type> <the exception's text>'."""
+    from fleetserve.wire import Unavailable
+
+    class JS:
+        async def publish(self, *args: Any, **kwargs: Any) -> None:
+            raise ConnectionResetError("nats://10.0.0.7:4222: connection reset")
+
+    class NC:
+        def jetstream(self) -> JS:
+            return JS()
+
+    q = JetStreamJobQueue(NC(), None, prefix="t", ack_wait=30.0, max_queued=10, retry_after=5.0)
+    with (
+        caplog.at_level(logging.WARNING, "fleetserve.lora.jobs"),
+        pytest.raises(Unavailable) as info,
+    ):
+        await q.submit(JobRef("default", "ftjob-1"))
+    assert info.value.message == "could not queue the job: ConnectionResetError; retry"
+    assert info.value.retry_after == 5.0 and "10.0.0.7" in caplog.text

@@ -194,3 +194,30 @@ def test_train_memory_limit_is_a_size_a_percent_or_none() -> None:
     assert abs(default - total * 3 // 4) <= 1
     with pytest.raises(ValueError, match="--train-memory-limit: cannot use 'lots'"):
         memory_limit(Settings.load(overrides={"train_memory_limit": "lots"}))
+
+
+async def test_a_failed_training_records_its_kind_but_no_hosts_or_paths(tmp_path: Path) -> None:
+    """Before, the job record (which its tenant reads) said 'training failed: <the
+    exception's whole text>', hosts, URLs and server paths included."""
+    ft, queue, _, _ = setup()
+    registry = AdapterRegistry(ft.store.store, limits=Limits(), bases=StaticBases({}))
+    bert = str(build_bert(tmp_path / "bert"))
+
+    async def base_of(model: str) -> TrainBase:
+        return TrainBase(bert, "mean", True, 16)
+
+    async def broken(*args: object) -> object:
+        raise OSError("GET http://10.0.0.7:9000/b/k from s3.internal.example:443 failed\n"
+                      "at /srv/fleetserve/cache/run-1/model.bin")  # fmt: skip
+
+    runner = JobRunner(ft.store, queue, registry, base_of, train=broken)  # type: ignore[arg-type]
+    j = await job(ft)
+    lease = await queue.take(1.0)
+    assert lease is not None
+    await runner.handle(lease)
+    done = await ft.job(OPEN, j.id)
+    assert done.status is JobStatus.FAILED and done.error is not None
+    message = done.error["message"]
+    assert message.startswith("training failed: OSError: GET <url> from <host> failed"), message
+    for internal in ("10.0.0.7", "9000", "s3.internal", "/srv/", "model.bin"):
+        assert internal not in message

@@ -125,8 +125,10 @@ class JetStreamJobQueue:
                     "running); retry later",
                     retry_after=self.retry_after,
                 ) from None
+            # the text may name the broker's hosts: logged here, not sent
+            log.warning("could not queue job %s: %s: %s", ref.job_id, type(exc).__name__, exc)
             raise Unavailable(
-                f"could not queue the job: {type(exc).__name__} {exc}".strip(),
+                f"could not queue the job: {type(exc).__name__}; retry",
                 retry_after=self.retry_after,
             ) from None
 

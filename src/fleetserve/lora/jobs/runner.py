@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...wire import Cancelled, FleetError, InvalidInput, Principal, Scope
+from ...wire.errors import brief
 from ...wire.finetune import Job, JobEvent, JobStatus, Pair
 from ..pairs import split_by_query
 from ..registry import AdapterRegistry
@@ -92,7 +93,7 @@ class JobRunner:
                 with contextlib.suppress(Exception):
                     job = await self.store.job(lease.ref.tenant, lease.ref.job_id)
                     if not job.status.finished:
-                        await self._fail(job, f"internal error in the trainer: {exc}",
+                        await self._fail(job, f"internal error in the trainer: {brief(exc)}",
                                          "internal_error")  # fmt: skip
                 with contextlib.suppress(Exception):
                     await lease.done()
@@ -201,7 +202,7 @@ class JobRunner:
             outcome = (JobStatus.FAILED, str(exc), "out_of_memory", None)
         except Exception as exc:
             log.warning("training job %s failed: %s", job.id, exc)
-            outcome = (JobStatus.FAILED, f"training failed: {exc}", "training_failed", None)
+            outcome = (JobStatus.FAILED, f"training failed: {brief(exc)}", "training_failed", None)
         finally:  # the watch ends its tick (no write cut in half), then the last of the feed
             stop.set()
             await asyncio.shield(watch)
