@@ -23,6 +23,7 @@ from ..metrics import Metrics
 from ..wire import FleetError, Unavailable
 from .member import Footprint, Member, State, held_together, is_oom
 from .policy import Policy, Resident, evictable, victims
+from .room import no_room
 
 log = logging.getLogger("fleetserve.fleet")
 NOTHING = Footprint()
@@ -283,50 +284,13 @@ class Fleet:
                 self._changed.clear()
             left = give_up - self.clock()
             if left <= 0:
-                raise Unavailable(
-                    f"no room for model {model!r} ({need.total / MIB:.1f} MiB): the budget of "
-                    f"{self.budget / MIB:.1f} MiB is held by models that may not leave now "
-                    f"({self._holders()})",
-                    retry_after=self._frees_in(need),
-                )
+                free = self.budget - self.used(Footprint(0, need.peak))
+                raise no_room(
+                    model, (need.total, need.weights), self.budget, free, self._records(),
+                    lambda m: self._slots[m].held.total, self.clock(), self.cooldown,
+                )  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
-
-    def _holders(self) -> str:
-        """Who holds the budget and why they stay: pinned, busy, kept alive."""
-        now, out = self.clock(), []
-        for r in self._records():
-            why = (
-                "pinned"
-                if r.pinned
-                else "busy"
-                if r.busy
-                else f"kept alive {r.keep_until - now:.0f}s more"
-                if now < r.keep_until
-                else ""
-            )
-            if why:
-                out.append(f"{r.model} {self._slots[r.model].held.total / MIB:.1f} MiB {why}")
-        return "; ".join(out) or "loads under way"
-
-    def _frees_in(self, need: Footprint) -> float:
-        """Seconds until ``need`` fits, were nothing used meanwhile: the keep-alives that
-        must run out first (a busy model is taken to free within a second), at most the
-        cool-down (``load_retry_after``), which it is too where only pinned models stand
-        in the way (nothing will free). The cap: an hour's keep-alive is not an hour's
-        Retry-After (an admin release or a model that leaves sooner lets it in)."""
-        now = self.clock()
-        free = self.budget - self.used(Footprint(0, need.peak))
-        frees = sorted(
-            (max(r.keep_until, now + 1.0) if r.busy else max(r.keep_until, now), r.bytes)
-            for r in self._records()
-            if not r.pinned
-        )
-        for at, size in frees:
-            free += size
-            if need.weights <= free:
-                return max(1.0, min(at - now, self.cooldown))
-        return self.cooldown
 
     def release_keep_alive(self, model: str) -> float:
         """An admin ends ``model``'s keep-alive: it may leave under pressure now (once idle).
