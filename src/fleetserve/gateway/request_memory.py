@@ -3,10 +3,12 @@
 
 A request reserves its body's bytes times :data:`FACTOR` (the body, its copy in the
 queue and what decoding and tokenizing its items build), from its Content-Length
-before the body arrives, else from the body it read, and gives it back when its reply
-is sent. The models' budget (``--memory-budget``) does not count requests, so the
-process stays within that budget plus this one. A full budget is a 503 with
-Retry-After (others' requests will finish); a request that alone exceeds it a 413.
+before the body arrives, and grown with each chunk as it arrives (a body without one is
+refused within the chunk that overflows the budget); it gives it back once its reply
+(a stream's last chunk too) is sent. The models' budget (``--memory-budget``) does not
+count requests, so the process stays within that budget plus this one. A full budget
+is a 503 with Retry-After (others' requests will finish); a request that alone exceeds
+it a 413.
 """
 
 from __future__ import annotations
