@@ -92,7 +92,7 @@ class Gateway:
         # a model's interactive threshold (its profile's), in predicted tokens
         self.interactive_cost = interactive_cost or (lambda _model: Profile.interactive_cost)
         self.settings = settings
-        self.access_log = bool(getattr(settings, "access_log", True))  # a line per request
+        self.access_log = settings.access_log  # a line per request
         self.catalog = catalog
         self.queue = queue
         self.metrics = metrics
