@@ -107,8 +107,7 @@ class JetStreamQueue:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancels = CancelChannel(self.options.prefix)  # <prefix>.cancel, core NATS
         self.probe_interval = probe_interval  # seconds between write probes; 0: none
-        # whether JetStream stores what is published (js_health); with no probes to end
-        # a refusal, it ends on its own after retry_after (the next publish tries again)
+        # whether JetStream stores what is published; without probes, as a publish saw it
         self.writes = Writes(hold=None if probe_interval > 0 else retry_after)
         self._backoff = Backoff(what="pulls")  # a pull that failed while the broker is away
 

@@ -5,7 +5,9 @@ release a model (``DELETE /v1/models/{id}/keep-alive``) publishes the model id w
 reply inbox; every worker that serves the model releases it in its fleet and answers
 with the seconds of keep-alive it had left. The gateway gathers the answers of the
 workers its heartbeats know of, for at most a second. Nothing is stored: a worker that
-is not connected at that moment keeps its keep-alive until it runs out.
+is not connected at that moment keeps its keep-alive until it runs out. A multi-device
+host's parent holds no model: it passes the release to its device processes
+(:class:`Asks`) and answers for them.
 """
 
 from __future__ import annotations
@@ -13,13 +15,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+from .local_proto import Release, Released
 
 log = logging.getLogger("fleetserve.queue")
 WAIT = 1.0  # seconds a gateway waits for the workers' answers
+
+
+class Asks:
+    """A multi-device host's parent: each release goes to its device processes over the
+    local queue (``Release`` frames, answered ``Released``)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, asyncio.Future[float | None]] = {}  # by rid
+        self._rids = itertools.count(1)
+
+    def answered(self, f: Released) -> None:
+        fut = self._waiting.get(f.rid)
+        if fut is not None and not fut.done():
+            fut.set_result(f.left)
+
+    async def release(
+        self, sends: Sequence[Callable[[Release], None]], model: str, timeout: float
+    ) -> float | None:
+        """Ask through each of ``sends``; the most seconds any device had left (None:
+        none serves ``model``, or none answered within ``timeout``)."""
+        loop = asyncio.get_running_loop()
+        asked: dict[int, asyncio.Future[float | None]] = {}
+        for send in sends:
+            rid = next(self._rids)
+            asked[rid] = self._waiting[rid] = loop.create_future()
+            send(Release(rid, model))
+        try:
+            if asked:
+                await asyncio.wait(list(asked.values()), timeout=timeout)
+        finally:
+            for rid in asked:
+                self._waiting.pop(rid, None)
+        lefts = [x for f in asked.values() if f.done() and (x := f.result()) is not None]
+        return max(lefts, default=None)
 
 
 def subject(prefix: str) -> str:
@@ -71,4 +110,4 @@ async def release_everywhere(nc: Any, prefix: str, model: str, workers: int) -> 
     return max(answers, default=0.0)
 
 
-__all__ = ["WAIT", "release_everywhere", "serve_releases", "subject"]
+__all__ = ["WAIT", "Asks", "release_everywhere", "serve_releases", "subject"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 import os
 import time
@@ -40,6 +39,7 @@ from ..wire import InternalError, InvalidInput, Reply
 from .base import PendingReply, WorkQueue
 from .cancels import Cancel as CancelWork
 from .cancels import concerns
+from .js_release import Asks
 from .local_buffer import Entry, LocalBuffer
 from .local_proto import (
     Abandon,
@@ -52,7 +52,6 @@ from .local_proto import (
     Pull,
     Pulled,
     Refresh,
-    Release,
     Released,
     Replied,
     SendReply,
@@ -110,8 +109,7 @@ class LocalQueueServer:
         self._handlers: set[asyncio.Task[Any]] = set()  # pulls
         self._ops: set[asyncio.Task[None]] = set()  # upstream operations: finished at close
         self._unlisten: Callable[[], None] | None = None  # from upstream cancels
-        self._releases: dict[int, asyncio.Future[float | None]] = {}  # by rid
-        self._release_ids = itertools.count(1)
+        self._asks = Asks()  # keep-alive releases sent to the device processes
 
     # -- views ------------------------------------------------------------------------
     @property
@@ -212,27 +210,11 @@ class LocalQueueServer:
         elif isinstance(f, Abandon):
             self._op(self.upstream.cancel(f.request_id, f.until))
         elif isinstance(f, Released):
-            fut = self._releases.get(f.rid)
-            if fut is not None and not fut.done():
-                fut.set_result(f.left)
+            self._asks.answered(f)
 
     async def release(self, model: str, timeout: float) -> float | None:
-        """Every device process ends ``model``'s keep-alive; the most seconds any had
-        left (None: none serves it, or none answered within ``timeout``)."""
-        loop = asyncio.get_running_loop()
-        asked: dict[int, asyncio.Future[float | None]] = {}
-        for conn in list(self._conns):
-            rid = next(self._release_ids)
-            asked[rid] = self._releases[rid] = loop.create_future()
-            conn.send(Release(rid, model))
-        try:
-            if asked:
-                await asyncio.wait(list(asked.values()), timeout=timeout)
-        finally:
-            for rid in asked:
-                self._releases.pop(rid, None)
-        lefts = [x for f in asked.values() if f.done() and (x := f.result()) is not None]
-        return max(lefts, default=None)
+        """Every device process ends ``model``'s keep-alive (``js_release.Asks``)."""
+        return await self._asks.release([c.send for c in self._conns], model, timeout)
 
     def _on_cancel(self, c: CancelWork) -> None:
         """Heard upstream: buffered messages of it go (never handed out); every device
