@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
-from fleetserve.lora.pairs import parse_pairs, split_by_query, to_jsonl
+from fleetserve.lora import pairs_check
+from fleetserve.lora.pairs import check_file, parse_pairs, read_pairs, split_by_query, to_jsonl
 from fleetserve.wire import InvalidInput
 from fleetserve.wire.finetune import Pair
 
@@ -145,3 +147,72 @@ def test_the_split_holds_out_whole_queries() -> None:
     assert len({p.query for p in one}) == 1  # at least one query, never all
     with pytest.raises(InvalidInput, match="one distinct query"):
         split_by_query([Pair("q", "a"), Pair("q", "b")], 0.5)
+
+
+def write(path: Path, rows: int, *, repeat: int = 0, negative: str | None = None) -> Path:
+    """A JSONL of ``rows`` short rows, then the first ``repeat`` again (with ``negative``)."""
+    with path.open("wb") as f:
+        for i in range(rows):
+            f.write(b'{"query": "q%d", "positive": "p%d"}\n' % (i % 1000, i))
+        for i in range(repeat):
+            row: dict[str, object] = {"query": f"q{i % 1000}", "positive": f"p{i}"}
+            f.write(json.dumps(row | ({"negative": negative} if negative else {})).encode())
+            f.write(b"\n")
+    return path
+
+
+def test_a_file_is_checked_holding_a_few_bytes_a_row(tmp_path: Path) -> None:
+    """Before, a file was checked as bytes, every pair held for the deduplication and the
+    kept rows built whole (860 KB of 22,000 rows: 8.7 MiB traced at peak). Now it is
+    read a line at a time, each row written out as it comes, and repeats are found by
+    one 8-byte slot a row (240 KB here): under 1 MiB in all."""
+    src = write(tmp_path / "in.jsonl", 20_000, repeat=2_000)
+    tracemalloc.start()
+    try:
+        checked, kept = check_file(src, min_pairs=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (checked.rows, checked.duplicates, checked.merged) == (20_000, 2_000, False)
+    assert checked.two_queries and peak < 1 << 20, peak
+    assert kept.read_bytes() == to_jsonl(parse_pairs(src.read_bytes()).pairs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.jsonl", kept.name])
+
+
+def test_repeats_with_new_negatives_merge_through_a_file(tmp_path: Path) -> None:
+    """Repeats that bring negatives are merged into their first row in a second pass, as
+    parse_pairs merges them; a refused file leaves nothing beside it."""
+    src = write(tmp_path / "in.jsonl", 2_000, repeat=3, negative="n")
+    checked, kept = check_file(src)
+    assert checked.merged and checked.duplicates == 3
+    pairs = read_pairs(kept.read_bytes())
+    assert pairs == parse_pairs(src.read_bytes()).pairs
+    assert [p.negatives for p in pairs[:4]] == [("n",), ("n",), ("n",), ()]
+    kept.unlink()
+    src.write_bytes(b'{"query": "q", "positive": "p"}\n{\n')
+    with pytest.raises(InvalidInput, match="line 2 is not JSON"):
+        check_file(src)
+    assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]
+
+
+def test_repeats_bringing_too_many_negatives_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a repeat's negatives were all held and each checked against a list of the
+    row's (one row repeated with 250,000 negatives: hours of CPU); now what repeats
+    bring is held up to MERGE_BUDGET, then the file is a 400 naming the line."""
+    monkeypatch.setattr(pairs_check, "MERGE_BUDGET", 1000)
+    rows = [{"query": "q", "positive": "p", "negative": f"n{i}"} for i in range(20)]
+    with pytest.raises(InvalidInput, match="repeats bring more than") as err:
+        parse_pairs(jsonl(*rows))
+    assert err.value.field == "line 11"
+    assert len(parse_pairs(jsonl(*rows[:10])).pairs[0].negatives) == 10
+
+
+def test_a_lone_surrogate_is_a_400_naming_its_line() -> None:
+    """Before, json.loads took "\\ud800" and writing the kept rows raised
+    UnicodeEncodeError: a 500."""
+    ok = jsonl({"query": "q", "positive": "p"})
+    for bad in (b'{"query": "\\ud800", "positive": "p"}\n', b'{"query": "q", "positive": "p", '
+                b'"negative": "\\udfff"}\n'):  # fmt: skip
+        with pytest.raises(InvalidInput, match="line 2 holds a lone surrogate") as err:
+            parse_pairs(ok + bad)
+        assert err.value.field == "line 2"

@@ -108,7 +108,7 @@ def _spool(root: Path, made: list[Path]) -> Iterator[BinaryIO]:
 def _newlines(path: Path) -> int:
     count = 0
     with path.open("rb") as f:
-        while block := f.read(1 << 20):
+        while block := f.read(1 << 18):
             count += block.count(b"\n")
     return count
 

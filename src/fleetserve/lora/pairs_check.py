@@ -8,11 +8,11 @@ trimmed, deduplicated) to ``dst``. What it holds while it reads:
   bytes never copied whole or decoded);
 - :class:`_Seen`, where each distinct (query, positive) was written: one 64-bit slot a
   row (a 28-bit tag of its hash and its offset in ``dst``), 12 bytes a line of the file
-  at most. A tag that matches is checked against the row read back from ``dst``, so no
-  two distinct pairs are ever merged;
-- the negatives that repeated rows add to an earlier row (new ones only: an exact
-  repeat adds nothing), up to :data:`MERGE_BUDGET`; they are merged in a second pass
-  over ``dst`` into ``spare``;
+  at most. A tag that matches is checked against the start of the row read back from
+  ``dst`` (no more bytes than the repeat has), so no two distinct pairs are merged;
+- the negatives that repeats bring (unless a repeat is the very row again), up to
+  :data:`MERGE_BUDGET`; those new to their row are merged in a second pass over
+  ``dst`` into ``spare``;
 - the first :data:`MAX_WARNINGS` warnings, the counts, and the first query (whether a
   second one exists is what holding queries out needs).
 """
@@ -35,7 +35,7 @@ MAX_WARNINGS = 100  # warnings kept (a file's record holds these; the rest are c
 MERGE_BUDGET = 16 << 20  # bytes of new negatives repeated rows may bring (held to merge)
 _OFF_BITS, _TAG_BITS = 36, 28  # a slot: tag << 36 | (offset + 1); files up to 64 GiB
 _OFF_MASK, _HASH_MASK = (1 << _OFF_BITS) - 1, (1 << 64) - 1
-_STR_COST = 64  # what one held str costs beyond its characters, about
+_STR_COST = 100  # what one held negative costs beyond its characters (str, dict entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def check_pairs(
     empty, readable and writable); ``InvalidInput`` naming the line of the first bad
     row, or the file when it holds fewer than ``min_pairs`` pairs."""
     seen = _Seen(rows)
-    extras: dict[int, list[str]] = {}  # offset in dst -> negatives that repeats added
+    extras: dict[int, dict[str, None]] = {}  # offset in dst -> negatives repeats brought
     warnings: list[str] = []
     budget, cut, kept, duplicates, at = MERGE_BUDGET, 0, 0, 0, 0
     first_query: str | None = None
@@ -84,14 +84,15 @@ def check_pairs(
         if len(warnings) > MAX_WARNINGS:
             cut += len(warnings) - MAX_WARNINGS
             del warnings[MAX_WARNINGS:]
+        head, row = _encode(n, query, positive, [v for v in negatives if v != positive])
         h = hash((query, positive)) & _HASH_MASK
-        hit = None
-        for off in seen.candidates(h):
-            if (had := _same(dst, off, query, positive, at)) is not None:
-                hit = off, had
+        off, got = None, b""
+        for o in seen.candidates(h):  # as long as the row at most: a repeat reads no more
+            got = _read(dst, o, len(row), at)
+            if got.startswith(head) and got[len(head) : len(head) + 1] in (b"}", b","):
+                off = o  # the same query and positive (what follows them: } or ,)
                 break
-        if hit is None:
-            row = _dump(n, query, positive, [v for v in negatives if v != positive])
+        if off is None:
             dst.write(row)
             seen.add(h, at)
             at, kept = at + len(row), kept + 1
@@ -99,21 +100,20 @@ def check_pairs(
                 first_query = query
             two_queries = two_queries or query != first_query
             continue
-        off, had = hit
         duplicates += 1
-        added = extras.get(off, [])
-        have = {positive, *had, *added}
-        new = [v for v in negatives if v not in have]
-        if new:
-            _dump(n, query, positive, new)  # each text can be written (no lone surrogate)
-            budget -= sum(len(v) + _STR_COST for v in new)
-            if budget < 0:
-                raise _bad(
-                    n, "repeats an earlier row's query and positive with new negatives, and "
-                    f"the file's repeats bring more than {MERGE_BUDGET >> 20} MiB of them: "
-                    "merge repeated rows into one row each",
-                )  # fmt: skip
-            extras[off] = added + new
+        if not negatives or got == row:
+            continue  # nothing to merge: no negatives, or the very row again
+        added = extras.setdefault(off, {})
+        for v in negatives:  # what is new to the row itself: seen in the second pass
+            if v != positive and v not in added:
+                added[v] = None
+                budget -= len(v) + _STR_COST
+        if budget < 0:
+            raise _bad(
+                n, "repeats an earlier row's query and positive with other negatives, and "
+                f"the file's repeats bring more than {MERGE_BUDGET >> 20} MiB of them: "
+                "merge repeated rows into one row each",
+            )  # fmt: skip
     if not kept:
         raise InvalidInput("the file holds no pairs: it is empty (line 1)", field="line 1")
     if kept < min_pairs:
@@ -134,7 +134,7 @@ class _Seen:
     def __init__(self, rows: int) -> None:
         self.cap = max(8, rows * 3 // 2 + 1)
         self.slots = array("Q", [0]) * self.cap
-        self._free = 0
+        self._free, self.used = 0, 0
 
     def candidates(self, h: int) -> Iterator[int]:
         """The offsets of the rows whose slot tag matches hash ``h``'s; once they are all
@@ -150,42 +150,48 @@ class _Seen:
     def add(self, h: int, offset: int) -> None:
         if offset >= _OFF_MASK:
             raise InvalidInput("the file is too large to check", field="file")
+        self.used += 1
+        if self.used >= self.cap:  # never: ``rows`` bounds them (or a probe would not end)
+            raise RuntimeError(f"more than the {self.cap - 1} rows bounded")
         self.slots[self._free] = (h >> (64 - _TAG_BITS)) << _OFF_BITS | (offset + 1)
 
 
-def _same(dst: BinaryIO, off: int, query: str, positive: str, end: int) -> list[str] | None:
-    """The negatives of the row at ``off`` in ``dst`` if it is (query, positive)."""
+def _read(dst: BinaryIO, off: int, size: int, end: int) -> bytes:
+    """``size`` bytes of ``dst`` from ``off`` (its end: ``end``, where writing goes on)."""
     dst.seek(off)
-    row = json.loads(dst.readline())
+    got = dst.read(size)
     dst.seek(end)
-    if row["query"] != query or row["positive"] != positive:
-        return None
-    return list(row.get("negative", ()))
+    return got
 
 
-def _merge(dst: BinaryIO, spare: BinaryIO, extras: dict[int, list[str]]) -> None:
-    """``dst``'s rows into ``spare``, each with the negatives its repeats added."""
+def _merge(dst: BinaryIO, spare: BinaryIO, extras: dict[int, dict[str, None]]) -> None:
+    """``dst``'s rows into ``spare``, each with the new negatives its repeats brought."""
     dst.seek(0)
     at = 0
     for line in iter(dst.readline, b""):
         more = extras.get(at)
         at += len(line)
-        if more is None:
-            spare.write(line)
-            continue
-        row = json.loads(line)
-        row["negative"] = [*row.get("negative", ()), *more]
-        spare.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+        if more is not None:
+            row = json.loads(line)
+            had = row.get("negative", [])
+            have = set(had)
+            new = [v for v in more if v not in have]
+            if new:
+                row["negative"] = [*had, *new]
+                line = json.dumps(row, ensure_ascii=False).encode() + b"\n"
+        spare.write(line)
 
 
-def _dump(n: int, query: str, positive: str, negatives: list[str]) -> bytes:
-    row: dict[str, object] = {"query": query, "positive": positive}
-    if negatives:
-        row["negative"] = negatives
+def _encode(n: int, query: str, positive: str, negatives: list[str]) -> tuple[bytes, bytes]:
+    """(the row's bytes up to its query and positive, the row as a file keeps it)."""
     try:
-        return json.dumps(row, ensure_ascii=False).encode() + b"\n"
+        base = json.dumps({"query": query, "positive": positive}, ensure_ascii=False).encode()
+        if not negatives:
+            return base[:-1], base + b"\n"
+        more = json.dumps(negatives, ensure_ascii=False).encode()
     except UnicodeEncodeError:  # "\ud800": a lone surrogate, legal JSON but not text
         raise _bad(n, "holds a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
+    return base[:-1], base[:-1] + b', "negative": ' + more + b"}\n"
 
 
 def _lines(src: BinaryIO, max_line: int) -> Iterator[tuple[int, str]]:
