@@ -118,6 +118,33 @@ async def test_one_query_cannot_be_held_out() -> None:
     assert err.value.field == "validation_fraction"
 
 
+async def test_a_job_checks_its_file_from_the_record_not_the_pairs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, each job created read the whole training file back and parsed every pair
+    in the server (a 100 MiB file: hundreds of MiB a request) to see whether two
+    queries could be split; now the file's record says it. A record from before that
+    does not say still has its pairs read."""
+    ft, _ = make()
+    many = await ft.create_file(ACME, "a.jsonl", pairs(8))
+    one = await ft.create_file(ACME, "b.jsonl", pairs(8, queries=1))
+
+    async def no_pairs(*_a: object) -> None:
+        raise AssertionError("the pairs were read")
+
+    with monkeypatch.context() as m:
+        m.setattr(ft.store, "pairs", no_pairs)
+        await ft.create_job(ACME, {"model": "tiny/dense", "training_file": many.id})
+        with pytest.raises(InvalidInput, match="one distinct query"):
+            await ft.create_job(ACME, {"model": "tiny/dense", "training_file": one.id})
+    key = f"finetune/files/acme/{one.id}.json"
+    record = json.loads(await ft.store.store.get(key))
+    assert record.pop("two_queries") is False
+    await ft.store.store.put(key, json.dumps(record).encode())
+    with pytest.raises(InvalidInput, match="one distinct query"):
+        await ft.create_job(ACME, {"model": "tiny/dense", "training_file": one.id})
+
+
 async def test_cancel_queued_at_once_and_finished_is_a_conflict() -> None:
     ft, _queue = make()
     f = await ft.create_file(OPEN, "a.jsonl", pairs(8))
