@@ -5,7 +5,8 @@ read from ``/proc``.
 
 ``python -m tests.gateway.upload_kit DIR`` runs that gateway: a file adapter store
 under ``DIR``, a fake base (:data:`BIG`) whose Linear layers are 4096x4096, the key
-:data:`KEY` (tenant alice); it prints its port and serves until stdin closes.
+:data:`KEY` (tenant alice); ``/v1/files`` too (into the same store, up to
+:data:`MAX_FILE_BYTES`; no trainer); it prints its port and serves until stdin closes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ BIG = "big/base"
 KEY = "fs-alice-key-for-upload-tests"
 WIDTH, RANK = 4096, 64  # each module's lora_A and lora_B: 1 MiB of float32 each
 CHUNK = 1 << 20
+MAX_FILE_BYTES = 128 << 20  # /v1/files here
 
 
 def big_shapes(layers: int) -> dict[str, tuple[int, int]]:
@@ -106,14 +108,47 @@ def adapter_body(layers: int, name: str = "big") -> Multipart:
     )
 
 
+class PairsFile:
+    """A JSONL file of ``rows`` training rows made on the fly, as a sized iterable of
+    chunks (never held whole): every row the same length; each tenth repeats the row
+    five before it with another negative (merged into it: ``duplicates``)."""
+
+    content_type = "application/jsonl"
+    ROW = (
+        '{{"query": "question {q:07d}: what does the building code say of a balcony?", '
+        '"positive": "answer {q:07d}: a balcony over {m:02d} square metres needs a permit '
+        'from the municipality first.", "negative": "answer {n:07d}: no permit is needed '
+        'for a fence under a metre and a half."}}\n'
+    )
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.duplicates = sum(1 for i in range(rows) if i % 10 == 9)
+
+    def row(self, i: int) -> bytes:
+        q = i - 5 if i % 10 == 9 else i
+        return self.ROW.format(q=q, m=q % 97, n=(i * 7919) % 10_000_000).encode()
+
+    def __len__(self) -> int:
+        return self.rows * len(self.row(0))
+
+    def __iter__(self) -> Iterator[bytes]:
+        for start in range(0, self.rows, 4096):
+            yield b"".join(self.row(i) for i in range(start, min(self.rows, start + 4096)))
+
+
 async def _serve(root: Path) -> None:
     from fleetserve.catalog import Catalog
     from fleetserve.gateway import Gateway
     from fleetserve.gateway.adapters import AdapterRoutes
     from fleetserve.gateway.auth import Authenticator, KeyEntry, hash_key
+    from fleetserve.gateway.finetune import FineTuneRoutes
     from fleetserve.gateway.upload import Uploads
     from fleetserve.lifecycle import start_http
     from fleetserve.lora.bases import StaticBases
+    from fleetserve.lora.jobs.manager import FineTuning, TrainLimits
+    from fleetserve.lora.jobs.queue import MemoryJobQueue
+    from fleetserve.lora.jobs.store import JobStore
     from fleetserve.lora.registry import AdapterRegistry
     from fleetserve.lora.store import AdapterStore
     from fleetserve.lora.validate import Limits
@@ -122,8 +157,11 @@ async def _serve(root: Path) -> None:
     from fleetserve.storage import FileStore
     from fleetserve.wire import Scope
 
+    store = AdapterStore(FileStore(root / "store"))
+    uploads = Uploads(root / "uploads")
+    manager = FineTuning(JobStore(store), MemoryJobQueue(), {BIG: "dense"}.get, TrainLimits())
     registry = AdapterRegistry(
-        AdapterStore(FileStore(root / "store")),
+        store,
         limits=Limits(max_rank=RANK, max_bytes=512 << 20),
         bases=StaticBases({BIG: ("dense", big_shapes(256))}),
     )
@@ -135,7 +173,8 @@ async def _serve(root: Path) -> None:
         Metrics(),
         ready=lambda: True,
         authenticator=Authenticator.from_entries(entries),
-        adapters=AdapterRoutes(registry, uploads=Uploads(root / "uploads")),
+        adapters=AdapterRoutes(registry, uploads=uploads),
+        finetune=FineTuneRoutes(manager, max_file_bytes=MAX_FILE_BYTES, uploads=uploads),
     )
     _http, _task, port = await start_http(app, "127.0.0.1", 0)
     print(port, flush=True)
