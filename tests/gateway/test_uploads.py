@@ -6,7 +6,6 @@ memory while /healthz keeps answering, and concurrent uploads are bounded."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import logging
@@ -32,7 +31,15 @@ from fleetserve.wire import Principal
 from ..lora.kit import ALICE, BASE, BOB, Kit, kit_fixture, registry_on  # noqa: F401
 from .finetune_kit import ALICE as ALICE_KEY
 from .finetune_kit import Served, finetuning, pairs
-from .upload_kit import KEY, Multipart, PairsFile, adapter_body
+from .upload_kit import (
+    Multipart,
+    PairsFile,
+    adapter_body,
+    peak_while,
+    post,
+    reset_peak,
+    status_kib,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -297,57 +304,6 @@ def big_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-
-
-def status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
-
-
-def reset_peak(pid: int) -> None:
-    with contextlib.suppress(OSError):  # "5" resets VmHWM to the current RSS (Linux 4.0+)
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-
-
-def post(
-    port: int, body: Multipart | PairsFile, path: str = "/v1/adapters"
-) -> tuple[int, dict[str, Any]]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        headers = {
-            "content-type": body.content_type,
-            "content-length": str(len(body)),
-            "authorization": f"Bearer {KEY}",
-        }
-        conn.request("POST", path, body=iter(body), headers=headers)
-        r = conn.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        conn.close()
-
-
-def peak_while(pid: int, port: int, send: Any) -> tuple[Any, int, float]:
-    """(what ``send()`` returned, how much the server's peak RSS grew meanwhile in KiB,
-    the slowest /healthz asked every 50 ms meanwhile, in seconds)."""
-    reset_peak(pid)
-    before = status_kib(pid, "VmRSS")
-    result: list[Any] = []
-    thread = threading.Thread(target=lambda: result.append(send()))
-    thread.start()
-    probes: list[float] = []
-    health = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    while thread.is_alive() and len(probes) < 2400:
-        t0 = time.perf_counter()
-        health.request("GET", "/healthz")
-        assert health.getresponse().read() == b'{"status":"ok"}'
-        probes.append(time.perf_counter() - t0)
-        thread.join(0.05)
-    thread.join(120)
-    health.close()
-    assert probes, "no /healthz was asked"
-    return result[0], status_kib(pid, "VmHWM") - before, max(probes)
 
 
 def test_large_training_file_costs_little_memory(big_server: tuple[int, int, Path]) -> None:
