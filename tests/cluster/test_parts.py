@@ -23,8 +23,11 @@ TEXTS = [f"sentence number {i} about {'many ' * (i % 5)}things" for i in range(3
 @pytest.fixture
 def sliced(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
     # a 64-token budget makes the request hundreds of parts; unacked work comes back
-    # after 1 s when its worker is gone
-    rc = start_cluster(cluster_catalog, tmp_path, workers=2, max_batch_tokens=64, ack_wait=1.0)
+    # after 1 s when its worker is gone; 3000 inputs in one request are over the default
+    # max_items (2048), so the gateway is told to take them
+    rc = start_cluster(
+        cluster_catalog, tmp_path, workers=2, max_batch_tokens=64, ack_wait=1.0, max_items=4096
+    )
     yield rc
     rc.cluster.stop()
 

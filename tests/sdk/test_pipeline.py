@@ -80,8 +80,13 @@ def test_a_gateway_advertises_what_it_knows(tiny_catalog: Path) -> None:
     settings = tiny_settings(tiny_catalog, nats="nats://127.0.0.1:1", max_body_bytes=BODY)
     (info,) = GatewayProcess(settings).models_info()  # not started: no NATS needed
     seq = info["max_seq_len"]
-    assert info["limits"] == {"max_body_bytes": BODY, "max_seq_len": seq, "request_timeout_s": 30.0}
-    assert Limits.from_info(info["limits"]) == Limits(max_body_bytes=BODY, max_seq_len=seq)
+    items = {"max_items": 2048, "max_item_bytes": 1024 * 1024, "max_nesting_depth": 64}
+    assert info["limits"] == {
+        "max_body_bytes": BODY, "max_seq_len": seq, "request_timeout_s": 30.0, **items
+    }  # fmt: skip
+    assert Limits.from_info(info["limits"]) == Limits(
+        max_body_bytes=BODY, max_seq_len=seq, max_items=2048
+    )
 
 
 class Gate(httpx.BaseTransport):
