@@ -44,6 +44,10 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# what nats-server logs when a stream's store fails a write (server/filestore.go)
+WRITE_ERROR = "Critical write error"
+
+
 class NatsServer:
     """A nats-server child process, stopped by PID.
 
@@ -121,6 +125,23 @@ class NatsServer:
             shutil.rmtree(ports_dir, ignore_errors=True)
         self.stop()
         raise Unavailable(f"nats-server did not start within {timeout:.0f}s")
+
+    def write_failed(self) -> bool:
+        """Whether this run of nats-server logged a critical write error: a stream's
+        file store that hit one (ENOSPC, say) refuses every write until it is reopened,
+        which only a restart does (``fileStore.setWriteErr`` in nats-server is sticky)."""
+        return self.proc is not None and WRITE_ERROR in self._read_log()
+
+    def restart(self, timeout: float = 10.0) -> str:
+        """Stop (SIGTERM, the store kept, a temporary one too) and start again on the
+        same port and store: JetStream reopens each stream's files."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.start(timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; the store directory is kept."""

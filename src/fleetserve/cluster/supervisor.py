@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,8 @@ _PROBE = {PROBE_HEADER: "cluster"}  # its polling's access lines at debug level
 BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 30.0  # seconds up after which a child's backoff starts over
+HEAL_FREE_BYTES = 8 * 1024 * 1024  # free space on the store that lets nats-server write again
+HEAL_EVERY = 30.0  # seconds between two restarts of nats-server for a write error
 GIVE_UP_AFTER = 5  # failures in a row before ever becoming ready
 
 
@@ -143,6 +146,7 @@ class Cluster:
         self.gateway_child = Child("gateway")
         self.worker_children = [Child(f"worker-{i}") for i in range(workers)]
         self.api = f"http://{settings.host}:{settings.port}"
+        self._healed = -HEAL_EVERY  # when nats-server was last restarted for a write error
 
     def child_env(self, **extra: str) -> dict[str, str]:
         env = child_env({**self.base_env, **self.settings.to_env()})  # no library bars
@@ -231,13 +235,45 @@ class Cluster:
         Raises ``GiveUp`` when a child keeps failing before it ever becomes ready.
         """
         now = time.monotonic()
+        if self.nats_child.due is None:  # its NatsServer knows the run (restarted in place)
+            self.nats_child.proc = self.nats.proc
         for c in self.supervised:
             if c.proc is not None and c.due is None and c.proc.poll() is not None:
                 self._exited(c, c.proc.returncode, now)
         self._check_ready()
+        self._heal_broker(now)
         for c in self.supervised:
             if c.due is not None and time.monotonic() >= c.due:
                 self._restart(c)
+
+    def _heal_broker(self, now: float) -> None:
+        """nats-server whose store failed a write (a full disk) refuses writes to that
+        stream until it reopens it, even once space is free again: restart it then, on
+        the same port and store, so the fleet serves again with nothing restarted by
+        hand (the workers and the gateway ride the reconnect; the stored work stays)."""
+        c = self.nats_child
+        if c.proc is None or c.due is not None or c.proc.poll() is not None:
+            return
+        if now - self._healed < HEAL_EVERY or not self.nats.write_failed():
+            return
+        free = shutil.disk_usage(self.nats.store_dir).free
+        if free < HEAL_FREE_BYTES:
+            return  # still full: the gateway and workers say so (queue storage full)
+        self._healed = now
+        log.warning(
+            "nats-server's store failed a write and has %d MiB free again: restarting "
+            "nats-server to reopen it",
+            free // (1024 * 1024),
+        )
+        try:
+            self.nats.restart()
+        except Unavailable as err:
+            log.warning("nats-server did not restart (%s); retrying", err)
+            c.proc, c.ready = None, False
+            c.due = time.monotonic() + c.backoff.next(0.0)
+            return
+        c.proc, c.started, c.restarts = self.nats.proc, time.monotonic(), c.restarts + 1
+        log.info("%s pid %s", c.name, c.pid)
 
     def _exited(self, c: Child, code: int, now: float) -> None:
         uptime = now - c.started
