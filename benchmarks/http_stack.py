@@ -134,9 +134,9 @@ def main(argv: Sequence[str] = ()) -> int:
         "| --- | ---: | ---: |",
     ]
     for name in lat:
-        p50, r = statistics.median(lat[name]), statistics.median(rps[name])
-        table.add_row(name, f"{p50:.3f}", f"{r:,.0f}")
-        lines.append(f"| {name} | {p50:.3f} | {r:,.0f} |")
+        p50, per_s = statistics.median(lat[name]), statistics.median(rps[name])
+        table.add_row(name, f"{p50:.3f}", f"{per_s:,.0f}")
+        lines.append(f"| {name} | {p50:.3f} | {per_s:,.0f} |")
     console.print(table)
     (out / "http_stack.md").write_text("\n".join(lines) + "\n")
     return 0
