@@ -30,6 +30,7 @@ from .wire import FleetError, InvalidInput, PayloadTooLarge, Unavailable
 _HEAD, _BODY = 1, 2  # what the parser is reading; None: between requests
 _LINE = 16  # a head's bytes besides its target and fields: "GET  HTTP/1.1\r\n" and "\r\n"
 _FIELD = 4  # a field's bytes besides its name and value: ": " and "\r\n"
+REFUSED_LINGER_S = 1.0  # how long a refused connection drops what it is sent
 
 
 def enabled(limits: Limits) -> bool:
@@ -87,23 +88,33 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._chunk = 0  # the length of the chunk being parsed
         self._began = False  # whether a head began in it
         self._before = 0  # its bytes known to precede the open head
+        self._refused = False  # over the connection cap: answered, lingering to close
 
     # -- the connection -------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         cap = self.limits.http_max_connections
         if cap and len(self.admitted) >= cap:
-            # answered at once, unread: a refused socket costs no parsing and holds no
-            # file descriptor until a timeout
-            error = Unavailable(
-                f"the server holds its limit of {cap} open connections "
-                "(FLEETSERVE_HTTP_MAX_CONNECTIONS); retry later",
-                retry_after=self.retry_after,
-            )
-            self._answer(503, error)
+            self._refuse(cap)
             return
         self.admitted.add(self)
         self._start_head()
+
+    def _refuse(self, cap: int) -> None:
+        """Answer 503 at once, unread, so that a refused socket costs no parsing; then
+        half-close and linger ``REFUSED_LINGER_S``, dropping what the client sends: its
+        request meeting a closed socket would reset the connection, and a reset throws
+        away the answer before the client reads it."""
+        error = Unavailable(
+            f"the server holds its limit of {cap} open connections "
+            "(FLEETSERVE_HTTP_MAX_CONNECTIONS); retry later",
+            retry_after=self.retry_after,
+        )
+        self._refused = True
+        self._answer(503, error, close=False)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._watch = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.admitted.discard(self)
@@ -114,7 +125,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():  # a refused connection's late bytes
+        if self._refused or self.transport.is_closing():  # dropped, unread
             return
         self._unset_keepalive_if_required()
         if self._phase is None:
@@ -298,7 +309,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         return self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue)
 
-    def _answer(self, status: int, error: FleetError) -> None:
+    def _answer(self, status: int, error: FleetError, *, close: bool = True) -> None:
         """Write ``status`` with ``error``'s body, then close the connection."""
         body = json.dumps(error.to_body()).encode()
         head = [STATUS_LINE[status]]
@@ -314,7 +325,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         ]
         self._phase = None
         self.transport.write(b"".join(head))
-        self.transport.close()
+        if close:
+            self.transport.close()
 
 
 def _too_large(most: int) -> _Reject:
