@@ -135,13 +135,17 @@ class NatsServer:
     def restart(self, timeout: float = 10.0) -> str:
         """Stop (SIGTERM, the store kept, a temporary one too) and start again on the
         same port and store: JetStream reopens each stream's files."""
+        self._terminate(timeout)
+        return self.start(timeout)
+
+    def _terminate(self, timeout: float) -> None:
+        """SIGTERM by PID, then SIGKILL if it lingers past ``timeout``."""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        return self.start(timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; the store directory is kept."""
@@ -152,12 +156,7 @@ class NatsServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM by PID, then SIGKILL if it lingers; removes a temporary store."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self._terminate(timeout)
         self._close_pipes()
         if self._tmp is not None:
             self._tmp.cleanup()
