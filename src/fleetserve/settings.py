@@ -105,9 +105,6 @@ class Settings(Limits):
         "Default deadline in seconds for chat and generate requests (long outputs).",
         groups="gateway",
     )
-    max_body_bytes: int = setting(
-        16 * 1024 * 1024, "Largest accepted request body (bytes).", groups="gateway"
-    )
     max_queue_depth: int = setting(
         1024, "Bounded queue size per model; beyond it: 429.", groups="gateway"
     )
@@ -197,15 +194,6 @@ class Settings(Limits):
         "lazy: on its first adapter request.",
         groups="adapters",
     )  # fmt: skip
-    max_adapter_rank: int = setting(64, "Largest LoRA rank an upload may have.", groups="adapters")
-    max_adapter_bytes: int = setting(
-        256 * 1024 * 1024,
-        "Largest adapter upload (bytes of adapter_model.safetensors).",
-        groups="adapters",
-    )
-    max_adapters_per_tenant: int = setting(
-        100, "Adapters (all versions) one tenant may hold.", groups="adapters"
-    )
     max_adapters_per_batch: int = setting(
         16,
         "Distinct adapters one batch may mix (1: one adapter per batch, as SIE does).",
@@ -224,12 +212,6 @@ class Settings(Limits):
     )
     train_min_pairs: int = setting(
         32, "Fewest distinct pairs a training file may hold.", groups="training"
-    )
-    train_max_chars: int = setting(
-        2000,
-        "Longest text (characters) of a training file: a longer one is a 400 naming its "
-        "line, or cut to this when the upload says truncate=true.",
-        groups="training",
     )
     train_margin: float = setting(
         0.01, "nDCG@10 gain over the base a trained adapter must show to be registered "
@@ -252,9 +234,6 @@ class Settings(Limits):
         groups="training",
     )
     train_max_queued: int = setting(100, "Jobs that may wait for a trainer.", groups="training")
-    max_file_bytes: int = setting(
-        100 * 1024 * 1024, "Largest upload to /v1/files (bytes).", groups="training"
-    )
     train_price_per_hour: float = setting(
         0.0,
         "What a machine-hour costs (USD), to report each job's cost (0: not reported).",

@@ -16,7 +16,28 @@ from .settings_fields import setting
 class Limits:
     """Bounds on HTTP parsing, request size, uploads, keep-alive and training input."""
 
-    # Each helper adds its fields below, under a comment naming the area.
+    # -- sizes of bodies, uploads and training texts -----------------------------------
+    max_body_bytes: int = setting(
+        16 * 1024 * 1024, "Largest accepted request body (bytes).", groups="gateway"
+    )
+    max_adapter_rank: int = setting(64, "Largest LoRA rank an upload may have.", groups="adapters")
+    max_adapter_bytes: int = setting(
+        256 * 1024 * 1024,
+        "Largest adapter upload (bytes of adapter_model.safetensors).",
+        groups="adapters",
+    )
+    max_adapters_per_tenant: int = setting(
+        100, "Adapters (all versions) one tenant may hold.", groups="adapters"
+    )
+    train_max_chars: int = setting(
+        2000,
+        "Longest text (characters) of a training file: a longer one is a 400 naming its "
+        "line, or cut to this when the upload says truncate=true.",
+        groups="training",
+    )
+    max_file_bytes: int = setting(
+        100 * 1024 * 1024, "Largest upload to /v1/files (bytes).", groups="training"
+    )
 
     # -- HTTP parsing and connections (every HTTP server: http_limits.py) -------------
     http_max_header_bytes: int = setting(
