@@ -168,10 +168,38 @@ async def test_bad_bodies(http: httpx.AsyncClient, kit: Kit) -> None:
     assert r.status_code == 400 and "version" in r.json()["error"]["message"]
 
 
-async def test_two_uploads_at_once_one_201_one_409(http: httpx.AsyncClient, kit: Kit) -> None:
-    results = await asyncio.gather(
-        *(http.post("/v1/adapters", data={"name": "race"}, **multipart(kit)) for _ in range(2))
-    )
-    assert sorted(r.status_code for r in results) == [201, 409]
-    conflict = next(r for r in results if r.status_code == 409).json()["error"]
+class _HeldBases:
+    """The kit's bases, with the first upload held inside ``create`` until let go, so
+    that a second upload of the same name surely arrives while the first is in flight
+    (two plain concurrent posts only overlap by luck: CI saw [201, 201])."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def family(self, model: str) -> str | None:
+        return self.inner.family(model)  # type: ignore[no-any-return]
+
+    async def shapes(self, model: str) -> Any:
+        if not self.entered.is_set():
+            self.entered.set()
+            await self.release.wait()
+        return await self.inner.shapes(model)
+
+
+async def test_two_uploads_at_once_one_201_one_409(kit: Kit) -> None:
+    registry = registry_on(AdapterStore(MemoryStore()), kit, max_bytes=64 * 1024)
+    bases = registry.bases = _HeldBases(registry.bases)
+    transport = httpx.ASGITransport(app=app_for(AdapterRoutes(registry)))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        first = asyncio.create_task(
+            http.post("/v1/adapters", data={"name": "race"}, **multipart(kit))
+        )
+        await asyncio.wait_for(bases.entered.wait(), 30)
+        second = await http.post("/v1/adapters", data={"name": "race"}, **multipart(kit))
+        bases.release.set()
+        assert (await first).status_code == 201
+    assert second.status_code == 409, second.text
+    conflict = second.json()["error"]
     assert conflict["code"] == "conflict" and "alice/race" in conflict["message"]
