@@ -8,6 +8,7 @@ import pytest
 
 from fleetserve.catalog import ModelSpec
 from fleetserve.catalog.hardware import Hardware
+from fleetserve.catalog.profiles import evidence_table
 from fleetserve.catalog.rules import (
     class_precision,
     fallback_chain,
@@ -70,9 +71,11 @@ def test_generation_stays_fp32_on_cpus_and_onnx_never_gets_bf16() -> None:
 
 
 def test_openvino_on_amx_for_the_families_it_runs() -> None:
-    dense, _ = rule_profile(spec(), CPU, "cpu-amx")
-    image, _ = rule_profile(spec(family="image"), CPU, "cpu-amx")
+    """From the bundled evidence: OpenVINO won the cpu-amx encoder tunes."""
+    table = evidence_table()
+    dense, _ = rule_profile(spec(), CPU, "cpu-amx", table)
+    image, _ = rule_profile(spec(family="image"), CPU, "cpu-amx", table)
     assert dense.runtime == ("openvino" if openvino_installed() else "")
     assert image.runtime == ""  # image models need the torch module
-    avx2, _ = rule_profile(spec(), CPU, "cpu-avx2")
-    assert avx2.runtime == ""
+    bare, why = rule_profile(spec(), CPU, "cpu-amx")  # no evidence: the spec's runtime
+    assert bare.runtime == "" and "bf16 for cpu-amx" in why

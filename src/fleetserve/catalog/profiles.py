@@ -8,7 +8,8 @@ Lookup for a model on hardware class C (``fleetserve hardware`` shows C):
    (``cpu``, ``cuda``): your own catalog's explicit choice;
 3. **fallback**: a tuned profile of the next class in C's fallback chain
    (``catalog.rules.fallback_chain``);
-4. **rule**: chosen from the hardware's features (``catalog.rules``).
+4. **rule**: the table the bundled profiles' winners make (``catalog.evidence``), read
+   for this machine's class or the nearest by features (``catalog.rules``).
 
 A profile file is YAML with ``model``, ``hardware_class``, ``profile`` (the fields of
 :class:`~fleetserve.catalog.spec.Profile`) and ``provenance`` (who wrote it, when, on
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from . import Catalog
+from .evidence import Row, RuleTable
 from .hardware import Hardware
 from .rules import fallback_chain, missing_extra, rule_profile
 from .spec import INTERACTIVE_BATCH_MS, ModelSpec, Profile
@@ -92,6 +96,47 @@ def bundled_dir() -> Path:
     return Path(str(resources.files(__package__) / "profiles"))
 
 
+def evidence_rows(files: Iterable[ProfileFile], catalog: Catalog) -> list[Row]:
+    """The rows a table is made of; a profile of a model not in ``catalog`` is left out."""
+    rows: list[Row] = []
+    for f in files:
+        if f.model not in catalog:
+            continue
+        spec = catalog.get(f.model)
+        prov = f.provenance
+        figures = prov.get("figures")
+        ratio = figures.get("vs_torch_fp32") if isinstance(figures, dict) else None
+        feats = prov.get("features")
+        rows.append(
+            Row(
+                f.hardware_class,
+                f.model,
+                spec.family,
+                f.profile.runtime or spec.runtime,
+                f.profile.precision,
+                float(ratio) if isinstance(ratio, int | float) else None,
+                str(prov.get("report") or ""),
+                frozenset(map(str, feats)) if isinstance(feats, list) else frozenset(),
+            )
+        )
+    return rows
+
+
+def evidence_table(bundled: Path | None = None) -> RuleTable:
+    """The rules' table from every class's bundled profiles (``bundled``: the
+    package's unless given)."""
+    root = bundled or bundled_dir()
+    if not root.is_dir():
+        return RuleTable()
+    files = [
+        read_profile_file(f, d.name, bundled=True)
+        for d in sorted(root.iterdir())
+        if d.is_dir()
+        for f in sorted(d.glob("*.yaml"))
+    ]
+    return RuleTable(evidence_rows(files, Catalog.load()))
+
+
 class Profiles:
     """The tuned profiles for one hardware class and its fallbacks, read once."""
 
@@ -107,6 +152,7 @@ class Profiles:
         self.hardware_class = hardware_class or hw.hardware_class
         self.chain = fallback_chain(self.hardware_class)
         self.user_dir = user_dir.expanduser() if user_dir else None
+        self.table = evidence_table(bundled)
         self._files: dict[tuple[str, str], ProfileFile] = {}
         for cls in (self.hardware_class, *self.chain):
             for root, is_bundled in ((bundled or bundled_dir(), True), (self.user_dir, False)):
@@ -141,7 +187,7 @@ class Profiles:
                 reason = f"fallback: tuned for {other}, which stands in for {cls}{note}"
                 return Choice(pf.profile, "fallback", reason, str(pf.path), pf.provenance)
         note = "".join(f"; {s}" for s in skipped)
-        profile, why = rule_profile(spec, self.hw, cls)
+        profile, why = rule_profile(spec, self.hw, cls, self.table)
         return Choice(
             profile, "rule", f"rule: {why}{note}; `fleetserve tune {spec.id}` would tune it"
         )
@@ -233,6 +279,8 @@ __all__ = [
     "ProfileFile",
     "Profiles",
     "bundled_dir",
+    "evidence_rows",
+    "evidence_table",
     "profile_path",
     "read_profile_file",
     "slug",

@@ -1,13 +1,18 @@
-"""What to run where nothing was tuned: rules from the hardware's features.
+"""What to run where nothing was tuned: rules from the evidence of what was.
 
-- **Precision**: bf16 where AMX is present (``cpu-amx``), fp16 where AVX512-FP16 is
-  (``cpu-avx512fp16``) and on NVIDIA GPUs, fp32 otherwise. A spec's ``budgets`` may
-  state a precision for a kind of device (DeBERTa-v3 overflows in fp16, so its cuda
-  budget says bf16); that wins over the rule. Generation runs fp32 on CPUs: a
-  different precision changes greedy tokens, which the gate would reject anyway.
-- **Runtime**: OpenVINO for the families that convert, on ``cpu-amx`` when its extra
-  is installed (its AMX bf16 kernels measured 1.8x torch's bf16 autocast on MiniLM);
-  otherwise the spec's runtime.
+- **Runtime and precision** come from a table derived from the bundled profiles'
+  winners (``catalog.evidence``): for this machine's class, the runtime and precision
+  that won most of its tunes in the model's group of families; for a class with no
+  tunes, those of the nearest class by features, at fp32 where this CPU has no native
+  instructions for the winner's precision. A runtime is switched to only when it can
+  run from the spec's weights (OpenVINO converts torch and ONNX models, ONNX Runtime
+  exports torch ones) and its extra
+  is installed; ONNX Runtime runs fp32. With no evidence at all: the spec's runtime at
+  the class's precision (below).
+- A spec's ``budgets`` may state a precision for a kind of device (DeBERTa-v3
+  overflows in fp16, so its cuda budget says bf16); that wins over the table.
+  Generation runs fp32 on CPUs: a different precision changes greedy tokens, which the
+  gate would reject anyway. NVIDIA GPUs run fp16.
 - **Budgets and cost**: the spec's ``budgets`` for the kind (``cpu`` or ``cuda``),
   else the family's defaults below.
 - **Always inside the quality gate**: a rule profile below fp32 is checked against an
@@ -15,10 +20,10 @@
   (``tune.quality``).
 
 The **fallback chain** of a class lists the classes whose tuned profiles may stand in
-for it: those whose features this class also has *and* whose rule precision is the
-same, nearest first. A fallback never crosses a feature that changes which precision
-wins (AMX, AVX512-FP16): a profile tuned where fp16 won would be 0.4x of the best on
-an AMX machine. ``cuda-smXY`` falls back to lower minor versions of the same major.
+for it: those whose features this class also has *and* whose precision is the same,
+nearest first. A fallback never crosses a feature that changes which precision wins
+(AMX, AVX512-FP16): a profile tuned where fp16 won would be 0.4x of the best on an AMX
+machine. ``cuda-smXY`` falls back to lower minor versions of the same major.
 """
 
 from __future__ import annotations
@@ -26,19 +31,27 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from .evidence import ENCODER_FAMILIES, RuleTable
 from .hardware import CPU_CLASSES, Hardware
 from .spec import ModelSpec, Profile
 
-OPENVINO_FAMILIES = frozenset(
-    {"dense", "sparse", "multivector", "cross_encoder", "ner", "zero_shot"}
-)
+OPENVINO_FAMILIES = ENCODER_FAMILIES  # the families that convert to OpenVINO
 # family defaults when the spec gives no budgets: (max_batch_tokens, max_batch_size)
 _CPU_BUDGET = {"generate": (8192, 8), "image": (2048, 16)}
 _CUDA_BUDGET = {"generate": (65536, 64), "image": (32768, 256)}
 
 
+# a runtime the table names -> the spec runtimes whose weights it can run from
+RUNS_FROM = {
+    "openvino": frozenset({"torch", "onnx", "openvino"}),  # converts either
+    "onnx": frozenset({"torch", "onnx"}),  # exports a torch model
+    "torch_compile": frozenset({"torch"}),
+}
+
+
 def class_precision(hardware_class: str) -> str:
-    """The rule's precision for a class name."""
+    """The precision a class name implies: what its fallback chain keeps, and the
+    rule's where there is no evidence."""
     if hardware_class == "cpu-amx":
         return "bf16"
     if hardware_class == "cpu-avx512fp16" or hardware_class.startswith("cuda"):
@@ -79,10 +92,15 @@ def missing_extra(runtime: str) -> str:
     return extra if module and importlib.util.find_spec(module) is None else ""
 
 
-def rule_profile(spec: ModelSpec, hw: Hardware, hardware_class: str) -> tuple[Profile, str]:
-    """The rule's profile for ``spec`` on this machine, and a sentence saying why."""
+def rule_profile(
+    spec: ModelSpec, hw: Hardware, hardware_class: str, table: RuleTable | None = None
+) -> tuple[Profile, str]:
+    """The rule's profile for ``spec`` on this machine, and a sentence saying why.
+    ``table``: the evidence (``Profiles`` passes the bundled profiles'); none: no
+    evidence, the spec's runtime at the class's precision."""
     kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
     budget: dict[str, Any] = dict(spec.budgets.get(kind, {}))
+    pick = table.pick(spec.family, hardware_class, hw.features) if table and kind == "cpu" else None
     why: list[str] = []
     if "precision" in budget:
         precision = str(budget["precision"])
@@ -90,19 +108,25 @@ def rule_profile(spec: ModelSpec, hw: Hardware, hardware_class: str) -> tuple[Pr
     elif spec.family == "generate" and kind == "cpu":
         precision = "fp32"
         why.append("fp32 for generation on a CPU")
+    elif pick is not None:
+        precision = pick.precision
+        why.append(f"{precision} {pick.reason}")
     else:
         precision = class_precision(hardware_class)
         why.append(f"{precision} for {hardware_class}")
     runtime = ""
     if (
-        hardware_class == "cpu-amx"
-        and spec.family in OPENVINO_FAMILIES
-        and spec.runtime in ("torch", "onnx", "openvino")
-        and openvino_installed()
+        pick is not None
+        and pick.runtime != spec.runtime
+        and spec.runtime in RUNS_FROM.get(pick.runtime, ())
+        and not missing_extra(pick.runtime)
     ):
-        runtime = "openvino"
-        why.append("on OpenVINO (AMX)")
-    if precision == "bf16" and spec.runtime == "onnx" and not runtime:
+        runtime = pick.runtime
+        why.append(f"on {runtime} ({len(pick.rows)} tunes on {pick.source})")
+    elif pick is not None and pick.runtime != spec.runtime and missing_extra(pick.runtime):
+        extra = missing_extra(pick.runtime)
+        why.append(f"on {spec.runtime}: {pick.runtime} won there (fleetserve[{extra}])")
+    if precision == "bf16" and (runtime or spec.runtime) == "onnx":
         precision = "fp32"  # ONNX Runtime runs fp32 or int8
         why.append("fp32: ONNX Runtime has no bf16")
     default = (_CUDA_BUDGET if kind == "cuda" else _CPU_BUDGET).get(spec.family)
@@ -118,6 +142,7 @@ def rule_profile(spec: ModelSpec, hw: Hardware, hardware_class: str) -> tuple[Pr
 
 __all__ = [
     "OPENVINO_FAMILIES",
+    "RUNS_FROM",
     "class_precision",
     "fallback_chain",
     "missing_extra",

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..catalog import Catalog
 from ..catalog.hardware import Hardware, detect
-from ..catalog.profiles import ProfileError, Profiles
+from ..catalog.profiles import ProfileError, Profiles, evidence_table
 from ..catalog.rules import class_precision, fallback_chain
 from ..settings import Settings
 from ..wire import FleetError
@@ -163,7 +163,9 @@ def run_hardware(settings: Settings, console: Console) -> int:
         t.add_row(str(k), str(v))
     console.print(t)
     console.print(f"[bold]fallback chain:[/] {' -> '.join(fallback_chain(cls)) or 'none'}")
-    console.print(f"[bold]rule precision:[/] {class_precision(cls)}")
+    pick = evidence_table().pick("dense", cls, hw.features)
+    rule = f"{pick.runtime} {pick.precision}, {pick.reason}" if pick else class_precision(cls)
+    console.print(f"[bold]rule for encoders:[/] {rule}")
     return _profiles_table(settings, hw, cls, console)
 
 
