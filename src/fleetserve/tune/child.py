@@ -44,7 +44,7 @@ async def run(job: dict[str, Any]) -> dict[str, Any]:
         go = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         if go.strip() != "go":
             raise SystemExit(1)
-        m = await saturate(stack, reqs, job["clients"], job["duration"])
+        m = await saturate(stack, reqs, job["clients"], job["duration"], job.get("warmup_s", 0.0))
     return asdict(m)
 
 

@@ -122,14 +122,22 @@ class Stack:
 
 
 async def saturate(
-    stack: Stack, requests: Sequence[Request], clients: int, duration: float
+    stack: Stack,
+    requests: Sequence[Request],
+    clients: int,
+    duration: float,
+    warmup_s: float = 0.0,
 ) -> Measure:
-    """``clients`` closed-loop clients sending back to back for ``duration`` seconds."""
+    """``clients`` closed-loop clients sending back to back for ``duration`` seconds,
+    after ``warmup_s`` seconds of the same traffic that is not measured (the shapes,
+    allocations and thread pools of concurrent batches, not only of lone requests)."""
     lat: list[float] = []
     tokens = items = errors = 0
     counter = 0
     for r in requests[: min(2, len(requests))]:  # warm the path (and its shapes)
         await stack.send(r)
+    if warmup_s > 0:
+        await saturate(stack, requests, clients, warmup_s)
     t_end = time.perf_counter() + duration
 
     async def client() -> None:

@@ -36,6 +36,7 @@ def job(s: Search, cand: Candidate, cores: list[int]) -> dict[str, Any]:
         "batch": s.opts.batch,
         "clients": max(2, s.opts.clients // max(1, cand.processes)),
         "duration": s.opts.measure_s,
+        "warmup_s": s.warmup_s,
         "cache_dir": str(s.opts.cache_dir),
         "cores": cores,
     }

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import noise, steal
+
 
 def _f(v: Any, digits: int = 0) -> str:
     if v is None or (isinstance(v, float) and v != v):
@@ -30,8 +32,7 @@ def markdown(run: dict[str, Any]) -> str:
         f"`{run['workload']}`, {run['clients']} clients x "
         f"{1 if run.get('family') == 'generate' else run['batch']} items per request, "
         f"{run['measure_s']:g} s per measurement, through the queue, worker and runtime",
-        f"- Budget {run['budget_s']:g} s, used {run['elapsed_s']:.0f} s; "
-        f"noise (spread of repeated measurements) {run.get('noise', 0):.1%}",
+        f"- Budget {run['budget_s']:g} s, used {run['elapsed_s']:.0f} s; {noise_line(run)}",
     ]
     if w:
         lines.append(
@@ -90,6 +91,21 @@ def markdown(run: dict[str, Any]) -> str:
                 f"{_f(p['achieved_tokens_s'])} | {_f(p['p50_ms'], 1)} | {_f(p['p99_ms'], 1)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def noise_line(run: dict[str, Any]) -> str:
+    """The noise, how it was computed, and the CPU steal while measuring."""
+    method = run.get("noise_method")
+    line = noise.describe(
+        float(run.get("noise") or 0.0),
+        method,
+        int(run.get("noise_repeats") or 0),
+        int(run.get("noise_points") or 0),
+        float(run.get("noise_range") or 0.0),
+    )
+    if method or run.get("steal") is not None:  # older documents never recorded it
+        line += f"; {steal.describe(run.get('steal'))}"
+    return line
 
 
 def plot(run: dict[str, Any], path: Path) -> None:
@@ -163,4 +179,4 @@ def write(run: dict[str, Any], folder: Path, stem: str) -> dict[str, str]:
     return out
 
 
-__all__ = ["markdown", "paths", "plot", "write"]
+__all__ = ["markdown", "noise_line", "paths", "plot", "write"]

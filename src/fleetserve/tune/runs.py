@@ -5,7 +5,11 @@ them. A run document (``RUN_VERSION`` 1) holds::
 
     id, model, family, hardware_class, machine, status, phase,
     started_at, updated_at, finished_at,   # ISO-8601 UTC; finished_at null while running
-    budget_s, elapsed_s, noise,            # noise: relative spread of repeated measurements
+    budget_s, elapsed_s,
+    noise,                                 # relative spread of repeated measurements
+    noise_method, noise_repeats, noise_points,  # how: see tune.noise
+    noise_range,                           # (max - min) / median of the same, for comparison
+    steal,                                 # CPU steal / CPU time while measuring; null: unknown
     candidates: [Candidate],               # every point tried, in the order tried
     winner,                                # a candidate id, once chosen
     knee: {slo_ms, points: [KneePoint], knee_rps, kneedle_rps} | null,
@@ -22,6 +26,7 @@ the step in progress (``quality``, ``screen``, ``batch``, ``threads``, ``knee``,
     status,        # pending, measuring, rejected (quality), lost, won, skipped
     quality: {metric, value, threshold, passed, detail} | null,
     tokens_per_s, items_per_s, p50_ms, p99_ms, samples: [tokens_per_s...],
+    steal: [fraction | null...],  # each sample's CPU steal (see tune.steal)
     reason         # why it was rejected, skipped or lost; "" for the winner
 
 A KneePoint is ``{offered_rps, achieved_rps, offered_tokens_s, achieved_tokens_s,

@@ -6,8 +6,9 @@ find the knee, fit the cost model. Every step fits a time budget.
    reference, and, if it passes, measured at saturation.
 2. **batch**: the engines within the noise of the best go through a coarse grid of
    batch budgets, then one finer step around the best of each.
-3. **noise**: the two best points are measured again, interleaved; their spread is
-   the noise, and a gain within it is no gain.
+3. **noise**: the two best points are measured again, in interleaved rounds; the
+   robust spread of repeats is the noise (see :mod:`.noise`), and a gain within it is
+   no gain. Every measurement records the CPU steal of its window (:mod:`.steal`).
 4. **threads**: processes per device (with fewer threads each) for the winner.
 5. **knee**: an open-loop sweep of the winner through the same path.
 6. **cost**: the winner's cost model, fitted on its own forward passes.
@@ -29,11 +30,13 @@ from ..families import FamilyAdapter, create_adapter
 from ..runtimes import create_runtime
 from ..wire import FleetError
 from . import candidates as cands
+from . import steal as steal_mod
 from .candidates import Candidate
-from .harness import Request, Stack, saturate
+from .harness import Measure, Request, Stack, saturate
 from .quality import Quality, calibration, compare, replies
 
 MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
+WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
 
 
 class TuneError(Exception):
@@ -64,6 +67,7 @@ class Point:
     status: str = "pending"
     quality: Quality | None = None
     samples: list[float] = field(default_factory=list)
+    steal: list[float | None] = field(default_factory=list)  # each sample's CPU steal
     items_per_s: float = 0.0
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
@@ -85,6 +89,7 @@ class Point:
             p50_ms=None if self.p50_ms != self.p50_ms else self.p50_ms,
             p99_ms=None if self.p99_ms != self.p99_ms else self.p99_ms,
             samples=self.samples,
+            steal=self.steal,
             load_s=round(self.load_s, 2),
             reason=self.reason,
             knee_rps=(self.knee or {}).get("knee_rps"),
@@ -140,6 +145,9 @@ class Search:
         self.clock = Clock(opts.budget_s, self.final_s())  # restarted by start()
         self.points: list[Point] = []
         self.noise = 0.0
+        self.noise_repeats = self.noise_points = 0  # what the noise was computed from
+        self.noise_range = 0.0  # the old (max - min) / median, for comparison
+        self.cpu: steal_mod.CpuTimes | None = steal_mod.CpuTimes(0, 0)  # measured windows
         self.phase = "quality"
         self.on_change = on_change
         self.requests: list[Request] = []
@@ -195,15 +203,34 @@ class Search:
     async def _measure(self, stack: Stack, p: Point) -> None:
         p.status = "measuring"
         self._changed()
-        m = await saturate(stack, self.requests, self.opts.clients, self.opts.measure_s)
+        before = steal_mod.read()
+        m = await saturate(
+            stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s
+        )
         if m.requests == 0:
             raise TuneError(f"{p.cand.id}: every request failed ({m.errors} errors)")
+        self._record(p, m, before)
+
+    def _record(self, p: Point, m: Measure, before: steal_mod.CpuTimes | None) -> None:
+        """``m`` as ``p``'s next sample, with the CPU steal since ``before``."""
+        d = steal_mod.window(before, steal_mod.read())
+        self.cpu = self.cpu + d if self.cpu is not None and d is not None else None
         p.samples.append(m.tokens_per_s)
+        p.steal.append(d.fraction if d is not None else None)
         p.items_per_s, p.p50_ms, p.p99_ms = m.items_per_s, m.p50_ms, m.p99_ms
+
+    @property
+    def steal(self) -> float | None:
+        """CPU steal over every measured window so far; ``None`` if unknown."""
+        return self.cpu.fraction if self.cpu is not None else None
+
+    @property
+    def warmup_s(self) -> float:
+        return min(WARMUP_S, self.opts.measure_s / 3)
 
     def _measure_cost_s(self) -> float:
         load = max((p.load_s for p in self.points), default=5.0)
-        return self.opts.measure_s + load + 1.0
+        return self.opts.measure_s + self.warmup_s + load + 1.0
 
     # -- 1. quality gate and screening --------------------------------------------------
     async def screen(self) -> None:
@@ -321,9 +348,8 @@ class Search:
 
                 q.status = "measuring"
                 self._changed()
-                m = await measure_processes(self, q.cand)
-                q.samples.append(m.tokens_per_s)
-                q.items_per_s, q.p50_ms, q.p99_ms = m.items_per_s, m.p50_ms, m.p99_ms
+                before = steal_mod.read()  # (includes the children's loads: an upper bound)
+                self._record(q, await measure_processes(self, q.cand), before)
             else:
                 async with self._stack(q.cand) as stack:
                     q.load_s = time.monotonic() - t0
@@ -332,22 +358,6 @@ class Search:
         except CANDIDATE_FAILURES as exc:
             q.status, q.reason = "rejected", f"failed: {_failure(exc)}"
         self._changed()
-
-    # -- 3. noise -----------------------------------------------------------------------
-    async def measure_noise(self, rounds: int = 1) -> None:
-        """Measure the two best points again, interleaved; the noise is their spread."""
-        self.phase = "noise"
-        top = self.measured()[:2]
-        for _ in range(rounds):
-            for p in top:
-                if self.clock.fits(self._measure_cost_s()):
-                    await self._run_point(p)
-        spreads = [
-            (max(p.samples) - min(p.samples)) / p.tokens_per_s
-            for p in top
-            if len(p.samples) > 1 and p.tokens_per_s > 0
-        ]
-        self.noise = max(spreads, default=self.noise)
 
 
 CANDIDATE_FAILURES = (ImportError, ValueError, RuntimeError, OSError, FleetError, TuneError)

@@ -21,12 +21,10 @@ from ..catalog import CostModel, ModelSpec, Profile
 from ..catalog.hardware import Hardware
 from ..catalog.profiles import profile_path, write_profile_file
 from ..catalog.spec import INTERACTIVE_BATCH_MS
-from . import report, steps
+from . import noise, report, steps
 from .runs import RunStore, new_run_id, now_iso
 from .search import Options, Search, TuneError
 from .workload import requests
-
-NOISY = 0.10  # repeats further apart than this: the machine was busy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +69,11 @@ class Tuner:
             "budget_s": opts.budget_s,
             "elapsed_s": 0.0,
             "noise": 0.0,
+            "noise_method": noise.METHOD,
+            "noise_repeats": 0,  # measurements the noise was computed from
+            "noise_points": 0,  # candidates they measured
+            "noise_range": 0.0,  # the old (max - min) / median of the same, for comparison
+            "steal": None,  # CPU steal over the measured windows; null where unknown
             "workload": "chats of up to 32 tokens" if spec.family == "generate" else opts.workload,
             "clients": opts.clients,
             "batch": opts.batch,
@@ -95,6 +98,10 @@ class Tuner:
             phase=phase,
             elapsed_s=round(s.clock.elapsed, 1),
             noise=s.noise,
+            noise_repeats=s.noise_repeats,
+            noise_points=s.noise_points,
+            noise_range=s.noise_range,
+            steal=s.steal,
             candidates=[p.as_dict() for p in s.points],
             knee=s.knee,
             cost_fit=s.cost_fit,
@@ -114,15 +121,11 @@ class Tuner:
             s.requests = requests(self.spec, s.path, self.opts.workload, self.opts.batch)
             await s.screen()
             await steps.compile_probe(s)
-            await s.measure_noise()
+            await noise.measure(s)
             await s.batches()
             await steps.threads(s)
-            await s.measure_noise()
-            if s.noise > NOISY:
-                doc["warnings"].append(
-                    f"noisy measurements ({s.noise:.0%} spread between repeats): another "
-                    "program was probably using the cores; tune again on a quiet machine"
-                )
+            await noise.measure(s, rounds=noise.ROUNDS)
+            doc["warnings"] += noise.warnings(s)
             winner = steps.choose(s)
             knee = self.opts.knee and self.spec.family != "generate"
             if self.opts.knee and not knee:
