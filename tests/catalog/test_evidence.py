@@ -70,6 +70,13 @@ def test_a_class_without_rows_takes_the_nearest_whose_precision_it_runs() -> Non
     # the amx winner's bf16 runs natively here, so that one is nearer
     pick = TABLE.pick("dense", "cpu-avx512bf16", ZEN4)
     assert pick is not None and (pick.source, pick.precision) == ("cpu-amx", "bf16")
+    # even where the amx machine had many more features than the avx2 one: the native
+    # reduced precision counts before the number of features that differ
+    big = AMX | {"amx_int8", "amx_tile", "avx512_vnni", "avx512bw", "avx512vl", "avx_vnni"}
+    far = RuleTable([row("cpu-amx", "a", "openvino", "bf16", 3.0, features=big),
+                     row("cpu-avx2", "a", "onnx", "fp32", 1.3, features=AVX2)])  # fmt: skip
+    zen4 = far.pick("dense", "cpu-avx512bf16", ZEN4)
+    assert zen4 is not None and (zen4.source, zen4.precision) == ("cpu-amx", "bf16")
     # Skylake (avx512f, no bf16) is nearest to the avx2 rows by features
     sky = TABLE.pick("dense", "cpu-avx512", AVX2 | {"avx512f", "avx512bw"})
     assert sky is not None and (sky.source, sky.runtime) == ("cpu-avx2", "onnx")
@@ -108,6 +115,10 @@ def test_the_rule_switches_runtime_only_where_the_weights_convert() -> None:
     assert ov_model.runtime == ""
     gen, _ = rule_profile(spec(family="generate"), hw(AMX), "cpu-amx", table)
     assert (gen.runtime, gen.precision) == ("", "fp32")
+    # a generation tune in evidence decides its precision too (the gate checks tokens)
+    fp16_gen = RuleTable([row("cpu-avx2", "g", "torch", "fp16", 2.6, family="generate")])
+    gen16, why = rule_profile(spec(family="generate"), hw(AVX2), "cpu-avx2", fp16_gen)
+    assert (gen16.runtime, gen16.precision) == ("", "fp16") and "as tuned on" in why
     image, _ = rule_profile(spec(family="image"), hw(AMX), "cpu-amx", table)
     assert (image.runtime, image.precision) == ("", "bf16")  # no evidence: the class's
 

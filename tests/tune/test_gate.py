@@ -94,7 +94,7 @@ def test_models_say_which_profile_they_run_and_why(
         srv.stop()
     p = data[MODEL]["profile"]
     assert p["how"] == "rule" and p["hardware_class"] == "cpu-amx"
-    assert "bf16 for cpu-amx" in p["reason"] and "fleetserve tune" in p["reason"]
+    assert "bf16 as tuned on cpu-amx" in p["reason"] and "fleetserve tune" in p["reason"]
     settings = tiny_settings(catalog, models=MODEL, hardware_class="cpu-amx")
     cat = build_catalog(settings)
     profiles = build_profiles(settings)

@@ -10,7 +10,8 @@ family); otherwise the whole group's do, and the gate at load has the last word.
 
 A class with no rows of its own takes the **nearest class by features**: first one whose
 winning precision this machine can run (bf16 needs ``amx_bf16`` or ``avx512_bf16``,
-fp16 needs ``avx512_fp16``), then the fewest features differing, then the name. Where the
+fp16 needs ``avx512_fp16``), a reduced precision before fp32 (the instructions that win
+are the features that matter most), then the fewest features differing, then the name. Where the
 nearest class's precision cannot run here, its runtime is kept at fp32, and the reason
 says so. Nothing here is hand-written: a new bundled profile changes the table.
 """
@@ -130,10 +131,13 @@ class RuleTable:
             runtime, precision = self.winner(rows)
             return Pick(runtime, precision, hardware_class, rows, f"as tuned on {hardware_class}")
 
-        def distance(cls: str) -> tuple[bool, int, str]:
+        def distance(cls: str) -> tuple[bool, bool, int, str]:
             rows = by_class[cls]
             seen = frozenset().union(*(r.features for r in rows))
-            return not runs_natively(self.winner(rows)[1], mine), len(seen ^ mine), cls
+            won = self.winner(rows)[1]
+            # a winner this CPU runs natively first, a reduced precision before fp32
+            # (the instructions that win are the features that matter most)
+            return not runs_natively(won, mine), won == "fp32", len(seen ^ mine), cls
 
         nearest = min(by_class, key=distance)
         rows = _own(by_class[nearest], family)
@@ -148,7 +152,7 @@ class RuleTable:
         """The table with its evidence, as ``docs/tuning.md`` shows it: each bundled
         tune, then what a family with no tune of its own on that class gets."""
         lines = [
-            "| class | model | family | winner: the rule for its family | x torch fp32 | report |",
+            "| class | model | family | winner | x torch fp32 | report |",
             "| --- | --- | --- | --- | ---: | --- |",
         ]
         for r in self.rows:

@@ -114,6 +114,18 @@ class Hardware:
         )
 
 
+# the fewest features that make each x86 class (what cpu_class looks at): where a
+# class is asked for (--hardware-class) rather than detected, the rules judge these
+CLASS_FEATURES = {
+    "cpu-amx": frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"}),
+    "cpu-avx512fp16": frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16"}),
+    "cpu-avx512bf16": frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}),
+    "cpu-avx512": frozenset({"avx2", "fma", "avx512f"}),
+    "cpu-avx2": frozenset({"avx2", "fma"}),
+    "cpu-generic": frozenset(),
+}
+
+
 def cpu_class(arch: str, features: frozenset[str]) -> str:
     if arch in ("aarch64", "arm64"):
         return "cpu-arm64"

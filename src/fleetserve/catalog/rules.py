@@ -10,9 +10,9 @@
   is installed; ONNX Runtime runs fp32. With no evidence at all: the spec's runtime at
   the class's precision (below).
 - A spec's ``budgets`` may state a precision for a kind of device (DeBERTa-v3
-  overflows in fp16, so its cuda budget says bf16); that wins over the table.
-  Generation runs fp32 on CPUs: a different precision changes greedy tokens, which the
-  gate would reject anyway. NVIDIA GPUs run fp16.
+  overflows in fp16, so its cuda budget says bf16); that wins over the table. Where
+  no tune of generation is in evidence, it runs fp32 on CPUs (a different precision
+  may change greedy tokens, which the gate checks). NVIDIA GPUs run fp16.
 - **Budgets and cost**: the spec's ``budgets`` for the kind (``cpu`` or ``cuda``),
   else the family's defaults below.
 - **Always inside the quality gate**: a rule profile below fp32 is checked against an
@@ -32,7 +32,7 @@ import importlib.util
 from typing import Any
 
 from .evidence import ENCODER_FAMILIES, RuleTable
-from .hardware import CPU_CLASSES, Hardware
+from .hardware import CLASS_FEATURES, CPU_CLASSES, Hardware
 from .spec import ModelSpec, Profile
 
 OPENVINO_FAMILIES = ENCODER_FAMILIES  # the families that convert to OpenVINO
@@ -100,17 +100,21 @@ def rule_profile(
     evidence, the spec's runtime at the class's precision."""
     kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
     budget: dict[str, Any] = dict(spec.budgets.get(kind, {}))
-    pick = table.pick(spec.family, hardware_class, hw.features) if table and kind == "cpu" else None
+    # a class asked for (not this machine's) is judged by the features that make it
+    features = hw.features
+    if hardware_class != hw.hardware_class:
+        features = CLASS_FEATURES.get(hardware_class, hw.features)
+    pick = table.pick(spec.family, hardware_class, features) if table and kind == "cpu" else None
     why: list[str] = []
     if "precision" in budget:
         precision = str(budget["precision"])
         why.append(f"{precision} as the spec's {kind} budget says")
-    elif spec.family == "generate" and kind == "cpu":
-        precision = "fp32"
-        why.append("fp32 for generation on a CPU")
     elif pick is not None:
         precision = pick.precision
         why.append(f"{precision} {pick.reason}")
+    elif spec.family == "generate" and kind == "cpu":
+        precision = "fp32"
+        why.append("fp32 for generation on a CPU")
     else:
         precision = class_precision(hardware_class)
         why.append(f"{precision} for {hardware_class}")
@@ -122,7 +126,7 @@ def rule_profile(
         and not missing_extra(pick.runtime)
     ):
         runtime = pick.runtime
-        why.append(f"on {runtime} ({len(pick.rows)} tunes on {pick.source})")
+        why.append(f"on {runtime} as the tunes there chose")
     elif pick is not None and pick.runtime != spec.runtime and missing_extra(pick.runtime):
         extra = missing_extra(pick.runtime)
         why.append(f"on {spec.runtime}: {pick.runtime} won there (fleetserve[{extra}])")
