@@ -102,6 +102,6 @@ def test_fleetserve_hardware_prints_the_class_and_its_facts_at_80_columns() -> N
     out = r.stdout + r.stderr
     cls = detect().hardware_class
     assert f"hardware class: {cls}" in out
-    assert "features" in out and "fallback chain" in out and "rule for encoders" in out
+    assert "features" in out and "fallback chain" in out and "rule for a dense model" in out
     assert "sentence-transformers/all-MiniLM-L6-v2" in out  # the profiles it would run
     assert max(len(line) for line in out.splitlines()) <= 80

@@ -68,6 +68,23 @@ def test_a_fallback_stands_in_only_where_the_rule_precision_is_the_same(tmp_path
     assert "fleetserve tune org/model" in amx.reason
 
 
+def test_a_fallback_is_passed_over_where_the_evidence_wins_at_another_precision(
+    tmp_path: Path,
+) -> None:
+    """A Zen 4 (cpu-avx512bf16) falls back to cpu-avx2's fp32 profile, unless the
+    nearest tunes whose precision it runs natively (cpu-amx's, bf16) say otherwise."""
+    bundled, model = tmp_path / "bundled", "sentence-transformers/all-MiniLM-L6-v2"
+    spec = Catalog.load().get(model)
+    tuned(bundled, "cpu-avx2", model, runtime="torch", max_batch_size=24)
+    assert Profiles(ZEN4, bundled=bundled).choose(spec).how == "fallback"
+    tuned(bundled, "cpu-amx", model, runtime="torch", precision="bf16")
+    c = Profiles(ZEN4, bundled=bundled).choose(spec)
+    assert (c.how, c.profile.precision) == ("rule", "bf16"), c.reason
+    assert "cpu-avx2's profile runs fp32" in c.reason
+    sky = Profiles(machine("avx2", "avx512f"), bundled=bundled).choose(spec)
+    assert (sky.how, sky.profile.max_batch_size) == ("fallback", 24)  # its nearest: cpu-avx2
+
+
 def test_a_bundled_profile_whose_runtime_is_absent_is_passed_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

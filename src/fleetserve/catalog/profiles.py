@@ -31,7 +31,7 @@ import yaml
 
 from . import Catalog
 from .evidence import Row, RuleTable
-from .hardware import Hardware
+from .hardware import CLASS_FEATURES, Hardware
 from .rules import fallback_chain, missing_extra, rule_profile
 from .spec import INTERACTIVE_BATCH_MS, ModelSpec, Profile
 
@@ -153,6 +153,10 @@ class Profiles:
         self.chain = fallback_chain(self.hardware_class)
         self.user_dir = user_dir.expanduser() if user_dir else None
         self.table = evidence_table(bundled)
+        # the features the rules judge: this machine's, or those that make a class asked for
+        self.features = hw.features
+        if self.hardware_class != hw.hardware_class:
+            self.features = CLASS_FEATURES.get(self.hardware_class, hw.features)
         self._files: dict[tuple[str, str], ProfileFile] = {}
         for cls in (self.hardware_class, *self.chain):
             for root, is_bundled in ((bundled or bundled_dir(), True), (self.user_dir, False)):
@@ -181,8 +185,20 @@ class Profiles:
                 declared = spec.profiles[key]
                 reason = f"declared in the model's spec for {key}{note}"
                 return Choice(declared, "catalog", reason)
+        pick = self.table.pick(spec.family, cls, self.features)
         for other in self.chain:
             pf = self._usable(spec, other, skipped)
+            if (  # the nearest evidence won at another precision, native here
+                pf is not None
+                and pick
+                and pick.source != other
+                and pick.precision != pf.profile.precision
+            ):
+                skipped.append(
+                    f"{other}'s profile runs {pf.profile.precision}; {pick.source}'s "
+                    f"tunes, the nearest evidence for this CPU, won at {pick.precision}"
+                )
+                continue
             if pf is not None:
                 reason = f"fallback: tuned for {other}, which stands in for {cls}{note}"
                 return Choice(pf.profile, "fallback", reason, str(pf.path), pf.provenance)

@@ -166,7 +166,7 @@ def run_hardware(settings: Settings, console: Console) -> int:
     feats = hw.features if cls == hw.hardware_class else CLASS_FEATURES.get(cls, hw.features)
     pick = evidence_table().pick("dense", cls, feats)
     rule = f"{pick.runtime} {pick.precision}, {pick.reason}" if pick else class_precision(cls)
-    console.print(f"[bold]rule for encoders:[/] {rule}")
+    console.print(f"[bold]rule for a dense model:[/] {rule}")
     return _profiles_table(settings, hw, cls, console)
 
 

@@ -77,6 +77,8 @@ async def measure(s: Search, rounds: int = 1) -> None:
     point measured more than once (it keeps its value when none was)."""
     s.phase = "noise"
     for p in interleave(s.measured()[:SHORTLIST], rounds):
+        if p.status == "rejected":  # failed in an earlier round: never brought back
+            continue
         if s.clock.fits(s._measure_cost_s()):
             await s._run_point(p)
     update(s)
