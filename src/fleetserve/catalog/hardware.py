@@ -126,6 +126,14 @@ CLASS_FEATURES = {
 }
 
 
+def judged_features(hw: Hardware, hardware_class: str) -> frozenset[str]:
+    """The features the rules judge: this machine's, or, for a class asked for that is
+    not this machine's, the features that make that class."""
+    if hardware_class == hw.hardware_class:
+        return hw.features
+    return CLASS_FEATURES.get(hardware_class, hw.features)
+
+
 def cpu_class(arch: str, features: frozenset[str]) -> str:
     if arch in ("aarch64", "arm64"):
         return "cpu-arm64"

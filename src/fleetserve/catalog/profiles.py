@@ -31,7 +31,7 @@ import yaml
 
 from . import Catalog
 from .evidence import Row, RuleTable
-from .hardware import CLASS_FEATURES, Hardware
+from .hardware import Hardware, judged_features
 from .rules import fallback_chain, missing_extra, rule_profile
 from .spec import INTERACTIVE_BATCH_MS, ModelSpec, Profile
 
@@ -153,10 +153,7 @@ class Profiles:
         self.chain = fallback_chain(self.hardware_class)
         self.user_dir = user_dir.expanduser() if user_dir else None
         self.table = evidence_table(bundled)
-        # the features the rules judge: this machine's, or those that make a class asked for
-        self.features = hw.features
-        if self.hardware_class != hw.hardware_class:
-            self.features = CLASS_FEATURES.get(self.hardware_class, hw.features)
+        self.features = judged_features(hw, self.hardware_class)
         self._files: dict[tuple[str, str], ProfileFile] = {}
         for cls in (self.hardware_class, *self.chain):
             for root, is_bundled in ((bundled or bundled_dir(), True), (self.user_dir, False)):

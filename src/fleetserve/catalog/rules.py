@@ -6,9 +6,8 @@
   tunes, those of the nearest class by features, at fp32 where this CPU has no native
   instructions for the winner's precision. A runtime is switched to only when it can
   run from the spec's weights (OpenVINO converts torch and ONNX models, ONNX Runtime
-  exports torch ones) and its extra
-  is installed; ONNX Runtime runs fp32. With no evidence at all: the spec's runtime at
-  the class's precision (below).
+  exports torch ones) and its extra is installed; ONNX Runtime runs fp32. With no
+  evidence at all: the spec's runtime at the class's precision (below).
 - A spec's ``budgets`` may state a precision for a kind of device (DeBERTa-v3
   overflows in fp16, so its cuda budget says bf16); that wins over the table. Where
   no tune of generation is in evidence, it runs fp32 on CPUs (a different precision
@@ -32,7 +31,7 @@ import importlib.util
 from typing import Any
 
 from .evidence import ENCODER_FAMILIES, RuleTable
-from .hardware import CLASS_FEATURES, CPU_CLASSES, Hardware
+from .hardware import CPU_CLASSES, Hardware, judged_features
 from .spec import ModelSpec, Profile
 
 OPENVINO_FAMILIES = ENCODER_FAMILIES  # the families that convert to OpenVINO
@@ -100,10 +99,7 @@ def rule_profile(
     evidence, the spec's runtime at the class's precision."""
     kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
     budget: dict[str, Any] = dict(spec.budgets.get(kind, {}))
-    # a class asked for (not this machine's) is judged by the features that make it
-    features = hw.features
-    if hardware_class != hw.hardware_class:
-        features = CLASS_FEATURES.get(hardware_class, hw.features)
+    features = judged_features(hw, hardware_class)
     pick = table.pick(spec.family, hardware_class, features) if table and kind == "cpu" else None
     why: list[str] = []
     if "precision" in budget:

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..catalog import Catalog
-from ..catalog.hardware import CLASS_FEATURES, Hardware, detect
+from ..catalog.hardware import Hardware, detect, judged_features
 from ..catalog.profiles import ProfileError, Profiles, evidence_table
 from ..catalog.rules import class_precision, fallback_chain
 from ..settings import Settings
@@ -163,8 +163,7 @@ def run_hardware(settings: Settings, console: Console) -> int:
         t.add_row(str(k), str(v))
     console.print(t)
     console.print(f"[bold]fallback chain:[/] {' -> '.join(fallback_chain(cls)) or 'none'}")
-    feats = hw.features if cls == hw.hardware_class else CLASS_FEATURES.get(cls, hw.features)
-    pick = evidence_table().pick("dense", cls, feats)
+    pick = evidence_table().pick("dense", cls, judged_features(hw, cls))
     rule = f"{pick.runtime} {pick.precision}, {pick.reason}" if pick else class_precision(cls)
     console.print(f"[bold]rule for a dense model:[/] {rule}")
     return _profiles_table(settings, hw, cls, console)
