@@ -380,7 +380,7 @@ def test_every_bundled_spec_names_a_known_family_and_runtime() -> None:
         ("cpu-amx", "openvino bf16 (rule)", "~62.9 MiB"),
         # nearest with tunes whose bf16 it runs: cpu-amx's (openvino bf16 won there)
         ("cpu-avx512bf16", "openvino bf16 (rule)", "~62.9 MiB"),
-        ("cpu-avx512", "onnx fp32 (rule)", "~125.9 MiB"),  # nearest: cpu-avx2's tunes
+        ("cpu-avx512", "torch fp32 (rule)", "~125.9 MiB"),  # cpu-avx2's: onnx, not switched
     ],
 )
 def test_fleetserve_models_shows_family_runtime_size_and_presence(

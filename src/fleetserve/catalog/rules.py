@@ -5,9 +5,10 @@
   that won most of its tunes in the model's group of families; for a class with no
   tunes, those of the nearest class by features, at fp32 where this CPU has no native
   instructions for the winner's precision. A runtime is switched to only when it can
-  run from the spec's weights (OpenVINO converts torch and ONNX models, ONNX Runtime
-  exports torch ones) and its extra is installed; ONNX Runtime runs fp32. With no
-  evidence at all: the spec's runtime at the class's precision (below).
+  run from the spec's weights at load (OpenVINO converts torch and ONNX models; an ONNX
+  Runtime or torch.compile winner leaves a torch model on torch) and its extra is
+  installed; ONNX Runtime runs fp32. With no evidence at all: the spec's runtime at the
+  class's precision (below).
 - A spec's ``budgets`` may state a precision for a kind of device (DeBERTa-v3
   overflows in fp16, so its cuda budget says bf16); that wins over the table. Where
   no tune of generation is in evidence, it runs fp32 on CPUs (a different precision
@@ -41,11 +42,9 @@ _CUDA_BUDGET = {"generate": (65536, 64), "image": (32768, 256)}
 
 
 # a runtime the table names -> the spec runtimes whose weights it can run from
-RUNS_FROM = {
-    "openvino": frozenset({"torch", "onnx", "openvino"}),  # converts either
-    "onnx": frozenset({"torch", "onnx"}),  # exports a torch model
-    "torch_compile": frozenset({"torch"}),
-}
+# (only OpenVINO for now: an ONNX export or a torch.compile at every cold load of a torch
+# model made a fleet with evictions time out, benchmarks/fleet's trace on cpu-avx2)
+RUNS_FROM = {"openvino": frozenset({"torch", "onnx", "openvino"})}  # converts either
 
 
 def class_precision(hardware_class: str) -> str:
