@@ -139,7 +139,9 @@ def test_without_advertised_limits_the_defaults_apply_and_are_fetched_once() -> 
         c.encode("m", TEXTS)
     np.testing.assert_array_equal(emb[:, 0], np.arange(300))
     assert [r.method for r in echo.requests].count("GET") == 1
-    assert [len(b["inputs"]) for b in echo.bodies()[:3]] == [PER_CHUNK, PER_CHUNK, 300 - 256]
+    # chunks go out in parallel, so they may arrive in any order
+    first_call = sorted(len(b["inputs"]) for b in echo.bodies()[:3])
+    assert first_call == [300 - 2 * PER_CHUNK, PER_CHUNK, PER_CHUNK]
 
 
 def test_advertised_limits_size_the_chunks() -> None:
