@@ -5,7 +5,8 @@ load the manager makes room: it evicts by the policy (GDSF by default), never a 
 model, one with work in flight or one inside its ``keep_alive``. When nothing can
 leave it waits a little for work to finish, then answers 503 with Retry-After. A model
 that fails to load is marked failed with the reason; its requests get that reason
-until a cool-down passes, then the next one tries again. The rest keep serving.
+until a cool-down passes, then the next one tries again. The rest keep serving. A
+model swapped to a new profile loads it beside the served one (``worker.swap``).
 """
 
 from __future__ import annotations
@@ -15,34 +16,18 @@ import contextlib
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from ..metrics import Metrics
-from ..wire import FleetError, Unavailable
+from ..wire import Unavailable
 from .member import Footprint, Member, State, held_together, is_oom
 from .policy import Policy, Resident, evictable, victims
 from .room import no_room
+from .slot import NOTHING, Slot
 
 log = logging.getLogger("fleetserve.fleet")
-NOTHING = Footprint()
 MIB = 1 << 20
-
-
-@dataclass(eq=False)
-class Slot:
-    member: Member
-    state: State = State.COLD
-    held: Footprint = NOTHING  # while resident (or reserved while loading)
-    measured: Footprint | None = None  # what its last load measured
-    inflight: int = 0
-    error: FleetError | None = None
-    failed_at: float = 0.0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    record: Resident | None = None  # the policy's view while resident
-    no_room: FleetError | None = None  # the last attempt found no room ...
-    no_room_until: float = 0.0  # ... and those queued behind it get that answer until
 
 
 class Fleet:
@@ -292,6 +277,48 @@ class Fleet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
 
+    # -- a new profile beside the served one (worker.swap) ------------------------
+    @contextlib.asynccontextmanager
+    async def holding(self, model: str) -> AsyncIterator[State]:
+        """``model``'s slot for the block (no load of it starts) and, if resident, a use
+        of it (it is not evicted, like one with work in flight); yields its state."""
+        s = self._slots[model]
+        async with s.lock:
+            r = s.record if s.state is State.RESIDENT else None
+            if r is not None:
+                s.inflight, r.busy = s.inflight + 1, True
+            try:
+                yield s.state
+            finally:
+                if r is not None:
+                    self.release(model)
+
+    async def reserve_beside(self, model: str, need: Footprint) -> Footprint:
+        """Inside ``holding``: room for ``need`` beside resident ``model``, made as for a
+        load (the policy evicts others) but never waited for (``Unavailable``), counted
+        as ``model``'s until ``settle``. Returns what it held before."""
+        s = self._slots[model]
+        await self._make_room(model, need, self.clock(), wait=False)
+        before = s.held  # nothing awaited since the room was found: it is still there
+        s.held = Footprint(before.weights + need.weights, max(before.peak, need.peak))
+        self._gauges()
+        return before
+
+    async def settle(self, model: str, held: Footprint | None) -> None:
+        """Inside ``holding``, the swap over: resident ``model`` holds ``held`` (the new
+        profile's, or what ``reserve_beside`` returned if none came); ``None``: it is not
+        resident, and its next load makes room for its new profile's expected bytes."""
+        s = self._slots[model]
+        if held is None:
+            s.measured = None
+            return
+        s.held = s.measured = held
+        if s.record is not None:
+            s.record.bytes = held.weights
+        self._gauges()
+        if self.used() > self.budget:  # it measured more than expected
+            await self._shed(model)
+
     def release_keep_alive(self, model: str) -> float:
         """An admin ends ``model``'s keep-alive: it may leave under pressure now (once idle).
         The seconds it had left (0: none); a load waiting for room looks again."""
@@ -355,24 +382,14 @@ class Fleet:
                 self._evict(self._slots[r.model], "pressure")
 
     def _failed(self, s: Slot, exc: BaseException) -> None:
-        """Remember why ``s`` failed: the message only, none of the load's frames (they
-        hold whatever it had allocated)."""
+        """Remember why ``s`` failed (``Slot.fail``); cancelled: cold again."""
         model = s.member.model_id
         if not isinstance(exc, Exception):  # cancelled: cold again, nothing to remember
             s.state, s.held = State.COLD, NOTHING
             self._gauges()
             return
-        if isinstance(exc, FleetError):
-            with_reason = exc.fresh(retry_after=exc.retry_after or self.cooldown)
-        else:
-            with_reason = Unavailable(
-                f"model {model!r} failed to load: {type(exc).__name__}: {exc}"[:500],
-                retry_after=self.cooldown,
-            )
+        with_reason = s.fail(exc, self.clock(), self.cooldown)
         log.warning("%s failed to load: %s", model, with_reason.message)
-        s.state, s.held, s.error = State.FAILED, NOTHING, with_reason
-        s.failed_at = self.clock()
-        s.record = None
         if self.metrics is not None:
             self.metrics.loads.labels(model, "failed").inc()
         self._gauges()
