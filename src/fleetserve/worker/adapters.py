@@ -326,16 +326,28 @@ class Hosting:
             assert self._hosting is not None
             self._hosting[1].copies[self.spec.id] = fresh.memory_bytes()
 
-    def plan(self, keys: list[str | None]) -> Any:
+    def plan(self, keys: list[str | None], host: FamilyAdapter | None = None) -> Any:
         """The bank's plan for a batch whose row ``i`` runs ``keys[i]`` (a context
-        manager; a no-op when no row has an adapter)."""
+        manager; a no-op when no row has an adapter), on ``host`` (the adapter host the
+        batch was given when it started; default: the current one)."""
         import contextlib
 
         if not any(keys):
             return contextlib.nullcontext()
         from ..lora.mixed import segments_of
 
-        return self.adapter_runtime().lora_bank().plan(segments_of(keys), len(keys))
+        bank = self.adapter_runtime() if host is None else _host_of(host)
+        if bank is None:
+            raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
+        return bank.lora_bank().plan(segments_of(keys), len(keys))
+
+    def rehost(self, old: FamilyAdapter | None) -> None:
+        """The served adapter replaced ``old`` (a profile swap). Where the LoRA bank was
+        ``old``'s own (torch), or the new one takes adapters itself and a torch copy is
+        no longer needed, the hot adapters are forgotten: they heat again on next use.
+        A torch copy beside runtimes that take none stays, with its hot adapters."""
+        if _host_of(old) is not None or _host_of(self._adapter) is not None:
+            self.unhost()
 
     def unhost(self) -> None:
         """The model left memory: its torch copy and hot adapters went with it."""

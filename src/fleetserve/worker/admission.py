@@ -55,6 +55,13 @@ class WaitQueue:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def resize(self, max_batch_tokens: int) -> None:
+        """A new token budget (a profile swap) for the jobs admitted from now on."""
+        if max_batch_tokens < 1:
+            raise ValueError("max_batch_tokens must be positive")
+        with self._lock:
+            self.max_batch_tokens = max_batch_tokens
+
     def add(self, job: Job) -> None:
         """Interactive jobs go ahead of batch ones (each class in arrival order)."""
         with self._lock:

@@ -92,6 +92,17 @@ class BatchFormer:
     def __len__(self) -> int:
         return len(self._items)
 
+    def resize(
+        self, max_batch_tokens: int, max_batch_size: int, *, interactive_tokens: int = 0
+    ) -> None:
+        """New budgets (a profile swap), from the next batch on: what waits stays queued,
+        in its order. An item longer than the new budget still runs, alone."""
+        if max_batch_tokens < 1 or max_batch_size < 1:
+            raise ValueError("batch budgets must be positive")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.interactive_tokens = min(interactive_tokens or max_batch_tokens, max_batch_tokens)
+
     @property
     def interactive_waiting(self) -> bool:
         return self._interactive > 0

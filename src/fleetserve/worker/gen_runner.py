@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter
@@ -100,6 +100,28 @@ class GenerationRunner(Loadable):
         """Evicted (never while it has work): the generation thread lets go of the
         adapter and ends; the next request after the reload starts a new one."""
         super().unload()
+        self._retire()
+
+    def cannot_adopt(self) -> str:
+        """Sequences share the running engine's cache: the profile changes only while
+        none runs or waits to start."""
+        with self._lock:
+            running = bool(self._live)
+        return "busy: running sequences" if running or len(self.former) else ""
+
+    def adopt(self, other: Self) -> None:
+        """``Loadable.adopt`` while idle (``cannot_adopt``), with ``other``'s token and
+        sequence budgets; the generation thread, whose engine holds the old adapter,
+        ends, and the next request starts one on the new adapter."""
+        busy = self.cannot_adopt()
+        if busy:
+            raise RuntimeError(f"model {self.spec.id}: {busy}")
+        super().adopt(other)
+        self.former.resize(other.former.max_batch_tokens)
+        self.max_sequences = other.max_sequences
+        self._retire()
+
+    def _retire(self) -> None:
         thread, self._thread = self._thread, None
         if thread is not None:
             self._retiring.add(thread)
@@ -221,7 +243,11 @@ class GenerationRunner(Loadable):
                 self._post([Event("crash", job, error=exc)])
 
     def _fits(self, job: Job) -> bool:
-        """Room in the token budget, and for its adapter among the running ones."""
+        """Room in the token budget, and for its adapter among the running ones; none
+        in a retired thread (evicted or swapped: its engine holds the old adapter), so
+        that a job submitted after ``_retire`` starts on the thread that replaces it."""
+        if threading.current_thread() in self._retiring:
+            return False
         with self._lock:
             if not self._live:
                 return True

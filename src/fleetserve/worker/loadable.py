@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, Self
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter, family_tasks
@@ -181,6 +181,34 @@ class Loadable(Hosting):
             self._measured = held
             self.loaded = self.ever_loaded = True
             return held
+
+    def cannot_adopt(self) -> str:
+        """Why the served profile cannot change now ("" when it can): a runner of
+        batches swaps between any two of them."""
+        return ""
+
+    def adopt(self, other: Self) -> None:
+        """Serve ``other``'s profile from now on (``worker.swap``; on the event loop,
+        so that no batch starts halfway): its adapter, loaded (or none, when neither is
+        loaded: the next load builds it with ``other``'s factory), its factory, profile
+        (also what ``unload`` goes back to), measured footprint, memory figures and its
+        verify, measure and estimate closures. The old adapter is dropped here; a batch
+        already given it keeps its own reference and finishes on it. ``other`` is spent:
+        it was only the carrier of the new profile, and lets go of the adapter. Adapters
+        hot in the old adapter's bank heat again on use (``Hosting.rehost``); the torch
+        copy stays."""
+        if type(other) is not type(self) or other.spec.id != self.spec.id:
+            raise TypeError(f"model {self.spec.id} adopts only a {type(self).__name__} of itself")
+        if other.loaded != self.loaded:
+            raise ValueError(f"model {self.spec.id}: a loaded runner adopts a loaded one only")
+        old = self._adapter
+        self._adapter, self._factory = other._adapter, other._factory
+        self.profile, self._profile0 = other.profile, other._profile0
+        self._measured, self._estimated = other._measured, other._estimated
+        self.memory = dict(other.memory)
+        self._verify, self._measure, self._estimate = other._verify, other._measure, other._estimate
+        other._adapter, other.loaded = None, False  # served here only: it leaves with us
+        self.rehost(old)
 
     def unload(self) -> None:
         """Drop the adapter (the fleet frees the memory after): it loads again on use."""

@@ -6,7 +6,7 @@ import asyncio
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from ..catalog import ModelSpec, Profile
 from ..families import FamilyAdapter
@@ -80,6 +80,14 @@ class Runner(Member, Protocol):
 
     def submit(self, job: Job) -> None: ...
 
+    def cannot_adopt(self) -> str:
+        """Why the served profile cannot change now ("" when it can)."""
+        ...
+
+    def adopt(self, other: Self) -> None:
+        """Serve ``other``'s profile from now on (a runner of the same kind and model)."""
+        ...
+
     torch_factory: Callable[[], FamilyAdapter] | None  # the model on torch, for adapters
 
     def host_adapters(self, source: AdapterSource, tier: HotTier) -> None: ...
@@ -143,10 +151,22 @@ class ModelRunner(Loadable):
         self._wake = asyncio.Event()
         self.loaded = False
         self.busy_s = 0.0  # seconds the forward thread spent in forward passes
+        # the adapter (and adapter host) the batch in flight runs on, fixed when it
+        # starts: a profile swap meanwhile never changes a batch halfway
+        self._batch_on: tuple[FamilyAdapter, FamilyAdapter | None] | None = None
 
     def submit(self, job: Job) -> None:
         self.former.add(job)
         self._wake.set()
+
+    def adopt(self, other: Self) -> None:
+        """``Loadable.adopt``, and ``other``'s batch budgets from the next batch on (what
+        waits in the batch former stays queued)."""
+        super().adopt(other)
+        f = other.former
+        self.former.resize(
+            f.max_batch_tokens, f.max_batch_size, interactive_tokens=f.interactive_tokens
+        )
 
     async def run(
         self,
@@ -177,11 +197,13 @@ class ModelRunner(Loadable):
                 continue
             t0 = time.perf_counter()
             try:
+                self._batch_on = (self.adapter, self.host_family)  # whatever swaps meanwhile
                 out = await self._forward_fitting(batch)
             except Exception as exc:  # a model failure fails this batch's requests only
                 await self._crash_all([it.job for it in batch], exc, crash)
                 continue
             finally:
+                self._batch_on = None  # the old adapter of a swap or an eviction may go
                 self._release_adapters(batch)
             unfit = [it.job for it, row in zip(batch, out, strict=True) if row is UNFIT]
             if unfit:  # items that do not fit even alone fail their own requests only
@@ -219,6 +241,7 @@ class ModelRunner(Loadable):
                 continue
             keep.append(it)
         keep.sort(key=lambda it: it.adapter or "")
+        served = self.adapter_or_none
         keys = {it.adapter for it in keep if it.adapter}
         for key in keys:  # in use before any heats: heating one never evicts another
             self.mark(key, +1)
@@ -233,6 +256,9 @@ class ModelRunner(Loadable):
         keep = [it for it in keep if not it.job.failed]
         for key in keys - {it.adapter for it in keep}:
             self.mark(key, -1)
+        if keep and self.adapter_or_none is not served:  # a profile swap while they heated
+            self._release_adapters(keep)
+            return await self._with_adapters(keep)  # hot in the new adapter host
         return keep
 
     def _release_adapters(self, batch: list[WorkItem]) -> None:
@@ -241,13 +267,14 @@ class ModelRunner(Loadable):
 
     def _planned(self, items: list[Any], keys: list[str | None]) -> Sequence[Any]:
         """On the compute thread: a batch with adapter rows runs on the adapters' host
-        (the torch copy, where the tuned runtime takes none), others as served."""
+        (the torch copy, where the tuned runtime takes none), others as served, both as
+        they were when the batch started (``_batch_on``)."""
+        served, host = self._batch_on or (self.adapter, self.host_family)
         if not any(keys):
-            return self.adapter.forward(items)
-        host = self.host_family
+            return served.forward(items)
         if host is None:
             raise RuntimeError(f"model {self.spec.id} has no adapter runtime")
-        with self.plan(keys):
+        with self.plan(keys, host):
             return host.forward(items)
 
     async def _forward_fitting(self, batch: list[WorkItem], retried: bool = False) -> Sequence[Any]:
