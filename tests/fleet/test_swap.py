@@ -11,7 +11,6 @@ import gc
 import json
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -23,7 +22,7 @@ from fleetserve.assembly import build_runner, interactive_tokens
 from fleetserve.catalog import Catalog, ModelSpec, Profile
 from fleetserve.catalog.profiles import Choice
 from fleetserve.catalog.rules import missing_extra
-from fleetserve.families import Prepared, create_adapter
+from fleetserve.families import create_adapter
 from fleetserve.fleet.manager import Fleet, State
 from fleetserve.fleet.policy import GDSF
 from fleetserve.gateway import envelope as env_mod
@@ -247,67 +246,6 @@ async def test_no_room_beside_refuses_and_the_old_profile_keeps_serving(setup: S
         assert s.fleet.used() == used and s.fleet.info(MODEL) == info
         assert s.fleet.state(PINNED) is State.RESIDENT
         check(setup, TEXTS[:3], await s.encode(MODEL, TEXTS[:3]))
-
-
-class Tagged:
-    """A family adapter whose rows say which adapter ran them."""
-
-    tasks = frozenset({Task.ENCODE})
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.runtime: Any = types.SimpleNamespace(name="tagged", precision="fp32")
-
-    def load(self) -> None: ...
-
-    def warmup(self) -> None: ...
-
-    def memory_bytes(self) -> int:
-        return 1
-
-    def preprocess(self, envelope: Any, body: bytes) -> Prepared[list[int], None]:
-        return Prepared(items=[[1, 2], [3]], options=None, tokens=3)
-
-    def forward(self, items: Any) -> list[str]:
-        return [self.name] * len(items)
-
-    def postprocess(self, envelope: Any, prepared: Any, outputs: Any) -> bytes:
-        return b""
-
-
-async def test_a_batch_started_before_the_swap_finishes_on_the_old_adapter() -> None:
-    spec = ModelSpec(id="swap/tagged", family="dense", runtime="torch", sources=("/none",))
-    old = ModelRunner(spec, OLD.profile, Tagged("old"), Metrics())
-    new = ModelRunner(spec, NEW.profile, Tagged("new"), Metrics())
-    old.loaded = new.loaded = True
-    done: dict[str, asyncio.Future[Job]] = {}
-
-    def submit(rid: str) -> None:
-        env = dataclasses.replace(request_envelope(spec.id, b""), request_id=rid)
-        done[rid] = asyncio.get_running_loop().create_future()
-        old.submit(Job(Message(env, b"", 1), old.adapter.preprocess(env, b""), time.time()))
-
-    def finish(job: Job) -> None:
-        done[job.msg.envelope.request_id].set_result(job)
-
-    async def failed(job: Job, err: FleetError) -> None:
-        done[job.msg.envelope.request_id].set_exception(err)
-
-    task = asyncio.create_task(old.run(finish, failed, failed, asyncio.Event()))
-    try:
-        with compute_held():  # the batch waits for the compute thread, already given its adapter
-            submit("r1")
-            while len(old.former):  # taken, then handed to the compute thread at once
-                await asyncio.sleep(0)
-            old.adopt(new)
-        assert (await asyncio.wait_for(done["r1"], 60)).outputs == ["old", "old"]
-        submit("r2")
-        assert (await asyncio.wait_for(done["r2"], 60)).outputs == ["new", "new"]
-        assert old.former.max_batch_tokens == NEW.profile.max_batch_tokens
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 # -- a model that is not resident --------------------------------------------------
