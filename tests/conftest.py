@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +25,20 @@ NO_USER_PROFILES = "/dev/null/fleetserve-profiles"
 # the tiny test models run as the rules run them on a plain AVX2 machine (torch fp32),
 # so that results equal transformers' exactly whatever CPU CI lands on
 TINY_CLASS = "cpu-avx2"
+# the servers the tests start do not tune in the background (--tune auto, the
+# default) unless a test asks for it: a tune would take the cores from the test
+os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subprocesses
 
 
 class ServerThread:
     """A real fleetserve on loopback port 0, in a thread with its own event loop."""
 
-    def __init__(self, settings: Settings, catalog: Catalog | None = None) -> None:
+    def __init__(
+        self, settings: Settings, catalog: Catalog | None = None, *, background: bool = False
+    ) -> None:
+        """``background``: keep ``--tune auto`` (else it is off, as in every test server)."""
+        if settings.tune == "auto" and not background:
+            settings = dataclasses.replace(settings, tune="off")
         self.settings = settings
         self.catalog = catalog
         self.server: EmbeddedServer | None = None
@@ -109,6 +119,7 @@ def tiny_settings(catalog: Path, **overrides: Any) -> Settings:
         "torch_threads": 1,
         "profile_dir": NO_USER_PROFILES,
         "hardware_class": TINY_CLASS,
+        "tune": "off",
     }
     base.update(overrides)
     return Settings.load(overrides=base)

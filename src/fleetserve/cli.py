@@ -236,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(run_worker(settings), console)
     from .server import serve
 
-    return _run(serve(settings), console)
+    return _run(serve(settings, os.environ), console)
 
 
 def _tag(command: str, settings: Settings) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from .catalog import Catalog
 if TYPE_CHECKING:
     from .adapters_setup import Adapters
     from .finetune_setup import FineTuningParts
+    from .tune.background import BackgroundTuner
 from .catalog.sources import is_present
 from .gateway import Gateway
 from .gateway.auth import Authenticator
@@ -42,8 +44,14 @@ class EmbeddedServer(Service):
     """Everything in one event loop: uvicorn, the gateway, the queue and a worker."""
 
     def __init__(
-        self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
+        self,
+        settings: Settings,
+        catalog: Catalog | None = None,
+        console: Console | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """``env``: the environment the background tuner's child processes start from
+        (``main()`` passes its own; the settings are added to it)."""
         super().__init__()
         self.auth = Authenticator.from_settings(settings)  # a bad key setting fails first
         self.settings = settings
@@ -60,6 +68,7 @@ class EmbeddedServer(Service):
             s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
         }
         self.tuning = quick_wanted(settings, self.catalog, self.choices)  # --tune quick
+        self.background = self._background(env)  # --tune auto
         self.fleet = build_fleet(settings, self.runners, self.metrics, self.console)
         self.worker = self._new_worker()
         self.gateway = Gateway(
@@ -107,6 +116,11 @@ class EmbeddedServer(Service):
                     "precision": r.profile.precision,
                     "hardware": r.profile.hardware,
                     "profile": self.choices[spec.id].describe(),
+                    "tuning": (
+                        self.background.info(spec.id)
+                        if self.background is not None
+                        else {"state": "off"}
+                    ),
                     "loaded": r.loaded,
                     "present": is_present(
                         spec.sources, hf_cache, Path(self.settings.cache_dir).expanduser()
@@ -149,7 +163,26 @@ class EmbeddedServer(Service):
         while not self.worker.running and not self.ended("worker"):
             await asyncio.sleep(0.001)
         await self._start_training()
+        if self.background is not None:  # after the start: the server is ready at once
+            self.spawn("tuner", self.background.run())
         log.info("ready: %s", ready_summary(self.runners, self.settings.device))
+
+    def _background(self, env: Mapping[str, str] | None) -> BackgroundTuner | None:
+        if self.settings.tune != "auto":
+            return None
+        from .tune.background import BackgroundTuner
+        from .tune.host import ServerHost
+
+        if self.profiles.hardware_class != self.profiles.hw.hardware_class:
+            log.warning(
+                "--tune auto: not tuning for %s on a %s machine (--hardware-class asks for "
+                "another class's profiles)",
+                self.profiles.hardware_class,
+                self.profiles.hw.hardware_class,
+            )
+            return None
+        host = ServerHost(self)
+        return BackgroundTuner(self.settings, self.catalog, host, self.profiles.hardware_class, env)
 
     async def _open_adapters(self) -> None:
         """The adapter registry (cold tier), shared by the gateway and the worker."""
@@ -236,5 +269,5 @@ class EmbeddedServer(Service):
         self.tracer.shutdown()
 
 
-async def serve(settings: Settings) -> None:
-    await run_process(EmbeddedServer(settings), settings)
+async def serve(settings: Settings, env: Mapping[str, str] | None = None) -> None:
+    await run_process(EmbeddedServer(settings, env=env), settings)

@@ -52,12 +52,29 @@ class Settings(Limits):
         groups="gateway tuning",
     )
     tune: str = setting(
-        "off",
-        "quick: on a hardware class with no tuned profile, tune each pinned model briefly "
-        "at first start and keep the result; off: use the rules.",
+        "auto",
+        "auto: serve at once on the rules' choice and tune each untuned model in the "
+        "background while the server is idle, swapping in what wins; quick: tune each "
+        "untuned pinned model briefly before serving; off: use the rules.",
         groups="quick",
     )
-    tune_budget: float = setting(90.0, "Seconds per pinned model for --tune quick.", groups="quick")
+    tune_budget: float = setting(
+        60.0,
+        "Seconds of tuning per model for --tune quick, and for --tune auto's first, quick search.",
+        groups="quick",
+    )
+    tune_refine_budget: float = setting(
+        600.0,
+        "Seconds of tuning per model for --tune auto's full search, which refines the "
+        "quick one (0: none).",
+        groups="quick",
+    )
+    tune_idle: float = setting(
+        1.0,
+        "Seconds without requests before --tune auto's background tune continues (it "
+        "stops the moment a request comes).",
+        groups="quick",
+    )
     memory_budget: str = setting(
         "",
         "Memory for this worker's models (weights and activation peaks): bytes, a size "

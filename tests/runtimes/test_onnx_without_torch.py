@@ -20,7 +20,7 @@ from fleetserve.settings import Settings
 
 async def main():
     settings = Settings.load(overrides={"port": 0, "catalog": sys.argv[1], "models": "tiny/onnx",
-                                        "cache_dir": sys.argv[2]})  # device stays "auto"
+                                        "cache_dir": sys.argv[2], "tune": "off"})  # device: "auto"
     server = EmbeddedServer(settings, console=Console(quiet=True))
     await server.start()
     try:

@@ -142,7 +142,7 @@ from fleetserve.settings import Settings
 async def main():
     s = Settings.load(overrides={"port": 0, "catalog": sys.argv[1], "device": "cpu",
                                  "models": "tiny/ok,tiny/ov", "hardware_class": "cpu-avx2",
-                                 "profile_dir": "/dev/null/none"})
+                                 "profile_dir": "/dev/null/none", "tune": "off"})
     server = EmbeddedServer(s, console=Console(quiet=True))
     await server.start()
     try:

@@ -19,6 +19,7 @@ file that does not parse stops start-up with its path and the field named.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterable
@@ -34,6 +35,8 @@ from .evidence import Row, RuleTable
 from .hardware import Hardware, judged_features
 from .rules import fallback_chain, missing_extra, rule_profile
 from .spec import INTERACTIVE_BATCH_MS, ModelSpec, Profile
+
+log = logging.getLogger("fleetserve.catalog")
 
 FILE_KEYS = ("model", "hardware_class", "profile", "provenance")
 HOW = ("tuned", "catalog", "fallback", "rule")
@@ -62,6 +65,7 @@ class Choice:
     reason: str
     file: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)
+    bundled: bool = False  # the profile file ships with the package
 
     @property
     def interactive_batch_tokens(self) -> int:
@@ -155,12 +159,22 @@ class Profiles:
         self.table = evidence_table(bundled)
         self.features = judged_features(hw, self.hardware_class)
         self._files: dict[tuple[str, str], ProfileFile] = {}
+        self.ignored: list[str] = []  # the user's files that do not parse
         for cls in (self.hardware_class, *self.chain):
             for root, is_bundled in ((bundled or bundled_dir(), True), (self.user_dir, False)):
                 if root is None or not (root / cls).is_dir():
                     continue
                 for f in sorted((root / cls).glob("*.yaml")):
-                    pf = read_profile_file(f, cls, is_bundled)
+                    try:
+                        pf = read_profile_file(f, cls, is_bundled)
+                    except ProfileError as exc:
+                        if is_bundled:
+                            raise  # the package is broken: its tests catch it
+                        # one line, and the model runs as if the file were not there
+                        # (--tune auto tunes it again and writes it afresh)
+                        log.warning("ignoring a profile of yours: %s", exc)  # (exc names the file)
+                        self.ignored.append(str(f))
+                        continue
                     self._files[pf.model, cls] = pf  # the user's file, read last, wins
 
     def tuned(self, model_id: str, hardware_class: str = "") -> ProfileFile | None:
@@ -174,7 +188,7 @@ class Profiles:
             where = "bundled" if pf.bundled else "yours"
             date = pf.provenance.get("date", "?")
             reason = f"tuned for {cls} ({where}, {date})"
-            return Choice(pf.profile, "tuned", reason, str(pf.path), pf.provenance)
+            return Choice(pf.profile, "tuned", reason, str(pf.path), pf.provenance, pf.bundled)
         note = "".join(f"; {s}" for s in skipped)
         kind = "cuda" if cls.startswith("cuda") else "cpu"
         for key in (cls, kind):

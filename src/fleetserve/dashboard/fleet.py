@@ -167,6 +167,7 @@ def _assemble(
                 "errors": errors.get(model, 0),
                 **{name: counters[name].get(model, 0) for name in COUNTERS},
                 "adapters": {"registered": len(registered.get(model, [])), "hot": hot},
+                "tuning": next((m["tuning"] for _, m in held if m.get("tuning")), None),
             }
         )
     return {

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..wire import Priority
@@ -91,8 +91,10 @@ def worker_state(
     *,
     ready: bool,
     device: str,
+    tuning: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A worker as the fleet view shows it (the shape of a normalized heartbeat)."""
+    """A worker as the fleet view shows it (the shape of a normalized heartbeat);
+    ``tuning``: each model's background tuning state (``--tune auto``)."""
     beat = {
         "id": node,
         "pid": os.getpid(),
@@ -100,7 +102,9 @@ def worker_state(
         "ready": ready,
         "device": device,
         "memory": {"budget": fleet.budget, "used": fleet.used()},
-        "models": {m: fleet.info(m) for m in runners},
+        "models": {
+            m: {**fleet.info(m), **({"tuning": tuning(m)} if tuning else {})} for m in runners
+        },
         **worker_figures(runners, stats, metrics),
     }
     return normalize(beat)
@@ -125,6 +129,7 @@ def normalize(beat: Mapping[str, Any]) -> dict[str, Any]:
                 "inflight": _int(info.get("inflight")),
                 "error": info.get("error"),
                 "adapters": [str(k) for k in keys] if isinstance(keys, list) else [],
+                "tuning": _tuning(info.get("tuning")),
             }
         )
     counters = _mapping(beat.get("counters"))
@@ -141,6 +146,23 @@ def normalize(beat: Mapping[str, Any]) -> dict[str, Any]:
             for name in COUNTERS
             if isinstance(c := counters.get(name), Mapping)
         },
+    }
+
+
+def _tuning(raw: Any) -> dict[str, Any] | None:
+    """A model's background tuning state, as the fleet view shows it."""
+    if not isinstance(raw, Mapping):
+        return None
+    figure = {k: v if isinstance(v, int | float) else None for k, v in raw.items()}
+    return {
+        "state": str(raw.get("state") or "off"),
+        "reason": str(raw.get("reason") or ""),
+        "phase": str(raw.get("phase") or ""),
+        "swaps": _int(raw.get("swaps")),
+        "before_tokens_s": figure.get("before_tokens_s"),
+        "after_tokens_s": figure.get("after_tokens_s"),
+        "run": raw.get("run") if isinstance(raw.get("run"), str) else None,
+        "error": raw.get("error") if isinstance(raw.get("error"), str) else None,
     }
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..queue.jetstream import JetStreamQueue
     from ..queue.memory import MemoryQueue
     from ..settings import Settings
+    from ..tune.background import BackgroundTuner
     from ..worker import Worker
     from ..worker.runner import Runner
     from .fleet_nats import JetStreamLanes
@@ -76,6 +77,8 @@ class EmbeddedParts(Protocol):
     def worker(self) -> Worker: ...
     @property
     def adapters(self) -> Adapters | None: ...
+    @property
+    def background(self) -> BackgroundTuner | None: ...
 
 
 class EmbeddedFleet:
@@ -104,6 +107,7 @@ class EmbeddedFleet:
         worker = worker_state(
             self.node, s.fleet, s.runners, s.queue.stats, s.metrics,
             ready=s.worker.ready, device=s.settings.device,
+            tuning=s.background.info if s.background is not None else None,
         )  # fmt: skip
         return Gathered([worker], memory_lanes(s.queue), None)
 

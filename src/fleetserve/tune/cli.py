@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 from rich.console import Console
@@ -44,10 +46,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--output", default="", help="Profile directory [--profile-dir].")
     p.add_argument("--report-dir", default="", help="Reports [<tune-dir>/reports].")
+    p.add_argument(
+        "--pause-file",
+        default="",
+        help="Pause ledger of the server that runs this tune in the background "
+        "(--tune auto): its pauses are left out of the budget and spoil no figure.",
+    )
 
 
 ARGS = {"tune_models", "budget", "quick", "workload", "measure", "slo_ms", "no_knee"}
-ARGS |= {"output", "report_dir", "knee_seconds", "max_processes"}
+ARGS |= {"output", "report_dir", "knee_seconds", "max_processes", "pause_file"}
 
 
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
@@ -75,7 +83,11 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
         slo_ms=args.slo_ms,
         device=settings.device if settings.device != "auto" else hw.kind,
         cache_dir=Path(settings.cache_dir).expanduser(),
+        pause_file=Path(args.pause_file) if args.pause_file else None,
     )
+    if args.pause_file:  # a server's background tune: below its requests, and SIGTERM
+        os.nice(10)  # ends it as Ctrl-C would (the run says cancelled, nothing written)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     out = Path(args.output or settings.profile_dir).expanduser()
     tune_dir = Path(settings.tune_dir).expanduser()
     reports = Path(args.report_dir).expanduser() if args.report_dir else tune_dir / "reports"

@@ -28,14 +28,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetserve.tune")
 QUICK_BUDGET_S = 90.0
 OVERRUN_S = 15.0  # kept back from the search for a step that outruns its estimate
-MODES = ("off", "quick")
+MODES = ("off", "quick", "auto")
 
 
 def wanted(settings: Settings, catalog: Catalog, choices: dict[str, Choice]) -> list[str]:
     """The pinned (or named) models that would run on an untuned profile."""
     if settings.tune not in MODES:
         raise ValueError(f"setting tune must be one of {', '.join(MODES)}, not {settings.tune!r}")
-    if settings.tune == "off":
+    if settings.tune != "quick":  # auto tunes in the background (tune.background)
         return []
     named = set(settings.model_list())
     return [

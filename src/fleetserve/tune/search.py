@@ -30,12 +30,14 @@ from ..families import FamilyAdapter, create_adapter
 from ..runtimes import create_runtime
 from ..wire import FleetError
 from . import candidates as cands
+from . import pauses as pauses_mod
 from . import steal as steal_mod
 from .candidates import Candidate
 from .harness import Measure, Request, Stack, saturate
 from .quality import Quality, calibration, compare, replies
 
 MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
+SPOILED_TRIES = 20  # windows a busy server may spoil before the last one counts anyway
 WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
 
 
@@ -56,6 +58,7 @@ class Options:
     slo_ms: float | None = None
     device: str = "cpu"
     max_processes: int = 0  # processes per device to try at most (0: as many as cores)
+    pause_file: Path | None = None  # the server's pause ledger, when it runs this tune
     cache_dir: Path = field(default_factory=lambda: Path("~/.cache/fleetserve").expanduser())
 
 
@@ -102,14 +105,22 @@ class Clock:
     """The budget. The search keeps ``reserve_s`` back for the winner's knee and cost
     fit; those final steps spend it (``final=True``)."""
 
-    def __init__(self, budget_s: float, reserve_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        budget_s: float,
+        reserve_s: float = 0.0,
+        pauses: pauses_mod.Read = pauses_mod.never,
+    ) -> None:
+        self.pauses = pauses
         self.t0 = time.monotonic()
+        self.paused0 = pauses().seconds  # pauses before the start do not count
         self.budget_s = budget_s
         self.reserve_s = reserve_s
 
     @property
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        """Seconds this search was let run (a background tune's pauses excluded)."""
+        return time.monotonic() - self.t0 - (self.pauses().seconds - self.paused0)
 
     def fits(self, seconds: float, *, final: bool = False) -> bool:
         keep = 0.0 if final else self.reserve_s
@@ -142,7 +153,8 @@ class Search:
         self.spec, self.path, self.hw, self.cls, self.opts = spec, path, hw, hardware_class, opts
         self.kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
         self.base, _ = rule_profile(spec, hw, hardware_class)
-        self.clock = Clock(opts.budget_s, self.final_s())  # restarted by start()
+        self.pauses = pauses_mod.reader(opts.pause_file)
+        self.clock = Clock(opts.budget_s, self.final_s(), self.pauses)  # restarted by start()
         self.points: list[Point] = []
         self.noise = 0.0
         self.noise_repeats = self.noise_points = 0  # what the noise was computed from
@@ -159,7 +171,7 @@ class Search:
 
     def start(self) -> None:
         """Start the budget's clock: when this model's search begins, not before."""
-        self.clock = Clock(self.opts.budget_s, self.final_s())
+        self.clock = Clock(self.opts.budget_s, self.final_s(), self.pauses)
 
     def final_s(self) -> float:
         """What the final steps need: the winner's load, knee sweep and cost fit."""
@@ -203,10 +215,14 @@ class Search:
     async def _measure(self, stack: Stack, p: Point) -> None:
         p.status = "measuring"
         self._changed()
-        before = steal_mod.read()
-        m = await saturate(
-            stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s
-        )
+        for _ in range(SPOILED_TRIES):
+            count = self.pauses().count
+            before = steal_mod.read()
+            m = await saturate(
+                stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s
+            )
+            if self.pauses().count == count:
+                break  # else the server paused this tune mid-window: measure again
         if m.requests == 0:
             raise TuneError(f"{p.cand.id}: every request failed ({m.errors} errors)")
         self._record(p, m, before)

@@ -24,6 +24,7 @@ from ..catalog.spec import INTERACTIVE_BATCH_MS
 from . import noise, report, steps
 from .runs import RunStore, new_run_id, now_iso
 from .search import Options, Search, TuneError
+from .stale import model_digest
 from .workload import requests
 
 
@@ -53,6 +54,7 @@ class Tuner:
         self.profile_dir, self.report_dir = profile_dir, report_dir
         self.console = console or Console(stderr=True)
         self.search = Search(spec, path, hw, hardware_class, opts, self._changed, catalog_dirs)
+        self.digest = model_digest(spec, path)
         self.run_doc: dict[str, Any] = {
             "version": 1,
             "id": new_run_id(spec.id, hardware_class),
@@ -206,6 +208,8 @@ class Tuner:
             f"{1 if self.spec.family == 'generate' else self.opts.batch} items",
             "budget_s": self.opts.budget_s,
             "elapsed_s": round(s.clock.elapsed, 1),
+            "quick": self.opts.quick,  # a quick search: --tune auto refines it later
+            "model_digest": self.digest,  # other weights: --tune auto tunes again
             "candidates": len(s.points),
             "noise": round(s.noise, 4),
             "figures": {

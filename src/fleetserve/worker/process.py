@@ -234,7 +234,7 @@ def tuned_processes(settings: Settings) -> int:
 
 
 async def run_worker(settings: Settings) -> None:
-    if settings.tune != "off":
+    if settings.tune == "quick":
         logging.getLogger("fleetserve").warning(
             "--tune %s applies to fleetserve serve; a worker serves the profiles it finds "
             "(tune this machine with fleetserve tune)",

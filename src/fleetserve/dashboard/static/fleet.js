@@ -169,7 +169,8 @@
       card.append(el("p", { class: "empty", text: "No models." }));
       return;
     }
-    const head = [["model"], ["state"], ["on", "the workers it is resident on"],
+    const head = [["model"], ["state"], ["tuning", "--tune auto: rules, waiting, tuning, paused (for traffic), tuned; tokens/s before → after its swap"],
+      ["on", "the workers it is resident on"],
       ["waiting", "waiting: interactive / batch"], ["oldest", "the oldest waiting: interactive / batch"],
       ["in flight", "pulled by a worker, not yet answered"], ["req/s"], ["p50"], ["p99"], ["errors"],
       ["put-backs", "pulled beyond a batch budget and put back"], ["redeliv.", "redeliveries"],
@@ -181,6 +182,7 @@
       el("tbody", {}, rows.map((m) => el("tr", { "data-model": str(m.id), class: active(m) ? null : "idle" },
         modelCell(m),
         el("td", {}, badge(m.state)),
+        tuningCell(obj(m.tuning)),
         el("td", { class: "on" }, onWorkers(m.resident_on)),
         cell(CLASSES.map((c) => lane(m, c, "waiting")).join(" / "), num(m.waiting) ? "hot" : "", "waiting"),
         cell(CLASSES.map((c) => lane(m, c, "age_s")).join(" / ")),
@@ -194,6 +196,16 @@
         cell(fmt.num(num(m.dead_letters)), num(m.dead_letters) ? "bad" : ""),
         cell(fmt.num(num(m.evictions))),
         cell(adapterCount(obj(m.adapters)))))))));
+  }
+
+  // the background tuner's state, with the figures of its last swap (or verdict)
+  function tuningCell(t) {
+    if (!t.state) return el("td", { class: "muted", "data-tuning": "off", text: "off" });
+    const tps = (v) => (isNum(v) ? fmt.num(Math.round(v)) : "?");
+    const figures = isNum(t.after_tokens_s) ? ` ${tps(t.before_tokens_s)} → ${tps(t.after_tokens_s)} tok/s` : "";
+    return el("td", { "data-tuning": str(t.state), title: str(t.error || t.reason) || null },
+      badge(str(t.state), `tu-${str(t.state)}`),
+      el("span", { class: "muted", text: `${t.phase ? " " + str(t.phase) : ""}${figures}${num(t.swaps) ? ` · ${num(t.swaps)} swap${num(t.swaps) > 1 ? "s" : ""}` : ""}` }));
   }
 
   // the name in bold, its organisation and family below: ids stay readable when narrow

@@ -1,0 +1,110 @@
+"""Pausing a background tune while the server has traffic, without spoiling its figures.
+
+The server's background tuner runs ``fleetserve tune`` as a child process and stops it
+(``SIGSTOP``) the moment a request arrives, continuing it (``SIGCONT``) once the
+server has been idle a while: a stopped process takes no CPU, so traffic gets every
+core within one poll of the tuner (20 ms), whatever the tune was doing.
+
+The two processes share a *pause ledger*, a small file the parent rewrites
+atomically after each pause: ``<pauses> <paused seconds>``. The child reads it
+
+- in its budget's clock, which counts only the time it was let run, and
+- around each measurement window: a window during which the count changed was
+  spoiled by the pause (its latencies hold the stop) and is measured again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+Read = Callable[[], "Pauses"]
+
+
+@dataclass(frozen=True)
+class Pauses:
+    count: int = 0
+    seconds: float = 0.0
+
+
+NONE = Pauses()
+
+
+def never() -> Pauses:
+    """The ledger of a tune nobody pauses (one run by hand)."""
+    return NONE
+
+
+def reader(path: Path | None) -> Read:
+    """The child's view of the ledger at ``path`` (no pauses when ``None`` or unreadable:
+    a tune run by hand is never paused)."""
+    if path is None:
+        return never
+
+    def read() -> Pauses:
+        try:
+            count, seconds = path.read_text().split()
+            return Pauses(int(count), float(seconds))
+        except (OSError, ValueError):
+            return NONE
+
+    return read
+
+
+class Ledger:
+    """The parent's side: stop and continue process ``pid``, and keep the ledger."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.clock = clock
+        self.pid: int | None = None
+        self.count = 0
+        self.seconds = 0.0
+        self._since: float | None = None  # when the current pause began
+        self._write()
+
+    @property
+    def paused(self) -> bool:
+        return self._since is not None
+
+    def attach(self, pid: int | None) -> None:
+        """The process to pause from now on (``None``: none); a pause in force carries
+        over, so that a new phase's child starts stopped if traffic is about."""
+        self.pid = pid
+        if pid is not None and self.paused:
+            self._signal(signal.SIGSTOP)
+
+    def pause(self) -> None:
+        if self.paused:
+            return
+        self._since = self.clock()
+        self.count += 1  # counted before the stop: a window that sees it is spoiled
+        self._write()
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._since is None:
+            return
+        self.seconds += self.clock() - self._since
+        self._since = None
+        self._write()  # the child reads it first thing after it continues
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):  # it ended: the caller reaps it
+            os.kill(self.pid, sig)
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(f"{self.count} {self.seconds:.3f}\n")
+        os.replace(tmp, self.path)
+
+
+__all__ = ["NONE", "Ledger", "Pauses", "Read", "never", "reader"]

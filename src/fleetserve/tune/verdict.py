@@ -1,0 +1,83 @@
+"""Whether a background tune's winner replaces the profile a model runs on.
+
+The winner must beat the running profile's own point, measured in the same run (so
+on the same machine, in the same minutes), by more than that run's noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import ModelSpec, Profile
+from ..catalog.profiles import Choice
+
+
+@dataclass(frozen=True)
+class Verdict:
+    swap: bool
+    why: str
+    before: float | None  # tokens/s of the running profile in the run (None: not tried)
+    after: float | None  # the winner's
+    noise: float
+
+
+def verdict(run: dict[str, Any], running: Choice, found: Choice, spec_runtime: str) -> Verdict:
+    """Swap when the winner beats the running profile's own point in the same run by
+    more than the run's noise; where the run tried its engine at other batch budgets
+    only, the best of those stands in for it. An engine the run did not try at all
+    (not measured) gives way to the winner, which was."""
+    noise = float(run.get("noise") or 0.0)
+    after = (found.provenance.get("figures") or {}).get("tokens_per_s")
+    after = float(after) if after else None
+    if _same(running.profile, found.profile, spec_runtime):
+        return Verdict(False, "the tune chose what already runs", after, after, noise)
+    before = _measured(run, running, spec_runtime)
+    if after is None:
+        return Verdict(False, "the run has no figure for its winner", before, after, noise)
+    if before is None:
+        return Verdict(True, "the running profile is unmeasured; the winner is", None, after,
+                       noise)  # fmt: skip
+    gain = after / before - 1 if before else float("inf")
+    if gain <= noise:
+        why = f"{gain:+.1%} is within the noise ({noise:.1%})"
+        return Verdict(False, why, before, after, noise)
+    return Verdict(True, f"{gain:+.1%}, beyond the noise ({noise:.1%})", before, after, noise)
+
+
+def _engine(p: Profile, spec_runtime: str) -> tuple[str, str]:
+    return (p.runtime or spec_runtime, p.precision)
+
+
+def _same(a: Profile, b: Profile, spec_runtime: str) -> bool:
+    return _engine(a, spec_runtime) == _engine(b, spec_runtime) and (
+        a.max_batch_tokens, a.max_batch_size) == (b.max_batch_tokens, b.max_batch_size)  # fmt: skip
+
+
+def _measured(run: dict[str, Any], running: Choice, spec_runtime: str) -> float | None:
+    """The run's figure for the running profile: its engine at its batch budget, else
+    the best of its engine at any budget (so a swap must beat that), else ``None``."""
+    p = running.profile
+    engine = _engine(p, spec_runtime)
+    exact, best = None, None
+    for c in run.get("candidates") or []:
+        if (c.get("runtime"), c.get("precision")) != engine or c.get("processes", 1) != 1:
+            continue
+        tps = c.get("tokens_per_s")
+        if not tps:
+            continue
+        if (c.get("max_batch_tokens"), c.get("max_batch_size")) == (
+            p.max_batch_tokens,
+            p.max_batch_size,
+        ):
+            exact = float(tps)
+        best = max(best or 0.0, float(tps))
+    return exact if exact is not None else best
+
+
+def describe(choice: Choice, spec: ModelSpec) -> str:
+    p = choice.profile
+    return f"{p.runtime or spec.runtime} {p.precision} {p.max_batch_size}/{p.max_batch_tokens}"
+
+
+__all__ = ["Verdict", "describe", "verdict"]

@@ -1,0 +1,315 @@
+"""``--tune auto``: the server is ready at once, tunes what runs on the rules in the
+background (a real ``fleetserve tune`` child), steps aside for traffic, swaps in what
+wins, does not tune again at the next start, and survives every fault of the tune.
+
+The control tests drive :class:`BackgroundTuner` through its ``Host`` seam with a real
+child tune of a tiny model; the end-to-end ones run the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from fleetserve.assembly import build_catalog, build_profiles, weights_path
+from fleetserve.catalog.hardware import detect
+from fleetserve.catalog.profiles import Choice, read_profile_file
+from fleetserve.settings import Settings
+from fleetserve.tune.background import BackgroundTuner
+from fleetserve.tune.runs import RunStore
+
+from ..conftest import ServerThread
+from ..tinymodels import build_bert, write_spec
+
+MODEL = "tiny/auto-bert"
+BUDGET = 45.0  # the least a quick search of the tiny model takes (its knee included)
+
+
+def settings(root: Path, **extra: object) -> Settings:
+    cat = root / "catalog"
+    if not cat.exists():  # no profile in the spec: the rules choose
+        write_spec(cat, MODEL, build_bert(root / "model"), profiles={}, max_seq_len=32)
+    return Settings.load(
+        overrides={
+            "port": 0,
+            "catalog": str(cat),
+            "models": MODEL,
+            "device": "cpu",
+            "profile_dir": str(root / "profiles"),
+            "tune_dir": str(root / "runs"),
+            "cache_dir": str(root / "cache"),
+            "tune": "auto",
+            "tune_budget": BUDGET,
+            "tune_refine_budget": 0,
+            "tune_idle": 0.1,
+            **extra,
+        }
+    )
+
+
+class Host:
+    """The server's side of the seam, over a real catalog and the real profile files."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s = s
+        self.catalog = build_catalog(s)
+        self.choices = {m.id: build_profiles(s).choose(m) for m in self.catalog}
+        self.resident = True
+        self.is_busy = False
+        self.swapped: list[Choice] = []
+
+    def choice(self, model: str) -> Choice:
+        return self.choices[model]
+
+    def reread(self, model: str) -> Choice:
+        return build_profiles(self.s).choose(self.catalog.get(model))
+
+    def loaded(self, model: str) -> bool:
+        return self.resident
+
+    def busy(self) -> bool:
+        return self.is_busy
+
+    def weights(self, model: str) -> Path:
+        return weights_path(self.catalog.get(model), self.s)
+
+    async def swap(self, model: str, choice: Choice) -> tuple[bool, str]:
+        self.swapped.append(choice)
+        self.choices[model] = choice
+        return True, ""
+
+
+def tuner(s: Settings, host: Host) -> BackgroundTuner:
+    return BackgroundTuner(s, host.catalog, host, detect().hardware_class, os.environ)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.05)
+
+
+def child_pid(bt: BackgroundTuner) -> int | None:
+    proc = bt._proc
+    return proc.pid if proc is not None else None
+
+
+def stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def profile_files(root: Path) -> list[Path]:
+    return [p for p in (root / "profiles").rglob("*") if p.is_file()]
+
+
+async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    host = Host(s)
+    assert host.choice(MODEL).how == "rule"
+    bt = tuner(s, host)
+    task = asyncio.create_task(bt.run())
+    try:
+        await until(lambda: child_pid(bt) is not None)
+        pid = child_pid(bt)
+        assert pid is not None
+        host.is_busy = True  # a request came
+        await until(lambda: stopped(pid), timeout=0.5)  # well within a poll or two
+        assert bt.states[MODEL].state == "paused"
+        host.is_busy = False
+        await until(lambda: not stopped(pid), timeout=2.0)
+        await until(lambda: bt.states[MODEL].state in ("tuned", "failed"), timeout=180)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    st = bt.states[MODEL]
+    assert st.state == "tuned", st
+    assert st.run is not None and st.after_tokens_s and st.noise is not None
+    found = host.reread(MODEL)
+    assert found.how == "tuned" and found.provenance["quick"] is True
+    if st.swaps:  # the winner beat the rule's point beyond the noise, or it was unmeasured
+        assert host.swapped == [found] and st.reason.startswith("swapped in")
+    else:
+        assert host.swapped == [] and st.reason.startswith("kept")
+    run = RunStore(tmp_path / "runs").get(st.run)
+    assert run["status"] == "succeeded"
+    assert run["elapsed_s"] <= BUDGET + 5  # the pause is not in its budget
+
+
+async def test_a_killed_tune_leaves_the_model_as_it_was_and_nothing_half_written(
+    tmp_path: Path,
+) -> None:
+    s = settings(tmp_path)
+    host = Host(s)
+    bt = tuner(s, host)
+    task = asyncio.create_task(bt.run())
+    try:
+        await until(lambda: child_pid(bt) is not None)
+        await until(lambda: bool(RunStore(tmp_path / "runs").list()))  # it is under way
+        pid = child_pid(bt)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await until(lambda: bt.states[MODEL].state == "failed", timeout=30)
+        await asyncio.sleep(2 * 0.5)  # two looks for work: a failed tune is not retried
+        assert child_pid(bt) is None
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert host.swapped == [] and host.choice(MODEL).how == "rule"
+    assert profile_files(tmp_path) == []  # no profile, no temporary file
+
+
+async def test_an_evicted_model_stops_its_tune(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    host = Host(s)
+    bt = tuner(s, host)
+    task = asyncio.create_task(bt.run())
+    try:
+        await until(lambda: child_pid(bt) is not None)
+        proc = bt._proc
+        assert proc is not None
+        host.resident = False  # the fleet evicted it
+        await until(lambda: proc.returncode is not None, timeout=15)
+        assert bt.states[MODEL].state == "rules"
+        assert "evicted" in bt.states[MODEL].reason
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert profile_files(tmp_path) == [] and host.swapped == []
+
+
+async def test_an_unwritable_profile_directory_means_one_warning_and_no_tune(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "file").write_text("")
+    s = settings(tmp_path, profile_dir=str(tmp_path / "file" / "profiles"))
+    host = Host(s)
+    bt = tuner(s, host)
+    await asyncio.wait_for(bt.run(), 5)  # it returns: nothing is retried in a loop
+    assert child_pid(bt) is None and host.swapped == []
+    assert "not writable" in str(bt.states[MODEL].error)
+    assert len([r for r in caplog.records if "not writable" in r.getMessage()]) == 1
+
+
+def test_the_server_is_ready_at_once_tunes_and_the_next_start_does_not(
+    tmp_path: Path,
+) -> None:
+    s = settings(tmp_path)
+    bad = tmp_path / "profiles" / detect().hardware_class / "tiny--auto-bert.yaml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("model: [unclosed")  # a corrupt profile: ignored, then tuned afresh
+    srv = ServerThread(s, background=True).start()
+    try:
+        url = srv.url
+        first = info(url)
+        assert first["profile"]["how"] == "rule"
+        assert first["tuning"]["state"] in ("waiting", "tuning", "paused")
+        ref = encode(url)  # ready at once, on the rules' choice
+        deadline = time.monotonic() + 180
+        while info(url)["tuning"]["state"] not in ("tuned", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        done = info(url)
+        assert done["tuning"]["state"] == "tuned", done["tuning"]
+        if done["tuning"]["swaps"]:
+            assert done["profile"]["how"] == "tuned"
+        np.testing.assert_allclose(encode(url), ref, atol=2e-3)  # fp32 either way
+    finally:
+        srv.stop()
+    cls = detect().hardware_class
+    assert read_profile_file(bad, cls).provenance["written_by"] == "fleetserve tune"
+    runs = len(RunStore(tmp_path / "runs").list())
+    srv = ServerThread(s, background=True).start()
+    try:
+        again = info(srv.url)
+        assert again["profile"]["how"] == "tuned" and again["tuning"]["state"] == "tuned"
+        time.sleep(1.0)  # two looks for work
+        assert len(RunStore(tmp_path / "runs").list()) == runs  # not tuned again
+    finally:
+        srv.stop()
+
+
+def test_sigterm_during_a_background_tune_stops_the_server_and_the_tune(
+    tmp_path: Path,
+) -> None:
+    s = settings(tmp_path)
+    env = {**os.environ, **s.to_env(), Settings.env_name("tune"): "auto"}  # (the default)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetserve", "serve", "--port", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # (the test's timeout bounds it)
+            seen.append(line)
+            if "tuning in the background" in line:
+                break
+        assert proc.poll() is None, "".join(seen)
+        children = tune_children(proc.pid)
+        assert children
+        deadline = time.monotonic() + 60
+        while not RunStore(tmp_path / "runs").list():  # the search is under way
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "Traceback" not in out
+        for pid in children:
+            assert not Path(f"/proc/{pid}").exists() or zombie(pid)
+        (run,) = RunStore(tmp_path / "runs").list()
+        assert run["status"] == "cancelled"
+        assert profile_files(tmp_path) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def info(url: str) -> dict[str, Any]:
+    (m,) = [d for d in httpx.get(url + "/v1/models").json()["data"] if d["id"] == MODEL]
+    return m
+
+
+def encode(url: str) -> np.ndarray:
+    r = httpx.post(url + f"/v1/encode/{MODEL}", json={"inputs": ["a quick fox"]}, timeout=30)
+    assert r.status_code == 200, r.text
+    return np.array(r.json()["embeddings"], dtype=np.float32)
+
+
+def tune_children(ppid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == ppid and b"tune" in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -1,0 +1,124 @@
+"""The pause ledger: a stopped child makes no progress and takes no CPU, its pauses
+leave its budget's clock, and a measurement window a pause cut into is measured again."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetserve.catalog import ModelSpec
+from fleetserve.catalog.hardware import Hardware
+from fleetserve.tune import search as search_mod
+from fleetserve.tune.candidates import Candidate
+from fleetserve.tune.harness import Measure
+from fleetserve.tune.pauses import NONE, Ledger, Pauses, reader
+from fleetserve.tune.search import Clock, Options, Search
+
+COUNTER = "import sys, time\nn = 0\nwhile True:\n    n += 1\n    if n % 20000 == 0:\n" \
+    "        sys.stdout.write(f'{n}\\n'); sys.stdout.flush()\n"  # fmt: skip
+
+
+def test_the_ledger_counts_pauses_and_their_seconds(tmp_path: Path) -> None:
+    now = [100.0]
+    ledger = Ledger(tmp_path / "l", clock=lambda: now[0])
+    read = reader(ledger.path)
+    assert read() == Pauses(0, 0.0)
+    ledger.pause()
+    ledger.pause()  # already paused: one pause
+    assert read() == Pauses(1, 0.0) and ledger.paused
+    now[0] = 102.5
+    ledger.resume()
+    ledger.resume()
+    assert read() == Pauses(1, 2.5) and not ledger.paused
+
+
+def test_no_ledger_or_an_unreadable_one_reads_as_no_pauses(tmp_path: Path) -> None:
+    assert reader(None)() == NONE
+    assert reader(tmp_path / "missing")() == NONE
+    (tmp_path / "bad").write_text("not numbers")
+    assert reader(tmp_path / "bad")() == NONE
+
+
+def test_a_paused_child_makes_no_progress_until_resumed(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", COUNTER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # it runs
+        ledger = Ledger(tmp_path / "l")
+        ledger.attach(proc.pid)
+        ledger.pause()
+        cpu0 = _cpu_ticks(proc.pid)
+        time.sleep(0.3)  # (a stopped process cannot signal that it stays stopped)
+        assert _cpu_ticks(proc.pid) - cpu0 <= 1  # no CPU while stopped
+        ledger.resume()
+        assert proc.stdout.readline()  # it goes on
+    finally:
+        proc.kill()
+        proc.communicate()  # reaps it and closes its pipe
+
+
+def test_a_new_child_attached_during_a_pause_starts_stopped(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l")
+    ledger.pause()
+    proc = subprocess.Popen([sys.executable, "-c", COUNTER], stdout=subprocess.PIPE, text=True)
+    try:
+        ledger.attach(proc.pid)
+        assert _stopped(proc.pid, True)
+        ledger.resume()
+        assert _stopped(proc.pid, False)
+    finally:
+        proc.kill()
+        proc.communicate()  # reaps it and closes its pipe
+
+
+def test_the_clock_leaves_out_the_pauses(tmp_path: Path) -> None:
+    now = [0.0]
+    ledger = Ledger(tmp_path / "l", clock=lambda: now[0])
+    clock = Clock(60.0, pauses=reader(ledger.path))
+    ledger.pause()
+    now[0] = 1000.0  # a long pause, by the ledger's clock
+    ledger.resume()
+    assert clock.elapsed < 5.0 and clock.fits(50.0)
+
+
+async def test_a_window_a_pause_cut_into_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(tmp_path / "l")
+    spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
+    hw = Hardware("cpu", "x86_64", "Test CPU", 2, 8 * 2**30, frozenset({"avx2"}))
+    s = Search(spec, Path("/w"), hw, "cpu-avx2", Options(pause_file=ledger.path))
+    windows = [5000.0, 900.0]  # the first is cut by a pause; the second is clean
+
+    async def saturate(*args: object) -> Measure:
+        tps = windows.pop(0)
+        if tps == 5000.0:
+            ledger.pause()  # traffic came mid-window
+            ledger.resume()
+        return Measure(tps, 1.0, 1.0, 2.0, 10, 0, 1.0)
+
+    monkeypatch.setattr(search_mod, "saturate", saturate)
+    p = s._add(Candidate("torch", "fp32", 2, 1, 2048, 64))
+    await s._measure(None, p)  # type: ignore[arg-type]  # (saturate is replaced)
+    assert p.samples == [900.0] and windows == []
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _stopped(pid: int, want: bool) -> bool:
+    """Whether ``pid`` reaches the stopped state ``want`` within 2 s (signals land
+    asynchronously)."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if (st in ("T", "t")) == want:
+            return True
+        time.sleep(0.005)
+    return False

@@ -1,0 +1,80 @@
+"""When the background tuner swaps a model to what its run found, and when a model is
+tuned (again) at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fleetserve import __version__
+from fleetserve.catalog import ModelSpec, Profile
+from fleetserve.catalog.profiles import Choice
+from fleetserve.tune.stale import model_digest, why_tune
+from fleetserve.tune.verdict import verdict
+
+RULE = Choice(Profile("cpu-avx2", "fp32", "torch", 2048, 64), "rule", "rule: torch fp32")
+
+
+def found(tps: float, runtime: str = "openvino", **prov: Any) -> Choice:
+    p = Profile("cpu-avx2", "fp32", runtime, 4096, 64)
+    figures = {"tokens_per_s": tps}
+    return Choice(p, "tuned", "tuned", "/p.yaml", {"figures": figures, "run": "r", **prov})
+
+
+def run(noise: float, *points: tuple[str, int, float]) -> dict[str, Any]:
+    cands = [
+        {"runtime": rt, "precision": "fp32", "max_batch_tokens": tokens, "max_batch_size": 64,
+         "processes": 1, "tokens_per_s": tps}
+        for rt, tokens, tps in points
+    ]  # fmt: skip
+    return {"noise": noise, "candidates": cands}
+
+
+def test_a_winner_beyond_the_noise_of_the_running_profiles_own_point_swaps() -> None:
+    r = run(0.05, ("torch", 2048, 1000.0), ("openvino", 4096, 1300.0))
+    v = verdict(r, RULE, found(1300.0), "torch")
+    assert v.swap and v.before == 1000.0 and v.after == 1300.0 and "+30.0%" in v.why
+
+
+def test_a_winner_within_the_noise_is_not_swapped_in() -> None:
+    r = run(0.08, ("torch", 2048, 1000.0), ("openvino", 4096, 1050.0))
+    v = verdict(r, RULE, found(1050.0), "torch")
+    assert not v.swap and "within the noise (8.0%)" in v.why
+
+
+def test_the_best_of_the_running_engine_stands_in_for_a_batch_the_run_did_not_try() -> None:
+    r = run(0.05, ("torch", 1024, 900.0), ("torch", 8192, 1250.0), ("openvino", 4096, 1300.0))
+    assert not verdict(r, RULE, found(1300.0), "torch").swap  # 1300 vs 1250: +4%
+
+
+def test_an_engine_the_run_never_measured_gives_way_to_the_measured_winner() -> None:
+    running = Choice(Profile("cpu-avx2", "bf16", "openvino"), "fallback", "fallback")
+    v = verdict(run(0.05, ("torch", 2048, 1000.0)), running, found(1000.0, "torch"), "torch")
+    assert v.swap and v.before is None
+
+
+def test_the_same_profile_is_never_swapped_for_itself() -> None:
+    same = found(1000.0, "torch")
+    running = Choice(same.profile, "tuned", "tuned")
+    assert not verdict(run(0.0, ("torch", 4096, 1000.0)), running, same, "torch").swap
+
+
+def test_what_is_tuned_in_the_background(tmp_path: Path) -> None:
+    spec = ModelSpec.from_dict({"id": "o/m", "sources": [str(tmp_path)], "family": "dense"})
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
+    digest = model_digest(spec, tmp_path)
+    mine = {"fleetserve": __version__, "model_digest": digest}
+    assert why_tune(RULE, digest) == "it runs on a rule"
+    assert why_tune(found(1.0, **mine), digest) is None
+    assert "fleetserve 0.0.1" in str(
+        why_tune(found(1.0, **{**mine, "fleetserve": "0.0.1"}), digest)
+    )
+    quick = found(1.0, **mine, quick=True)
+    assert why_tune(quick, digest) == "its profile came from a quick search"
+    assert why_tune(quick, digest, refine=False) is None
+    bundled = Choice(RULE.profile, "tuned", "bundled", "/b.yaml", {"fleetserve": "0.0.1"}, True)
+    assert why_tune(bundled, digest) is None  # shipped tuned
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 11)  # other weights
+    assert why_tune(found(1.0, **mine), model_digest(spec, tmp_path)) == (
+        "its weights changed since it was tuned"
+    )
