@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "worker":
         from .worker.process import run_worker
 
-        return _run(run_worker(settings), console)
+        return _run(run_worker(settings, os.environ), console)
     from .server import serve
 
     return _run(serve(settings, os.environ), console)

@@ -69,6 +69,12 @@ class Settings(Limits):
         "quick one (0: none).",
         groups="quick",
     )
+    tune_lease: float = setting(
+        15.0,
+        "Seconds a worker's tune lease lasts unrenewed (--tune auto, distributed: one "
+        "worker per class and model tunes; a killed one's lease is taken over after this).",
+        groups="quick",
+    )
     tune_idle: float = setting(
         1.0,
         "Seconds without requests before --tune auto's background tune continues (it "

@@ -112,7 +112,7 @@ GROUP_TITLES = {
     "catalog": "catalog and profiles",
     "device": "device",
     "runtime": "models and memory",
-    "quick": "quick tuning at start",
+    "quick": "tuning (at start, or in the background)",
     "gateway": "requests",
     "auth": "API keys",
     "keys": "keys file",

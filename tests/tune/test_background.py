@@ -84,6 +84,9 @@ class Host:
     def weights(self, model: str) -> Path:
         return weights_path(self.catalog.get(model), self.s)
 
+    def keep(self, model: str, choice: Choice) -> None:
+        self.choices[model] = choice
+
     async def swap(self, model: str, choice: Choice) -> tuple[bool, str]:
         self.swapped.append(choice)
         self.choices[model] = choice
@@ -103,8 +106,7 @@ async def until(cond: Callable[[], bool], timeout: float = 120.0) -> None:
 
 
 def child_pid(bt: BackgroundTuner) -> int | None:
-    proc = bt._proc
-    return proc.pid if proc is not None else None
+    return bt.child_pid
 
 
 def stopped(pid: int) -> bool:
@@ -180,10 +182,10 @@ async def test_an_evicted_model_stops_its_tune(tmp_path: Path) -> None:
     task = asyncio.create_task(bt.run())
     try:
         await until(lambda: child_pid(bt) is not None)
-        proc = bt._proc
-        assert proc is not None
+        pid = child_pid(bt)
+        assert pid is not None
         host.resident = False  # the fleet evicted it
-        await until(lambda: proc.returncode is not None, timeout=15)
+        await until(lambda: not Path(f"/proc/{pid}").exists(), timeout=15)  # stopped, reaped
         assert bt.states[MODEL].state == "rules"
         assert "evicted" in bt.states[MODEL].reason
     finally:
@@ -261,9 +263,10 @@ def test_sigterm_during_a_background_tune_stops_the_server_and_the_tune(
             if "tuning in the background" in line:
                 break
         assert proc.poll() is None, "".join(seen)
-        children = tune_children(proc.pid)
-        assert children
         deadline = time.monotonic() + 60
+        while not (children := tune_children(proc.pid)):  # (it is being started)
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
         while not RunStore(tmp_path / "runs").list():  # the search is under way
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)

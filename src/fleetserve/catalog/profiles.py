@@ -275,9 +275,6 @@ def write_profile_file(
     root: Path, model_id: str, profile: Profile, provenance: dict[str, Any], header: str = ""
 ) -> Path:
     """Write ``root/<class>/<slug>.yaml`` atomically: a crash leaves the old file or none."""
-    dest = profile_path(root, model_id, profile.hardware)
-    folder = dest.parent
-    folder.mkdir(parents=True, exist_ok=True)
     doc = {
         "model": model_id,
         "hardware_class": profile.hardware,
@@ -286,13 +283,24 @@ def write_profile_file(
     }
     text = "".join(f"# {line}\n" for line in header.splitlines())
     text += yaml.safe_dump(doc, sort_keys=False, width=88)
+    return write_profile_text(root, model_id, profile.hardware, text)
+
+
+def write_profile_text(root: Path, model_id: str, hardware_class: str, text: str) -> Path:
+    """Write a profile file's ``text`` (one another worker tuned) atomically, once it
+    parses as a profile of ``model_id`` for ``hardware_class``."""
+    dest = profile_path(root, model_id, hardware_class)
+    folder = dest.parent
+    folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with tmp.open("w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        read_profile_file(tmp, profile.hardware)  # never leave a file that would not load
+        pf = read_profile_file(tmp, hardware_class)  # never leave a file that would not load
+        if pf.model != model_id:
+            raise ProfileError(f"{tmp}: a profile of {pf.model}, not {model_id}")
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
@@ -312,4 +320,5 @@ __all__ = [
     "read_profile_file",
     "slug",
     "write_profile_file",
+    "write_profile_text",
 ]

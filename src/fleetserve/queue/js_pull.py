@@ -138,10 +138,9 @@ class Puller:
         status = hdrs.get("Status")
         if not raw.reply:  # a status: 404 no messages, 408 expired, 409 ...
             if status is not None:
+                # (its Nats-Pending-Messages is what was left of this pull request's
+                # batch, not what waits in the stream: refresh() reads that)
                 self._open.pop(lane, None)
-                pend = hdrs.get("Nats-Pending-Messages")
-                if pend is not None and pend.isdigit():
-                    self._pending[lane] = int(pend)
                 self._arrived.set()
             return
         if req is not None:

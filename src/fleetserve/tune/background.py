@@ -22,11 +22,7 @@ cut by a model's eviction leaves the model on what it runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -35,21 +31,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..catalog import Catalog, ModelSpec
-from ..catalog.profiles import Choice
+from ..catalog.profiles import Choice, profile_path, write_profile_text
 from ..logs import child_env
 from ..settings import Settings
+from .fleetwide import FleetTuning
 from .pauses import Ledger
 from .runs import RunStore
 from .stale import model_digest, why_tune
-from .verdict import describe, verdict
+from .tune_child import TuneChild
+from .verdict import describe, same_profile, verdict
 
 log = logging.getLogger("fleetserve.tune")
 POLL_S = 0.02  # how often the server's load is looked at while a tune runs
 LOOK_S = 0.5  # how often loaded models are looked at for one to tune
-STOP_S = 5.0  # a child's grace after SIGTERM before it is killed
-QUICK_MEASURE_S = 2.0
-QUICK_KNEE_S = 1.5
 EVICTED = "the tune stopped: the model was evicted; it is tuned once it loads again"
+LATER_S = 2.0  # how often a model another worker tunes is looked at again
 SWAP_TRIES = 60  # seconds a generation model's swap waits for it to be idle
 
 
@@ -76,6 +72,10 @@ class Host(Protocol):
 
     async def swap(self, model: str, choice: Choice) -> tuple[bool, str]:
         """Serve ``model`` with ``choice`` from its next batch; (done, why not)."""
+        ...
+
+    def keep(self, model: str, choice: Choice) -> None:
+        """``choice`` holds the profile ``model`` runs already: it is its choice now."""
         ...
 
 
@@ -105,8 +105,12 @@ class BackgroundTuner:
         host: Host,
         hardware_class: str,
         env: Mapping[str, str] | None = None,
+        fleet: FleetTuning | None = None,
     ) -> None:
+        """``fleet``: in distributed mode, the profiles and tune leases this worker
+        shares with the others of its class (see :mod:`.fleetwide`)."""
         self.settings, self.catalog, self.host = settings, catalog, host
+        self.fleet = fleet
         self.cls = hardware_class
         self.env = child_env({**(env or {}), **settings.to_env()})
         self.tune_dir = Path(settings.tune_dir).expanduser()
@@ -114,8 +118,14 @@ class BackgroundTuner:
         self.states = {s.id: State() for s in catalog}
         self._tried: set[str] = set()  # tuned (or failed) in this process: never again
         self._evicted: set[str] = set()  # its tune stopped when it left memory
-        self._proc: asyncio.subprocess.Process | None = None
+        self._later: dict[str, float] = {}  # another worker tunes it: look again then
+        self._child_run: TuneChild | None = None  # the phase's child, while it runs
         self.ledger: Ledger | None = None
+
+    @property
+    def child_pid(self) -> int | None:
+        """The running phase's ``fleetserve tune`` process, if one runs."""
+        return self._child_run.pid if self._child_run is not None else None
 
     def info(self, model: str) -> dict[str, Any]:
         return self.states[model].as_dict()
@@ -154,21 +164,92 @@ class BackgroundTuner:
             return
         self.tune_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(Path(tempfile.mkdtemp(dir=self.tune_dir, prefix=".pauses-")) / "l")
-        watch = asyncio.create_task(self._watch(), name="tune-pauses")
+        helpers = [asyncio.create_task(self._watch(), name="tune-pauses")]
+        if self.fleet is not None:
+            helpers.append(asyncio.create_task(self.fleet.renew_forever(), name="tune-leases"))
+            helpers.append(asyncio.create_task(self._shared_forever(), name="tune-profiles"))
         try:
-            while True:
-                self.refresh()
-                model = next((m for m, st in self.states.items() if st.state == "waiting"), None)
-                if model is None:
-                    await asyncio.sleep(LOOK_S)
-                    continue
-                try:
-                    await self._tune(model)
-                except Exception as exc:  # a tune never takes the server down
-                    self._failed(model, f"{type(exc).__name__}: {exc}")
+            await self._loop()
         finally:
-            watch.cancel()
+            for t in helpers:
+                t.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
             await self._stop_child()
+            if self.fleet is not None:
+                for model in list(self.fleet.held):
+                    await self.fleet.release(model)
+
+    async def _shared_forever(self) -> None:
+        """The shared profiles, watched again after a broker outage."""
+        assert self.fleet is not None
+        while True:
+            try:
+                await self.fleet.watch(self._shared)
+            except Exception as exc:
+                log.debug("shared profiles: watch ended (%s); watching again", exc)
+            await asyncio.sleep(LATER_S)
+
+    async def _loop(self) -> None:
+        while True:
+            self.refresh()
+            model = await self._next()
+            if model is None:
+                await asyncio.sleep(LOOK_S)
+                continue
+            try:
+                await self._tune(model)
+            except Exception as exc:  # a tune never takes the server down
+                self._failed(model, f"{type(exc).__name__}: {exc}")
+            finally:
+                if self.fleet is not None:
+                    await self.fleet.release(model)
+
+    async def _next(self) -> str | None:
+        """The next model to tune: waiting, and (fleet-wide) its lease is ours."""
+        now = time.monotonic()
+        for m, st in self.states.items():
+            if st.state != "waiting" or self._later.get(m, 0.0) > now:
+                continue
+            if self.fleet is None:
+                return m
+            if await self.fleet.claim(m):
+                got = await self.fleet.get(m)  # shared just before the lease was freed?
+                if got is None or got[1] == self.fleet.owner:
+                    return m
+                await self.fleet.release(m)
+                await self._shared(m, *got)
+                continue
+            holder = await self.fleet.holder(m)
+            st.reason = f"{holder or 'another worker'} tunes it; its profile is shared"
+            self._later[m] = now + LATER_S
+        return None
+
+    async def _shared(self, model: str, text: str, by: str) -> None:
+        """A profile another worker of this class tuned: kept, and swapped in."""
+        assert self.fleet is not None
+        if by == self.fleet.owner or model not in self.states:
+            return
+        write_profile_text(self.profile_dir, model, self.cls, text)
+        running, found = self.host.choice(model), self.host.reread(model)
+        st = self.states[model]
+        spec = self.catalog.get(model)
+        if st.state not in ("tuning", "paused"):  # (ours, under the lease, goes on)
+            self._tried.add(model)  # the holder of its lease tunes it for the fleet
+            st.state, st.phase = "tuned", ""
+        st.reason = f"tuned by {by}"
+        if found.how != "tuned":
+            return
+        if same_profile(running, found, spec):
+            self.host.keep(model, found)
+            return
+        done, why_not = await self.host.swap(model, found)
+        if done:
+            st.swaps += 1
+            st.after_tokens_s = (found.provenance.get("figures") or {}).get("tokens_per_s")
+            log.info("swapped %s: %s -> %s (tuned by %s)", model,
+                     describe(running, spec), describe(found, spec), by)  # fmt: skip
+        else:
+            st.reason += f"; the swap was refused ({why_not}); it applies at next start"
 
     def _writable(self) -> bool:
         """One warning, and no tuning, when profiles cannot be written."""
@@ -206,8 +287,19 @@ class BackgroundTuner:
                 self._failed(model, tail or f"fleetserve tune exited {rc}")
                 return
             await self._judge(model, st)
+            await self._publish(model)
         st.state, st.phase = "tuned", ""
         self._tried.add(model)
+
+    async def _publish(self, model: str) -> None:
+        """Fleet-wide: the profile this worker's tune wrote, for the others of its class."""
+        if self.fleet is None:
+            return
+        try:
+            text = profile_path(self.profile_dir, model, self.cls).read_text()
+            await self.fleet.publish(model, text)
+        except Exception as exc:  # the others tune it themselves
+            log.warning("%s: the profile was not shared (%s)", model, exc)
 
     def _failed(self, model: str, error: str) -> None:
         st = self.states[model]
@@ -229,6 +321,8 @@ class BackgroundTuner:
         st.before_tokens_s, st.after_tokens_s = v.before, v.after
         if not v.swap:
             st.reason = f"kept {describe(running, spec)}: {v.why}"
+            if same_profile(running, found, spec):
+                self.host.keep(model, found)  # what runs is now a tuned profile
             return
         t0 = time.monotonic()
         for _ in range(SWAP_TRIES):  # generation swaps only when no sequence runs
@@ -252,40 +346,28 @@ class BackgroundTuner:
     async def _child(self, model: str, *, quick: bool) -> tuple[int | None, str]:
         """Run one phase; (exit code, its last error line). ``None``: stopped because
         the model left memory."""
+        assert self.ledger is not None
         s = self.settings
         budget = s.tune_budget if quick else s.tune_refine_budget
-        assert self.ledger is not None
-        args = [sys.executable, "-m", "fleetserve", "tune", model, "--budget", f"{budget:g}",
-                "--max-processes", "1", "--output", str(self.profile_dir),
-                "--report-dir", str(self.tune_dir / "reports"),
-                "--pause-file", str(self.ledger.path)]  # fmt: skip
-        if quick:
-            args += ["--quick", "--measure", f"{QUICK_MEASURE_S:g}",
-                     "--knee-seconds", f"{QUICK_KNEE_S:g}"]  # fmt: skip
-        log_file = self.tune_dir / f".{model.replace('/', '--')}.log"
-        with log_file.open("wb") as out:
-            self._proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                env=self.env, start_new_session=True,
-            )  # fmt: skip
-        self.ledger.attach(self._proc.pid)
+        self._child_run = child = TuneChild(self.env, self.profile_dir, self.tune_dir, self.ledger)
         log.info("%s: tuning in the background (%s search, %gs of its own time)",
                  model, "quick" if quick else "full", budget)  # fmt: skip
+
+        def stop_why() -> str | None:
+            if not self.host.loaded(model):
+                log.info("%s: evicted; its background tune stops", model)
+                return "evicted"
+            if self.fleet is not None and not self.fleet.holds(model):
+                return "the tune lease was lost"  # another worker may tune it now
+            return None
+
         try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    rc = await asyncio.wait_for(self._proc.wait(), LOOK_S)
-                    return rc, _last_error(log_file)
-                if not self.host.loaded(model):
-                    log.info("%s: evicted; its background tune stops", model)
-                    await self._stop_child()
-                    return None, ""
-        except BaseException:  # the server stops (cancelled), or this broke: it goes too
-            await self._stop_child()
-            raise
+            rc, tail = await child.run(model, budget, quick, stop_why)
         finally:
-            self.ledger.attach(None)
-            self._proc = None
+            self._child_run = None
+        if rc is None and tail != "evicted":
+            return 1, tail
+        return rc, tail
 
     async def _watch(self) -> None:
         """Pause the child while the server has work; continue it after ``tune_idle``."""
@@ -303,19 +385,8 @@ class BackgroundTuner:
             await asyncio.sleep(POLL_S)
 
     async def _stop_child(self) -> None:
-        """SIGTERM (the tune ends as Ctrl-C would: nothing written), then SIGKILL."""
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        for sig in (signal.SIGCONT, signal.SIGTERM):  # a stopped child cannot end
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, sig)
-        try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        if self._child_run is not None:
+            await self._child_run.stop()
 
 
 def _run(tune_dir: Path, run_id: object) -> dict[str, Any] | None:
@@ -323,16 +394,6 @@ def _run(tune_dir: Path, run_id: object) -> dict[str, Any] | None:
         return RunStore(tune_dir).get(str(run_id)) if run_id else None
     except KeyError:
         return None
-
-
-def _last_error(log_file: Path) -> str:
-    """The child's ``error:`` line, if it printed one."""
-    try:
-        lines = log_file.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    errors = [ln.strip() for ln in lines if "error:" in ln]
-    return (errors or [""])[-1][:300]
 
 
 __all__ = ["BackgroundTuner", "Host", "State"]

@@ -1,53 +1,84 @@
-"""The embedded server as the background tuner's host (see :class:`.background.Host`)."""
+"""A serving process as the background tuner's host (see :class:`.background.Host`):
+the embedded server, or a distributed worker."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ..catalog import Catalog
 from ..catalog.profiles import Choice
+from ..settings import Settings
 
 if TYPE_CHECKING:
-    from ..server import EmbeddedServer
+    from ..fleet.manager import Fleet
+    from ..metrics import Metrics
+    from ..worker import Worker
+    from ..worker.runner import Runner
+
+
+class Parts(Protocol):
+    """What the host reads of ``server.EmbeddedServer`` or ``worker.WorkerProcess``."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def choices(self) -> MutableMapping[str, Choice]: ...
+    @property
+    def runners(self) -> Mapping[str, Runner]: ...
+    @property
+    def fleet(self) -> Fleet: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def worker(self) -> Worker | None: ...
 
 
 class ServerHost:
-    def __init__(self, server: EmbeddedServer) -> None:
-        self.server = server
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
 
     def choice(self, model: str) -> Choice:
-        return self.server.choices[model]
+        return self.parts.choices[model]
 
     def reread(self, model: str) -> Choice:
         from ..assembly import build_profiles
 
-        return build_profiles(self.server.settings).choose(self.server.catalog.get(model))
+        return build_profiles(self.parts.settings).choose(self.parts.catalog.get(model))
 
     def loaded(self, model: str) -> bool:
-        return self.server.runners[model].loaded
+        return self.parts.runners[model].loaded
 
     def busy(self) -> bool:
-        srv = self.server
-        if not srv.worker.idle:
+        p = self.parts
+        worker = p.worker
+        if worker is None or not worker.idle:
             return True
-        return any(srv.queue.depth(m) or srv.fleet.info(m)["inflight"] for m in srv.runners)
+        queue = worker.queue
+        return any(queue.depth(m) or p.fleet.info(m)["inflight"] for m in p.runners)
 
     def weights(self, model: str) -> Path:
         from ..assembly import weights_path
 
-        return weights_path(self.server.catalog.get(model), self.server.settings)
+        return weights_path(self.parts.catalog.get(model), self.parts.settings)
+
+    def keep(self, model: str, choice: Choice) -> None:
+        self.parts.choices[model] = choice
 
     async def swap(self, model: str, choice: Choice) -> tuple[bool, str]:
         from ..assembly import build_runner
         from ..worker.swap import swap_profile
 
-        srv = self.server
-        spec = srv.catalog.get(model)
-        new = build_runner(spec, srv.settings, srv.metrics, choice)
-        result = await swap_profile(srv.fleet, srv.runners[model], new)
+        p = self.parts
+        spec = p.catalog.get(model)
+        new = build_runner(spec, p.settings, p.metrics, choice)
+        result = await swap_profile(p.fleet, p.runners[model], new)
         if result.swapped:
-            srv.choices[model] = choice
+            p.choices[model] = choice
         return result.swapped, result.reason
 
 
-__all__ = ["ServerHost"]
+__all__ = ["Parts", "ServerHost"]

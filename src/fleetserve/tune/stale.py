@@ -19,10 +19,11 @@ from ..catalog.profiles import Choice
 
 
 def model_digest(spec: ModelSpec, path: Path) -> str:
-    """What identifies the model tuned: where its weights are and the names and sizes
-    of their files (reading gigabytes to hash them would cost more than the tune)."""
+    """What identifies the model tuned: the names and sizes of its weights' files
+    (reading gigabytes to hash them would cost more than the tune; where they sit is
+    left out, so that workers with other cache paths agree)."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    h = hashlib.sha256(json.dumps([spec.id, spec.family, str(path)]).encode())
+    h = hashlib.sha256(json.dumps([spec.id, spec.family]).encode())
     for f in files:
         h.update(f"{f.relative_to(path) if f != path else f.name}:{f.stat().st_size}\n".encode())
     return h.hexdigest()[:16]

@@ -75,9 +75,14 @@ def _measured(run: dict[str, Any], running: Choice, spec_runtime: str) -> float 
     return exact if exact is not None else best
 
 
+def same_profile(a: Choice, b: Choice, spec: ModelSpec) -> bool:
+    """Whether ``a`` and ``b`` run the same engine at the same batch budget."""
+    return _same(a.profile, b.profile, spec.runtime)
+
+
 def describe(choice: Choice, spec: ModelSpec) -> str:
     p = choice.profile
     return f"{p.runtime or spec.runtime} {p.precision} {p.max_batch_size}/{p.max_batch_tokens}"
 
 
-__all__ = ["Verdict", "describe", "verdict"]
+__all__ = ["Verdict", "describe", "same_profile", "verdict"]

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -60,16 +61,23 @@ def ack_wait_for(profile: Profile, settings: Settings) -> float:
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
     from ..lora.jobs.queue import JobQueue
+    from ..tune.background import BackgroundTuner
 
 
 class WorkerProcess(Service):
     """Tasks: "http" and "worker" (essential), "heartbeat" and "metrics"."""
 
     def __init__(
-        self, settings: Settings, catalog: Catalog | None = None, console: Console | None = None
+        self,
+        settings: Settings,
+        catalog: Catalog | None = None,
+        console: Console | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """``env``: what a background tune's child starts from (``main()``'s)."""
         super().__init__()
         require_nats(settings)
+        self.env = env
         self.settings = settings
         self.catalog = catalog if catalog is not None else build_catalog(settings)
         self.console = console or Console(stderr=True)
@@ -89,6 +97,7 @@ class WorkerProcess(Service):
         self.js: Any = None
         self.port = 0
         self._busy = {m: (time.monotonic(), 0.0) for m in self.runners}
+        self.background: BackgroundTuner | None = None  # --tune auto, once connected
 
     def _peer_holds(self, model: str) -> bool:
         """Another live worker has ``model`` resident or loading (from heartbeats)."""
@@ -120,7 +129,8 @@ class WorkerProcess(Service):
             "idle": self.worker is not None and self.worker.idle,
             "models": {
                 m: {"loaded": r.loaded, **self.fleet.info(m), "precision": r.profile.precision,
-                    "hardware": r.profile.hardware, "profile": self.choices[m].describe()}
+                    "hardware": r.profile.hardware, "profile": self.choices[m].describe(),
+                    **({"tuning": self.background.info(m)} if self.background else {})}
                 for m, r in self.runners.items()
             },
             # the fleet view's: counters per model and the hot adapters (dashboard/fleet_local)
@@ -179,6 +189,7 @@ class WorkerProcess(Service):
             self.jobs = tuning.queue
             runner = job_runner(self.settings, self.catalog, tuning, registry, self.node)
             self.spawn("trainer", runner.run())  # a broken job fails alone
+        await self._tune_in_background()
         beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
         self.spawn("heartbeat", beat)
         self.spawn("metrics", self._refresh_metrics())
@@ -188,6 +199,30 @@ class WorkerProcess(Service):
             "worker %s ready: %s; health on :%d",
             self.node, ready_summary(self.runners, self.settings.device), self.port,
         )  # fmt: skip
+
+    async def _tune_in_background(self) -> None:
+        """``--tune auto``: tune what runs untuned, one worker per class and model,
+        sharing the profiles through JetStream (``tune.fleetwide``)."""
+        if self.settings.tune != "auto":
+            return
+        from ..catalog.hardware import detect
+        from ..tune.background import BackgroundTuner
+        from ..tune.fleetwide import FleetTuning
+        from ..tune.host import ServerHost
+
+        hw_class = detect(self.settings.device).hardware_class
+        cls = self.settings.hardware_class or hw_class
+        if cls != hw_class:
+            log.warning("--tune auto: not tuning for %s on a %s machine", cls, hw_class)
+            return
+        shared = FleetTuning(
+            self.js.js, self.settings.queue_prefix, cls, self.node, self.settings.tune_lease
+        )
+        await shared.open()
+        self.background = BackgroundTuner(
+            self.settings, self.catalog, ServerHost(self), cls, self.env, shared
+        )
+        self.spawn("tuner", self.background.run())
 
     async def _refresh_metrics(self) -> None:
         models = list(self.runners)
@@ -233,7 +268,7 @@ def tuned_processes(settings: Settings) -> int:
     return wanted.pop() if len(wanted) == 1 else 1
 
 
-async def run_worker(settings: Settings) -> None:
+async def run_worker(settings: Settings, env: Mapping[str, str] | None = None) -> None:
     if settings.tune == "quick":
         logging.getLogger("fleetserve").warning(
             "--tune %s applies to fleetserve serve; a worker serves the profiles it finds "
@@ -250,4 +285,4 @@ async def run_worker(settings: Settings) -> None:
         return await run_devices(settings)
     if devices:  # one device: this process is its worker
         settings = dataclasses.replace(settings, device=devices[0].replace("cpu:0", "cpu"))
-    await run_process(WorkerProcess(settings), settings)
+    await run_process(WorkerProcess(settings, env=env), settings)
