@@ -24,6 +24,7 @@ COMMANDS = {
     "priority": ("priority", "queries under bulk load; the broker hop; against infinity"),
     "finetune": ("finetune", "a LoRA from pairs through the API: nDCG@10, time, cost"),
     "soak": ("soak", "mixed traffic, a worker killed, NATS restarted: RSS growth, loss"),
+    "selftune": ("selftune", "--tune auto: throughput against time since start, vs infinity"),
 }
 
 

@@ -66,7 +66,12 @@ def build_profiles(settings: Settings) -> Profiles:
     files for it (yours, then bundled), its fallbacks. A broken file is a ValueError
     naming the file and the field."""
     device = "cpu" if settings.device.startswith("cpu") else settings.device
-    return Profiles(detect(device), settings.hardware_class, Path(settings.profile_dir))
+    return Profiles(
+        detect(device),
+        settings.hardware_class,
+        Path(settings.profile_dir),
+        unbundled=not settings.bundled_profiles,
+    )
 
 
 def weights_path(spec: ModelSpec, settings: Settings) -> Path:

@@ -46,6 +46,12 @@ class Settings(Limits):
         "Your tuned profiles (written by `fleetserve tune`); they override the bundled ones.",
         groups="catalog",
     )
+    bundled_profiles: bool = setting(
+        True,
+        "Use the profiles bundled for this hardware class (false: serve as a class with "
+        "none would, on rules from the other classes' evidence; for measuring --tune auto).",
+        groups="catalog",
+    )
     tune_dir: str = setting(
         "~/.cache/fleetserve/tune",
         "Where tuning runs keep their state and reports (shown on /dashboard).",

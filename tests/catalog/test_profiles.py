@@ -221,3 +221,14 @@ def test_the_bundled_profiles_are_package_data() -> None:
     package = root / "src" / "fleetserve"
     files = [str(f.relative_to(package)) for f in bundled_dir().glob("*/*.yaml")]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files)
+
+
+def test_unbundled_serves_as_a_class_with_no_bundled_profile(tmp_path: Path) -> None:
+    bundled, mine = tmp_path / "bundled", tmp_path / "mine"
+    tuned(bundled, "cpu-amx", max_batch_size=16)
+    assert Profiles(AMX, bundled=bundled).choose(SPEC).how == "tuned"
+    c = Profiles(AMX, user_dir=mine, bundled=bundled, unbundled=True).choose(SPEC)
+    assert c.how == "rule"
+    tuned(mine, "cpu-amx", max_batch_size=64)  # yours still count: what --tune auto writes
+    c = Profiles(AMX, user_dir=mine, bundled=bundled, unbundled=True).choose(SPEC)
+    assert (c.how, c.profile.max_batch_size) == ("tuned", 64)

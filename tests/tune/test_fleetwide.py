@@ -171,3 +171,62 @@ def test_one_worker_tunes_and_the_other_swaps_in_its_profile(
         assert mine.background is not None
         if mine.choices[MODEL].how != "tuned":  # its winner was within the noise of the rule
             assert mine.background.states[MODEL].reason.startswith("kept")
+
+
+async def test_a_quick_shared_profile_is_adopted_and_refined_by_whoever_gets_the_lease(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    from fleetserve import __version__
+    from fleetserve.catalog import Profile
+    from fleetserve.catalog.profiles import write_profile_file
+
+    s = settings(tmp_path, tune_refine_budget=60)
+    cls = detect().hardware_class
+    p = prefix()
+    quick = write_profile_file(
+        tmp_path / "theirs", MODEL, Profile(cls, "fp32", "torch", 512, 16),
+        {"fleetserve": __version__, "quick": True, "figures": {"tokens_per_s": 1.0}},
+    )  # fmt: skip
+    async with shared(nats_server, p, "gone") as (gone,):
+        gone.cls = cls
+        await gone.publish(MODEL, quick.read_text())  # its holder died after the quick phase
+        await gone.profiles.put("garbage." + "x", b"not json")  # (another class: ignored)
+        nc = await nats.connect(nats_server.url)
+        try:
+            mine = FleetTuning(nc.jetstream(), p, cls, "me")
+            await mine.open()
+            host = Host(s)
+            bt = BackgroundTuner(s, host.catalog, host, cls, os.environ, mine)
+            task = asyncio.create_task(bt.run())
+            try:
+                await until(lambda: child_pid(bt) is not None, 30)  # it refines
+                assert host.choice(MODEL).how == "tuned"  # adopted meanwhile
+                assert host.choice(MODEL).profile.max_batch_tokens == 512
+                assert bt.states[MODEL].phase == "full"  # no quick search again
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await nc.close()
+
+
+async def test_a_shared_profile_that_does_not_parse_never_stops_the_tuner(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    s = settings(tmp_path)
+    cls = detect().hardware_class
+    p = prefix()
+    async with shared(nats_server, p, "other", "me") as (other, mine):
+        other.cls = mine.cls = cls
+        await other.publish(MODEL, "model: [unclosed")
+        host = Host(s)
+        bt = BackgroundTuner(s, host.catalog, host, cls, os.environ, mine)
+        task = asyncio.create_task(bt.run())
+        try:
+            await until(lambda: child_pid(bt) is not None, 30)  # it tunes it itself
+            assert not task.done() and host.choice(MODEL).how == "rule"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

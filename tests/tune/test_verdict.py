@@ -47,10 +47,15 @@ def test_the_best_of_the_running_engine_stands_in_for_a_batch_the_run_did_not_tr
     assert not verdict(r, RULE, found(1300.0), "torch").swap  # 1300 vs 1250: +4%
 
 
-def test_an_engine_the_run_never_measured_gives_way_to_the_measured_winner() -> None:
+def test_an_engine_the_run_never_measured_is_kept() -> None:
     running = Choice(Profile("cpu-avx2", "bf16", "openvino"), "fallback", "fallback")
     v = verdict(run(0.05, ("torch", 2048, 1000.0)), running, found(1000.0, "torch"), "torch")
-    assert v.swap and v.before is None
+    assert not v.swap and v.before is None and "did not measure" in v.why
+
+
+def test_a_run_that_repeated_nothing_still_needs_a_gain_beyond_the_floor() -> None:
+    r = run(0.0, ("torch", 2048, 1000.0), ("openvino", 4096, 1010.0))
+    assert not verdict(r, RULE, found(1010.0), "torch").swap  # +1% < the 2% floor
 
 
 def test_the_same_profile_is_never_swapped_for_itself() -> None:
@@ -78,3 +83,14 @@ def test_what_is_tuned_in_the_background(tmp_path: Path) -> None:
     assert why_tune(found(1.0, **mine), model_digest(spec, tmp_path)) == (
         "its weights changed since it was tuned"
     )
+
+
+def test_the_search_screens_the_nearest_classes_winner_and_its_neighbours_first() -> None:
+    from fleetserve.tune.candidates import nearest_first
+
+    pairs = [("openvino", "bf16"), ("openvino", "fp16"), ("openvino", "fp32"),
+             ("torch", "bf16"), ("torch", "fp16"), ("torch", "fp32")]  # fmt: skip
+    got = nearest_first(pairs, ("openvino", "bf16"))
+    assert got[:2] == [("torch", "fp32"), ("openvino", "bf16")]
+    assert set(got[2:5]) == {("openvino", "fp16"), ("openvino", "fp32"), ("torch", "bf16")}
+    assert got[5] == ("torch", "fp16")

@@ -150,18 +150,26 @@ class Profiles:
         hardware_class: str = "",
         user_dir: Path | None = None,
         bundled: Path | None = None,
+        *,
+        unbundled: bool = False,
     ) -> None:
-        """``bundled``: the package's profiles unless given (tests give their own)."""
+        """``bundled``: the package's profiles unless given (tests give their own);
+        ``unbundled``: as if nothing were bundled for this class (its tunes out of the
+        rules' evidence too), to measure what a class with none gets."""
         self.hw = hw
         self.hardware_class = hardware_class or hw.hardware_class
         self.chain = fallback_chain(self.hardware_class)
         self.user_dir = user_dir.expanduser() if user_dir else None
         self.table = evidence_table(bundled)
+        if unbundled:
+            self.table = self.table.without(self.hardware_class)
         self.features = judged_features(hw, self.hardware_class)
         self._files: dict[tuple[str, str], ProfileFile] = {}
         self.ignored: list[str] = []  # the user's files that do not parse
         for cls in (self.hardware_class, *self.chain):
-            for root, is_bundled in ((bundled or bundled_dir(), True), (self.user_dir, False)):
+            own = unbundled and cls == self.hardware_class
+            for root, is_bundled in ((None if own else bundled or bundled_dir(), True),
+                                     (self.user_dir, False)):  # fmt: skip
                 if root is None or not (root / cls).is_dir():
                     continue
                 for f in sorted((root / cls).glob("*.yaml")):

@@ -23,78 +23,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..catalog import Catalog, ModelSpec
-from ..catalog.profiles import Choice, profile_path, write_profile_text
-from ..logs import child_env
+from ..catalog.profiles import profile_path, write_profile_text
 from ..settings import Settings
 from .fleetwide import FleetTuning
 from .pauses import Ledger
 from .runs import RunStore
 from .stale import model_digest, why_tune
-from .tune_child import TuneChild
+from .states import Host, State
+from .tune_child import TuneChild, tune_env
 from .verdict import describe, same_profile, verdict
 
 log = logging.getLogger("fleetserve.tune")
 POLL_S = 0.02  # how often the server's load is looked at while a tune runs
 LOOK_S = 0.5  # how often loaded models are looked at for one to tune
 EVICTED = "the tune stopped: the model was evicted; it is tuned once it loads again"
+PROBE_BYTES = 4096  # written to the profile and tune directories to show they take files
 LATER_S = 2.0  # how often a model another worker tunes is looked at again
 SWAP_TRIES = 60  # seconds a generation model's swap waits for it to be idle
-
-
-class Host(Protocol):
-    """What the background tuner needs of the server it tunes for."""
-
-    def choice(self, model: str) -> Choice:
-        """The profile ``model`` runs on."""
-        ...
-
-    def reread(self, model: str) -> Choice:
-        """The profile ``model`` would run on, with the profile files read again."""
-        ...
-
-    def loaded(self, model: str) -> bool:
-        """``model`` is resident (a tune stops when it is evicted)."""
-        ...
-
-    def busy(self) -> bool:
-        """Requests wait or run: the tune must step aside."""
-        ...
-
-    def weights(self, model: str) -> Path: ...
-
-    async def swap(self, model: str, choice: Choice) -> tuple[bool, str]:
-        """Serve ``model`` with ``choice`` from its next batch; (done, why not)."""
-        ...
-
-    def keep(self, model: str, choice: Choice) -> None:
-        """``choice`` holds the profile ``model`` runs already: it is its choice now."""
-        ...
-
-
-@dataclass
-class State:
-    """One model's tuning, as ``GET /v1/models`` shows it (``tuning``)."""
-
-    state: str = "off"  # off, rules, waiting, tuning, paused, tuned, failed
-    reason: str = ""
-    phase: str = ""  # quick or full, while tuning
-    run: str | None = None  # the run document's id (GET /v1/tuning/runs/{id})
-    before_tokens_s: float | None = None  # the running profile's figure in that run
-    after_tokens_s: float | None = None  # the winner's
-    noise: float | None = None
-    swaps: int = 0
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class BackgroundTuner:
@@ -112,13 +66,15 @@ class BackgroundTuner:
         self.settings, self.catalog, self.host = settings, catalog, host
         self.fleet = fleet
         self.cls = hardware_class
-        self.env = child_env({**(env or {}), **settings.to_env()})
+        self.env = tune_env(settings, env or {})
         self.tune_dir = Path(settings.tune_dir).expanduser()
         self.profile_dir = Path(settings.profile_dir).expanduser()
         self.states = {s.id: State() for s in catalog}
         self._tried: set[str] = set()  # tuned (or failed) in this process: never again
         self._evicted: set[str] = set()  # its tune stopped when it left memory
         self._later: dict[str, float] = {}  # another worker tunes it: look again then
+        self._digests: dict[str, str] = {}  # model_digest of each loaded model
+        self._by: dict[str, str] = {}  # the worker whose shared profile it runs
         self._child_run: TuneChild | None = None  # the phase's child, while it runs
         self.ledger: Ledger | None = None
 
@@ -139,7 +95,9 @@ class BackgroundTuner:
             why = self._why(spec)
             loaded = self.host.loaded(spec.id)
             if why is None:
-                st.state, st.reason = "tuned", self.host.choice(spec.id).reason
+                by = self._by.get(spec.id)
+                st.state = "tuned"
+                st.reason = f"tuned by {by}" if by else self.host.choice(spec.id).reason
             elif spec.id in self._evicted and not loaded:
                 st.state, st.reason = "rules", EVICTED
             else:
@@ -150,20 +108,20 @@ class BackgroundTuner:
         if spec.runtime == "external":
             return None
         choice = self.host.choice(spec.id)
-        if choice.how not in ("rule", "fallback") and not self.host.loaded(spec.id):
-            return None  # a tuned file is judged by the weights once they are resolved
-        try:
-            digest = model_digest(spec, self.host.weights(spec.id))
-        except Exception:  # weights not here yet: the model cannot have loaded either
-            return None
+        if not self.host.loaded(spec.id):  # its weights are judged once it loaded
+            return f"it runs on a {choice.how}" if choice.how in ("rule", "fallback") else None
+        digest = self._digests.get(spec.id)
+        if digest is None:
+            try:  # (resolved already: it loaded; read once, a few KiB per file)
+                digest = self._digests[spec.id] = model_digest(spec, self.host.weights(spec.id))
+            except Exception:
+                return None
         return why_tune(choice, digest, refine=self.settings.tune_refine_budget > 0)
 
     async def run(self) -> None:
         """Tune, one model at a time, for as long as the server runs."""
         if not self._writable():
             return
-        self.tune_dir.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(Path(tempfile.mkdtemp(dir=self.tune_dir, prefix=".pauses-")) / "l")
         helpers = [asyncio.create_task(self._watch(), name="tune-pauses")]
         if self.fleet is not None:
             helpers.append(asyncio.create_task(self.fleet.renew_forever(), name="tune-leases"))
@@ -178,6 +136,8 @@ class BackgroundTuner:
             if self.fleet is not None:
                 for model in list(self.fleet.held):
                     await self.fleet.release(model)
+            if self.ledger is not None:
+                shutil.rmtree(self.ledger.path.parent, ignore_errors=True)
 
     async def _shared_forever(self) -> None:
         """The shared profiles, watched again after a broker outage."""
@@ -191,8 +151,12 @@ class BackgroundTuner:
 
     async def _loop(self) -> None:
         while True:
-            self.refresh()
-            model = await self._next()
+            model = None
+            try:
+                self.refresh()
+                model = await self._next()
+            except Exception as exc:  # the broker, a shared profile: look again later
+                log.warning("--tune auto: %s: %s", type(exc).__name__, exc)
             if model is None:
                 await asyncio.sleep(LOOK_S)
                 continue
@@ -214,11 +178,16 @@ class BackgroundTuner:
                 return m
             if await self.fleet.claim(m):
                 got = await self.fleet.get(m)  # shared just before the lease was freed?
-                if got is None or got[1] == self.fleet.owner:
-                    return m
-                await self.fleet.release(m)
-                await self._shared(m, *got)
-                continue
+                if got is not None and got[1] != self.fleet.owner:
+                    try:
+                        await self._shared(m, *got)
+                    except Exception as exc:  # it does not parse: tune it here
+                        log.warning("%s: the profile %s shared is not used: %s", m, got[1], exc)
+                    else:
+                        if self._why(self.catalog.get(m)) is None:
+                            await self.fleet.release(m)  # fresh: nothing to tune
+                            continue
+                return m  # ours to tune (stale or quick shared profiles included)
             holder = await self.fleet.holder(m)
             st.reason = f"{holder or 'another worker'} tunes it; its profile is shared"
             self._later[m] = now + LATER_S
@@ -229,14 +198,12 @@ class BackgroundTuner:
         assert self.fleet is not None
         if by == self.fleet.owner or model not in self.states:
             return
-        write_profile_text(self.profile_dir, model, self.cls, text)
+        await asyncio.to_thread(write_profile_text, self.profile_dir, model, self.cls, text)
         running, found = self.host.choice(model), self.host.reread(model)
         st = self.states[model]
         spec = self.catalog.get(model)
-        if st.state not in ("tuning", "paused"):  # (ours, under the lease, goes on)
-            self._tried.add(model)  # the holder of its lease tunes it for the fleet
-            st.state, st.phase = "tuned", ""
         st.reason = f"tuned by {by}"
+        self._by[model] = by
         if found.how != "tuned":
             return
         if same_profile(running, found, spec):
@@ -252,16 +219,22 @@ class BackgroundTuner:
             st.reason += f"; the swap was refused ({why_not}); it applies at next start"
 
     def _writable(self) -> bool:
-        """One warning, and no tuning, when profiles cannot be written."""
+        """One warning, and no tuning, when profiles or runs cannot be written (a file
+        of a few KiB is written to each: a full disk fails it too); else the ledger."""
+        where = self.profile_dir
         try:
-            self.profile_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.profile_dir):
-                pass
+            for where in (self.profile_dir, self.tune_dir):
+                where.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryFile(dir=where) as f:
+                    f.write(b"\0" * PROBE_BYTES)
+                    f.flush()
+                    os.fsync(f.fileno())
+            pauses = Path(tempfile.mkdtemp(dir=self.tune_dir, prefix=".pauses-"))
+            self.ledger = Ledger(pauses / "l")
         except OSError as exc:
             log.warning(
-                "--tune auto: profile directory %s is not writable (%s); serving on what "
-                "runs, not tuning",
-                self.profile_dir,
+                "--tune auto: %s is not writable (%s); serving on what runs, not tuning",
+                where,
                 exc.strerror or exc,
             )
             for st in self.states.values():
@@ -362,7 +335,9 @@ class BackgroundTuner:
             return None
 
         try:
-            rc, tail = await child.run(model, budget, quick, stop_why)
+            p = self.host.choice(model).profile  # what runs is screened first
+            start = f"{p.runtime or self.catalog.get(model).runtime}:{p.precision}"
+            rc, tail = await child.run(model, budget, quick, stop_why, start)
         finally:
             self._child_run = None
         if rc is None and tail != "evicted":
@@ -374,11 +349,14 @@ class BackgroundTuner:
         assert self.ledger is not None
         idle_since = time.monotonic()
         while True:
-            if self.host.busy():
-                self.ledger.pause()
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= self.settings.tune_idle:
-                self.ledger.resume()
+            try:
+                if self.host.busy():
+                    self.ledger.pause()
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= self.settings.tune_idle:
+                    self.ledger.resume()
+            except Exception as exc:  # (a full disk for the ledger): stop to be safe
+                log.debug("pause ledger: %s", exc)
             for st in self.states.values():
                 if st.state in ("tuning", "paused"):
                     st.state = "paused" if self.ledger.paused else "tuning"

@@ -99,6 +99,22 @@ def engines(spec: ModelSpec, quick: bool = False, kind: str = "cpu") -> list[tup
     return sorted(pairs, key=lambda e: (e != ("torch", "fp32"), e))
 
 
+def nearest_first(pairs: list[tuple[str, str]], pick: tuple[str, str]) -> list[tuple[str, str]]:
+    """``pairs`` in the order to screen them: the fp32 torch reference, the rules' pick
+    (the nearest class's winner), its neighbours (its runtime at other precisions, its
+    precision on other runtimes), then the rest; so that a search cut short has
+    measured the likeliest winners."""
+
+    def rank(e: tuple[str, str]) -> tuple[int, tuple[str, str]]:
+        if e == ("torch", "fp32"):
+            return 0, e
+        if e == pick:
+            return 1, e
+        return (2 if e[0] == pick[0] or e[1] == pick[1] else 3), e
+
+    return sorted(pairs, key=rank)
+
+
 def thread_layouts(hw: Hardware) -> list[tuple[int, int]]:
     """(threads, processes) that use every core: one process with all of them, then
     more processes with fewer threads each (as ``fleetserve worker --devices`` runs)."""

@@ -47,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default="", help="Profile directory [--profile-dir].")
     p.add_argument("--report-dir", default="", help="Reports [<tune-dir>/reports].")
     p.add_argument(
+        "--start",
+        default="",
+        metavar="RUNTIME:PRECISION",
+        help="Screen this engine right after the fp32 reference (a server's background "
+        "tune passes the one it runs) [the rules' pick].",
+    )
+    p.add_argument(
         "--pause-file",
         default="",
         help="Pause ledger of the server that runs this tune in the background "
@@ -55,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 ARGS = {"tune_models", "budget", "quick", "workload", "measure", "slo_ms", "no_knee"}
-ARGS |= {"output", "report_dir", "knee_seconds", "max_processes", "pause_file"}
+ARGS |= {"output", "report_dir", "knee_seconds", "max_processes", "pause_file", "start"}
 
 
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
@@ -84,6 +91,7 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
         device=settings.device if settings.device != "auto" else hw.kind,
         cache_dir=Path(settings.cache_dir).expanduser(),
         pause_file=Path(args.pause_file) if args.pause_file else None,
+        start=_engine(args.start),
     )
     if args.pause_file:  # a server's background tune: below its requests, and SIGTERM
         os.nice(10)  # ends it as Ctrl-C would (the run says cancelled, nothing written)
@@ -132,6 +140,14 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
             f"  report: {run['report']['markdown']}"
         )
     return 0
+
+
+def _engine(text: str) -> tuple[str, str] | None:
+    """``--start openvino:bf16`` -> ("openvino", "bf16")."""
+    if not text:
+        return None
+    runtime, _, precision = text.partition(":")
+    return runtime, precision or "fp32"
 
 
 async def _with_progress(job: Tuner, console: Console) -> Outcome:

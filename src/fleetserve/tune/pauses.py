@@ -99,7 +99,10 @@ class Ledger:
         if self.pid is None:
             return
         with contextlib.suppress(ProcessLookupError):  # it ended: the caller reaps it
-            os.kill(self.pid, sig)
+            if os.getpgid(self.pid) == self.pid:  # it leads its own group (the tune's
+                os.killpg(self.pid, sig)  # children pause with it)
+            else:
+                os.kill(self.pid, sig)
 
     def _write(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")

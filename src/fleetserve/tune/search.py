@@ -37,7 +37,7 @@ from .harness import Measure, Request, Stack, saturate
 from .quality import Quality, calibration, compare, replies
 
 MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
-SPOILED_TRIES = 20  # windows a busy server may spoil before the last one counts anyway
+SPOILED_TRIES = 20  # windows a busy server may spoil before the point is given up
 WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
 
 
@@ -59,6 +59,7 @@ class Options:
     device: str = "cpu"
     max_processes: int = 0  # processes per device to try at most (0: as many as cores)
     pause_file: Path | None = None  # the server's pause ledger, when it runs this tune
+    start: tuple[str, str] | None = None  # (runtime, precision) to screen first
     cache_dir: Path = field(default_factory=lambda: Path("~/.cache/fleetserve").expanduser())
 
 
@@ -223,6 +224,8 @@ class Search:
             )
             if self.pauses().count == count:
                 break  # else the server paused this tune mid-window: measure again
+        else:  # never a clean window: no figure rather than a spoiled one
+            raise RuntimeError(f"the server was busy through {SPOILED_TRIES} windows")
         if m.requests == 0:
             raise TuneError(f"{p.cand.id}: every request failed ({m.errors} errors)")
         self._record(p, m, before)
@@ -251,7 +254,8 @@ class Search:
     # -- 1. quality gate and screening --------------------------------------------------
     async def screen(self) -> None:
         first = Candidate("torch", "fp32", self.hw.cores, 1, *self._default_batch())
-        engines = cands.engines(self.spec, self.opts.quick, self.kind)
+        pick = self.opts.start or (self.base.runtime or self.spec.runtime, self.base.precision)
+        engines = cands.nearest_first(cands.engines(self.spec, self.opts.quick, self.kind), pick)
         for rt, why in cands.runtimes_for(self.spec, self.kind):
             if why:
                 p = self._add(replace(first, runtime=rt, precision="*"))

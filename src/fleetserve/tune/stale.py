@@ -17,15 +17,24 @@ from .. import __version__
 from ..catalog import ModelSpec
 from ..catalog.profiles import Choice
 
+SAMPLE = 1 << 16  # bytes hashed from each end of each weights file
+
 
 def model_digest(spec: ModelSpec, path: Path) -> str:
-    """What identifies the model tuned: the names and sizes of its weights' files
-    (reading gigabytes to hash them would cost more than the tune; where they sit is
-    left out, so that workers with other cache paths agree)."""
+    """What identifies the model tuned: its files' names and sizes and the first and
+    last 64 KiB of each (a fine-tune of the same architecture has the same sizes;
+    reading gigabytes would cost more than the tune). Where they sit is left out, so
+    that workers with other cache paths agree."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     h = hashlib.sha256(json.dumps([spec.id, spec.family]).encode())
     for f in files:
-        h.update(f"{f.relative_to(path) if f != path else f.name}:{f.stat().st_size}\n".encode())
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path) if f != path else f.name}:{size}\n".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(SAMPLE))
+            if size > 2 * SAMPLE:
+                fh.seek(-SAMPLE, 2)
+                h.update(fh.read(SAMPLE))
     return h.hexdigest()[:16]
 
 

@@ -16,12 +16,28 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from ..cluster.natsd import die_with_parent
+from ..logs import child_env
+from ..settings import ENV_PREFIX, Settings
 from .pauses import Ledger
 
 LOOK_S = 0.5  # how often the caller's reasons to stop are looked at
 STOP_S = 5.0  # a child's grace after SIGTERM before it is killed
 QUICK_MEASURE_S = 2.0
 QUICK_KNEE_S = 1.5
+
+
+NOT_FOR_TUNES = ("api_key", "keys", "keys_file", "nats")  # the server's, not the tune's
+
+
+def tune_env(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: ``base`` without its ``FLEETSERVE_*`` (the server's
+    settings, however it got them, replace them), then those settings, less the
+    secrets a tune does not need (API keys, the broker's URL)."""
+    env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
+    drop = {Settings.env_name(n) for n in NOT_FOR_TUNES}
+    env.update({k: v for k, v in settings.to_env().items() if k not in drop})
+    return child_env(env)
 
 
 class TuneChild:
@@ -31,7 +47,7 @@ class TuneChild:
         self.env, self.profile_dir, self.tune_dir, self.ledger = env, profile_dir, tune_dir, ledger
         self.proc: asyncio.subprocess.Process | None = None
 
-    def args(self, model: str, budget: float, quick: bool) -> list[str]:
+    def args(self, model: str, budget: float, quick: bool, start: str = "") -> list[str]:
         args = [sys.executable, "-m", "fleetserve", "tune", model, "--budget", f"{budget:g}",
                 "--max-processes", "1", "--output", str(self.profile_dir),
                 "--report-dir", str(self.tune_dir / "reports"),
@@ -39,18 +55,24 @@ class TuneChild:
         if quick:
             args += ["--quick", "--measure", f"{QUICK_MEASURE_S:g}",
                      "--knee-seconds", f"{QUICK_KNEE_S:g}"]  # fmt: skip
-        return args
+        return args + (["--start", start] if start else [])
 
     async def run(
-        self, model: str, budget: float, quick: bool, stop_why: Callable[[], str | None]
+        self,
+        model: str,
+        budget: float,
+        quick: bool,
+        stop_why: Callable[[], str | None],
+        start: str = "",
     ) -> tuple[int | None, str]:
         """(exit code, its last error line); (None, why) when ``stop_why`` gave a reason
         to stop it. Cancelled, it stops the child before it ends."""
         log_file = self.tune_dir / f".{model.replace('/', '--')}.log"
         with log_file.open("wb") as out:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.args(model, budget, quick), stdin=asyncio.subprocess.DEVNULL,
+                *self.args(model, budget, quick, start), stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=out, env=self.env, start_new_session=True,
+                preexec_fn=die_with_parent,  # a killed server leaves no tune behind
             )  # fmt: skip
         self.ledger.attach(self.proc.pid)
         try:
@@ -77,14 +99,15 @@ class TuneChild:
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
+        self.ledger.attach(None)  # traffic meanwhile must not stop it again
         for sig in (signal.SIGCONT, signal.SIGTERM):  # a stopped child cannot end
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, sig)
+                os.killpg(proc.pid, sig)  # its own children (a compile's workers) too
         try:
             await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_S)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
 
 
@@ -98,4 +121,4 @@ def last_error(log_file: Path) -> str:
     return (errors or [""])[-1][:300]
 
 
-__all__ = ["TuneChild", "last_error"]
+__all__ = ["TuneChild", "last_error", "tune_env"]

@@ -12,6 +12,8 @@ from typing import Any
 from ..catalog import ModelSpec, Profile
 from ..catalog.profiles import Choice
 
+NOISE_FLOOR = 0.02  # a run that repeated nothing still gets no swap for a 1% gain
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -25,9 +27,10 @@ class Verdict:
 def verdict(run: dict[str, Any], running: Choice, found: Choice, spec_runtime: str) -> Verdict:
     """Swap when the winner beats the running profile's own point in the same run by
     more than the run's noise; where the run tried its engine at other batch budgets
-    only, the best of those stands in for it. An engine the run did not try at all
-    (not measured) gives way to the winner, which was."""
-    noise = float(run.get("noise") or 0.0)
+    only, the best of those stands in for it. An engine the run did not try at all is
+    kept: a winner of a search cut short is no evidence against it (a quick search
+    that swapped openvino bf16 for torch bf16 at 0.5x taught this)."""
+    noise = max(NOISE_FLOOR, float(run.get("noise") or 0.0))
     after = (found.provenance.get("figures") or {}).get("tokens_per_s")
     after = float(after) if after else None
     if _same(running.profile, found.profile, spec_runtime):
@@ -35,9 +38,9 @@ def verdict(run: dict[str, Any], running: Choice, found: Choice, spec_runtime: s
     before = _measured(run, running, spec_runtime)
     if after is None:
         return Verdict(False, "the run has no figure for its winner", before, after, noise)
-    if before is None:
-        return Verdict(True, "the running profile is unmeasured; the winner is", None, after,
-                       noise)  # fmt: skip
+    if before is None:  # (the search screens it first: only a cut-short run lacks it)
+        why = "the run did not measure the running profile's engine: no evidence to swap"
+        return Verdict(False, why, None, after, noise)
     gain = after / before - 1 if before else float("inf")
     if gain <= noise:
         why = f"{gain:+.1%} is within the noise ({noise:.1%})"

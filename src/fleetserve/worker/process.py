@@ -218,7 +218,11 @@ class WorkerProcess(Service):
         shared = FleetTuning(
             self.js.js, self.settings.queue_prefix, cls, self.node, self.settings.tune_lease
         )
-        await shared.open()
+        try:
+            await shared.open()
+        except Exception as exc:  # no KV here (permissions, a bucket of another shape)
+            log.warning("--tune auto: the shared profiles cannot be opened (%s); not tuning", exc)
+            return
         self.background = BackgroundTuner(
             self.settings, self.catalog, ServerHost(self), cls, self.env, shared
         )

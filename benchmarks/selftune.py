@@ -1,0 +1,263 @@
+"""``python -m benchmarks selftune``: throughput against time since start under
+``--tune auto``, on a class with no bundled profile (``--bundled-profiles false``).
+
+One run, side by side on the same cores, model and client:
+
+1. infinity-emb at each ``--infinity-dtypes`` (its best is the peer's line);
+2. fleetserve ``--tune auto --bundled-profiles false`` from a fresh profile directory:
+   every ``--every`` seconds a saturation sample (``--clients`` x ``--batch`` texts for
+   ``--sample`` s); between samples the server is idle but for single-sentence queries
+   spaced wider than ``--tune-idle`` (light traffic: each arrives while the tuner runs,
+   so their latency shows how fast it steps aside);
+3. fleetserve on the bundled profile (what ``fleetserve tune`` wrote for this class),
+   sampled the same way, with the same queries (the tuned line, and the queries'
+   latency without a background tune).
+
+Writes ``selftune.{json,md,png}`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from fleetserve.bench.loadgen import percentile, run_load
+from fleetserve.bench.report import machine
+
+from .targets import HttpTarget, fleetserve_target, infinity_target
+
+REAL = "sentence-transformers/all-MiniLM-L6-v2"
+JSON = {"content-type": "application/json"}
+
+
+def _args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks selftune", description=__doc__)
+    p.add_argument("--model", default=REAL)
+    p.add_argument("--catalog", default="", help="extra catalog directory (a user's model)")
+    p.add_argument("--minutes", type=float, default=10.0, help="how long --tune auto runs")
+    p.add_argument("--every", type=float, default=30.0, help="seconds between samples")
+    p.add_argument("--sample", type=float, default=5.0, help="seconds per sample")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--query-gap", type=float, default=10.0, help="seconds between queries")
+    p.add_argument("--tune-budget", type=float, default=60.0)
+    p.add_argument("--tune-refine-budget", type=float, default=300.0)
+    p.add_argument("--infinity-venv", default=".bench/infinity-venv")
+    p.add_argument("--infinity-dtypes", default="float32,bfloat16")
+    p.add_argument("--no-infinity", action="store_true")
+    p.add_argument("--out", default="bench/results")
+    return p.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    args = _args(argv)
+    console = Console()
+    from fleetserve.assembly import HF_CACHE
+    from fleetserve.bench.workload import sentences
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import resolve
+
+    spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(args.model)
+    path = resolve(args.model, spec.sources, HF_CACHE)
+    texts = sentences(path, 512, args.tokens)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    console.rule(f"python -m benchmarks selftune: {args.model}, {args.tokens}-token sentences")
+    console.print(machine())
+    cat = ["--catalog", args.catalog] if args.catalog else []
+    peers: dict[str, float] = {}
+    venv = Path(args.infinity_venv)
+    if not args.no_infinity and (venv / "bin" / "infinity_emb").exists():
+        for dtype in args.infinity_dtypes.split(","):
+            t = infinity_target(venv, path, dtype)
+            peers[t.name] = _steady(t, texts, args, out, console)
+    elif not args.no_infinity:
+        console.print(f"[yellow]no infinity venv at {venv}: run benchmarks/infinity_venv.sh[/]")
+    with tempfile.TemporaryDirectory() as tmp:
+        auto = fleetserve_target(args.model, [
+            *cat, "--log-level", "info", "--tune", "auto", "--bundled-profiles", "false",
+            "--profile-dir", f"{tmp}/profiles", "--tune-dir", f"{tmp}/runs",
+            "--tune-budget", f"{args.tune_budget:g}",
+            "--tune-refine-budget", f"{args.tune_refine_budget:g}",
+        ], "fleetserve --tune auto")  # fmt: skip
+        t0 = time.monotonic()
+        auto.start(out)
+        ready_s = time.monotonic() - t0
+        samples, queries = _timeline(auto, texts, args, console)
+        auto.stop()
+    tuned = fleetserve_target(args.model, [*cat, "--tune", "off"], "fleetserve bundled")
+    tuned.start(out)
+    ref_samples, ref_queries = _timeline(tuned, texts, args, console, minutes=1.5)
+    tuned.stop()
+    doc = _summary(args, samples, queries, ref_samples, ref_queries, peers, ready_s)
+    doc["machine"] = machine()
+    (out / "selftune.json").write_text(json.dumps(doc, indent=1))
+    (out / "selftune.md").write_text(_markdown(doc) + "\n")
+    _plot(doc, out / "selftune.png")
+    console.print(_markdown(doc))
+    console.print(f"wrote {out / 'selftune.json'}, .md and .png")
+    return 0
+
+
+def _timeline(
+    t: HttpTarget,
+    texts: list[str],
+    args: argparse.Namespace,
+    console: Console,
+    minutes: float | None = None,
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """Samples every ``--every`` s for ``minutes``; single-sentence queries between."""
+    t0 = time.monotonic()
+    end = t0 + 60 * (minutes if minutes is not None else args.minutes)
+    samples: list[dict[str, Any]] = []
+    queries: list[float] = []
+    with httpx.Client(timeout=60) as c:
+        while time.monotonic() < end:
+            tps = _saturate(t, texts, args)
+            state = _tuning(t, c)
+            at = time.monotonic() - t0
+            samples.append({"t_s": round(at, 1), "tokens_per_s": tps, **state})
+            console.print(f"  {t.name} t={at:5.0f}s {tps:9,.0f} tok/s  {state}")
+            nxt = time.monotonic() + args.every
+            while time.monotonic() < min(nxt, end):
+                time.sleep(args.query_gap)  # light traffic: it arrives while the tuner runs
+                q0 = time.perf_counter()
+                c.post(t.url, content=t.body([texts[len(queries) % len(texts)]]), headers=JSON)
+                queries.append((time.perf_counter() - q0) * 1e3)
+    return samples, queries
+
+
+def _steady(
+    t: HttpTarget, texts: list[str], args: argparse.Namespace, out: Path, console: Console
+) -> float:
+    t.start(out)
+    try:
+        _saturate(t, texts, args)  # warm
+        got = statistics.median(_saturate(t, texts, args) for _ in range(3))
+    finally:
+        t.stop()
+    console.print(f"  {t.name}: {got:,.0f} tok/s")
+    return got
+
+
+def _saturate(t: HttpTarget, texts: list[str], args: argparse.Namespace) -> float:
+    def body(i: int) -> bytes:
+        start = (i * args.batch) % (len(texts) - args.batch + 1)
+        return t.body(texts[start : start + args.batch])
+
+    res = asyncio.run(
+        run_load(t.url, body, JSON, concurrency=args.clients, batch=args.batch,
+                 tokens_per_item=args.tokens, duration=args.sample)
+    )  # fmt: skip
+    return float(res.tokens_per_s)
+
+
+def _tuning(t: HttpTarget, c: httpx.Client) -> dict[str, Any]:
+    try:
+        data = c.get(f"http://127.0.0.1:{t.port}/v1/models").json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+    m: dict[str, Any] = next((d for d in data if d["id"] == t.model), {})
+    tu, prof = m.get("tuning") or {}, m.get("profile") or {}
+    return {"state": tu.get("state"), "swaps": tu.get("swaps"), "how": prof.get("how"),
+            "runs_on": f"{m.get('runtime')} {m.get('precision')}"}  # fmt: skip
+
+
+def _summary(
+    args: argparse.Namespace,
+    samples: list[dict[str, Any]],
+    queries: list[float],
+    ref: list[dict[str, Any]],
+    ref_queries: list[float],
+    peers: dict[str, float],
+    ready_s: float,
+) -> dict[str, Any]:
+    best_peer = max(peers.values(), default=None)
+    tuned = statistics.median(s["tokens_per_s"] for s in ref)
+    first = samples[0]["tokens_per_s"] if samples else None
+    last = statistics.median(s["tokens_per_s"] for s in samples[-3:]) if samples else None
+    return {
+        "model": args.model,
+        "date": time.strftime("%Y-%m-%d"),
+        "args": vars(args),
+        "ready_s": round(ready_s, 1),
+        "samples": samples,
+        "reference": ref,
+        "peers": peers,
+        "at_start_tokens_s": first,
+        "at_end_tokens_s": last,
+        "tuned_tokens_s": tuned,
+        "start_vs_peer": first / best_peer if first and best_peer else None,
+        "end_vs_peer": last / best_peer if last and best_peer else None,
+        "end_vs_tuned": last / tuned if last and tuned else None,
+        "query_p50_ms": statistics.median(queries) if queries else None,
+        "query_p99_ms": percentile([q / 1e3 for q in queries], 0.99) * 1e3 if queries else None,
+        "query_p99_ms_no_tuner": (
+            percentile([q / 1e3 for q in ref_queries], 0.99) * 1e3 if ref_queries else None
+        ),
+        "queries": len(queries),
+    }
+
+
+def _markdown(d: dict[str, Any]) -> str:
+    def f(v: Any, fmt: str = ",.0f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    peer = ", ".join(f"{k} {v:,.0f}" for k, v in d["peers"].items()) or "not run"
+    return "\n".join([
+        f"Machine: {d['machine']}. {d['model']}, {d['args']['tokens']}-token sentences, "
+        f"{d['args']['clients']} clients x {d['args']['batch']} texts; {d['date']}.",
+        "",
+        "| figure | value |",
+        "| --- | ---: |",
+        f"| ready after start (s) | {f(d['ready_s'], '.1f')} |",
+        f"| tokens/s at start (rules) | {f(d['at_start_tokens_s'])} |",
+        f"| tokens/s at the end (last 3 samples) | {f(d['at_end_tokens_s'])} |",
+        f"| tokens/s on the bundled (fleetserve tune) profile | {f(d['tuned_tokens_s'])} |",
+        f"| start / infinity best | {f(d['start_vs_peer'], '.2f')} |",
+        f"| end / infinity best | {f(d['end_vs_peer'], '.2f')} |",
+        f"| end / fleetserve tune | {f(d['end_vs_tuned'], '.2f')} |",
+        f"| query p50 / p99 while tuning (ms, {d['queries']} queries) | "
+        f"{f(d['query_p50_ms'], '.1f')} / {f(d['query_p99_ms'], '.1f')} |",
+        f"| query p99 without a tuner (ms) | {f(d['query_p99_ms_no_tuner'], '.1f')} |",
+        "",
+        f"infinity-emb: {peer} tokens/s.",
+    ])  # fmt: skip
+
+
+def _plot(d: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    xs = [s["t_s"] / 60 for s in d["samples"]]
+    ax.plot(xs, [s["tokens_per_s"] for s in d["samples"]], "o-", label="fleetserve --tune auto")
+    for prev, s in zip(d["samples"], d["samples"][1:], strict=False):
+        if (s.get("swaps") or 0) > (prev.get("swaps") or 0):
+            ax.axvline(s["t_s"] / 60, color="grey", ls=":", lw=1)
+    if d["tuned_tokens_s"]:
+        ax.axhline(d["tuned_tokens_s"], color="green", ls="--", label="bundled (fleetserve tune)")
+    if d["peers"]:
+        name, best = max(d["peers"].items(), key=lambda kv: kv[1])
+        ax.axhline(best, color="red", ls="--", label=f"{name} (infinity's best)")
+    ax.set_xlabel("minutes since start (dotted: a swap)")
+    ax.set_ylabel("tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{d['model']}: --tune auto on a class with no bundled profile")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
