@@ -107,6 +107,13 @@ async def until(cond: Callable[[], bool], timeout: float = 120.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel the tuner's task and wait until it has stopped (its child with it)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def child_pid(bt: BackgroundTuner) -> int | None:
     return bt.child_pid
 
@@ -141,9 +148,7 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
         await until(lambda: not stopped(pid), timeout=2.0)
         await until(lambda: bt.states[MODEL].state in ("tuned", "failed"), timeout=180)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
     st = bt.states[MODEL]
     assert st.state == "tuned", st
     assert st.run is not None and st.after_tokens_s and st.noise is not None
@@ -184,9 +189,7 @@ async def test_a_killed_tune_leaves_the_model_as_it_was_and_nothing_half_written
         assert bt.states[MODEL].state == "failed" and await bt._next() is None  # not retried
         assert child_pid(bt) is None and len(RunStore(tmp_path / "runs").list()) == runs
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
     assert host.swapped == [] and host.choice(MODEL).how == "rule"
     assert profile_files(tmp_path) == []  # no profile, no temporary file
 
@@ -205,9 +208,7 @@ async def test_an_evicted_model_stops_its_tune(tmp_path: Path) -> None:
         assert bt.states[MODEL].state == "rules"
         assert "evicted" in bt.states[MODEL].reason
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
     assert profile_files(tmp_path) == [] and host.swapped == []
 
 

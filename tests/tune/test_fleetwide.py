@@ -23,7 +23,7 @@ from fleetserve.tune.runs import RunStore
 from fleetserve.worker.process import WorkerProcess
 
 from ..services import Services
-from .test_background import MODEL, Host, child_pid, settings, until
+from .test_background import MODEL, Host, cancelled, child_pid, settings, until
 
 
 @contextlib.asynccontextmanager
@@ -120,9 +120,7 @@ async def test_a_worker_waits_while_another_holds_the_lease_then_takes_over(
                 await until(lambda: child_pid(bt) is not None, 30)  # the lease lapsed
                 assert mine.holds(MODEL)
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancelled(task)
             assert not mine.holds(MODEL)  # released at the stop
         finally:
             await nc.close()
@@ -204,9 +202,7 @@ async def test_a_quick_shared_profile_is_adopted_and_refined_by_whoever_gets_the
                 assert host.choice(MODEL).profile.max_batch_tokens == 512
                 assert bt.states[MODEL].phase == "full"  # no quick search again
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancelled(task)
         finally:
             await nc.close()
 
@@ -227,6 +223,4 @@ async def test_a_shared_profile_that_does_not_parse_never_stops_the_tuner(
             await until(lambda: child_pid(bt) is not None, 30)  # it tunes it itself
             assert not task.done() and host.choice(MODEL).how == "rule"
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
