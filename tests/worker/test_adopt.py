@@ -80,3 +80,21 @@ async def test_a_batch_started_before_the_swap_finishes_on_the_old_adapter() -> 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_refigure_takes_the_profiles_figures_and_keeps_the_adapter() -> None:
+    from fleetserve.catalog.spec import CostModel
+
+    spec = ModelSpec(id="swap/tagged", family="dense", runtime="torch", sources=("/none",))
+    old = ModelRunner(spec, OLD.profile, Tagged("old"), Metrics())
+    tuned = dataclasses.replace(
+        OLD.profile, cost=CostModel(0.5, 0.0, 0.002), memory_bytes=123, priority_cap=64
+    )
+    new = ModelRunner(spec, tuned, Tagged("new"), Metrics(), interactive_tokens=64)
+    old.loaded, adapter = True, old.adapter
+    old.refigure(new)
+    assert old.profile == tuned
+    assert old.adapter is adapter  # what runs stays
+    assert old.former.interactive_tokens == 64
+    old.unload()
+    assert old.profile == tuned  # and what an unload goes back to

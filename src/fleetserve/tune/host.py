@@ -66,7 +66,14 @@ class ServerHost:
         return weights_path(self.parts.catalog.get(model), self.parts.settings)
 
     def keep(self, model: str, choice: Choice) -> None:
-        self.parts.choices[model] = choice
+        """What runs stays (the same engine and batch budget) and takes ``choice``'s
+        figures: its cost model, priority cap and memory figure."""
+        from ..assembly import build_runner
+
+        p = self.parts
+        new = build_runner(p.catalog.get(model), p.settings, p.metrics, choice)
+        p.runners[model].refigure(new)
+        p.choices[model] = choice
 
     async def swap(self, model: str, choice: Choice) -> tuple[bool, str]:
         from ..assembly import build_runner

@@ -210,6 +210,19 @@ class Loadable(Hosting):
         other._adapter, other.loaded = None, False  # served here only: it leaves with us
         self.rehost(old)
 
+    def refigure(self, other: Self) -> None:
+        """Take ``other``'s profile (and what ``unload`` goes back to) without its
+        adapter: the tuner kept the engine and batch budget that run, and its profile
+        brings the fitted cost model, priority cap and memory figure. What was measured
+        at the last load stays; an engine the load gate put in place stays too."""
+        if type(other) is not type(self) or other.spec.id != self.spec.id:
+            raise TypeError(f"model {self.spec.id} takes only a {type(self).__name__}'s figures")
+        served = self.profile
+        self.profile = other.profile
+        if served != self._profile0:  # the gate serves its fp32 reference
+            self.profile = replace(other.profile, runtime=served.runtime, precision=served.precision)
+        self._profile0 = other._profile0
+
     def unload(self) -> None:
         """Drop the adapter (the fleet frees the memory after): it loads again on use."""
         self.unhost()

@@ -88,6 +88,11 @@ class Runner(Member, Protocol):
         """Serve ``other``'s profile from now on (a runner of the same kind and model)."""
         ...
 
+    def refigure(self, other: Self) -> None:
+        """Take ``other``'s profile figures, keeping the adapter that runs (the same
+        engine and batch budget: the tuner kept it)."""
+        ...
+
     torch_factory: Callable[[], FamilyAdapter] | None  # the model on torch, for adapters
 
     def host_adapters(self, source: AdapterSource, tier: HotTier) -> None: ...
@@ -163,6 +168,14 @@ class ModelRunner(Loadable):
         """``Loadable.adopt``, and ``other``'s batch budgets from the next batch on (what
         waits in the batch former stays queued)."""
         super().adopt(other)
+        f = other.former
+        self.former.resize(
+            f.max_batch_tokens, f.max_batch_size, interactive_tokens=f.interactive_tokens
+        )
+
+    def refigure(self, other: Self) -> None:
+        """``Loadable.refigure``, and ``other``'s cap while interactive work waits."""
+        super().refigure(other)
         f = other.former
         self.former.resize(
             f.max_batch_tokens, f.max_batch_size, interactive_tokens=f.interactive_tokens
