@@ -3,6 +3,7 @@ leave its budget's clock, and a measurement window a pause cut into is measured 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -105,6 +106,28 @@ async def test_a_window_a_pause_cut_into_is_measured_again(
     p = s._add(Candidate("torch", "fp32", 2, 1, 2048, 64))
     await s._measure(None, p)  # type: ignore[arg-type]  # (saturate is replaced)
     assert p.samples == [900.0] and windows == []
+
+
+async def test_a_spoiled_window_is_not_charged_to_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(tmp_path / "l")
+    spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
+    hw = Hardware("cpu", "x86_64", "Test CPU", 2, 8 * 2**30, frozenset({"avx2"}))
+    s = Search(spec, Path("/w"), hw, "cpu-avx2", Options(pause_file=ledger.path))
+    spoiled = [True, True, False]
+
+    async def saturate(*args: object) -> Measure:
+        if spoiled.pop(0):
+            await asyncio.sleep(0.5)  # it ran half a second, then traffic came
+            ledger.pause()
+            ledger.resume()
+        return Measure(900.0, 1.0, 1.0, 2.0, 10, 0, 1.0)
+
+    monkeypatch.setattr(search_mod, "saturate", saturate)
+    p = s._add(Candidate("torch", "fp32", 2, 1, 2048, 64))
+    await s._measure(None, p)  # type: ignore[arg-type]  # (saturate is replaced)
+    assert s.clock.forgiven >= 1.0 and s.clock.elapsed < 0.5
 
 
 def _cpu_ticks(pid: int) -> int:

@@ -117,11 +117,14 @@ class Clock:
         self.paused0 = pauses().seconds  # pauses before the start do not count
         self.budget_s = budget_s
         self.reserve_s = reserve_s
+        self.forgiven = 0.0  # run in windows a pause spoiled: measured again, not charged
 
     @property
     def elapsed(self) -> float:
-        """Seconds this search was let run (a background tune's pauses excluded)."""
-        return time.monotonic() - self.t0 - (self.pauses().seconds - self.paused0)
+        """Seconds this search was let run (a background tune's pauses, and the windows
+        they spoiled, excluded)."""
+        paused = self.pauses().seconds - self.paused0
+        return time.monotonic() - self.t0 - paused - self.forgiven
 
     def fits(self, seconds: float, *, final: bool = False) -> bool:
         keep = 0.0 if final else self.reserve_s
@@ -218,12 +221,13 @@ class Search:
         self._changed()
         for _ in range(SPOILED_TRIES):
             count = self.pauses().count
-            before = steal_mod.read()
+            before, t0 = steal_mod.read(), self.clock.elapsed
             m = await saturate(
                 stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s
             )
             if self.pauses().count == count:
-                break  # else the server paused this tune mid-window: measure again
+                break  # else the server paused this tune mid-window: measure again,
+            self.clock.forgiven += max(0.0, self.clock.elapsed - t0)  # off the budget
         else:  # never a clean window: no figure rather than a spoiled one
             raise RuntimeError(f"the server was busy through {SPOILED_TRIES} windows")
         if m.requests == 0:
