@@ -194,6 +194,25 @@ async def test_a_killed_tune_leaves_the_model_as_it_was_and_nothing_half_written
     assert profile_files(tmp_path) == []  # no profile, no temporary file
 
 
+async def test_a_failed_quick_search_goes_on_to_the_full_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", "fleetserve.tune")
+    s = settings(tmp_path, tune_budget=5.0, tune_refine_budget=60.0)  # 5 s: it fails
+    host = Host(s)
+    bt = tuner(s, host)
+    task = asyncio.create_task(bt.run())
+    try:
+        await until(lambda: bt.states[MODEL].state in ("tuned", "failed"), timeout=240)
+    finally:
+        await cancelled(task)
+    st = bt.states[MODEL]
+    assert st.state == "tuned", st
+    assert any("the quick search failed" in r.getMessage() for r in caplog.records)
+    found = host.reread(MODEL)
+    assert found.how == "tuned" and not found.provenance.get("quick")
+
+
 async def test_an_evicted_model_stops_its_tune(tmp_path: Path) -> None:
     s = settings(tmp_path)
     host = Host(s)

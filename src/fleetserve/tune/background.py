@@ -257,7 +257,13 @@ class BackgroundTuner:
                 self._evicted.add(model)
                 return
             if rc != 0:
-                self._failed(model, tail or f"fleetserve tune exited {rc}")
+                error = tail or f"fleetserve tune exited {rc}"
+                if quick and len(phases) > 1:  # the full search has the time it lacked
+                    log.info("%s: the quick search failed (%s); the full one follows",
+                             model, error)  # fmt: skip
+                    st.reason = f"the quick search failed: {error}"
+                    continue
+                self._failed(model, error)
                 return
             await self._judge(model, st)
             await self._publish(model)
