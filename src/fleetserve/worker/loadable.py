@@ -220,7 +220,8 @@ class Loadable(Hosting):
         served = self.profile
         self.profile = other.profile
         if served != self._profile0:  # the gate serves its fp32 reference
-            self.profile = replace(other.profile, runtime=served.runtime, precision=served.precision)
+            rt, prec = served.runtime, served.precision
+            self.profile = replace(other.profile, runtime=rt, precision=prec)
         self._profile0 = other._profile0
 
     def unload(self) -> None:
