@@ -49,10 +49,19 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--sample", type=float, default=5.0, help="seconds per sample")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--tokens", type=int, default=64, help="tokens per sentence (sentences)")
+    p.add_argument(
+        "--workload", choices=("sentences", "mix"), default="sentences",
+        help="sentences: --tokens each; mix: real text, 8-256 tokens",
+    )  # fmt: skip
     p.add_argument("--query-gap", type=float, default=10.0, help="seconds between queries")
     p.add_argument("--tune-budget", type=float, default=60.0)
     p.add_argument("--tune-refine-budget", type=float, default=300.0)
+    p.add_argument(
+        "--tuned-profile-dir", default="",
+        help="profiles `fleetserve tune` wrote for the model (a user's model has no bundled "
+        "one): what the tuned reference runs [the bundled profiles]",
+    )  # fmt: skip
     p.add_argument("--infinity-venv", default=".bench/infinity-venv")
     p.add_argument("--infinity-dtypes", default="float32,bfloat16")
     p.add_argument("--no-infinity", action="store_true")
@@ -64,16 +73,20 @@ def main(argv: Sequence[str] = ()) -> int:
     args = _args(argv)
     console = Console()
     from fleetserve.assembly import HF_CACHE
-    from fleetserve.bench.workload import sentences
+    from fleetserve.bench.workload import mix, sentences
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.sources import resolve
 
     spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(args.model)
     path = resolve(args.model, spec.sources, HF_CACHE)
-    texts = sentences(path, 512, args.tokens)
+    if args.workload == "mix":
+        texts, lengths = mix(path, 512)
+        args.per_item = statistics.mean(lengths)
+    else:
+        texts, args.per_item = sentences(path, 512, args.tokens), float(args.tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    console.rule(f"python -m benchmarks selftune: {args.model}, {args.tokens}-token sentences")
+    console.rule(f"python -m benchmarks selftune: {args.model}, {_load(args)}")
     console.print(machine())
     cat = ["--catalog", args.catalog] if args.catalog else []
     peers: dict[str, float] = {}
@@ -96,7 +109,9 @@ def main(argv: Sequence[str] = ()) -> int:
         ready_s = time.monotonic() - t0
         samples, queries = _timeline(auto, texts, args, console)
         auto.stop()
-    tuned = fleetserve_target(args.model, [*cat, "--tune", "off"], "fleetserve bundled")
+    mine = ["--profile-dir", args.tuned_profile_dir] if args.tuned_profile_dir else []
+    name = "fleetserve tuned" if mine else "fleetserve bundled"
+    tuned = fleetserve_target(args.model, [*cat, *mine, "--tune", "off"], name)
     tuned.start(out)
     ref_samples, ref_queries = _timeline(tuned, texts, args, console, minutes=1.5)
     tuned.stop()
@@ -158,7 +173,7 @@ def _saturate(t: HttpTarget, texts: list[str], args: argparse.Namespace) -> floa
 
     res = asyncio.run(
         run_load(t.url, body, JSON, concurrency=args.clients, batch=args.batch,
-                 tokens_per_item=args.tokens, duration=args.sample)
+                 tokens_per_item=args.per_item, duration=args.sample)
     )  # fmt: skip
     return float(res.tokens_per_s)
 
@@ -216,7 +231,7 @@ def _markdown(d: dict[str, Any]) -> str:
 
     peer = ", ".join(f"{k} {v:,.0f}" for k, v in d["peers"].items()) or "not run"
     return "\n".join([
-        f"Machine: {d['machine']}. {d['model']}, {d['args']['tokens']}-token sentences, "
+        f"Machine: {d['machine']}. {d['model']}, {_load(argparse.Namespace(**d['args']))}, "
         f"{d['args']['clients']} clients x {d['args']['batch']} texts; {d['date']}.",
         "",
         "| figure | value |",
@@ -224,7 +239,7 @@ def _markdown(d: dict[str, Any]) -> str:
         f"| ready after start (s) | {f(d['ready_s'], '.1f')} |",
         f"| tokens/s at start (rules) | {f(d['at_start_tokens_s'])} |",
         f"| tokens/s at the end (last 3 samples) | {f(d['at_end_tokens_s'])} |",
-        f"| tokens/s on the bundled (fleetserve tune) profile | {f(d['tuned_tokens_s'])} |",
+        f"| tokens/s on fleetserve tune's profile | {f(d['tuned_tokens_s'])} |",
         f"| start / infinity best | {f(d['start_vs_peer'], '.2f')} |",
         f"| end / infinity best | {f(d['end_vs_peer'], '.2f')} |",
         f"| end / fleetserve tune | {f(d['end_vs_tuned'], '.2f')} |",
@@ -249,7 +264,7 @@ def _plot(d: dict[str, Any], path: Path) -> None:
         if (s.get("swaps") or 0) > (prev.get("swaps") or 0):
             ax.axvline(s["t_s"] / 60, color="grey", ls=":", lw=1)
     if d["tuned_tokens_s"]:
-        ax.axhline(d["tuned_tokens_s"], color="green", ls="--", label="bundled (fleetserve tune)")
+        ax.axhline(d["tuned_tokens_s"], color="green", ls="--", label="fleetserve tune's profile")
     if d["peers"]:
         name, best = max(d["peers"].items(), key=lambda kv: kv[1])
         ax.axhline(best, color="red", ls="--", label=f"{name} (infinity's best)")
@@ -261,3 +276,9 @@ def _plot(d: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _load(args: argparse.Namespace) -> str:
+    if getattr(args, "workload", "sentences") == "mix":
+        return f"real-text mix (8-256 tokens, mean {args.per_item:.0f})"
+    return f"{args.tokens}-token sentences"
