@@ -73,7 +73,7 @@ async def swap_profile(fleet: Fleet, runner: Runner, new: Runner) -> SwapResult:
     ) -> SwapResult:
         seconds = time.perf_counter() - t0
         out = SwapResult(swapped, reason, before, before if after is None else after, seconds)
-        level = level or (logging.INFO if swapped else logging.DEBUG)  # refusals: retried
+        level = level or logging.DEBUG  # the caller's one line says it; refusals: retried
         log.log(level, "%s: profile swap: %s (%.1f s)", model, reason, seconds)
         return out
 
