@@ -202,6 +202,7 @@ async def test_a_swap_under_four_busy_clients_fails_no_request(setup: Setup) -> 
         assert result.swapped, result.reason
         assert replies["after"] >= 40
         serves(old, NEW, setup.settings)  # the served runner now runs the new profile
+        assert s.worker.pull_budget == NEW.profile.max_batch_tokens  # it pulls for it too
         info = s.fleet.info(MODEL)
         assert info["state"] == "resident" and info["inflight"] == 0
         assert info["bytes"] == result.after == old.expected().total == s.fleet.used()

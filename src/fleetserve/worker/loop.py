@@ -102,8 +102,11 @@ class Worker(Settling):
             unpark=self._unpark,
             spawn=self._spawner,
         )
-        budgets = [r.former.max_batch_tokens for r in self.runners.values()] or [1]
-        self.pull_budget = max(budgets)
+
+    @property
+    def pull_budget(self) -> int:
+        """The largest batch budget of its models (now: a profile swap resizes one)."""
+        return max((r.former.max_batch_tokens for r in self.runners.values()), default=1)
 
     @property
     def ready(self) -> bool:
