@@ -178,3 +178,20 @@ async def test_a_cancelled_run_leaves_no_request_behind() -> None:
     with pytest.raises(asyncio.CancelledError):
         await run
     assert not live
+
+
+async def test_a_window_runs_each_rate_and_may_run_it_again() -> None:
+    send, seen = fake_server()
+    tries: list[int] = []
+
+    async def twice_first(measure: Callable[[], Awaitable[KneePoint]]) -> KneePoint:
+        tries.append(1)
+        got = await measure()
+        if len(tries) == 1:  # the first rate's window was spoiled: measured again
+            tries.append(1)
+            got = await measure()
+        return got
+
+    points = await sweep(send, [20.0, 40.0], 0.3, window=twice_first)
+    assert len(points) == 2 and len(tries) == 3
+    assert len(seen) == len(set(seen))  # a rerun sends new request numbers

@@ -16,7 +16,7 @@ from fleetserve.catalog.hardware import Hardware
 from fleetserve.tune import search as search_mod
 from fleetserve.tune.candidates import Candidate
 from fleetserve.tune.harness import Measure
-from fleetserve.tune.pauses import NONE, Ledger, Pauses, reader
+from fleetserve.tune.pauses import NONE, SPOILED_TRIES, Ledger, Pauses, Spoiled, reader, unspoiled
 from fleetserve.tune.search import Clock, Options, Search
 
 COUNTER = "import sys, time\nn = 0\nwhile True:\n    n += 1\n    if n % 20000 == 0:\n" \
@@ -145,3 +145,42 @@ def _stopped(pid: int, want: bool) -> bool:
             return True
         time.sleep(0.005)
     return False
+
+
+async def test_unspoiled_gives_up_after_every_window_was_spoiled(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l")
+    clock = Clock(60.0, pauses=reader(ledger.path))
+    tries = []
+
+    async def always_cut() -> int:
+        tries.append(1)
+        ledger.pause()
+        ledger.resume()
+        return 1
+
+    with pytest.raises(Spoiled):
+        await unspoiled(reader(ledger.path), clock, always_cut)
+    assert len(tries) == SPOILED_TRIES
+
+
+async def test_a_knee_the_server_keeps_spoiling_is_no_knee_not_a_failed_tune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetserve.tune import steps
+
+    ledger = Ledger(tmp_path / "l")
+    spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
+    hw = Hardware("cpu", "x86_64", "Test CPU", 2, 8 * 2**30, frozenset({"avx2"}))
+    s = Search(spec, Path("/w"), hw, "cpu-avx2", Options(pause_file=ledger.path, knee_s=0.01))
+
+    class Busy:  # every request it serves, traffic arrives at the server
+        async def send(self, req: object) -> int:
+            ledger.pause()
+            ledger.resume()
+            return 1
+
+    p = s._add(Candidate("torch", "fp32", 2, 1, 2048, 64))
+    s.requests = []
+    monkeypatch.setattr(steps, "requests", lambda *a, **k: [object()])
+    doc = await steps.knee(s, Busy(), p, rates_n=4)  # type: ignore[arg-type]
+    assert doc["knee_rps"] is None and "busy" in doc["reason"] and p.knee is doc

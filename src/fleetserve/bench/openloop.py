@@ -34,6 +34,7 @@ from .knee_find import KEEP_UP, KneePoint
 from .loadgen import percentile
 
 Send = Callable[[int], Awaitable[int]]
+Window = Callable[[Callable[[], Awaitable[KneePoint]]], Awaitable[KneePoint]]
 MAX_IN_FLIGHT = 256
 
 
@@ -141,25 +142,33 @@ async def sweep(
     drain_s: float | None = None,
     stop_after: int | None = None,
     on_point: Callable[[float, KneePoint], None] | None = None,
+    window: Window | None = None,
 ) -> list[KneePoint]:
     """:func:`open_loop` at each rate in turn (rate k with seed ``seed + k``).
 
     ``stop_after``: stop once this many rates in a row fell behind (achieved below
     98 % of offered), since higher ones will too. ``on_point(rate, point)`` is called
-    after each rate."""
+    after each rate. ``window(measure)`` runs each rate's measurement (a background
+    tune's runs it again when a pause cut into it)."""
     points: list[KneePoint] = []
     behind, sent = 0, 0
     for k, rate in enumerate(rates):
-        p = await open_loop(
-            send,
-            rate,
-            duration_s,
-            seed=seed + k,
-            max_in_flight=max_in_flight,
-            drain_s=drain_s,
-            first=sent,
-        )
-        sent += math.ceil(rate * duration_s * 2) + 16  # request numbers never repeat
+
+        async def measure(k: int = k, rate: float = rate) -> KneePoint:
+            nonlocal sent
+            first = sent
+            sent += math.ceil(rate * duration_s * 2) + 16  # request numbers never repeat
+            return await open_loop(
+                send,
+                rate,
+                duration_s,
+                seed=seed + k,
+                max_in_flight=max_in_flight,
+                drain_s=drain_s,
+                first=first,
+            )
+
+        p = await (window(measure) if window is not None else measure())
         points.append(p)
         if on_point is not None:
             on_point(rate, p)

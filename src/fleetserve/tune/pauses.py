@@ -19,11 +19,14 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 Read = Callable[[], "Pauses"]
+T = TypeVar("T")
+SPOILED_TRIES = 20  # windows a busy server may spoil before the measurement is given up
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,32 @@ def reader(path: Path | None) -> Read:
             return NONE
 
     return read
+
+
+class Budget(Protocol):
+    """The search's clock: what it has run, and what it is not charged."""
+
+    @property
+    def elapsed(self) -> float: ...
+
+    forgiven: float
+
+
+class Spoiled(RuntimeError):
+    """Every try of a measurement was cut by a pause: no figure rather than a spoiled one."""
+
+
+async def unspoiled(read: Read, clock: Budget, measure: Callable[[], Awaitable[T]]) -> T:
+    """``measure()`` again until no pause cut into it (its latencies would hold the
+    stop); the time spoiled tries ran is not charged to ``clock``. After
+    :data:`SPOILED_TRIES` spoiled tries, :class:`Spoiled`."""
+    for _ in range(SPOILED_TRIES):
+        count, t0 = read().count, clock.elapsed
+        got = await measure()
+        if read().count == count:
+            return got
+        clock.forgiven += max(0.0, clock.elapsed - t0)
+    raise Spoiled(f"the server was busy through {SPOILED_TRIES} windows")
 
 
 class Ledger:
@@ -110,4 +139,7 @@ class Ledger:
         os.replace(tmp, self.path)
 
 
-__all__ = ["NONE", "Ledger", "Pauses", "Read", "never", "reader"]
+__all__ = [
+    "NONE", "SPOILED_TRIES", "Budget", "Ledger", "Pauses", "Read", "Spoiled", "never", "reader",
+    "unspoiled",
+]  # fmt: skip

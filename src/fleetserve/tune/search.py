@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..catalog import ModelSpec
 from ..catalog.hardware import Hardware
@@ -37,7 +37,7 @@ from .harness import Measure, Request, Stack, saturate
 from .quality import Quality, calibration, compare, replies
 
 MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
-SPOILED_TRIES = 20  # windows a busy server may spoil before the point is given up
+T = TypeVar("T")
 WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
 
 
@@ -210,6 +210,10 @@ class Search:
         """The winner's knee (the run document's ``knee``)."""
         return self.winner.knee if self.winner else None
 
+    async def unspoiled(self, measure: Callable[[], Awaitable[T]]) -> T:
+        """``measure()`` in a window no pause of a background tune cut into."""
+        return await pauses_mod.unspoiled(self.pauses, self.clock, measure)
+
     def _add(self, c: Candidate, like: Point | None = None) -> Point:
         """A new point; ``like``: the point it varies (same engine, so same quality)."""
         p = Point(c, quality=like.quality if like else None)
@@ -219,17 +223,16 @@ class Search:
     async def _measure(self, stack: Stack, p: Point) -> None:
         p.status = "measuring"
         self._changed()
-        for _ in range(SPOILED_TRIES):
-            count = self.pauses().count
-            before, t0 = steal_mod.read(), self.clock.elapsed
-            m = await saturate(
+        before = steal_mod.read()
+
+        async def window() -> Measure:
+            nonlocal before
+            before = steal_mod.read()
+            return await saturate(
                 stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s
             )
-            if self.pauses().count == count:
-                break  # else the server paused this tune mid-window: measure again,
-            self.clock.forgiven += max(0.0, self.clock.elapsed - t0)  # off the budget
-        else:  # never a clean window: no figure rather than a spoiled one
-            raise RuntimeError(f"the server was busy through {SPOILED_TRIES} windows")
+
+        m = await self.unspoiled(window)
         if m.requests == 0:
             raise TuneError(f"{p.cand.id}: every request failed ({m.errors} errors)")
         self._record(p, m, before)

@@ -4,6 +4,7 @@ knee, the cost fit, the memory footprint, and the choice of the winner."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -11,8 +12,9 @@ from ..bench.knee_find import find_knee
 from ..bench.openloop import auto_rates, capacity, sweep
 from ..fleet.memory import peak_bytes, reset_peak, rss_bytes
 from . import candidates as cands
-from .costfit import fit, item_pool
+from .costfit import CostFit, fit, item_pool
 from .harness import Stack
+from .pauses import Spoiled
 from .quality import calibration, compare, replies
 from .search import Point, Search, quality_line
 from .workload import requests
@@ -55,11 +57,16 @@ async def compile_probe(s: Search) -> None:
     try:
         async with s._stack(p.cand) as stack:  # the warm-up compiles
             p.load_s = time.monotonic() - t0
-            times = []
-            for req in (s.requests[0], s.requests[0], s.requests[1]):
-                t1 = time.monotonic()
-                await stack.send(req)
-                times.append(time.monotonic() - t1)
+
+            async def shapes() -> list[float]:  # a shape it compiled for, then a new one
+                times = []
+                for req in (s.requests[0], s.requests[0], s.requests[1]):
+                    t1 = time.monotonic()
+                    await stack.send(req)
+                    times.append(time.monotonic() - t1)
+                return times
+
+            times = await s.unspoiled(shapes)
             new, seen = max(times[0], times[2]), times[1]
             if new > seen + 1.0:
                 p.status = "rejected"
@@ -122,23 +129,29 @@ async def knee(s: Search, stack: Stack, p: Point, rates_n: int = 8) -> dict[str,
     async def send(i: int) -> int:
         return await stack.send(reqs[i % len(reqs)])
 
-    cap = await capacity(send, min(2.0, s.opts.knee_s), concurrency=s.opts.clients)
-    rates = auto_rates(cap, rates_n, low=0.3, high=1.4)
     points: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {
-        "slo_ms": s.opts.slo_ms,
-        "points": points,
-        "capacity_rps": cap,
-        "items_per_request": KNEE_ITEMS,
-    }
+    doc: dict[str, Any] = {"slo_ms": s.opts.slo_ms, "points": points, "capacity_rps": None,
+                           "items_per_request": KNEE_ITEMS}  # fmt: skip
     p.knee = doc
-    s._changed()
 
     def on_point(rate: float, kp: Any) -> None:
         points.append(kp.as_dict())
         s._changed()
 
-    got = await sweep(send, rates, s.opts.knee_s, stop_after=2, on_point=on_point, drain_s=5.0)
+    try:
+        cap = doc["capacity_rps"] = await s.unspoiled(
+            lambda: capacity(send, min(2.0, s.opts.knee_s), concurrency=s.opts.clients)
+        )
+        s._changed()
+        rates = auto_rates(cap, rates_n, low=0.3, high=1.4)
+        got = await sweep(
+            send, rates, s.opts.knee_s, stop_after=2, on_point=on_point, drain_s=5.0,
+            window=s.unspoiled,
+        )  # fmt: skip
+    except Spoiled as exc:  # a busy server: no knee rather than a spoiled one
+        doc.update(knee_rps=None, kneedle_rps=None, knee_tokens_s=None, reason=str(exc))
+        s._changed()
+        return doc
     k = find_knee(got, s.opts.slo_ms)
     doc.update(knee_rps=k.knee_rps, kneedle_rps=k.kneedle_rps, reason=k.reason)
     doc["knee_tokens_s"] = k.point.achieved_tokens_s if k.point else None
@@ -173,8 +186,9 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     assert w is not None
     before = rss_bytes()
     reset_peak()
-    try:
-        fitted = await stack.compute(
+
+    def fitting() -> Awaitable[CostFit]:  # its batches are timed: a pause spoils them
+        return stack.compute(
             lambda: fit(
                 adapter.forward,
                 pool,
@@ -183,7 +197,10 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
                 deadline=time.monotonic() + max(3.0, s.opts.budget_s - s.clock.elapsed - 1),
             )
         )
-    except ValueError as exc:
+
+    try:
+        fitted = await s.unspoiled(fitting)
+    except (ValueError, Spoiled) as exc:
         s.cost_fit = {"error": str(exc)}
         return
     peak = max(0, peak_bytes() - before)
