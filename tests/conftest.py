@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,12 @@ TINY_CLASS = "cpu-avx2"
 # the servers the tests start do not tune in the background (--tune auto, the
 # default) unless a test asks for it: a tune would take the cores from the test
 os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subprocesses
+# one background tune per host: this session's servers are that host (another test
+# session on the machine tunes beside it)
+os.environ.setdefault(
+    Settings.env_name("tune_lock"),
+    os.path.join(tempfile.gettempdir(), f"fleetserve-tests-{os.getpid()}.lock"),
+)
 
 
 class ServerThread:

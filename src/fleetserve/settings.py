@@ -87,6 +87,13 @@ class Settings(Limits):
         "stops the moment a request comes).",
         groups="quick",
     )
+    tune_lock: str = setting(
+        "",
+        "The file whose lock lets one --tune auto process on this host tune at a time "
+        "(co-located workers take turns) [empty: fleetserve-tune.lock in the temporary "
+        "directory].",
+        groups="quick",
+    )
     memory_budget: str = setting(
         "",
         "Memory for this worker's models (weights and activation peaks): bytes, a size "

@@ -16,7 +16,8 @@ server has been idle ``--tune-idle`` seconds; its pauses leave its budget and fi
 untouched. The child writes the profile (atomically) and its run document, which the
 dashboard shows live; the server then swaps the model to the new profile when it beats
 the one running by more than the measured noise. A tune that fails, is killed or is
-cut by a model's eviction leaves the model on what it runs.
+cut by a model's eviction leaves the model on what it runs. One process per host
+tunes at a time (:mod:`.hostlock`): co-located workers take turns.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..catalog import Catalog, ModelSpec
 from ..catalog.profiles import profile_path, write_profile_text
 from ..settings import Settings
 from .fleetwide import FleetTuning
+from .hostlock import HostLock
 from .pauses import Ledger
 from .runs import RunStore
 from .stale import model_digest, why_tune
@@ -77,6 +79,7 @@ class BackgroundTuner:
         self._by: dict[str, str] = {}  # the worker whose shared profile it runs
         self._child_run: TuneChild | None = None  # the phase's child, while it runs
         self.ledger: Ledger | None = None
+        self.hostlock = HostLock(Path(settings.tune_lock) if settings.tune_lock else None)
 
     @property
     def child_pid(self) -> int | None:
@@ -157,6 +160,11 @@ class BackgroundTuner:
                 model = await self._next()
             except Exception as exc:  # the broker, a shared profile: look again later
                 log.warning("--tune auto: %s: %s", type(exc).__name__, exc)
+            if model is not None and not self.hostlock.try_acquire():
+                self._host_busy(model)
+                if self.fleet is not None:
+                    await self.fleet.release(model)  # (a worker on another host may tune it)
+                model = None
             if model is None:
                 await asyncio.sleep(LOOK_S)
                 continue
@@ -165,8 +173,15 @@ class BackgroundTuner:
             except Exception as exc:  # a tune never takes the server down
                 self._failed(model, f"{type(exc).__name__}: {exc}")
             finally:
+                self.hostlock.release()  # the others on this host take their turn
                 if self.fleet is not None:
                     await self.fleet.release(model)
+
+    def _host_busy(self, model: str) -> None:
+        holder = self.hostlock.holder()
+        who = f"process {holder}" if holder else "another process"
+        self.states[model].reason = f"{who} on this host tunes; this one waits its turn"
+        self._later[model] = time.monotonic() + LATER_S
 
     async def _next(self) -> str | None:
         """The next model to tune: waiting, and (fleet-wide) its lease is ours."""

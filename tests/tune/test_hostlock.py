@@ -1,0 +1,66 @@
+"""One background tune per host: the lock, and co-located tuners taking turns."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+from fleetserve.tune.hostlock import HostLock
+
+from .test_background import MODEL, Host, cancelled, child_pid, settings, tuner, until
+
+HOLD = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n" \
+    "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()\n"  # fmt: skip
+
+
+def test_one_holder_at_a_time_and_a_killed_holder_frees_it(tmp_path: Path) -> None:
+    path = tmp_path / "tune.lock"
+    a, b = HostLock(path), HostLock(path)
+    assert a.try_acquire() and a.held
+    assert not b.try_acquire() and not b.held
+    a.release()
+    assert b.try_acquire()
+    b.release()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        assert not a.try_acquire()
+        proc.kill()
+        proc.wait()
+        assert a.try_acquire()  # the kernel let go of a killed holder's lock
+    finally:
+        a.release()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_a_lock_file_that_cannot_be_opened_does_not_stop_tuning(tmp_path: Path) -> None:
+    assert HostLock(tmp_path / "missing-dir" / "tune.lock").try_acquire()
+
+
+async def test_a_tuner_waits_while_another_process_on_the_host_tunes(tmp_path: Path) -> None:
+    lock = tmp_path / "tune.lock"
+    s = settings(tmp_path, tune_lock=str(lock))
+    host = Host(s)
+    bt = tuner(s, host)
+    other = HostLock(lock)
+    assert other.try_acquire()
+    (lock).write_text("4242\n")  # (what the holder writes: its pid)
+    task = asyncio.create_task(bt.run())
+    try:
+        await until(lambda: "waits its turn" in bt.states[MODEL].reason, timeout=30)
+        assert "4242" in bt.states[MODEL].reason
+        assert child_pid(bt) is None and bt.states[MODEL].state == "waiting"
+        other.release()
+        await until(lambda: child_pid(bt) is not None, timeout=30)  # its turn
+        assert not HostLock(lock).try_acquire()  # held while it tunes
+    finally:
+        other.release()
+        await cancelled(task)
+    assert HostLock(lock).try_acquire()  # and let go when it stops
