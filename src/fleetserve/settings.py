@@ -14,12 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .settings_background import Background
 from .settings_fields import ENV_PREFIX, add_arguments, env_name, flag_name, layered, setting
 from .settings_limits import Limits
 
 
 @dataclass(frozen=True)
-class Settings(Limits):
+class Settings(Limits, Background):
     host: str = setting("127.0.0.1", "Address the HTTP API listens on.", groups="http client pool")
     port: int = setting(
         8080, "Port the HTTP API listens on (0 picks a free one).", groups="http client"
@@ -56,43 +57,6 @@ class Settings(Limits):
         "~/.cache/fleetserve/tune",
         "Where tuning runs keep their state and reports (shown on /dashboard).",
         groups="gateway tuning",
-    )
-    tune: str = setting(
-        "auto",
-        "auto: serve at once on the rules' choice and tune each untuned model in the "
-        "background while the server is idle, swapping in what wins; quick: tune each "
-        "untuned pinned model briefly before serving; off: use the rules.",
-        groups="quick",
-    )
-    tune_budget: float = setting(
-        60.0,
-        "Seconds of tuning per model for --tune quick, and for --tune auto's first, quick search.",
-        groups="quick",
-    )
-    tune_refine_budget: float = setting(
-        600.0,
-        "Seconds of tuning per model for --tune auto's full search, which refines the "
-        "quick one (0: none).",
-        groups="quick",
-    )
-    tune_lease: float = setting(
-        15.0,
-        "Seconds a worker's tune lease lasts unrenewed (--tune auto, distributed: one "
-        "worker per class and model tunes; a killed one's lease is taken over after this).",
-        groups="quick",
-    )
-    tune_idle: float = setting(
-        1.0,
-        "Seconds without requests before --tune auto's background tune continues (it "
-        "stops the moment a request comes).",
-        groups="quick",
-    )
-    tune_lock: str = setting(
-        "",
-        "The file whose lock lets one --tune auto process on this host tune at a time "
-        "(co-located workers take turns) [empty: fleetserve-tune.lock in the temporary "
-        "directory].",
-        groups="quick",
     )
     memory_budget: str = setting(
         "",
@@ -234,46 +198,6 @@ class Settings(Limits):
         16,
         "Distinct adapters one batch may mix (1: one adapter per batch, as SIE does).",
         groups="adapters",
-    )
-    # -- fine-tuning jobs (/v1/files, /v1/fine_tuning/jobs) -------------------------
-    train: bool = setting(
-        False, "This worker also runs fine-tuning jobs (distributed mode; the embedded "
-        "server always does).",
-        groups="pool",
-    )  # fmt: skip
-    train_threads: int = setting(
-        1,
-        "CPU threads of a training job's process; serving keeps the rest.",
-        groups="training",
-    )
-    train_min_pairs: int = setting(
-        32, "Fewest distinct pairs a training file may hold.", groups="training"
-    )
-    train_margin: float = setting(
-        0.01, "nDCG@10 gain over the base a trained adapter must show to be registered "
-        "(a job's margin overrides it).",
-        groups="training",
-    )  # fmt: skip
-    train_validation_fraction: float = setting(
-        0.2,
-        "Fraction of the queries held out to measure a job without a validation_file.",
-        groups="training",
-    )
-    train_max_attempts: int = setting(
-        3,
-        "Times a job is started (after a worker died, it resumes) before it fails.",
-        groups="training",
-    )
-    train_ack_wait: float = setting(
-        30.0,
-        "Seconds without news before a training job is redelivered to another worker.",
-        groups="training",
-    )
-    train_max_queued: int = setting(100, "Jobs that may wait for a trainer.", groups="training")
-    train_price_per_hour: float = setting(
-        0.0,
-        "What a machine-hour costs (USD), to report each job's cost (0: not reported).",
-        groups="training",
     )
     config: str = setting(
         "", "Optional YAML config file with any of these settings.", groups="common"

@@ -16,10 +16,9 @@ find the knee, fit the cost model. Every step fits a time budget.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,107 +27,17 @@ from ..catalog.hardware import Hardware
 from ..catalog.rules import rule_profile
 from ..families import FamilyAdapter, create_adapter
 from ..runtimes import create_runtime
-from ..wire import FleetError
 from . import candidates as cands
 from . import pauses as pauses_mod
 from . import steal as steal_mod
 from .candidates import Candidate
 from .harness import Measure, Request, Stack, saturate
-from .quality import Quality, calibration, compare, replies
+from .options import MIN_BUDGET_S, Clock, Options, TuneError
+from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
+from .quality import calibration, compare, replies
 
-MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
 T = TypeVar("T")
 WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
-
-
-class TuneError(Exception):
-    """The tune cannot go on: the message says why, in one line."""
-
-
-@dataclass
-class Options:
-    budget_s: float = 600.0
-    quick: bool = False
-    workload: str = "mix"
-    clients: int = 4
-    batch: int = 32
-    measure_s: float = 3.0
-    knee: bool = True
-    knee_s: float = 2.5
-    slo_ms: float | None = None
-    device: str = "cpu"
-    max_processes: int = 0  # processes per device to try at most (0: as many as cores)
-    pause_file: Path | None = None  # the server's pause ledger, when it runs this tune
-    start: tuple[str, str] | None = None  # (runtime, precision) to screen first
-    cache_dir: Path = field(default_factory=lambda: Path("~/.cache/fleetserve").expanduser())
-
-
-@dataclass
-class Point:
-    """One candidate, as tried: the run document's Candidate."""
-
-    cand: Candidate
-    status: str = "pending"
-    quality: Quality | None = None
-    samples: list[float] = field(default_factory=list)
-    steal: list[float | None] = field(default_factory=list)  # each sample's CPU steal
-    items_per_s: float = 0.0
-    p50_ms: float = float("nan")
-    p99_ms: float = float("nan")
-    reason: str = ""
-    load_s: float = 0.0
-    knee: dict[str, Any] | None = None  # its open-loop sweep, when it had one
-
-    @property
-    def tokens_per_s(self) -> float:
-        return statistics.median(self.samples) if self.samples else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        out = self.cand.as_dict()
-        out.update(
-            status=self.status,
-            quality=self.quality.as_dict() if self.quality else None,
-            tokens_per_s=self.tokens_per_s or None,
-            items_per_s=self.items_per_s or None,
-            p50_ms=None if self.p50_ms != self.p50_ms else self.p50_ms,
-            p99_ms=None if self.p99_ms != self.p99_ms else self.p99_ms,
-            samples=self.samples,
-            steal=self.steal,
-            load_s=round(self.load_s, 2),
-            reason=self.reason,
-            knee_rps=(self.knee or {}).get("knee_rps"),
-            knee_tokens_s=(self.knee or {}).get("knee_tokens_s"),
-        )
-        return out
-
-
-class Clock:
-    """The budget. The search keeps ``reserve_s`` back for the winner's knee and cost
-    fit; those final steps spend it (``final=True``)."""
-
-    def __init__(
-        self,
-        budget_s: float,
-        reserve_s: float = 0.0,
-        pauses: pauses_mod.Read = pauses_mod.never,
-    ) -> None:
-        self.pauses = pauses
-        self.t0 = time.monotonic()
-        self.paused0 = pauses().seconds  # pauses before the start do not count
-        self.budget_s = budget_s
-        self.reserve_s = reserve_s
-        self.forgiven = 0.0  # run in windows a pause spoiled: measured again, not charged
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds this search was let run (a background tune's pauses, and the windows
-        they spoiled, excluded)."""
-        paused = self.pauses().seconds - self.paused0
-        return time.monotonic() - self.t0 - paused - self.forgiven
-
-    def fits(self, seconds: float, *, final: bool = False) -> bool:
-        keep = 0.0 if final else self.reserve_s
-        return self.elapsed + seconds + keep <= self.budget_s
 
 
 class Search:
@@ -310,9 +219,9 @@ class Search:
                     return
                 await self._measure(stack, p)
         except CANDIDATE_FAILURES as exc:
-            p.status, p.reason = "rejected", f"failed: {_failure(exc)}"
+            p.status, p.reason = "rejected", f"failed: {failure(exc)}"
             if not self.reference:
-                raise TuneError(f"the fp32 torch reference failed: {_failure(exc)}") from exc
+                raise TuneError(f"the fp32 torch reference failed: {failure(exc)}") from exc
             return
         finally:
             self._changed()
@@ -383,38 +292,20 @@ class Search:
                     await self._measure(stack, q)
             q.status = "measured"
         except CANDIDATE_FAILURES as exc:
-            q.status, q.reason = "rejected", f"failed: {_failure(exc)}"
+            q.status, q.reason = "rejected", f"failed: {failure(exc)}"
         self._changed()
 
 
-CANDIDATE_FAILURES = (ImportError, ValueError, RuntimeError, OSError, FleetError, TuneError)
-
-
-def _failure(exc: BaseException) -> str:
-    text = exc.message if isinstance(exc, FleetError) else str(exc)
-    return f"{type(exc).__name__}: {text}"[:300]
-
-
-def own_guard(runtime: object) -> Quality | None:
-    """The measured quality behind a runtime's own fallback (ONNX Runtime's int8 guard)."""
-    try:
-        from ..runtimes.onnx import OnnxRuntime
-    except ImportError:
-        return None
-    if not isinstance(runtime, OnnxRuntime) or runtime.export is None:
-        return None
-    guard = runtime.export.guard
-    if guard is None:
-        return None
-    return Quality("min_cosine", guard.min_cosine, runtime.min_cosine, False, "int8 guard")
-
-
-def quality_line(q: Quality) -> str:
-    if q.metric == "identical":
-        return f"not identical: {q.detail}"
-    op = ">=" if q.metric == "min_cosine" else "<="
-    detail = f" ({q.detail})" if q.detail else ""
-    return f"{q.metric} {q.value:.6g}, needs {op} {q.threshold:g}{detail}"
-
-
-__all__ = ["MIN_BUDGET_S", "Options", "Point", "Search", "TuneError"]
+# Options, Clock, Point and the reasons' lines live in .options and .points; they are
+# named here too, where the tune's callers have always imported them
+__all__ = [
+    "CANDIDATE_FAILURES",
+    "MIN_BUDGET_S",
+    "Clock",
+    "Options",
+    "Point",
+    "Search",
+    "TuneError",
+    "own_guard",
+    "quality_line",
+]
