@@ -35,7 +35,7 @@ from .evidence import ENCODER_FAMILIES, RuleTable
 from .hardware import CPU_CLASSES, Hardware, judged_features
 from .spec import ModelSpec, Profile
 
-OPENVINO_FAMILIES = ENCODER_FAMILIES  # the families that convert to OpenVINO
+EXPORT_FAMILIES = ENCODER_FAMILIES  # the families that export to ONNX, and so to OpenVINO
 # family defaults when the spec gives no budgets: (max_batch_tokens, max_batch_size)
 _CPU_BUDGET = {"generate": (8192, 8), "image": (2048, 16)}
 _CUDA_BUDGET = {"generate": (65536, 64), "image": (32768, 256)}
@@ -140,7 +140,7 @@ def rule_profile(
 
 
 __all__ = [
-    "OPENVINO_FAMILIES",
+    "EXPORT_FAMILIES",
     "RUNS_FROM",
     "class_precision",
     "fallback_chain",

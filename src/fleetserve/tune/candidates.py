@@ -12,9 +12,8 @@ from typing import Any
 
 from ..catalog import ModelSpec, Profile
 from ..catalog.hardware import Hardware
-from ..catalog.rules import OPENVINO_FAMILIES, missing_extra
+from ..catalog.rules import EXPORT_FAMILIES, missing_extra
 
-ONNX_FAMILIES = frozenset({"dense", "sparse", "multivector", "cross_encoder", "ner", "zero_shot"})
 # torch_compile is not in the grid: the search probes it once (``Search.compile_probe``)
 PRECISIONS: dict[str, tuple[str, ...]] = {
     "torch": ("fp32", "bf16", "fp16"),
@@ -78,9 +77,9 @@ def runtimes_for(spec: ModelSpec, kind: str = "cpu") -> list[tuple[str, str]]:
         why = ""
         if rt == "openvino" and kind != "cpu":
             why = "OpenVINO runs on CPUs here"
-        elif spec.family != "generate" and rt == "onnx" and spec.family not in ONNX_FAMILIES:
+        elif spec.family != "generate" and rt == "onnx" and spec.family not in EXPORT_FAMILIES:
             why = f"the {spec.family} family does not run on ONNX Runtime"
-        elif rt == "openvino" and spec.family not in OPENVINO_FAMILIES:
+        elif rt == "openvino" and spec.family not in EXPORT_FAMILIES:
             why = f"the {spec.family} family does not run on OpenVINO"
         elif spec.family == "generate" and rt != "torch":
             why = "generation runs on torch"

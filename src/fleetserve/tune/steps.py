@@ -10,6 +10,7 @@ from typing import Any
 
 from ..bench.knee_find import find_knee
 from ..bench.openloop import auto_rates, capacity, sweep
+from ..catalog.rules import EXPORT_FAMILIES
 from ..fleet.memory import peak_bytes, reset_peak, rss_bytes
 from . import candidates as cands
 from .costfit import CostFit, fit, item_pool
@@ -45,7 +46,7 @@ async def compile_probe(s: Search) -> None:
     is kept only if a batch shape it has not seen costs less than a second more
     than one it has (a server sees new shapes all the time)."""
     eager = [p for p in s.measured() if p.cand.runtime == "torch"]
-    if s.opts.quick or not eager or s.spec.family not in cands.ONNX_FAMILIES:
+    if s.opts.quick or not eager or s.spec.family not in EXPORT_FAMILIES:
         return
     p = s._add(replace(eager[0].cand, runtime="torch_compile"))
     if not s.clock.fits(COMPILE_PROBE_S):
