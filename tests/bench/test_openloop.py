@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import statistics
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -21,15 +22,20 @@ TOKENS = 64
 
 
 def fake_server(
-    service_s: float = SERVICE_S, slots: int = SLOTS
+    service_s: float = SERVICE_S, slots: int = SLOTS, took: list[float] | None = None
 ) -> tuple[Callable[[int], Awaitable[int]], list[int]]:
+    """``took``, if given, gets each request's service time as it ran (a sleep on a busy
+    machine overshoots)."""
     sem = asyncio.Semaphore(slots)
     seen: list[int] = []
 
     async def send(i: int) -> int:
         seen.append(i)
         async with sem:
+            t0 = time.perf_counter()
             await asyncio.sleep(service_s)
+            if took is not None:
+                took.append(time.perf_counter() - t0)
         return TOKENS
 
     return send, seen
@@ -72,14 +78,14 @@ async def test_above_capacity_achieved_falls_short() -> None:
 
 async def test_latency_runs_from_the_scheduled_arrival() -> None:
     # one slot, 50 ms each, 16 arrivals in 0.2 s: the later ones wait for the others
-    service = 0.05
-    send, seen = fake_server(service_s=service, slots=1)
+    service, took = 0.05, []
+    send, seen = fake_server(service_s=service, slots=1, took=took)
     p = await open_loop(send, 80, 0.2, seed=0, max_in_flight=1, drain_s=10)
     due = arrivals(80, 0.2, seed=0)
-    assert len(seen) == len(due) >= 8 and p.errors == 0
+    assert len(seen) == len(due) == len(took) >= 8 and p.errors == 0
     free, expected = 0.0, []
-    for t in due:  # one FIFO server: each starts when it is due and the server is free
-        free = max(free, t) + service
+    for t, ran in zip(due, took, strict=True):  # one FIFO server: each starts when it is
+        free = max(free, t) + ran  # due and the server is free, and runs as it ran
         expected.append(free - t)
     # nearest-rank p99 of 16 latencies is the largest; from the send it would be 50 ms
     assert p.p99_ms == pytest.approx(max(expected) * 1e3, abs=40)

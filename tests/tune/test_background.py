@@ -223,7 +223,9 @@ async def test_an_evicted_model_stops_its_tune(tmp_path: Path) -> None:
         pid = child_pid(bt)
         assert pid is not None
         host.resident = False  # the fleet evicted it
-        await until(lambda: not Path(f"/proc/{pid}").exists(), timeout=15)  # stopped, reaped
+        # the child is reaped a moment before the tuner's await of it returns
+        await until(lambda: bt.states[MODEL].state not in ("tuning", "paused"), timeout=15)
+        await until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5)  # stopped, reaped
         assert bt.states[MODEL].state == "rules"
         assert "evicted" in bt.states[MODEL].reason
     finally:
