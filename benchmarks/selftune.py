@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -109,6 +110,8 @@ def main(argv: Sequence[str] = ()) -> int:
         ready_s = time.monotonic() - t0
         samples, queries = _timeline(auto, texts, args, console)
         auto.stop()
+        if (Path(tmp) / "runs").is_dir():  # the background tune's run documents, kept
+            shutil.copytree(Path(tmp) / "runs", out / "tune-runs", dirs_exist_ok=True)
     mine = ["--profile-dir", args.tuned_profile_dir] if args.tuned_profile_dir else []
     name = "fleetserve tuned" if mine else "fleetserve bundled"
     tuned = fleetserve_target(args.model, [*cat, *mine, "--tune", "off"], name)
@@ -185,7 +188,8 @@ def _tuning(t: HttpTarget, c: httpx.Client) -> dict[str, Any]:
         return {}
     m: dict[str, Any] = next((d for d in data if d["id"] == t.model), {})
     tu, prof = m.get("tuning") or {}, m.get("profile") or {}
-    return {"state": tu.get("state"), "swaps": tu.get("swaps"), "how": prof.get("how"),
+    return {"state": tu.get("state"), "phase": tu.get("phase"), "run": tu.get("run"),
+            "reason": tu.get("reason"), "swaps": tu.get("swaps"), "how": prof.get("how"),
             "runs_on": f"{m.get('runtime')} {m.get('precision')}"}  # fmt: skip
 
 

@@ -97,3 +97,35 @@ def test_engines_start_with_the_reference_and_skip_what_is_absent() -> None:
     gen = ModelSpec.from_dict({"id": "g/m", "sources": ["/w"], "family": "generate"})
     assert {rt for rt, _ in cands.engines(gen)} == {"torch"}
     assert ("openvino", "bf16") not in cands.engines(SPEC, kind="cuda")
+
+
+@pytest.mark.parametrize(
+    ("quick", "features", "tried_fp16"),
+    [
+        (True, {"avx2", "avx512_bf16"}, False),  # emulated: a quick search passes it by
+        (True, {"avx2", "avx512_bf16", "avx512_fp16"}, True),  # native
+        (False, {"avx2", "avx512_bf16"}, True),  # the full search tries everything
+    ],
+)
+async def test_a_quick_search_skips_precisions_this_cpu_would_emulate(
+    quick: bool, features: set[str], tried_fp16: bool
+) -> None:
+    # torch fp16 emulated on a 2-core CPU took windows longer than the server's idle
+    # spells under light traffic, so the quick search spent minutes re-measuring it
+    hw = Hardware("cpu", "x86_64", "Test CPU", 2, 8 * 2**30, frozenset(features))
+    opts = Options(quick=quick, start=("openvino", "bf16"))
+    s = Search(SPEC, Path("/w"), hw, "cpu-avx512bf16", opts)
+    tried: list[tuple[str, str]] = []
+
+    async def measured(p: Point) -> None:
+        tried.append(p.cand.engine)
+        p.status, p.samples = "measured", [1000.0]
+
+    s._gate_and_measure = measured  # type: ignore[method-assign]
+    await s.screen()
+    assert tried[:2] == [("torch", "fp32"), ("openvino", "bf16")]  # reference, then pick
+    fp16 = [p for p in s.points if p.cand.precision == "fp16"]
+    assert fp16 and all((p.cand.engine in tried) == tried_fp16 for p in fp16)
+    if not tried_fp16:
+        assert all(p.status == "skipped" and "no native fp16" in p.reason for p in fp16)
+    assert ("torch", "bf16") in tried  # native here: never skipped

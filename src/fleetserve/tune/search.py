@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..catalog import ModelSpec
+from ..catalog.evidence import runs_natively
 from ..catalog.hardware import Hardware
 from ..catalog.rules import rule_profile
 from ..families import FamilyAdapter, create_adapter
@@ -179,6 +180,15 @@ class Search:
         for rt, prec in engines:
             c = replace(first, runtime=rt, precision=prec)
             p = self._add(c)
+            if self._emulated(c.engine, pick):
+                p.status, p.reason = (
+                    "skipped",
+                    (
+                        f"a quick search skips {prec}: this CPU has no native {prec} "
+                        "instructions, so it runs emulated (the full search tries it)"
+                    ),
+                )  # and its slow windows would outlast the server's idle spells
+                continue
             if self.reference and not self.clock.fits(self._measure_cost_s()):
                 p.status, p.reason = "skipped", "the time budget ran out"
                 continue
@@ -191,6 +201,16 @@ class Search:
                 "only the fp32 reference was measured within the budget: nothing to choose "
                 "between; give it a larger --budget"
             )
+
+    def _emulated(self, engine: tuple[str, str], pick: tuple[str, str]) -> bool:
+        """A quick search's precision that this CPU would emulate (torch fp16 without
+        AVX512-FP16 or AMX-FP16), unless it is what the server runs."""
+        return (
+            self.opts.quick
+            and self.kind == "cpu"
+            and engine != pick
+            and not runs_natively(engine[1], self.hw.features)
+        )
 
     async def _gate_and_measure(self, p: Point) -> None:
         c = p.cand
