@@ -11,6 +11,8 @@ import pytest
 
 from fleetserve.catalog.hardware import Hardware, cpu_class, detect, memory_limit
 
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
 # /proc/cpuinfo "flags" of machines seen in sessions (trimmed to what matters, plus noise)
 AMX = "fpu sse2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8 avx512_fp16 avx_vnni"  # noqa: E501
 FP16_NO_AMX = "fpu sse2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512_fp16"
@@ -105,3 +107,19 @@ def test_fleetserve_hardware_prints_the_class_and_its_facts_at_80_columns() -> N
     assert "features" in out and "fallback chain" in out and "rule for a dense model" in out
     assert "sentence-transformers/all-MiniLM-L6-v2" in out  # the profiles it would run
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_fleetserve_hardware_shows_what_a_class_with_nothing_bundled_gets() -> None:
+    """``--bundled-profiles false``: the class's own tunes leave the table too, so the
+    rule comes from the nearest class, and every model runs on the rule."""
+    argv = [sys.executable, "-m", "fleetserve", "hardware", "--profile-dir", "/dev/null/none",
+            "--hardware-class", "cpu-avx2"]  # fmt: skip
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": "/tmp"}
+    rows = {}
+    for extra in ((), ("--bundled-profiles", "false")):
+        r = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        line = next(x for x in r.stdout.splitlines() if x.startswith(MINILM + " "))
+        rows[bool(extra)] = (r.stdout, line.split()[-1])
+    assert rows[False][1] == "tuned" and "as tuned on cpu-avx2\n" in rows[False][0]
+    assert rows[True][1] == "rule" and "the nearest class by features" in rows[True][0]

@@ -140,6 +140,8 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
         pid = child_pid(bt)
         assert pid is not None
         await until(lambda: bool(RunStore(tmp_path / "runs").list()))  # it measures
+        (live,) = RunStore(tmp_path / "runs").list()
+        assert live["status"] == "running" and bt.states[MODEL].run == live["id"]  # shown live
         host.is_busy = True  # a request came
         await until(lambda: stopped(pid), timeout=0.5)  # well within a poll or two
         assert bt.states[MODEL].state == "paused"
@@ -151,7 +153,7 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
         await cancelled(task)
     st = bt.states[MODEL]
     assert st.state == "tuned", st
-    assert st.run is not None and st.after_tokens_s and st.noise is not None
+    assert st.run == live["id"] and st.after_tokens_s and st.noise is not None
     found = host.reread(MODEL)
     assert found.how == "tuned" and found.provenance["quick"] is True
     swaps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("swapped")]

@@ -135,3 +135,26 @@ def test_an_unknown_model_or_absent_weights_is_one_line(
     assert says in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("run_id", "models", "says"),
+    [
+        ("../escape", 1, "a run id is letters, digits"),
+        ("two-models", 2, "names the run of one model"),
+        ("taken", 1, "a run of that id exists already"),
+    ],
+)
+def test_a_run_id_that_cannot_name_the_run_is_one_line(
+    catalog: Path, tmp_path: Path, run_id: str, models: int, says: str
+) -> None:
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "taken.json").write_text("{}")
+    argv = tune_argv(catalog, tmp_path, "--run-id", run_id)
+    if models == 2:
+        argv.insert(argv.index(MODEL) + 1, MODEL)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["taken.json"]
+    assert not (tmp_path / "profiles").exists()

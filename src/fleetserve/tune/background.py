@@ -38,7 +38,7 @@ from ..settings import Settings
 from .fleetwide import FleetTuning
 from .hostlock import HostLock
 from .pauses import Ledger
-from .runs import RunStore
+from .runs import RunStore, new_run_id
 from .stale import model_digest, why_tune
 from .states import Host, State
 from .tune_child import TuneChild, tune_env
@@ -358,7 +358,9 @@ class BackgroundTuner:
         try:
             p = self.host.choice(model).profile  # what runs is screened first
             start = f"{p.runtime or self.catalog.get(model).runtime}:{p.precision}"
-            rc, tail = await child.run(model, budget, quick, stop_why, start)
+            run_id = new_run_id(model, self.cls)  # shown while it runs
+            self.states[model].run = run_id
+            rc, tail = await child.run(model, budget, quick, stop_why, start, run_id)
         finally:
             self._child_run = None
         if rc is None and tail != "evicted":

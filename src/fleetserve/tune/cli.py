@@ -13,8 +13,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..catalog import Catalog
-from ..catalog.hardware import Hardware, detect, judged_features
-from ..catalog.profiles import ProfileError, Profiles, evidence_table
+from ..catalog.hardware import detect, judged_features
+from ..catalog.profiles import ProfileError, Profiles
 from ..catalog.rules import class_precision, fallback_chain
 from ..settings import Settings
 from ..wire import FleetError
@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "tune passes the one it runs) [the rules' pick].",
     )
     p.add_argument(
+        "--run-id",
+        default="",
+        help="Id of the run document, for one model (a server's background tune names "
+        "it, so that GET /v1/models shows the run while it goes) [a new one].",
+    )
+    p.add_argument(
         "--pause-file",
         default="",
         help="Pause ledger of the server that runs this tune in the background "
@@ -63,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 ARGS = {"tune_models", "budget", "quick", "workload", "measure", "slo_ms", "no_knee"}
 ARGS |= {"output", "report_dir", "knee_seconds", "max_processes", "pause_file", "start"}
+ARGS |= {"run_id"}
 
 
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
@@ -98,6 +105,11 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     out = Path(args.output or settings.profile_dir).expanduser()
     tune_dir = Path(settings.tune_dir).expanduser()
+    if args.run_id:
+        why = _bad_run_id(args.run_id, len(args.tune_models), RunStore(tune_dir))
+        if why:
+            console.print(f"[red]error:[/] --run-id {args.run_id!r}: {why}", soft_wrap=True)
+            return 2
     reports = Path(args.report_dir).expanduser() if args.report_dir else tune_dir / "reports"
     jobs = []
     for model in args.tune_models:  # every model checked before the first is tuned
@@ -116,6 +128,7 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
                     report_dir=reports,
                     catalog_dirs=extra,
                     console=console,
+                    run_id=args.run_id,
                 )
             )
         except (FleetError, TuneError, ValueError) as exc:
@@ -176,6 +189,17 @@ async def _with_progress(job: Tuner, console: Console) -> Outcome:
         return await job.run()
 
 
+def _bad_run_id(run_id: str, models: int, store: RunStore) -> str:
+    """Why ``run_id`` cannot name this tune's run document, or ""."""
+    if models != 1:
+        return "names the run of one model, and this tunes several"
+    try:
+        file = store.path(run_id)
+    except KeyError:
+        return "a run id is letters, digits, '.', '_' and '-'"
+    return "a run of that id exists already" if file.exists() else ""
+
+
 def run_hardware(settings: Settings, console: Console) -> int:
     """``fleetserve hardware``: the class, the facts behind it, and what it runs."""
     hw = detect(settings.device)
@@ -191,18 +215,20 @@ def run_hardware(settings: Settings, console: Console) -> int:
         t.add_row(str(k), str(v))
     console.print(t)
     console.print(f"[bold]fallback chain:[/] {' -> '.join(fallback_chain(cls)) or 'none'}")
-    pick = evidence_table().pick("dense", cls, judged_features(hw, cls))
-    rule = f"{pick.runtime} {pick.precision}, {pick.reason}" if pick else class_precision(cls)
-    console.print(f"[bold]rule for a dense model:[/] {rule}")
-    return _profiles_table(settings, hw, cls, console)
-
-
-def _profiles_table(settings: Settings, hw: Hardware, cls: str, console: Console) -> int:
-    try:
-        profiles = Profiles(hw, cls, Path(settings.profile_dir))
+    try:  # --bundled-profiles false: what a class with nothing bundled gets
+        profiles = Profiles(
+            hw, cls, Path(settings.profile_dir), unbundled=not settings.bundled_profiles
+        )
     except ProfileError as exc:
         console.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 1
+    pick = profiles.table.pick("dense", cls, judged_features(hw, cls))
+    rule = f"{pick.runtime} {pick.precision}, {pick.reason}" if pick else class_precision(cls)
+    console.print(f"[bold]rule for a dense model:[/] {rule}")
+    return _profiles_table(settings, profiles, cls, console)
+
+
+def _profiles_table(settings: Settings, profiles: Profiles, cls: str, console: Console) -> int:
     extra = (Path(settings.catalog),) if settings.catalog else ()
     t = Table(title=f"profiles on {cls}", title_justify="left", box=None, pad_edge=False)
     t.add_column("model", overflow="fold", ratio=1)

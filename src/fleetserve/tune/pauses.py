@@ -27,6 +27,9 @@ from typing import Protocol, TypeVar
 Read = Callable[[], "Pauses"]
 T = TypeVar("T")
 SPOILED_TRIES = 20  # windows a busy server may spoil before the measurement is given up
+# and the seconds they may run in all: a window longer than the server's idle spells is
+# cut every time (an emulated precision under light traffic), however few tries that is
+SPOILED_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -72,16 +75,31 @@ class Spoiled(RuntimeError):
     """Every try of a measurement was cut by a pause: no figure rather than a spoiled one."""
 
 
-async def unspoiled(read: Read, clock: Budget, measure: Callable[[], Awaitable[T]]) -> T:
+async def unspoiled(
+    read: Read,
+    clock: Budget,
+    measure: Callable[[], Awaitable[T]],
+    *,
+    give_up_s: float = SPOILED_S,
+) -> T:
     """``measure()`` again until no pause cut into it (its latencies would hold the
     stop); the time spoiled tries ran is not charged to ``clock``. After
-    :data:`SPOILED_TRIES` spoiled tries, :class:`Spoiled`."""
+    :data:`SPOILED_TRIES` spoiled tries, or once they have run ``give_up_s`` seconds in
+    all, :class:`Spoiled`."""
+    spent = 0.0
     for _ in range(SPOILED_TRIES):
         count, t0 = read().count, clock.elapsed
         got = await measure()
         if read().count == count:
             return got
-        clock.forgiven += max(0.0, clock.elapsed - t0)
+        ran = max(0.0, clock.elapsed - t0)
+        clock.forgiven += ran
+        spent += ran
+        if spent >= give_up_s:
+            raise Spoiled(
+                f"the server's traffic cut every window for {spent:.0f} s "
+                f"(each ran longer than its idle spells)"
+            )
     raise Spoiled(f"the server was busy through {SPOILED_TRIES} windows")
 
 
@@ -140,6 +158,6 @@ class Ledger:
 
 
 __all__ = [
-    "NONE", "SPOILED_TRIES", "Budget", "Ledger", "Pauses", "Read", "Spoiled", "never", "reader",
-    "unspoiled",
+    "NONE", "SPOILED_S", "SPOILED_TRIES", "Budget", "Ledger", "Pauses", "Read", "Spoiled",
+    "never", "reader", "unspoiled",
 ]  # fmt: skip

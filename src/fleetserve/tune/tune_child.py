@@ -47,7 +47,9 @@ class TuneChild:
         self.env, self.profile_dir, self.tune_dir, self.ledger = env, profile_dir, tune_dir, ledger
         self.proc: asyncio.subprocess.Process | None = None
 
-    def args(self, model: str, budget: float, quick: bool, start: str = "") -> list[str]:
+    def args(
+        self, model: str, budget: float, quick: bool, start: str = "", run_id: str = ""
+    ) -> list[str]:
         args = [sys.executable, "-m", "fleetserve", "tune", model, "--budget", f"{budget:g}",
                 "--max-processes", "1", "--output", str(self.profile_dir),
                 "--report-dir", str(self.tune_dir / "reports"),
@@ -55,6 +57,7 @@ class TuneChild:
         if quick:
             args += ["--quick", "--measure", f"{QUICK_MEASURE_S:g}",
                      "--knee-seconds", f"{QUICK_KNEE_S:g}"]  # fmt: skip
+        args += ["--run-id", run_id] if run_id else []
         return args + (["--start", start] if start else [])
 
     async def run(
@@ -64,13 +67,14 @@ class TuneChild:
         quick: bool,
         stop_why: Callable[[], str | None],
         start: str = "",
+        run_id: str = "",
     ) -> tuple[int | None, str]:
         """(exit code, its last error line); (None, why) when ``stop_why`` gave a reason
         to stop it. Cancelled, it stops the child before it ends."""
         log_file = self.tune_dir / f".{model.replace('/', '--')}.log"
         with log_file.open("wb") as out:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.args(model, budget, quick, start), stdin=asyncio.subprocess.DEVNULL,
+                *self.args(model, budget, quick, start, run_id), stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=out, env=self.env, start_new_session=True,
                 preexec_fn=die_with_parent,  # a killed server leaves no tune behind
             )  # fmt: skip

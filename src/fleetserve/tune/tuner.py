@@ -48,7 +48,10 @@ class Tuner:
         report_dir: Path,
         catalog_dirs: tuple[Path, ...] = (),
         console: Console | None = None,
+        run_id: str = "",
     ) -> None:
+        """``run_id``: the run document's id (a new one when empty)."""
+        self.run_id = run_id
         self.spec, self.hw, self.cls, self.opts = spec, hw, hardware_class, opts
         self.store = store
         self.profile_dir, self.report_dir = profile_dir, report_dir
@@ -96,9 +99,10 @@ class Tuner:
     def _changed(self, phase: str, force: bool = False) -> None:
         s = self.search
         doc = self.run_doc
+        if doc["finished_at"] is None:  # the report written after is not in its time
+            doc["elapsed_s"] = round(s.clock.elapsed, 1)
         doc.update(
             phase=phase,
-            elapsed_s=round(s.clock.elapsed, 1),
             noise=s.noise,
             noise_repeats=s.noise_repeats,
             noise_points=s.noise_points,
@@ -117,7 +121,7 @@ class Tuner:
         s = self.search
         doc = self.run_doc
         s.start()  # this model's budget starts now, not when the command started
-        doc.update(id=new_run_id(self.spec.id, self.cls), started_at=now_iso())
+        doc.update(id=self.run_id or new_run_id(self.spec.id, self.cls), started_at=now_iso())
         self._changed("quality", force=True)
         try:
             s.requests = requests(self.spec, s.path, self.opts.workload, self.opts.batch)
@@ -155,7 +159,7 @@ class Tuner:
             provenance = self._provenance()
             provenance["report"] = report.paths(self.report_dir, stem)["markdown"]
             file = profile_path(self.profile_dir, self.spec.id, self.cls)
-            doc.update(status="succeeded", finished_at=now_iso(), profile_file=str(file))
+            self._finish("succeeded", profile_file=str(file))
             doc["report"] = report.write(doc, self.report_dir, stem)  # first: the profile
             write_profile_file(  # last, atomically: it never points at a missing report
                 self.profile_dir, self.spec.id, profile, provenance, self._header()
@@ -163,17 +167,22 @@ class Tuner:
             self._changed("done", force=True)
             return Outcome(doc, file)
         except (KeyboardInterrupt, asyncio.CancelledError):
-            doc.update(status="cancelled", finished_at=now_iso(), error="cancelled")
+            self._finish("cancelled", error="cancelled")
             self._changed(doc["phase"], force=True)
             raise
         except TuneError as exc:
-            doc.update(status="failed", finished_at=now_iso(), error=str(exc))
+            self._finish("failed", error=str(exc))
             self._changed(doc["phase"], force=True)
             raise
         except Exception as exc:
-            doc.update(status="failed", finished_at=now_iso(), error=f"{type(exc).__name__}: {exc}")
+            self._finish("failed", error=f"{type(exc).__name__}: {exc}")
             self._changed(doc["phase"], force=True)
             raise
+
+    def _finish(self, status: str, **fields: object) -> None:
+        """The run ends: its status, and its end in wall time and in its own time."""
+        elapsed = round(self.search.clock.elapsed, 1)
+        self.run_doc.update(status=status, finished_at=now_iso(), elapsed_s=elapsed, **fields)
 
     def _profile(self) -> Profile:
         """The winner, portable across core counts: ``threads`` 0 (every core of the
