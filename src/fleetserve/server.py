@@ -168,21 +168,14 @@ class EmbeddedServer(Service):
         log.info("ready: %s", ready_summary(self.runners, self.settings.device))
 
     def _background(self, env: Mapping[str, str] | None) -> BackgroundTuner | None:
-        if self.settings.tune != "auto":
+        from .tune.host import ServerHost, tuning_class
+
+        cls = tuning_class(self.settings, self.profiles)
+        if cls is None:
             return None
         from .tune.background import BackgroundTuner
-        from .tune.host import ServerHost
 
-        if self.profiles.hardware_class != self.profiles.hw.hardware_class:
-            log.warning(
-                "--tune auto: not tuning for %s on a %s machine (--hardware-class asks for "
-                "another class's profiles)",
-                self.profiles.hardware_class,
-                self.profiles.hw.hardware_class,
-            )
-            return None
-        host = ServerHost(self)
-        return BackgroundTuner(self.settings, self.catalog, host, self.profiles.hardware_class, env)
+        return BackgroundTuner(self.settings, self.catalog, ServerHost(self), cls, env)
 
     async def _open_adapters(self) -> None:
         """The adapter registry (cold tier), shared by the gateway and the worker."""

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
+from fleetserve import __version__
+from fleetserve.catalog.profiles import write_profile_file
 from fleetserve.tune.hostlock import HostLock
+from fleetserve.tune.stale import model_digest
 
 from .test_background import MODEL, Host, cancelled, child_pid, settings, tuner, until
 
@@ -64,3 +68,47 @@ async def test_a_tuner_waits_while_another_process_on_the_host_tunes(tmp_path: P
         other.release()
         await cancelled(task)
     assert HostLock(lock).try_acquire()  # and let go when it stops
+
+
+async def test_a_process_that_waited_its_turn_adopts_what_its_neighbour_tuned(
+    tmp_path: Path,
+) -> None:
+    """Two processes of one host (the devices of one worker): while one tunes, the
+    other waits for the lock; its turn come, it finds the fresh profile its neighbour
+    wrote and runs it, with no tune of its own."""
+    lock = tmp_path / "tune.lock"
+    s = settings(tmp_path, tune_lock=str(lock))
+    host = Host(s)
+    bt = tuner(s, host)
+    neighbour = HostLock(lock)
+    assert neighbour.try_acquire()
+    task = asyncio.create_task(bt.run())
+    children: set[int] = set()
+
+    def adopted() -> bool:
+        if (pid := child_pid(bt)) is not None:
+            children.add(pid)
+        return bt.states[MODEL].state in ("tuned", "failed")
+
+    try:
+        await until(lambda: "waits its turn" in bt.states[MODEL].reason, timeout=30)
+        rule = host.choice(MODEL).profile
+        spec = host.catalog.get(MODEL)
+        provenance = {  # what the neighbour's quick search writes
+            "written_by": "fleetserve tune", "fleetserve": __version__, "quick": True,
+            "model_digest": model_digest(spec, host.weights(MODEL)),
+            "figures": {"tokens_per_s": 1234.0},
+        }  # fmt: skip
+        tuned = dataclasses.replace(rule, max_batch_size=rule.max_batch_size // 2)
+        write_profile_file(Path(s.profile_dir), MODEL, tuned, provenance)
+        neighbour.release()
+        await until(adopted, timeout=30)
+    finally:
+        neighbour.release()
+        await cancelled(task)
+    st = bt.states[MODEL]
+    assert st.state == "tuned" and st.reason.startswith("tuned by another process"), st
+    assert children == set()  # it never ran a tune of its own
+    (swapped,) = host.swapped
+    assert swapped.how == "tuned" and swapped.profile == tuned and st.swaps == 1
+    assert st.after_tokens_s == 1234.0

@@ -329,3 +329,42 @@ def test_a_multi_device_host_releases_its_devices_keep_alives_at_once(
     r = httpx.delete(f"{gw.url}/v1/models/{TINY}/keep-alive", timeout=10)
     assert r.status_code == 200 and r.json()["released"] is True, r.text
     assert 0 < r.json()["left_s"] <= 60 and time.monotonic() - start < 0.9
+
+
+async def test_a_device_process_tunes_in_the_background(tmp_path: Path) -> None:
+    """``--tune auto`` reaches the devices of a multi-device worker: a device process
+    runs the background tune, and stops it with itself (the run says cancelled)."""
+    from fleetserve.queue import MemoryQueue
+    from fleetserve.queue.local import LocalQueueServer
+    from fleetserve.tune.runs import RunStore
+
+    from ..tune.test_background import settings as tune_settings
+
+    s = tune_settings(tmp_path, tune_lock=str(tmp_path / "tune.lock"), log_level="warning")
+    runs = RunStore(tmp_path / "runs")
+    hello = asyncio.Event()
+    with tempfile.TemporaryDirectory(prefix="fs-dev-") as tmp:
+        server = LocalQueueServer(
+            MemoryQueue(), os.path.join(tmp, "q.sock"), on_hello=lambda _: hello.set()
+        )
+        await server.start()
+        child = spawn_device(server.path, s)
+        try:
+            await asyncio.wait_for(hello.wait(), 30)
+            for _ in range(1200):  # its tune starts once the model has loaded
+                if runs.list() or child.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            (run,) = runs.list()
+            assert run["status"] == "running" and run["quick"] is True
+            await server.close()  # the parent goes: the device process stops, its tune too
+            for _ in range(400):
+                if child.poll() is not None and runs.list()[0]["status"] != "running":
+                    break
+                await asyncio.sleep(0.05)
+            assert child.returncode == 0
+            assert runs.list()[0]["status"] == "cancelled"
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()

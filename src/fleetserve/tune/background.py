@@ -17,40 +17,38 @@ untouched. The child writes the profile (atomically) and its run document, which
 dashboard shows live; the server then swaps the model to the new profile when it beats
 the one running by more than the measured noise. A tune that fails, is killed or is
 cut by a model's eviction leaves the model on what it runs. One process per host
-tunes at a time (:mod:`.hostlock`): co-located workers take turns.
+tunes at a time (:mod:`.hostlock`): co-located workers take turns, and the child
+steps aside for any of their traffic (:mod:`.hosttraffic`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog, ModelSpec
-from ..catalog.profiles import profile_path, write_profile_text
+from ..catalog.profiles import Choice, profile_path, write_profile_text
 from ..settings import Settings
+from . import swapin
 from .fleetwide import FleetTuning
 from .hostlock import HostLock
-from .pauses import Ledger
-from .runs import RunStore, new_run_id
+from .hosttraffic import HostTraffic, path_for
+from .pauses import Ledger, WriteError, open_ledger
+from .runs import new_run_id
 from .stale import model_digest, why_tune
 from .states import Host, State
 from .tune_child import TuneChild, tune_env
-from .verdict import describe, same_profile, verdict
 
 log = logging.getLogger("fleetserve.tune")
 POLL_S = 0.02  # how often the server's load is looked at while a tune runs
 LOOK_S = 0.5  # how often loaded models are looked at for one to tune
 EVICTED = "the tune stopped: the model was evicted; it is tuned once it loads again"
-PROBE_BYTES = 4096  # written to the profile and tune directories to show they take files
 LATER_S = 2.0  # how often a model another worker tunes is looked at again
-SWAP_TRIES = 60  # seconds a generation model's swap waits for it to be idle
 
 
 class BackgroundTuner:
@@ -80,6 +78,7 @@ class BackgroundTuner:
         self._child_run: TuneChild | None = None  # the phase's child, while it runs
         self.ledger: Ledger | None = None
         self.hostlock = HostLock(Path(settings.tune_lock) if settings.tune_lock else None)
+        self.traffic = HostTraffic(path_for(self.hostlock.path))  # the host's, not only ours
 
     @property
     def child_pid(self) -> int | None:
@@ -119,7 +118,11 @@ class BackgroundTuner:
                 digest = self._digests[spec.id] = model_digest(spec, self.host.weights(spec.id))
             except Exception:
                 return None
-        return why_tune(choice, digest, refine=self.settings.tune_refine_budget > 0)
+        return why_tune(choice, digest, refine=self._refine)
+
+    @property
+    def _refine(self) -> bool:
+        return self.settings.tune_refine_budget > 0
 
     async def run(self) -> None:
         """Tune, one model at a time, for as long as the server runs."""
@@ -139,6 +142,7 @@ class BackgroundTuner:
             if self.fleet is not None:
                 for model in list(self.fleet.held):
                     await self.fleet.release(model)
+            self.traffic.close()
             if self.ledger is not None:
                 shutil.rmtree(self.ledger.path.parent, ignore_errors=True)
 
@@ -169,6 +173,8 @@ class BackgroundTuner:
                 await asyncio.sleep(LOOK_S)
                 continue
             try:
+                if await self._tuned_beside(model):
+                    continue
                 await self._tune(model)
             except Exception as exc:  # a tune never takes the server down
                 self._failed(model, f"{type(exc).__name__}: {exc}")
@@ -176,6 +182,20 @@ class BackgroundTuner:
                 self.hostlock.release()  # the others on this host take their turn
                 if self.fleet is not None:
                     await self.fleet.release(model)
+
+    async def _tuned_beside(self, model: str) -> bool:
+        """Another process on this host (a device of the same worker, a co-located
+        one) tuned ``model`` while this one waited its turn: its fresh profile is on
+        disk, so it is adopted rather than tuned again."""
+        found = self.host.reread(model)
+        digest = self._digests.get(model, "")
+        if found.how != "tuned" or why_tune(found, digest, refine=self._refine) is not None:
+            return False
+        await self._adopt(model, found, "another process on this host")
+        st = self.states[model]
+        st.state, st.phase = "tuned", ""
+        self._tried.add(model)
+        return True
 
     def _host_busy(self, model: str) -> None:
         holder = self.hostlock.holder()
@@ -214,46 +234,21 @@ class BackgroundTuner:
         if by == self.fleet.owner or model not in self.states:
             return
         await asyncio.to_thread(write_profile_text, self.profile_dir, model, self.cls, text)
-        running, found = self.host.choice(model), self.host.reread(model)
-        st = self.states[model]
-        spec = self.catalog.get(model)
-        st.reason = f"tuned by {by}"
+        await self._adopt(model, self.host.reread(model), by)
+
+    async def _adopt(self, model: str, found: Choice, by: str) -> None:
         self._by[model] = by
-        if found.how != "tuned":
-            return
-        if same_profile(running, found, spec):
-            self.host.keep(model, found)
-            return
-        done, why_not = await self.host.swap(model, found)
-        if done:
-            st.swaps += 1
-            st.after_tokens_s = (found.provenance.get("figures") or {}).get("tokens_per_s")
-            log.info("swapped %s: %s -> %s (tuned by %s)", model,
-                     describe(running, spec), describe(found, spec), by)  # fmt: skip
-        else:
-            st.reason += f"; the swap was refused ({why_not}); it applies at next start"
+        await swapin.adopt(self.host, self.catalog.get(model), self.states[model], found, by)
 
     def _writable(self) -> bool:
-        """One warning, and no tuning, when profiles or runs cannot be written (a file
-        of a few KiB is written to each: a full disk fails it too); else the ledger."""
-        where = self.profile_dir
+        """One warning, and no tuning, when profiles or runs cannot be written; else
+        the ledger."""
         try:
-            for where in (self.profile_dir, self.tune_dir):
-                where.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryFile(dir=where) as f:
-                    f.write(b"\0" * PROBE_BYTES)
-                    f.flush()
-                    os.fsync(f.fileno())
-            pauses = Path(tempfile.mkdtemp(dir=self.tune_dir, prefix=".pauses-"))
-            self.ledger = Ledger(pauses / "l")
-        except OSError as exc:
-            log.warning(
-                "--tune auto: %s is not writable (%s); serving on what runs, not tuning",
-                where,
-                exc.strerror or exc,
-            )
+            self.ledger = open_ledger(self.profile_dir, self.tune_dir)
+        except WriteError as exc:
+            log.warning("--tune auto: %s; serving on what runs, not tuning", exc)
             for st in self.states.values():
-                st.error = f"profile directory not writable: {exc.strerror or exc}"
+                st.error = f"profile directory not writable: {exc.why}"
             return False
         return True
 
@@ -280,7 +275,7 @@ class BackgroundTuner:
                     continue
                 self._failed(model, error)
                 return
-            await self._judge(model, st)
+            await swapin.judge(self.host, self.catalog.get(model), st, self.tune_dir)
             await self._publish(model)
         st.state, st.phase = "tuned", ""
         self._tried.add(model)
@@ -300,42 +295,6 @@ class BackgroundTuner:
         st.state, st.phase, st.error = "failed", "", error
         log.warning("%s: the background tune failed (%s); keeping its profile", model, error)
         self._tried.add(model)  # not again in this process: no loop of failing tunes
-
-    async def _judge(self, model: str, st: State) -> None:
-        """Swap ``model`` to what the run found, if it beats what runs beyond the noise."""
-        running, found = self.host.choice(model), self.host.reread(model)
-        run_id = found.provenance.get("run") if found.how == "tuned" else None
-        run = _run(self.tune_dir, run_id)
-        if run is None:
-            st.reason = "the tune wrote no profile this server can read"
-            return
-        spec = self.catalog.get(model)
-        v = verdict(run, running, found, spec.runtime)
-        st.run, st.noise = str(run_id), v.noise
-        st.before_tokens_s, st.after_tokens_s = v.before, v.after
-        if not v.swap:
-            st.reason = f"kept {describe(running, spec)}: {v.why}"
-            if same_profile(running, found, spec):
-                self.host.keep(model, found)  # what runs is now a tuned profile
-            return
-        t0 = time.monotonic()
-        for _ in range(SWAP_TRIES):  # generation swaps only when no sequence runs
-            done, why_not = await self.host.swap(model, found)
-            if done or not why_not.startswith("busy"):
-                break
-            await asyncio.sleep(1.0)
-        if not done:
-            st.reason = f"the swap was refused ({why_not}); the profile applies at next start"
-            log.warning("%s: %s", model, st.reason)
-            return
-        st.swaps += 1
-        st.reason = f"swapped in {describe(found, spec)}: {v.why}"
-        log.info(
-            "swapped %s: %s -> %s, %s -> %.0f tokens/s (%s; noise %.1f%%; %.2fs)",
-            model, describe(running, spec), describe(found, spec),
-            f"{v.before:.0f}" if v.before else "unmeasured", v.after or 0.0, v.why,
-            100 * v.noise, time.monotonic() - t0,
-        )  # fmt: skip
 
     async def _child(self, model: str, *, quick: bool) -> tuple[int | None, str]:
         """Run one phase; (exit code, its last error line). ``None``: stopped because
@@ -368,12 +327,15 @@ class BackgroundTuner:
         return rc, tail
 
     async def _watch(self) -> None:
-        """Pause the child while the server has work; continue it after ``tune_idle``."""
+        """Pause the child while this server, or another fleetserve process on this
+        host, has work; continue it after ``tune_idle``."""
         assert self.ledger is not None
         idle_since = time.monotonic()
         while True:
             try:
-                if self.host.busy():
+                mine = self.host.busy()
+                self.traffic.publish(mine)
+                if mine or (self._child_run is not None and self.traffic.others()):
                     self.ledger.pause()
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= self.settings.tune_idle:
@@ -388,13 +350,6 @@ class BackgroundTuner:
     async def _stop_child(self) -> None:
         if self._child_run is not None:
             await self._child_run.stop()
-
-
-def _run(tune_dir: Path, run_id: object) -> dict[str, Any] | None:
-    try:
-        return RunStore(tune_dir).get(str(run_id)) if run_id else None
-    except KeyError:
-        return None
 
 
 __all__ = ["BackgroundTuner", "Host", "State"]

@@ -3,13 +3,16 @@ the embedded server, or a distributed worker."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ..catalog import Catalog
-from ..catalog.profiles import Choice
+from ..catalog.profiles import Choice, Profiles
 from ..settings import Settings
+
+log = logging.getLogger("fleetserve.tune")
 
 if TYPE_CHECKING:
     from ..fleet.manager import Fleet
@@ -88,4 +91,20 @@ class ServerHost:
         return result.swapped, result.reason
 
 
-__all__ = ["Parts", "ServerHost"]
+def tuning_class(settings: Settings, profiles: Profiles) -> str | None:
+    """The class a ``--tune auto`` process tunes for; ``None`` (with a warning where
+    ``--hardware-class`` asks for another class's profiles: a profile is measured where
+    it runs) when it does not tune."""
+    if settings.tune != "auto":
+        return None
+    asked, here = profiles.hardware_class, profiles.hw.hardware_class
+    if asked != here:
+        log.warning(
+            "--tune auto: not tuning for %s on a %s machine (--hardware-class asks for "
+            "another class's profiles)", asked, here,
+        )  # fmt: skip
+        return None
+    return asked
+
+
+__all__ = ["Parts", "ServerHost", "tuning_class"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ SPOILED_TRIES = 20  # windows a busy server may spoil before the measurement is 
 # and the seconds they may run in all: a window longer than the server's idle spells is
 # cut every time (an emulated precision under light traffic), however few tries that is
 SPOILED_S = 60.0
+PROBE_BYTES = 4096  # written to the profile and tune directories to show they take files
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,31 @@ class Ledger:
         os.replace(tmp, self.path)
 
 
+class WriteError(OSError):
+    """A directory the background tune writes to does not take files."""
+
+    def __init__(self, where: Path, exc: OSError) -> None:
+        self.where, self.why = where, str(exc.strerror or exc)
+        super().__init__(f"{where} is not writable ({self.why})")
+
+
+def open_ledger(*dirs: Path) -> Ledger:
+    """A fresh ledger in the last of ``dirs``, once each of them took a file of a few
+    KiB (a full disk fails that too); :class:`WriteError` naming the one that did not."""
+    where = dirs[0]
+    try:
+        for where in dirs:
+            where.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=where) as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        return Ledger(Path(tempfile.mkdtemp(dir=where, prefix=".pauses-")) / "l")
+    except OSError as exc:
+        raise WriteError(where, exc) from exc
+
+
 __all__ = [
     "NONE", "SPOILED_S", "SPOILED_TRIES", "Budget", "Ledger", "Pauses", "Read", "Spoiled",
-    "never", "reader", "unspoiled",
+    "WriteError", "never", "open_ledger", "reader", "unspoiled",
 ]  # fmt: skip

@@ -69,9 +69,10 @@ class DeviceProcess(Service):
         self.catalog = catalog = build_catalog(settings)
         self.adapters: Any = None
         self._nats: Any = None
-        profiles = build_profiles(settings)
+        self.profiles = profiles = build_profiles(settings)
+        self.choices = {s.id: profiles.choose(s) for s in catalog}
         self.runners = {
-            s.id: build_runner(s, settings, self.metrics, profiles.choose(s)) for s in catalog
+            s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in catalog
         }
         self.fleet = build_fleet(settings, self.runners, self.metrics, console)
         self.queue = LocalQueueClient(path)
@@ -111,6 +112,20 @@ class DeviceProcess(Service):
         host_adapters(self.settings, registry, self.runners, self.fleet, node=node)
         await prepare_hosts(self.settings, self.runners)
 
+    def _tune_in_background(self) -> None:
+        """``--tune auto``: the devices of a host take turns to tune (``tune.hostlock``)
+        within their own core share, step aside for any device's traffic, and adopt
+        what a sibling tuned (the profile directory is the host's)."""
+        from ..tune.host import ServerHost, tuning_class
+
+        cls = tuning_class(self.settings, self.profiles)
+        if cls is None:
+            return
+        from ..tune.background import BackgroundTuner
+
+        tuner = BackgroundTuner(self.settings, self.catalog, ServerHost(self), cls, os.environ)
+        self.spawn("tuner", tuner.run())
+
     async def run(self) -> int:
         """Serve until the worker fails (1) or the parent goes away (0)."""
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
@@ -146,6 +161,7 @@ class DeviceProcess(Service):
                 }
             )
             self.spawn("parent", self.queue.lost.wait(), essential=True)
+            self._tune_in_background()
             await self.wait()
             return 1 if self.worker.failed is not None or self.ended("worker") else 0
         finally:

@@ -84,7 +84,7 @@ class WorkerProcess(Service):
         self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.metrics = Metrics()
         self.tracer = open_tracer(settings, "worker")  # the null one unless --tracing
-        profiles = build_profiles(settings)
+        self.profiles = profiles = build_profiles(settings)
         self.choices = {s.id: profiles.choose(s) for s in self.catalog}
         self.runners = {
             s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
@@ -203,18 +203,14 @@ class WorkerProcess(Service):
     async def _tune_in_background(self) -> None:
         """``--tune auto``: tune what runs untuned, one worker per class and model,
         sharing the profiles through JetStream (``tune.fleetwide``)."""
-        if self.settings.tune != "auto":
+        from ..tune.host import ServerHost, tuning_class
+
+        cls = tuning_class(self.settings, self.profiles)
+        if cls is None:
             return
-        from ..catalog.hardware import detect
         from ..tune.background import BackgroundTuner
         from ..tune.fleetwide import FleetTuning
-        from ..tune.host import ServerHost
 
-        hw_class = detect(self.settings.device).hardware_class
-        cls = self.settings.hardware_class or hw_class
-        if cls != hw_class:
-            log.warning("--tune auto: not tuning for %s on a %s machine", cls, hw_class)
-            return
         shared = FleetTuning(
             self.js.js, self.settings.queue_prefix, cls, self.node, self.settings.tune_lease
         )
