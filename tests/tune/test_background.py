@@ -70,6 +70,7 @@ class Host:
         self.resident = True
         self.is_busy = False
         self.swapped: list[Choice] = []
+        self.held, self.budget = 0, 64 << 30  # the models' bytes, the memory budget
 
     def choice(self, model: str) -> Choice:
         return self.choices[model]
@@ -82,6 +83,9 @@ class Host:
 
     def busy(self) -> bool:
         return self.is_busy
+
+    def memory(self) -> tuple[int, int]:
+        return self.held, self.budget
 
     def weights(self, model: str) -> Path:
         return weights_path(self.catalog.get(model), self.s)
@@ -233,6 +237,33 @@ async def test_an_evicted_model_stops_its_tune(tmp_path: Path) -> None:
     finally:
         await cancelled(task)
     assert profile_files(tmp_path) == [] and host.swapped == []
+
+
+async def test_a_tune_that_outgrows_the_memory_budget_stops_and_serving_keeps_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The child's memory counts beside the models': where the two pass the budget,
+    the tune stops (the full search is not tried: it needs the same room), one
+    warning, nothing written, not retried."""
+    s = settings(tmp_path, tune_refine_budget=60.0)
+    host = Host(s)
+    host.held, host.budget = 200 << 20, 260 << 20  # 60 MiB beside: less than any tune
+    bt = tuner(s, host)
+    task = asyncio.create_task(bt.run())
+    try:
+        await until(lambda: bt.states[MODEL].state == "failed", timeout=60)
+        assert child_pid(bt) is None and await bt._next() is None  # not retried
+    finally:
+        await cancelled(task)
+    st = bt.states[MODEL]
+    assert st.error and st.error.startswith("stopped for memory"), st
+    assert "passed --memory-budget (260 MiB)" in st.error
+    assert st.memory_bytes and st.memory_bytes > 60 << 20 and st.phase == ""
+    runs = RunStore(tmp_path / "runs").list()  # (none if it was stopped at its imports)
+    assert len(runs) <= 1 and all(r["status"] == "cancelled" and r["quick"] for r in runs)
+    assert profile_files(tmp_path) == [] and host.swapped == []
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "stopped for memory" in warnings[0].getMessage()
 
 
 async def test_an_unwritable_profile_directory_means_one_warning_and_no_tune(

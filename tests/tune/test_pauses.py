@@ -8,14 +8,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from fleetserve.catalog import ModelSpec
 from fleetserve.catalog.hardware import Hardware
-from fleetserve.tune import search as search_mod
 from fleetserve.tune.candidates import Candidate
-from fleetserve.tune.harness import Measure
+from fleetserve.tune.harness import Request, Stack, saturate
 from fleetserve.tune.pauses import NONE, SPOILED_TRIES, Ledger, Pauses, Spoiled, reader, unspoiled
 from fleetserve.tune.search import Clock, Options, Search
 
@@ -86,48 +86,56 @@ def test_the_clock_leaves_out_the_pauses(tmp_path: Path) -> None:
     assert clock.elapsed < 5.0 and clock.fits(50.0)
 
 
-async def test_a_window_a_pause_cut_into_is_measured_again(
+class Req:
+    items = 4
+
+
+class PausedStack:
+    """A stack whose requests take 50 ms each; the ``cut``-th is held 0.5 s by a pause
+    of the server (as a SIGSTOP would: time passes, the ledger counts it)."""
+
+    def __init__(self, ledger: Ledger, cut: int) -> None:
+        self.ledger, self.cut, self.sent = ledger, cut, 0
+
+    async def send(self, request: object) -> int:
+        self.sent += 1
+        await asyncio.sleep(0.05)
+        if self.sent == self.cut:
+            self.ledger.pause()
+            await asyncio.sleep(0.5)
+            self.ledger.resume()
+        return 100
+
+
+async def test_a_window_a_pause_cuts_into_leaves_the_pause_out_of_its_figures(
+    tmp_path: Path,
+) -> None:
+    """Light traffic cuts into windows as often as it likes: the window runs its own
+    time, its throughput is over the time it ran, and the cut request leaves the
+    latencies; nothing is measured again."""
+    ledger = Ledger(tmp_path / "l")
+    read, reqs = reader(ledger.path), cast(list[Request], [Req()] * 4)
+    clean = await saturate(cast(Stack, PausedStack(ledger, 0)), reqs, 1, 0.6, pauses=read)
+    cut = await saturate(cast(Stack, PausedStack(ledger, 6)), reqs, 1, 0.6, pauses=read)
+    assert clean.paused_s == 0.0 and cut.paused_s == pytest.approx(0.5, abs=0.05)
+    assert cut.seconds >= 0.6 + 0.5  # it ran 0.6 s of its own
+    assert cut.tokens_per_s == pytest.approx(clean.tokens_per_s, rel=0.25)  # ~2,000
+    assert cut.p99_ms < 200 and clean.p99_ms < 200  # the held request is not in them
+    assert cut.requests == pytest.approx(clean.requests, abs=2)
+
+
+async def test_a_search_under_traffic_measures_each_window_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ledger = Ledger(tmp_path / "l")
     spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
     hw = Hardware("cpu", "x86_64", "Test CPU", 2, 8 * 2**30, frozenset({"avx2"}))
-    s = Search(spec, Path("/w"), hw, "cpu-avx2", Options(pause_file=ledger.path))
-    windows = [5000.0, 900.0]  # the first is cut by a pause; the second is clean
-
-    async def saturate(*args: object) -> Measure:
-        tps = windows.pop(0)
-        if tps == 5000.0:
-            ledger.pause()  # traffic came mid-window
-            ledger.resume()
-        return Measure(tps, 1.0, 1.0, 2.0, 10, 0, 1.0)
-
-    monkeypatch.setattr(search_mod, "saturate", saturate)
+    s = Search(spec, Path("/w"), hw, "cpu-avx2", Options(pause_file=ledger.path, measure_s=0.6))
+    s.requests = cast(list[Request], [Req()] * 4)
     p = s._add(Candidate("torch", "fp32", 2, 1, 2048, 64))
-    await s._measure(None, p)  # type: ignore[arg-type]  # (saturate is replaced)
-    assert p.samples == [900.0] and windows == []
-
-
-async def test_a_spoiled_window_is_not_charged_to_the_budget(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ledger = Ledger(tmp_path / "l")
-    spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
-    hw = Hardware("cpu", "x86_64", "Test CPU", 2, 8 * 2**30, frozenset({"avx2"}))
-    s = Search(spec, Path("/w"), hw, "cpu-avx2", Options(pause_file=ledger.path))
-    spoiled = [True, True, False]
-
-    async def saturate(*args: object) -> Measure:
-        if spoiled.pop(0):
-            await asyncio.sleep(0.5)  # it ran half a second, then traffic came
-            ledger.pause()
-            ledger.resume()
-        return Measure(900.0, 1.0, 1.0, 2.0, 10, 0, 1.0)
-
-    monkeypatch.setattr(search_mod, "saturate", saturate)
-    p = s._add(Candidate("torch", "fp32", 2, 1, 2048, 64))
-    await s._measure(None, p)  # type: ignore[arg-type]  # (saturate is replaced)
-    assert s.clock.forgiven >= 1.0 and s.clock.elapsed < 0.5
+    await s._measure(cast(Stack, PausedStack(ledger, 3)), p)
+    assert len(p.samples) == 1 and p.samples[0] > 1000  # the pause is not in it
+    assert s.clock.forgiven == 0.0 and s.clock.elapsed < 1.2 + s.warmup_s * 2 + 0.5
 
 
 def _cpu_ticks(pid: int) -> int:

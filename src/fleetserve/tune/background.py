@@ -49,6 +49,8 @@ POLL_S = 0.02  # how often the server's load is looked at while a tune runs
 LOOK_S = 0.5  # how often loaded models are looked at for one to tune
 EVICTED = "the tune stopped: the model was evicted; it is tuned once it loads again"
 LATER_S = 2.0  # how often a model another worker tunes is looked at again
+OUTGREW = "stopped for memory"
+MIB = 1 << 20
 
 
 class BackgroundTuner:
@@ -261,6 +263,7 @@ class BackgroundTuner:
             phases.append(False)
         for quick in phases:
             st.state, st.phase, st.error = "tuning", "quick" if quick else "full", None
+            st.memory_bytes = None
             rc, tail = await self._child(model, quick=quick)
             if rc is None:  # evicted mid-tune: it waits to load again
                 st.state, st.phase, st.reason = "rules", "", EVICTED
@@ -268,7 +271,7 @@ class BackgroundTuner:
                 return
             if rc != 0:
                 error = tail or f"fleetserve tune exited {rc}"
-                if quick and len(phases) > 1:  # the full search has the time it lacked
+                if quick and len(phases) > 1 and not error.startswith(OUTGREW):  # it lacked time
                     log.info("%s: the quick search failed (%s); the full one follows",
                              model, error)  # fmt: skip
                     st.reason = f"the quick search failed: {error}"
@@ -312,7 +315,7 @@ class BackgroundTuner:
                 return "evicted"
             if self.fleet is not None and not self.fleet.holds(model):
                 return "the tune lease was lost"  # another worker may tune it now
-            return None
+            return self._outgrown(model, child)
 
         try:
             p = self.host.choice(model).profile  # what runs is screened first
@@ -325,6 +328,19 @@ class BackgroundTuner:
         if rc is None and tail != "evicted":
             return 1, tail
         return rc, tail
+
+    def _outgrown(self, model: str, child: TuneChild) -> str | None:
+        """Why the tune must stop for memory: its child beside the models would pass the
+        memory budget (serving keeps the memory; the tune is not retried until the next
+        start). Looked at twice a second; the peak is the state's ``memory_bytes``."""
+        st, rss = self.states[model], child.rss()
+        st.memory_bytes = max(st.memory_bytes or 0, rss) or None
+        used, budget = self.host.memory()
+        if used + rss <= budget:
+            return None
+        why = (f"{OUTGREW}: its {rss / MIB:.0f} MiB beside the models' {used / MIB:.0f} MiB "
+               f"passed --memory-budget ({budget / MIB:.0f} MiB)")  # fmt: skip
+        return why  # (the failed tune's one warning says it)
 
     async def _watch(self) -> None:
         """Pause the child while this server, or another fleetserve process on this

@@ -26,6 +26,7 @@ from ..wire import Encoding, FleetError, Task, error_from_body
 from ..wire.codec import loads
 from ..worker import ModelRunner, Worker
 from ..worker.runner import Runner
+from . import pauses as pauses_mod
 
 T = TypeVar("T")
 
@@ -48,7 +49,8 @@ class Measure:
     p99_ms: float
     requests: int
     errors: int
-    seconds: float
+    seconds: float  # the window's, its pauses included
+    paused_s: float = 0.0  # of which a background tune's server held it stopped
 
 
 class Stack:
@@ -127,45 +129,60 @@ async def saturate(
     clients: int,
     duration: float,
     warmup_s: float = 0.0,
+    pauses: pauses_mod.Read = pauses_mod.never,
 ) -> Measure:
     """``clients`` closed-loop clients sending back to back for ``duration`` seconds,
     after ``warmup_s`` seconds of the same traffic that is not measured (the shapes,
-    allocations and thread pools of concurrent batches, not only of lone requests)."""
+    allocations and thread pools of concurrent batches, not only of lone requests).
+
+    ``pauses``: a background tune's ledger. The seconds its server held this process
+    stopped leave the window (it runs ``duration`` seconds of its own, and the work
+    done is divided by the time it ran), and a request a pause cut into leaves the
+    latencies (they would hold the stop): a window traffic interrupts still measures,
+    however often it is interrupted."""
     lat: list[float] = []
-    tokens = items = errors = 0
+    tokens = items = errors = done = 0
     counter = 0
     for r in requests[: min(2, len(requests))]:  # warm the path (and its shapes)
         await stack.send(r)
     if warmup_s > 0:
         await saturate(stack, requests, clients, warmup_s)
-    t_end = time.perf_counter() + duration
+    paused0 = pauses().seconds
+    t_begin = time.perf_counter()
+
+    def going() -> bool:  # until it has run ``duration`` seconds, its pauses left out
+        return time.perf_counter() < t_begin + duration + pauses().seconds - paused0
 
     async def client() -> None:
-        nonlocal tokens, items, errors, counter
-        while time.perf_counter() < t_end:
+        nonlocal tokens, items, errors, counter, done
+        while going():
             req = requests[counter % len(requests)]
             counter += 1
-            t0 = time.perf_counter()
+            t0, cuts = time.perf_counter(), pauses().count
             try:
                 got = await stack.send(req)
             except FleetError:
                 errors += 1
                 continue
-            lat.append(time.perf_counter() - t0)
+            if pauses().count == cuts:  # no pause cut into it
+                lat.append(time.perf_counter() - t0)
+            done += 1
             tokens += got
             items += req.items
 
-    t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t_begin
+    paused = max(0.0, pauses().seconds - paused0)
+    ran = max(elapsed - paused, 1e-6)
     return Measure(
-        tokens_per_s=tokens / elapsed,
-        items_per_s=items / elapsed,
+        tokens_per_s=tokens / ran,
+        items_per_s=items / ran,
         p50_ms=statistics.median(lat) * 1e3 if lat else float("nan"),
-        p99_ms=percentile(lat, 0.99) * 1e3,
-        requests=len(lat),
+        p99_ms=percentile(lat, 0.99) * 1e3 if lat else float("nan"),
+        requests=done,
         errors=errors,
         seconds=elapsed,
+        paused_s=paused,
     )
 
 

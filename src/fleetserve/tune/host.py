@@ -63,6 +63,9 @@ class ServerHost:
         queue = worker.queue
         return any(queue.depth(m) or p.fleet.info(m)["inflight"] for m in p.runners)
 
+    def memory(self) -> tuple[int, int]:
+        return self.parts.fleet.used(), self.parts.fleet.budget
+
     def weights(self, model: str) -> Path:
         from ..assembly import weights_path
 

@@ -135,14 +135,12 @@ class Search:
         self._changed()
         before = steal_mod.read()
 
-        async def window() -> Measure:
-            nonlocal before
-            before = steal_mod.read()
-            return await saturate(
-                stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s
-            )
-
-        m = await self.unspoiled(window)
+        # a pause of a background tune's server leaves the window (see saturate): no
+        # window is measured again, however often light traffic cuts into them
+        m = await saturate(
+            stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s,
+            self.pauses,
+        )  # fmt: skip
         if m.requests == 0:
             raise TuneError(f"{p.cand.id}: every request failed ({m.errors} errors)")
         self._record(p, m, before)
@@ -261,12 +259,21 @@ class Search:
             key=lambda p: -p.tokens_per_s,
         )
 
+    def best(self) -> Point:
+        """The fastest point still standing; a TuneError where a later measurement
+        failed every one (an interrupted noise round, a runtime that broke)."""
+        ranked = self.measured()
+        if not ranked:
+            why = next((p.reason for p in reversed(self.points) if p.status == "rejected"), "")
+            raise TuneError(f"no candidate is left measured ({why or 'none passed'})")
+        return ranked[0]
+
     async def batches(self) -> None:
         """The engines within the noise of the best, over the coarse grid, then one
         finer step around each one's best, if the grid's best beat the default by
         more than the noise."""
         self.phase = "batch"
-        best = self.measured()[0].tokens_per_s
+        best = self.best().tokens_per_s
         margin = max(0.03, 2 * self.noise)
         top = [p for p in self.measured() if p.tokens_per_s >= (1 - margin) * best][:2]
         grid = cands.batch_grid(self.spec.family, self.kind)

@@ -29,6 +29,10 @@ class Host(Protocol):
         """Requests wait or run: the tune must step aside."""
         ...
 
+    def memory(self) -> tuple[int, int]:
+        """(bytes its models hold, its memory budget): a tune's child must fit beside."""
+        ...
+
     def weights(self, model: str) -> Path: ...
 
     async def swap(self, model: str, choice: Choice) -> tuple[bool, str]:
@@ -52,6 +56,7 @@ class State:
     after_tokens_s: float | None = None  # the winner's
     noise: float | None = None
     swaps: int = 0
+    memory_bytes: int | None = None  # the tune's child's peak resident memory, this phase
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ KNEE_ITEMS = 4  # items per request in the knee sweep: many small requests, so t
 async def threads(s: Search) -> None:
     """The best point again with more processes and fewer threads each."""
     s.phase = "threads"
-    best = s.measured()[0]
+    best = s.best()
     most = s.opts.max_processes or s.hw.cores
     for t, procs in [x for x in cands.thread_layouts(s.hw)[1:] if x[1] <= most]:
         q = s._add(best.cand.with_threads(t, procs), like=best)

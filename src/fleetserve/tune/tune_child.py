@@ -25,6 +25,7 @@ LOOK_S = 0.5  # how often the caller's reasons to stop are looked at
 STOP_S = 5.0  # a child's grace after SIGTERM before it is killed
 QUICK_MEASURE_S = 2.0
 QUICK_KNEE_S = 1.5
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 NOT_FOR_TUNES = ("api_key", "keys", "keys_file", "nats")  # the server's, not the tune's
@@ -97,6 +98,18 @@ class TuneChild:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+    def rss(self) -> int:
+        """The child's resident memory now, in bytes (0 once it ended or if unknown).
+        The background tune runs one process (``--max-processes 1``), so its own."""
+        pid = self.pid
+        if pid is None:
+            return 0
+        try:
+            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+        return resident * PAGE
 
     async def stop(self) -> None:
         """SIGTERM (the tune ends as Ctrl-C would: nothing written), then SIGKILL."""
