@@ -3,7 +3,9 @@ within the noise, the batch grid's refinement, and budgets too small to use."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,6 +13,7 @@ from fleetserve.catalog import ModelSpec
 from fleetserve.catalog.hardware import Hardware
 from fleetserve.tune import candidates as cands
 from fleetserve.tune.candidates import Candidate
+from fleetserve.tune.quality import Quality
 from fleetserve.tune.search import Clock, Options, Point, Search, TuneError
 from fleetserve.tune.steps import choose
 
@@ -129,3 +132,68 @@ async def test_a_quick_search_skips_precisions_this_cpu_would_emulate(
     if not tried_fp16:
         assert all(p.status == "skipped" and "no native fp16" in p.reason for p in fp16)
     assert ("torch", "bf16") in tried  # native here: never skipped
+
+
+class GateStack:
+    """A stack whose quality set takes ``seconds[precision]`` and always passes."""
+
+    def __init__(self, c: Candidate, seconds: dict[str, float]) -> None:
+        self.wait = seconds[c.precision]
+        self.adapter = SimpleNamespace(runtime=SimpleNamespace(precision=c.precision))
+
+    async def __aenter__(self) -> GateStack:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def compute(self, *args: object) -> list[str]:
+        await asyncio.sleep(self.wait)
+        return ["reply"]
+
+
+async def test_a_candidate_far_slower_than_the_reference_is_not_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch bf16 emulated on cpu-avx2 ran at 0.15x fp32, and its saturation windows
+    took 7 minutes of a 10-minute tune: a candidate over SLOW_X times slower than the
+    reference on the quality set is passed by with the reason, and still counts as
+    judged (the reference may win alone)."""
+    from fleetserve.tune import search as search_mod
+
+    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
+    seconds = {"fp32": 0.05, "bf16": 0.05 * (search_mod.SLOW_X + 2), "fp16": 0.1}
+    s = search()
+    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
+    measured: list[str] = []
+
+    async def measure(stack: object, p: Point) -> None:
+        measured.append(p.cand.precision)
+        p.samples = [1000.0]
+
+    s._measure = measure  # type: ignore[assignment,method-assign]
+    await s.screen()
+    assert measured == ["fp32", "fp16"]  # fp16 is 2x slower: measured, it may batch better
+    (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
+    assert bf16.status == "skipped" and bf16.reason.startswith(search_mod.SLOWER)
+    assert "not measured at saturation" in bf16.reason
+
+
+async def test_the_reference_may_win_alone_when_the_rest_is_too_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fleetserve.tune import search as search_mod
+
+    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
+    seconds = {"fp32": 0.02, "bf16": 0.2, "fp16": 0.2}
+    s = search()
+    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
+
+    async def measure(stack: object, p: Point) -> None:
+        p.samples = [1000.0]
+
+    s._measure = measure  # type: ignore[assignment,method-assign]
+    await s.screen()  # no "nothing to choose between": the others were judged too slow
+    assert [p.cand.precision for p in s.measured()] == ["fp32"]

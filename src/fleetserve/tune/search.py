@@ -39,6 +39,11 @@ from .quality import calibration, compare, replies
 
 T = TypeVar("T")
 WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
+# a candidate this many times slower than the fp32 reference on the quality set is not
+# measured at saturation: it cannot win, and its windows (a precision the CPU emulates:
+# torch bf16 at 0.15x on cpu-avx2) took a 110M model's tune 7 of its 10 minutes
+SLOW_X = 4.0
+SLOWER = f"over {SLOW_X:g}x slower than the fp32 reference"
 
 
 class Search:
@@ -78,6 +83,7 @@ class Search:
         self.on_change = on_change
         self.requests: list[Request] = []
         self.reference: list[Any] = []
+        self.reference_s = 0.0  # how long the reference took on the quality set
         self.cost_fit: dict[str, Any] | None = None
         self.winner: Point | None = None
         self.memory: dict[str, int] | None = None
@@ -194,7 +200,8 @@ class Search:
         measured = [q for q in self.points if q.status == "measured"]
         if not measured:
             raise TuneError("no candidate was measured within the budget")
-        if len(measured) == 1 and len(engines) > 1:
+        judged = measured + [q for q in self.points if q.reason.startswith(SLOWER)]
+        if len(judged) == 1 and len(engines) > 1:
             raise TuneError(
                 "only the fp32 reference was measured within the budget: nothing to choose "
                 "between; give it a larger --budget"
@@ -227,13 +234,24 @@ class Search:
                     if p.quality:
                         p.reason += f" (its own guard: {quality_line(p.quality)})"
                     return
+                t_gate = time.monotonic()
                 got = await stack.compute(replies, stack.adapter, self.spec, self._calib)
+                gate_s = time.monotonic() - t_gate
                 if not self.reference:
                     self.reference = got  # the first engine is the fp32 torch reference
+                    self.reference_s = gate_s
                 p.quality = compare(self.reference, got)
                 if not p.quality.passed:
                     p.status = "rejected"
                     p.reason = f"quality: {quality_line(p.quality)}"
+                    return
+                if self.reference_s > 0 and gate_s > SLOW_X * self.reference_s:
+                    # (an emulated precision: its windows would take minutes of the budget)
+                    p.status = "skipped"
+                    p.reason = (
+                        f"{SLOWER} on the quality set ({gate_s:.1f}s against "
+                        f"{self.reference_s:.1f}s): not measured at saturation"
+                    )
                     return
                 await self._measure(stack, p)
         except CANDIDATE_FAILURES as exc:
