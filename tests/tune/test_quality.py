@@ -94,3 +94,12 @@ def test_an_inversion_between_items_that_are_not_neighbours_is_caught() -> None:
 
 def test_scores_near_zero_are_judged_on_an_absolute_floor() -> None:
     assert compare({"scores": [0.0, 0.0]}, {"scores": [1e-7, -1e-7]}).passed
+
+
+def test_replies_stop_between_requests_once_the_deadline_passed() -> None:
+    from fleetserve.tune.quality import replies
+    from fleetserve.wire import Task
+
+    spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
+    with pytest.raises(TimeoutError, match="after 0 requests"):
+        replies(None, spec, [(Task.ENCODE, {"inputs": ["x"]})], deadline=0.0)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ within the noise, the batch grid's refinement, and budgets too small to use."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -148,7 +149,14 @@ class GateStack:
         return None
 
     async def compute(self, *args: object) -> list[str]:
-        await asyncio.sleep(self.wait)
+        """As ``quality.replies`` does: the deadline is looked at between requests
+        (here, every 10 ms of its time)."""
+        deadline = args[-1]
+        end = time.monotonic() + self.wait
+        while time.monotonic() < end:
+            if isinstance(deadline, float) and time.monotonic() > deadline:
+                raise TimeoutError("past its deadline")
+            await asyncio.sleep(0.01)
         return ["reply"]
 
 
@@ -177,7 +185,29 @@ async def test_a_candidate_far_slower_than_the_reference_is_not_measured(
     assert measured == ["fp32", "fp16"]  # fp16 is 2x slower: measured, it may batch better
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
     assert bf16.status == "skipped" and bf16.reason.startswith(search_mod.SLOWER)
-    assert "not measured at saturation" in bf16.reason
+    assert "cut at" in bf16.reason  # once it had run SLOW_X times the reference's time
+
+
+async def test_a_quality_set_that_runs_too_long_is_cut_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gate itself of an emulated precision took over 6 minutes for a 110M model:
+    it is cut once it has run SLOW_X times the reference's time."""
+    from fleetserve.tune import search as search_mod
+
+    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
+    seconds = {"fp32": 0.02, "bf16": 60.0, "fp16": 0.02}
+    s = search()
+    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
+
+    async def measure(stack: object, p: Point) -> None:
+        p.samples = [1000.0]
+
+    s._measure = measure  # type: ignore[assignment,method-assign]
+    await asyncio.wait_for(s.screen(), 10)  # not the minute bf16 would take
+    (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
+    assert bf16.status == "skipped" and "cut at" in bf16.reason
 
 
 async def test_the_reference_may_win_alone_when_the_rest_is_too_slow(

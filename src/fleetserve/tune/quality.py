@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,11 +98,18 @@ def json_envelope(model: str, task: Task, request_id: str) -> Envelope:
 
 
 def replies(
-    adapter: FamilyAdapter, spec: ModelSpec, requests: Sequence[tuple[Task, dict[str, Any]]]
+    adapter: FamilyAdapter,
+    spec: ModelSpec,
+    requests: Sequence[tuple[Task, dict[str, Any]]],
+    deadline: float | None = None,
 ) -> list[Any]:
-    """Each request through preprocess, forward and postprocess; the decoded replies."""
-    out = []
+    """Each request through preprocess, forward and postprocess; the decoded replies.
+    ``deadline`` (``time.monotonic()``): a TimeoutError once it has passed, between two
+    requests (the compute thread cannot be interrupted within one)."""
+    out: list[Any] = []
     for task, body in requests:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"the quality set ran past its deadline after {len(out)} requests")
         env = json_envelope(spec.id, task, "calibration")
         prepared = adapter.preprocess(env, json.dumps(body).encode())
         rows = list(adapter.forward(prepared.items))

@@ -235,23 +235,26 @@ class Search:
                         p.reason += f" (its own guard: {quality_line(p.quality)})"
                     return
                 t_gate = time.monotonic()
-                got = await stack.compute(replies, stack.adapter, self.spec, self._calib)
-                gate_s = time.monotonic() - t_gate
+                limit = self._gate_limit(c)
+                deadline = t_gate + limit if limit is not None else None
+                try:  # (the gate itself of an emulated precision can take minutes)
+                    got = await stack.compute(
+                        replies, stack.adapter, self.spec, self._calib, deadline
+                    )
+                except TimeoutError:
+                    p.status = "skipped"
+                    p.reason = (
+                        f"{SLOWER} on the quality set (cut at {limit:.1f}s against "
+                        f"{self.reference_s:.1f}s): not measured"
+                    )
+                    return
                 if not self.reference:
                     self.reference = got  # the first engine is the fp32 torch reference
-                    self.reference_s = gate_s
+                    self.reference_s = time.monotonic() - t_gate
                 p.quality = compare(self.reference, got)
                 if not p.quality.passed:
                     p.status = "rejected"
                     p.reason = f"quality: {quality_line(p.quality)}"
-                    return
-                if self.reference_s > 0 and gate_s > SLOW_X * self.reference_s:
-                    # (an emulated precision: its windows would take minutes of the budget)
-                    p.status = "skipped"
-                    p.reason = (
-                        f"{SLOWER} on the quality set ({gate_s:.1f}s against "
-                        f"{self.reference_s:.1f}s): not measured at saturation"
-                    )
                     return
                 await self._measure(stack, p)
         except CANDIDATE_FAILURES as exc:
@@ -262,6 +265,13 @@ class Search:
         finally:
             self._changed()
         p.status = "measured"
+
+    def _gate_limit(self, c: Candidate) -> float | None:
+        """How long ``c``'s quality set may run: SLOW_X times the reference's on a CPU
+        (none for the reference itself, or for torch.compile, whose first calls compile)."""
+        if self.reference_s <= 0 or self.kind != "cpu" or c.runtime == "torch_compile":
+            return None
+        return SLOW_X * self.reference_s
 
     @property
     def _calib(self) -> list[Any]:
