@@ -170,6 +170,7 @@ async def test_a_candidate_far_slower_than_the_reference_is_not_measured(
     from fleetserve.tune import search as search_mod
 
     monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
     monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
     seconds = {"fp32": 0.05, "bf16": 0.05 * (search_mod.SLOW_X + 2), "fp16": 0.1}
     s = search()
@@ -196,6 +197,7 @@ async def test_a_quality_set_that_runs_too_long_is_cut_short(
     from fleetserve.tune import search as search_mod
 
     monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
     monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
     seconds = {"fp32": 0.02, "bf16": 60.0, "fp16": 0.02}
     s = search()
@@ -216,6 +218,7 @@ async def test_the_reference_may_win_alone_when_the_rest_is_too_slow(
     from fleetserve.tune import search as search_mod
 
     monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
     monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
     seconds = {"fp32": 0.02, "bf16": 0.2, "fp16": 0.2}
     s = search()

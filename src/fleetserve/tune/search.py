@@ -43,6 +43,7 @@ WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the 
 # measured at saturation: it cannot win, and its windows (a precision the CPU emulates:
 # torch bf16 at 0.15x on cpu-avx2) took a 110M model's tune 7 of its 10 minutes
 SLOW_X = 4.0
+MIN_GATE_S = 10.0  # and never before this: a small model's first calls cost more than its gate
 SLOWER = f"over {SLOW_X:g}x slower than the fp32 reference"
 
 
@@ -271,7 +272,7 @@ class Search:
         (none for the reference itself, or for torch.compile, whose first calls compile)."""
         if self.reference_s <= 0 or self.kind != "cpu" or c.runtime == "torch_compile":
             return None
-        return SLOW_X * self.reference_s
+        return max(SLOW_X * self.reference_s, MIN_GATE_S)  # (a first call's fixed cost)
 
     @property
     def _calib(self) -> list[Any]:

@@ -123,7 +123,8 @@ class DeviceProcess(Service):
             return
         from ..tune.background import BackgroundTuner
 
-        tuner = BackgroundTuner(self.settings, self.catalog, ServerHost(self), cls, os.environ)
+        env = dict(os.environ)  # (handed on to the tune child, as WorkerProcess does)
+        tuner = BackgroundTuner(self.settings, self.catalog, ServerHost(self), cls, env)
         self.spawn("tuner", tuner.run())
 
     async def run(self) -> int:
