@@ -34,7 +34,8 @@ from ..conftest import ServerThread
 from ..tinymodels import build_bert, write_spec
 
 MODEL = "tiny/auto-bert"
-BUDGET = 45.0  # the least a quick search of the tiny model takes (its knee included)
+BUDGET = 60.0  # a quick search of the tiny model, its knee included (45 s fitted only the
+# reference once, in a clean-clone run on a 2-core cpu-avx2)
 PAUSE_S = 8.0  # how long the control test's traffic holds the tune
 
 
