@@ -160,6 +160,28 @@ class GateStack:
         return ["reply"]
 
 
+def gated_search(
+    monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float], measured: list[str] | None = None
+) -> Search:
+    """A search of torch alone whose quality sets take ``seconds[precision]`` and pass,
+    and whose saturation windows only record the precision in ``measured``."""
+    from fleetserve.tune import search as search_mod
+
+    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
+    monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
+    s = search()
+    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
+
+    async def measure(stack: object, p: Point) -> None:
+        if measured is not None:
+            measured.append(p.cand.precision)
+        p.samples = [1000.0]
+
+    s._measure = measure  # type: ignore[assignment,method-assign]
+    return s
+
+
 async def test_a_candidate_far_slower_than_the_reference_is_not_measured(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -169,19 +191,9 @@ async def test_a_candidate_far_slower_than_the_reference_is_not_measured(
     judged (the reference may win alone)."""
     from fleetserve.tune import search as search_mod
 
-    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
-    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
-    monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
-    seconds = {"fp32": 0.05, "bf16": 0.05 * (search_mod.SLOW_X + 2), "fp16": 0.1}
-    s = search()
-    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
     measured: list[str] = []
-
-    async def measure(stack: object, p: Point) -> None:
-        measured.append(p.cand.precision)
-        p.samples = [1000.0]
-
-    s._measure = measure  # type: ignore[assignment,method-assign]
+    seconds = {"fp32": 0.05, "bf16": 0.05 * (search_mod.SLOW_X + 2), "fp16": 0.1}
+    s = gated_search(monkeypatch, seconds, measured)
     await s.screen()
     assert measured == ["fp32", "fp16"]  # fp16 is 2x slower: measured, it may batch better
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
@@ -194,19 +206,7 @@ async def test_a_quality_set_that_runs_too_long_is_cut_short(
 ) -> None:
     """The gate itself of an emulated precision took over 6 minutes for a 110M model:
     it is cut once it has run SLOW_X times the reference's time."""
-    from fleetserve.tune import search as search_mod
-
-    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
-    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
-    monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
-    seconds = {"fp32": 0.02, "bf16": 60.0, "fp16": 0.02}
-    s = search()
-    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
-
-    async def measure(stack: object, p: Point) -> None:
-        p.samples = [1000.0]
-
-    s._measure = measure  # type: ignore[assignment,method-assign]
+    s = gated_search(monkeypatch, {"fp32": 0.02, "bf16": 60.0, "fp16": 0.02})
     await asyncio.wait_for(s.screen(), 10)  # not the minute bf16 would take
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
     assert bf16.status == "skipped" and "cut at" in bf16.reason
@@ -215,18 +215,6 @@ async def test_a_quality_set_that_runs_too_long_is_cut_short(
 async def test_the_reference_may_win_alone_when_the_rest_is_too_slow(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fleetserve.tune import search as search_mod
-
-    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
-    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
-    monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
-    seconds = {"fp32": 0.02, "bf16": 0.2, "fp16": 0.2}
-    s = search()
-    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
-
-    async def measure(stack: object, p: Point) -> None:
-        p.samples = [1000.0]
-
-    s._measure = measure  # type: ignore[assignment,method-assign]
+    s = gated_search(monkeypatch, {"fp32": 0.02, "bf16": 0.2, "fp16": 0.2})
     await s.screen()  # no "nothing to choose between": the others were judged too slow
     assert [p.cand.precision for p in s.measured()] == ["fp32"]
