@@ -13,6 +13,7 @@ import pytest
 from fleetserve.catalog import ModelSpec
 from fleetserve.catalog.hardware import Hardware
 from fleetserve.tune import candidates as cands
+from fleetserve.tune import screening, slow
 from fleetserve.tune.candidates import Candidate
 from fleetserve.tune.quality import Quality
 from fleetserve.tune.search import Clock, Options, Point, Search, TuneError
@@ -138,8 +139,9 @@ async def test_a_quick_search_skips_precisions_this_cpu_would_emulate(
 class GateStack:
     """A stack whose quality set takes ``seconds[precision]`` and always passes."""
 
-    def __init__(self, c: Candidate, seconds: dict[str, float]) -> None:
+    def __init__(self, c: Candidate, seconds: dict[str, float], whole: bool = False) -> None:
         self.wait = seconds[c.precision]
+        self.whole = whole  # one request: the deadline is never looked at within it
         self.adapter = SimpleNamespace(runtime=SimpleNamespace(precision=c.precision))
 
     async def __aenter__(self) -> GateStack:
@@ -151,29 +153,38 @@ class GateStack:
     async def compute(self, *args: object) -> list[str]:
         """As ``quality.replies`` does: the deadline is looked at between requests
         (here, every 10 ms of its time)."""
-        deadline = args[-1]
+        deadline, times = args[-2], args[-1]
+        assert isinstance(times, list)
+        times.append(self.wait)
         end = time.monotonic() + self.wait
         while time.monotonic() < end:
-            if isinstance(deadline, float) and time.monotonic() > deadline:
+            if not self.whole and isinstance(deadline, float) and time.monotonic() > deadline:
                 raise TimeoutError("past its deadline")
             await asyncio.sleep(0.01)
         return ["reply"]
 
 
 def gated_search(
-    monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float], measured: list[str] | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    seconds: dict[str, float],
+    measured: list[str] | None = None,
+    whole: bool = False,
+    windows: dict[str, float] | None = None,
 ) -> Search:
     """A search of torch alone whose quality sets take ``seconds[precision]`` and pass,
-    and whose saturation windows only record the precision in ``measured``."""
-    from fleetserve.tune import search as search_mod
+    and whose saturation windows only record the precision in ``measured`` (after
+    ``windows[precision]`` seconds); ``whole``: each quality set is one request, never
+    cut within."""
+    from fleetserve.tune import screening
 
-    monkeypatch.setattr(search_mod, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
-    monkeypatch.setattr(search_mod, "MIN_GATE_S", 0.0)  # (10 s for real models)
+    monkeypatch.setattr(screening, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
+    monkeypatch.setattr(slow, "MIN_GATE_S", 0.0)  # (10 s for real models)
     monkeypatch.setattr(cands, "runtimes_for", lambda *a: [("torch", "")])
     s = search()
-    s._stack = lambda c: GateStack(c, seconds)  # type: ignore[assignment,method-assign,return-value]
+    s._stack = lambda c: GateStack(c, seconds, whole)  # type: ignore[assignment,method-assign,return-value]
 
-    async def measure(stack: object, p: Point) -> None:
+    async def measure(stack: object, p: Point, warm_limit: float | None = None) -> None:
+        await asyncio.sleep((windows or {}).get(p.cand.precision, 0.0))
         if measured is not None:
             measured.append(p.cand.precision)
         p.samples = [1000.0]
@@ -189,15 +200,14 @@ async def test_a_candidate_far_slower_than_the_reference_is_not_measured(
     took 7 minutes of a 10-minute tune: a candidate over SLOW_X times slower than the
     reference on the quality set is passed by with the reason, and still counts as
     judged (the reference may win alone)."""
-    from fleetserve.tune import search as search_mod
 
     measured: list[str] = []
-    seconds = {"fp32": 0.05, "bf16": 0.05 * (search_mod.SLOW_X + 2), "fp16": 0.1}
+    seconds = {"fp32": 0.05, "bf16": 0.05 * (slow.SLOW_X + 2), "fp16": 0.1}
     s = gated_search(monkeypatch, seconds, measured)
     await s.screen()
     assert measured == ["fp32", "fp16"]  # fp16 is 2x slower: measured, it may batch better
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
-    assert bf16.status == "skipped" and bf16.reason.startswith(search_mod.SLOWER)
+    assert bf16.status == "skipped" and bf16.reason.startswith(slow.SLOWER)
     assert "cut at" in bf16.reason  # once it had run SLOW_X times the reference's time
 
 
@@ -210,6 +220,56 @@ async def test_a_quality_set_that_runs_too_long_is_cut_short(
     await asyncio.wait_for(s.screen(), 10)  # not the minute bf16 would take
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
     assert bf16.status == "skipped" and "cut at" in bf16.reason
+
+
+async def test_a_quality_set_whose_last_request_ran_past_the_limit_is_not_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline is looked at between requests, so a last request can run past it:
+    torch bf16 of a 110M model on cpu-avx2 finished its gate in 22 s against a 16 s limit
+    and then spent minutes at saturation. A set that ended over SLOW_X times the
+    reference's per request is too slow."""
+    measured: list[str] = []
+    s = gated_search(monkeypatch, {"fp32": 0.05, "bf16": 0.4, "fp16": 0.05}, measured, True)
+    await s.screen()
+    assert measured == ["fp32", "fp16"]
+    (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
+    assert bf16.status == "skipped" and bf16.reason.startswith(slow.SLOWER), bf16.reason
+    assert "cut at" not in bf16.reason  # it ran to its end, then was judged
+
+
+async def test_a_window_over_slow_x_the_reference_s_is_cut_and_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small quality set can hide a slowness that larger batches show: torch bf16 of
+    the 110M model was 3-4x on the set and 6x at saturation, where one window ran for
+    minutes. A window may run SLOW_X times the reference's, then it is cut."""
+    measured: list[str] = []
+    gates = {"fp32": 0.01, "bf16": 0.01, "fp16": 0.01}
+    windows = {"fp32": 0.05, "bf16": 30.0, "fp16": 0.05}
+    s = gated_search(monkeypatch, gates, measured, windows=windows)
+    await asyncio.wait_for(s.screen(), 10)  # not bf16's 30 s
+    assert measured == ["fp32", "fp16"]
+    (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
+    assert bf16.status == "skipped" and bf16.reason.startswith(slow.SLOWER), bf16.reason
+    assert "at saturation" in bf16.reason and not bf16.samples
+    assert [p.cand.precision for p in s.measured()] == ["fp32", "fp16"]
+
+
+async def test_a_window_that_would_pass_the_budget_is_cut_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """However fast, no candidate's window runs past the budget (item 6: the search
+    ends within --budget)."""
+    windows = {"fp32": 0.05, "bf16": 0.05, "fp16": 30.0}
+    s = gated_search(monkeypatch, {"fp32": 0.01, "bf16": 0.01, "fp16": 0.01}, windows=windows)
+    monkeypatch.setattr(slow, "SLOW_X", 1e6)  # (only the budget cuts here)
+    monkeypatch.setattr(screening, "SLOW_X", 1e6)
+    s.clock.fits = lambda seconds, final=False: True  # type: ignore[method-assign]
+    s.clock.left = lambda final=False: 0.3  # type: ignore[method-assign]
+    await asyncio.wait_for(s.screen(), 10)
+    (fp16,) = [p for p in s.points if p.cand.precision == "fp16"]
+    assert fp16.status == "skipped" and "budget ran out during its window" in fp16.reason
 
 
 async def test_the_reference_may_win_alone_when_the_rest_is_too_slow(

@@ -94,3 +94,24 @@ def test_the_search_screens_the_nearest_classes_winner_and_its_neighbours_first(
     assert got[:2] == [("torch", "fp32"), ("openvino", "bf16")]
     assert set(got[2:5]) == {("openvino", "fp16"), ("openvino", "fp32"), ("torch", "bf16")}
     assert got[5] == ("torch", "fp16")
+
+
+def test_a_precision_the_cpu_would_emulate_is_screened_after_every_native_one() -> None:
+    """The 110M model's full tune on cpu-avx2 spent half its budget on torch bf16 and
+    fp16 (emulated there) before it reached ONNX Runtime int8."""
+    from fleetserve.catalog.evidence import runs_natively
+    from fleetserve.tune.candidates import nearest_first
+
+    pairs = [
+        (rt, prec)
+        for rt, precs in (
+            ("onnx", "fp32 int8"),
+            ("openvino", "bf16 fp16 fp32"),
+            ("torch", "bf16 fp16 fp32"),
+        )
+        for prec in precs.split()
+    ]
+    got = nearest_first(pairs, ("torch", "fp32"), lambda p: not runs_natively(p, {"avx2", "fma"}))
+    assert got[:4] == [("torch", "fp32"), ("onnx", "fp32"), ("openvino", "fp32"), ("onnx", "int8")]
+    assert got[4:6] == [("torch", "bf16"), ("torch", "fp16")]  # its neighbours first
+    assert set(got[6:]) == {("openvino", "bf16"), ("openvino", "fp16")}

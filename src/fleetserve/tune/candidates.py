@@ -7,6 +7,7 @@ are installed, and the hardware (a bf16 or fp16 candidate needs no special ISA t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -98,18 +99,24 @@ def engines(spec: ModelSpec, quick: bool = False, kind: str = "cpu") -> list[tup
     return sorted(pairs, key=lambda e: (e != ("torch", "fp32"), e))
 
 
-def nearest_first(pairs: list[tuple[str, str]], pick: tuple[str, str]) -> list[tuple[str, str]]:
+def nearest_first(
+    pairs: list[tuple[str, str]],
+    pick: tuple[str, str],
+    emulated: Callable[[str], bool] = lambda precision: False,
+) -> list[tuple[str, str]]:
     """``pairs`` in the order to screen them: the fp32 torch reference, the rules' pick
     (the nearest class's winner), its neighbours (its runtime at other precisions, its
     precision on other runtimes), then the rest; so that a search cut short has
-    measured the likeliest winners."""
+    measured the likeliest winners. A precision the device would ``emulate`` comes after
+    every native one (it rarely wins, and each of its windows is slow)."""
 
     def rank(e: tuple[str, str]) -> tuple[int, tuple[str, str]]:
         if e == ("torch", "fp32"):
             return 0, e
         if e == pick:
             return 1, e
-        return (2 if e[0] == pick[0] or e[1] == pick[1] else 3), e
+        near = e[0] == pick[0] or e[1] == pick[1]
+        return (2 if near else 3) + (2 if emulated(e[1]) else 0), e
 
     return sorted(pairs, key=rank)
 

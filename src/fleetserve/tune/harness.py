@@ -27,6 +27,7 @@ from ..wire.codec import loads
 from ..worker import ModelRunner, Worker
 from ..worker.runner import Runner
 from . import pauses as pauses_mod
+from .slow import within
 
 T = TypeVar("T")
 
@@ -51,6 +52,7 @@ class Measure:
     errors: int
     seconds: float  # the window's, its pauses included
     paused_s: float = 0.0  # of which a background tune's server held it stopped
+    warm_s: float = 0.0  # its first two requests, one at a time (pauses left out)
 
 
 class Stack:
@@ -130,6 +132,7 @@ async def saturate(
     duration: float,
     warmup_s: float = 0.0,
     pauses: pauses_mod.Read = pauses_mod.never,
+    warm_limit: float | None = None,
 ) -> Measure:
     """``clients`` closed-loop clients sending back to back for ``duration`` seconds,
     after ``warmup_s`` seconds of the same traffic that is not measured (the shapes,
@@ -139,12 +142,24 @@ async def saturate(
     stopped leave the window (it runs ``duration`` seconds of its own, and the work
     done is divided by the time it ran), and a request a pause cut into leaves the
     latencies (they would hold the stop): a window traffic interrupts still measures,
-    however often it is interrupted."""
+    however often it is interrupted.
+
+    ``warm_limit``: the seconds the first two requests, sent one at a time, may take;
+    a TooLong once past it (a candidate far slower than the reference)."""
     lat: list[float] = []
     tokens = items = errors = done = 0
     counter = 0
-    for r in requests[: min(2, len(requests))]:  # warm the path (and its shapes)
-        await stack.send(r)
+
+    async def warm() -> None:  # the path (and its shapes)
+        for r in requests[: min(2, len(requests))]:
+            await stack.send(r)
+
+    paused_w, t_warm = pauses().seconds, time.perf_counter()
+    if warm_limit is None:
+        await warm()
+    else:
+        await within(warm(), warm_limit, pauses, "its two warm requests")
+    warm_s = time.perf_counter() - t_warm - (pauses().seconds - paused_w)
     if warmup_s > 0:
         await saturate(stack, requests, clients, warmup_s)
     paused0 = pauses().seconds
@@ -183,6 +198,7 @@ async def saturate(
         errors=errors,
         seconds=elapsed,
         paused_s=paused,
+        warm_s=warm_s,
     )
 
 

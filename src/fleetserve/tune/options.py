@@ -58,5 +58,9 @@ class Clock:
         return time.monotonic() - self.t0 - paused - self.forgiven
 
     def fits(self, seconds: float, *, final: bool = False) -> bool:
+        return seconds <= self.left(final=final)
+
+    def left(self, *, final: bool = False) -> float:
+        """Seconds still in the budget (the reserve kept back unless ``final``)."""
         keep = 0.0 if final else self.reserve_s
-        return self.elapsed + seconds + keep <= self.budget_s
+        return self.budget_s - self.elapsed - keep

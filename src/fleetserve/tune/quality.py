@@ -102,18 +102,23 @@ def replies(
     spec: ModelSpec,
     requests: Sequence[tuple[Task, dict[str, Any]]],
     deadline: float | None = None,
+    times: list[float] | None = None,
 ) -> list[Any]:
     """Each request through preprocess, forward and postprocess; the decoded replies.
     ``deadline`` (``time.monotonic()``): a TimeoutError once it has passed, between two
-    requests (the compute thread cannot be interrupted within one)."""
+    requests (the compute thread cannot be interrupted within one). ``times``: each
+    request's seconds are appended to it."""
     out: list[Any] = []
     for task, body in requests:
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"the quality set ran past its deadline after {len(out)} requests")
+        t0 = time.monotonic()
         env = json_envelope(spec.id, task, "calibration")
         prepared = adapter.preprocess(env, json.dumps(body).encode())
         rows = list(adapter.forward(prepared.items))
         out.append(json.loads(adapter.postprocess(env, prepared, rows)))
+        if times is not None:
+            times.append(time.monotonic() - t0)
     return out
 
 

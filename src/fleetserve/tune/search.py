@@ -18,33 +18,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..catalog import ModelSpec
-from ..catalog.evidence import runs_natively
 from ..catalog.hardware import Hardware
 from ..catalog.rules import rule_profile
 from ..families import FamilyAdapter, create_adapter
 from ..runtimes import create_runtime
 from . import candidates as cands
 from . import pauses as pauses_mod
+from . import screening
 from . import steal as steal_mod
 from .candidates import Candidate
 from .harness import Measure, Request, Stack, saturate
 from .options import MIN_BUDGET_S, Clock, Options, TuneError
 from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
-from .quality import calibration, compare, replies
+from .slow import gate_limit
 
 T = TypeVar("T")
 WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
-# a candidate this many times slower than the fp32 reference on the quality set is not
-# measured at saturation: it cannot win, and its windows (a precision the CPU emulates:
-# torch bf16 at 0.15x on cpu-avx2) took a 110M model's tune 7 of its 10 minutes
-SLOW_X = 4.0
-MIN_GATE_S = 10.0  # and never before this: a small model's first calls cost more than its gate
-SLOWER = f"over {SLOW_X:g}x slower than the fp32 reference"
 
 
 class Search:
@@ -61,6 +54,7 @@ class Search:
         catalog_dirs: tuple[Path, ...] = (),
     ) -> None:
         self.opts = opts
+        self.points: list[Point] = []
         need = MIN_BUDGET_S + self.final_s()
         if opts.budget_s < need:
             raise TuneError(
@@ -75,7 +69,6 @@ class Search:
         self.base, _ = rule_profile(spec, hw, hardware_class)
         self.pauses = pauses_mod.reader(opts.pause_file)
         self.clock = Clock(opts.budget_s, self.final_s(), self.pauses)  # restarted by start()
-        self.points: list[Point] = []
         self.noise = 0.0
         self.noise_repeats = self.noise_points = 0  # what the noise was computed from
         self.noise_range = 0.0  # the old (max - min) / median, for comparison
@@ -85,6 +78,9 @@ class Search:
         self.requests: list[Request] = []
         self.reference: list[Any] = []
         self.reference_s = 0.0  # how long the reference took on the quality set
+        self.reference_times: list[float] = []  # ... each of its requests
+        self.reference_window_s = 0.0  # how long its saturation window ran (wall)
+        self.reference_warm_s = 0.0  # ... and its two warm requests
         self.cost_fit: dict[str, Any] | None = None
         self.winner: Point | None = None
         self.memory: dict[str, int] | None = None
@@ -95,9 +91,17 @@ class Search:
         self.clock = Clock(self.opts.budget_s, self.final_s(), self.pauses)
 
     def final_s(self) -> float:
-        """What the final steps need: the winner's load, knee sweep and cost fit."""
-        knee = self.knee_rates * (self.opts.knee_s + 0.3) + 2.0 if self.opts.knee else 0.0
-        return knee + 8.0
+        """What the final steps need: the winner's load (8 s holds a small one and the
+        cost fit; more for a slower load of a point within 10 % of the best so far, the
+        likely winners), its knee sweep and cost fit."""
+        ranked = [p for p in self.points if p.samples]
+        best = max((p.tokens_per_s for p in ranked), default=0.0)
+        load = max((p.load_s for p in ranked if p.tokens_per_s >= 0.9 * best), default=0.0)
+        return self.knee_cost_s() + 8.0 + max(0.0, load - 3.0)
+
+    def knee_cost_s(self) -> float:
+        """The winner's knee sweep, once it is loaded."""
+        return self.knee_rates * (self.opts.knee_s + 0.3) + 2.0 if self.opts.knee else 0.0
 
     @property
     def knee_rates(self) -> int:
@@ -137,7 +141,7 @@ class Search:
         self.points.append(p)
         return p
 
-    async def _measure(self, stack: Stack, p: Point) -> None:
+    async def _measure(self, stack: Stack, p: Point, warm_limit: float | None = None) -> None:
         p.status = "measuring"
         self._changed()
         before = steal_mod.read()
@@ -146,10 +150,11 @@ class Search:
         # window is measured again, however often light traffic cuts into them
         m = await saturate(
             stack, self.requests, self.opts.clients, self.opts.measure_s, self.warmup_s,
-            self.pauses,
+            self.pauses, warm_limit,
         )  # fmt: skip
         if m.requests == 0:
             raise TuneError(f"{p.cand.id}: every request failed ({m.errors} errors)")
+        self.reference_warm_s = self.reference_warm_s or m.warm_s  # (the first window's)
         self._record(p, m, before)
 
     def _record(self, p: Point, m: Measure, before: steal_mod.CpuTimes | None) -> None:
@@ -159,6 +164,7 @@ class Search:
         p.samples.append(m.tokens_per_s)
         p.steal.append(d.fraction if d is not None else None)
         p.items_per_s, p.p50_ms, p.p99_ms = m.items_per_s, m.p50_ms, m.p99_ms
+        self.clock.reserve_s = self.final_s()  # (a likely winner's slow load: kept back)
 
     @property
     def steal(self) -> float | None:
@@ -173,110 +179,15 @@ class Search:
         load = max((p.load_s for p in self.points), default=5.0)
         return self.opts.measure_s + self.warmup_s + load + 1.0
 
-    # -- 1. quality gate and screening --------------------------------------------------
+    # -- 1. quality gate and screening (tune/screening.py) -------------------------------
     async def screen(self) -> None:
-        first = Candidate("torch", "fp32", self.hw.cores, 1, *self._default_batch())
-        pick = self.opts.start or (self.base.runtime or self.spec.runtime, self.base.precision)
-        engines = cands.nearest_first(cands.engines(self.spec, self.opts.quick, self.kind), pick)
-        for rt, why in cands.runtimes_for(self.spec, self.kind):
-            if why:
-                p = self._add(replace(first, runtime=rt, precision="*"))
-                p.status, p.reason = "skipped", why
-        for rt, prec in engines:
-            c = replace(first, runtime=rt, precision=prec)
-            p = self._add(c)
-            if self._emulated(c.engine, pick):
-                p.status, p.reason = (
-                    "skipped",
-                    (
-                        f"a quick search skips {prec}: this CPU has no native {prec} "
-                        "instructions, so it runs emulated (the full search tries it)"
-                    ),
-                )  # and its slow windows would outlast the server's idle spells
-                continue
-            if self.reference and not self.clock.fits(self._measure_cost_s()):
-                p.status, p.reason = "skipped", "the time budget ran out"
-                continue
-            await self._gate_and_measure(p)
-        measured = [q for q in self.points if q.status == "measured"]
-        if not measured:
-            raise TuneError("no candidate was measured within the budget")
-        judged = measured + [q for q in self.points if q.reason.startswith(SLOWER)]
-        if len(judged) == 1 and len(engines) > 1:
-            raise TuneError(
-                "only the fp32 reference was measured within the budget: nothing to choose "
-                "between; give it a larger --budget"
-            )
-
-    def _emulated(self, engine: tuple[str, str], pick: tuple[str, str]) -> bool:
-        """A quick search's precision that this CPU would emulate (torch fp16 without
-        AVX512-FP16 or AMX-FP16), unless it is what the server runs."""
-        return (
-            self.opts.quick
-            and self.kind == "cpu"
-            and engine != pick
-            and not runs_natively(engine[1], self.hw.features)
-        )
+        await screening.screen(self)
 
     async def _gate_and_measure(self, p: Point) -> None:
-        c = p.cand
-        p.status = "measuring"
-        self._changed()
-        t0 = time.monotonic()
-        try:
-            stack = self._stack(c)
-            async with stack:
-                p.load_s = time.monotonic() - t0
-                actual = stack.adapter.runtime.precision
-                if actual != c.precision:
-                    p.quality = own_guard(stack.adapter.runtime)
-                    p.status = "rejected" if p.quality else "skipped"
-                    p.reason = f"{c.runtime} ran {actual} when asked for {c.precision}"
-                    if p.quality:
-                        p.reason += f" (its own guard: {quality_line(p.quality)})"
-                    return
-                t_gate = time.monotonic()
-                limit = self._gate_limit(c)
-                deadline = t_gate + limit if limit is not None else None
-                try:  # (the gate itself of an emulated precision can take minutes)
-                    got = await stack.compute(
-                        replies, stack.adapter, self.spec, self._calib, deadline
-                    )
-                except TimeoutError:
-                    p.status = "skipped"
-                    p.reason = (
-                        f"{SLOWER} on the quality set (cut at {limit:.1f}s against "
-                        f"{self.reference_s:.1f}s): not measured"
-                    )
-                    return
-                if not self.reference:
-                    self.reference = got  # the first engine is the fp32 torch reference
-                    self.reference_s = time.monotonic() - t_gate
-                p.quality = compare(self.reference, got)
-                if not p.quality.passed:
-                    p.status = "rejected"
-                    p.reason = f"quality: {quality_line(p.quality)}"
-                    return
-                await self._measure(stack, p)
-        except CANDIDATE_FAILURES as exc:
-            p.status, p.reason = "rejected", f"failed: {failure(exc)}"
-            if not self.reference:
-                raise TuneError(f"the fp32 torch reference failed: {failure(exc)}") from exc
-            return
-        finally:
-            self._changed()
-        p.status = "measured"
+        await screening.gate_and_measure(self, p)
 
     def _gate_limit(self, c: Candidate) -> float | None:
-        """How long ``c``'s quality set may run: SLOW_X times the reference's on a CPU
-        (none for the reference itself, or for torch.compile, whose first calls compile)."""
-        if self.reference_s <= 0 or self.kind != "cpu" or c.runtime == "torch_compile":
-            return None
-        return max(SLOW_X * self.reference_s, MIN_GATE_S)  # (a first call's fixed cost)
-
-    @property
-    def _calib(self) -> list[Any]:
-        return calibration(self.spec)
+        return gate_limit(self.kind, c.runtime, self.reference_s)
 
     def _default_batch(self) -> tuple[int, int]:
         return self.base.max_batch_tokens, self.base.max_batch_size

@@ -188,6 +188,9 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     before = rss_bytes()
     reset_peak()
 
+    # it looks at its deadline between batches: the last may take a full batch's time
+    last = 1.0 + w.cand.max_batch_tokens / max(w.tokens_per_s, 1.0)
+
     def fitting() -> Awaitable[CostFit]:  # its batches are timed: a pause spoils them
         return stack.compute(
             lambda: fit(
@@ -195,7 +198,7 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
                 pool,
                 max_batch_size=w.cand.max_batch_size,
                 max_batch_tokens=w.cand.max_batch_tokens,
-                deadline=time.monotonic() + max(3.0, s.opts.budget_s - s.clock.elapsed - 1),
+                deadline=time.monotonic() + max(3.0, s.opts.budget_s - s.clock.elapsed - last),
             )
         )
 

@@ -146,7 +146,7 @@ class Tuner:
                     "the open-loop sweep drives one in-process path"
                 )
             async with s._stack(winner.cand) as stack:
-                if knee and s.clock.fits(s.final_s() - 8.0, final=True):
+                if knee and s.clock.fits(s.knee_cost_s(), final=True):
                     await steps.knee(s, stack, winner, rates_n=s.knee_rates)
                 await steps.cost_and_memory(s, stack)
             if knee and not self.opts.quick:
