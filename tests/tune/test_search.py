@@ -278,3 +278,36 @@ async def test_the_reference_may_win_alone_when_the_rest_is_too_slow(
     s = gated_search(monkeypatch, {"fp32": 0.02, "bf16": 0.2, "fp16": 0.2})
     await s.screen()  # no "nothing to choose between": the others were judged too slow
     assert [p.cand.precision for p in s.measured()] == ["fp32"]
+
+
+def test_a_quick_search_of_a_slow_model_sends_smaller_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 110M model on 2 cores took 64 s per window of 32-text requests, more than a
+    60 s quick search: its windows are priced per token from the reference's quality
+    set, and the requests halved until a window takes about a sixth of the budget."""
+    from fleetserve.runtimes.onnx import CALIBRATION
+    from fleetserve.tune.harness import Request
+    from fleetserve.wire import Task
+
+    monkeypatch.setattr(screening, "token_counter", lambda path, n: lambda text: 10)
+    built: list[int] = []
+
+    def requests(spec: object, path: object, kind: str, batch: int) -> list[Request]:
+        built.append(batch)
+        return [Request(Task.ENCODE, b"{}", 50 * batch, batch)] * 4
+
+    monkeypatch.setattr(screening, "requests", requests)
+    calib_tokens = 10 * len(CALIBRATION)
+
+    def quick_search(ms_per_token: float) -> Search:
+        s = search(quick=True, budget_s=60.0)
+        s.requests = [Request(Task.ENCODE, b"{}", 50 * 32, 32)] * 4  # 50 tokens per item
+        screening.quick_requests(s, [ms_per_token / 1e3 * calib_tokens / 4] * 4)
+        return s
+
+    slow = quick_search(0.5)  # a window of b items: 10 x b x 50 x 0.5 ms + 4 s
+    assert built == [16] and slow.requests[0].items == 16  # 8 s; 32 would take 12 s
+    assert slow.notes and "16-item requests" in slow.notes[0], slow.notes
+    fast = quick_search(0.01)  # MiniLM: its windows fit as they are
+    assert built == [16] and fast.requests[0].items == 32 and not fast.notes

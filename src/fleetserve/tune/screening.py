@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..catalog.evidence import runs_natively
+from ..runtimes.onnx import CALIBRATION
 from . import candidates as cands
 from .candidates import Candidate
 from .harness import Stack
@@ -20,6 +21,7 @@ from .options import TuneError
 from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
 from .quality import calibration, compare, replies
 from .slow import SLOW_X, SLOWER, WINDOW, TooLong, too_slow, within
+from .workload import requests, token_counter
 
 if TYPE_CHECKING:
     from .search import Search
@@ -113,6 +115,8 @@ async def gate_and_measure(s: Search, p: Point) -> None:
             if not s.reference:
                 s.reference = got  # the first engine is the fp32 torch reference
                 s.reference_s, s.reference_times = took, times
+                if s.opts.quick:
+                    quick_requests(s, times)
             p.quality = compare(s.reference, got)
             if not p.quality.passed:
                 p.status = "rejected"
@@ -158,3 +162,37 @@ async def capped_measure(s: Search, stack: Stack, p: Point) -> str:
             return f"{SLOWER} at saturation: {exc} ({SLOW_X:g}x the reference's): not measured"
         return f"the time budget ran out during its window ({exc.cap:.0f}s)"
     return ""
+
+
+QUICK_SHARE = 6  # a quick search's window takes at most this share of its budget
+# whose calibration requests are CALIBRATION's texts, 8 at a time (tune/quality.py)
+CALIBRATED = ("dense", "multivector", "ner", "zero_shot", "span_ner")
+
+
+def quick_requests(s: Search, times: list[float]) -> None:
+    """A quick search of a slow model sends smaller requests, so that one window takes
+    about 1/QUICK_SHARE of the budget and the pick fits beside the reference: a 110M
+    model on 2 cores took 4.5 s per 32-text request and 64 s per window, more than a
+    60 s quick search. The window is priced per token from the reference's quality
+    set: two warm requests, then clients x 2 in its warm-up and measurement, and their
+    drain."""
+    if s.spec.family not in CALIBRATED or not times or not s.requests:
+        return
+    count = token_counter(s.path, s.spec.max_seq_len)
+    per_token = sum(times) / max(1, sum(count(t) for t in CALIBRATION))
+    per_item = sum(r.tokens for r in s.requests) / max(1, sum(r.items for r in s.requests))
+    batch = s.opts.batch
+
+    def window(b: int) -> float:
+        work = (2 + 2 * s.opts.clients) * b * per_item * per_token
+        return work + s.opts.measure_s + s.warmup_s
+
+    while batch > 4 and window(batch) > s.opts.budget_s / QUICK_SHARE:
+        batch //= 2
+    if batch < s.opts.batch:
+        s.requests = requests(s.spec, s.path, s.opts.workload, batch)
+        s.notes.append(
+            f"a quick search of {batch}-item requests: at {per_token * 1e3:.1f} ms per "
+            f"token on the reference, a window of {s.opts.batch} would take "
+            f"~{window(s.opts.batch):.0f}s of its {s.opts.budget_s:.0f}s"
+        )

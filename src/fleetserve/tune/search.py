@@ -55,6 +55,7 @@ class Search:
     ) -> None:
         self.opts = opts
         self.points: list[Point] = []
+        self.notes: list[str] = []  # for the run document
         need = MIN_BUDGET_S + self.final_s()
         if opts.budget_s < need:
             raise TuneError(
@@ -97,7 +98,8 @@ class Search:
         ranked = [p for p in self.points if p.samples]
         best = max((p.tokens_per_s for p in ranked), default=0.0)
         load = max((p.load_s for p in ranked if p.tokens_per_s >= 0.9 * best), default=0.0)
-        return self.knee_cost_s() + 8.0 + max(0.0, load - 3.0)
+        knee = 0.0 if self.opts.quick else self.knee_cost_s()  # (a quick one's: if time is left)
+        return knee + 8.0 + max(0.0, load - 3.0)
 
     def knee_cost_s(self) -> float:
         """The winner's knee sweep, once it is loaded."""

@@ -125,6 +125,7 @@ class Tuner:
         self._changed("quality", force=True)
         try:
             s.requests = requests(self.spec, s.path, self.opts.workload, self.opts.batch)
+            s.notes = doc["notes"]  # (one list: the search's notes are the run's)
             await s.screen()
             await steps.compile_probe(s)
             await noise.measure(s)

@@ -55,7 +55,7 @@ def requests(
         pictures = _dump({"inputs": [{"image": im} for im in images(batch)]})
         return [Request(Task.ENCODE, pictures, batch * 49, batch)] * n
     pool = texts(kind, path, max(batch * n, 64), seed)
-    count = _counter(path, spec.max_seq_len)
+    count = token_counter(path, spec.max_seq_len)
     out = []
     for k in range(n):
         chunk = [pool[(k * batch + i) % len(pool)] for i in range(batch)]
@@ -78,7 +78,7 @@ def _dump(body: object) -> bytes:
     return json.dumps(body).encode()
 
 
-def _counter(path: Path, max_len: int) -> Callable[[str], int]:
+def token_counter(path: Path, max_len: int) -> Callable[[str], int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
@@ -91,4 +91,4 @@ def _counter(path: Path, max_len: int) -> Callable[[str], int]:
     return count
 
 
-__all__ = ["WORKLOADS", "requests", "texts"]
+__all__ = ["WORKLOADS", "requests", "texts", "token_counter"]
