@@ -129,9 +129,7 @@ def main(argv: Sequence[str] = ()) -> int:
     name = "fleetserve tuned" if mine else "fleetserve bundled"
     tuned = fleetserve_target(args.model, [*cat, *mine, "--tune", "off"], name)
     tuned.start(out)
-    ref_samples, ref_queries = _timeline(
-        tuned, texts, args, console, minutes=args.tuned_minutes
-    )
+    ref_samples, ref_queries = _timeline(tuned, texts, args, console, minutes=args.tuned_minutes)
     tuned.stop()
     doc = _summary(args, samples, queries, ref_samples, ref_queries, peers, ready_s)
     doc["peers_failed"] = failed
