@@ -7,12 +7,15 @@ One run, side by side on the same cores, model and client:
 2. fleetserve ``--tune auto --bundled-profiles false`` from a fresh profile directory:
    every ``--every`` seconds a saturation sample (``--clients`` x ``--batch`` texts for
    ``--sample`` s); between samples the server is idle but for single-sentence queries
-   spaced wider than ``--tune-idle`` (light traffic: each arrives while the tuner runs,
-   so their latency shows how fast it steps aside);
-3. fleetserve on the bundled profile (what ``fleetserve tune`` wrote for this class),
-   sampled the same way, with the same queries (the tuned line, and the queries'
-   latency without a background tune).
+   (``--query-tokens`` each) spaced wider than ``--tune-idle`` (light traffic: each
+   arrives while the tuner runs, so their latency shows how fast it steps aside);
+3. after ``--minutes``, fleetserve on the profile ``fleetserve tune`` wrote for this
+   class (the bundled one, or ``--tuned-profile-dir``) starts beside it, and the two
+   are sampled in turns, ``--end-samples`` each (A B B A ...: drift falls on both).
+   Those samples are the end figure and the tuned one; the same queries are then sent
+   to the tuned server alone (their latency without a background tune).
 
+A sample counts the tokens of the requests answered in it (real text varies).
 Writes ``selftune.{json,md,png}`` under ``--out``.
 """
 
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +52,10 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--catalog", default="", help="extra catalog directory (a user's model)")
     p.add_argument("--minutes", type=float, default=10.0, help="how long --tune auto runs")
     p.add_argument("--every", type=float, default=30.0, help="seconds between samples")
-    p.add_argument("--sample", type=float, default=5.0, help="seconds per sample")
+    p.add_argument("--sample", type=float, default=10.0, help="seconds per sample")
     p.add_argument(
         "--end-samples", type=int, default=5,
-        help="the last N samples of --tune auto are its end figure (their median)",
-    )  # fmt: skip
-    p.add_argument(
-        "--tuned-minutes", type=float, default=3.0,
-        help="how long the tuned reference is sampled (the same --every and --sample)",
+        help="samples of each server at the end, in turns with the tuned one (medians)",
     )  # fmt: skip
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--batch", type=int, default=32)
@@ -64,6 +65,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
         help="sentences: --tokens each; mix: real text, 8-256 tokens",
     )  # fmt: skip
     p.add_argument("--query-gap", type=float, default=10.0, help="seconds between queries")
+    p.add_argument("--query-tokens", type=int, default=32, help="tokens per query sentence")
     p.add_argument("--tune-budget", type=float, default=60.0)
     p.add_argument("--tune-refine-budget", type=float, default=300.0)
     p.add_argument(
@@ -93,6 +95,8 @@ def main(argv: Sequence[str] = ()) -> int:
         args.per_item = statistics.mean(lengths)
     else:
         texts, args.per_item = sentences(path, 512, args.tokens), float(args.tokens)
+        lengths = [args.tokens] * len(texts)
+    work = _Work(texts, [float(n) for n in lengths], sentences(path, 64, args.query_tokens))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     console.rule(f"python -m benchmarks selftune: {args.model}, {_load(args)}")
@@ -105,7 +109,7 @@ def main(argv: Sequence[str] = ()) -> int:
         for dtype in args.infinity_dtypes.split(","):
             t = infinity_target(venv, path, dtype)
             try:
-                peers[t.name] = _steady(t, texts, args, out, console)
+                peers[t.name] = _steady(t, work, args, out, console)
             except httpx.HTTPError as exc:  # (a timeout: an emulated dtype on a slow CPU)
                 failed[t.name] = f"{type(exc).__name__}: {exc}"[:200]
                 console.print(f"  [yellow]{t.name} failed under the load: {failed[t.name]}[/]")
@@ -121,17 +125,22 @@ def main(argv: Sequence[str] = ()) -> int:
         t0 = time.monotonic()
         auto.start(out)
         ready_s = time.monotonic() - t0
-        samples, queries = _timeline(auto, texts, args, console)
-        auto.stop()
+        mine = ["--profile-dir", args.tuned_profile_dir] if args.tuned_profile_dir else []
+        name = "fleetserve tuned" if mine else "fleetserve bundled"
+        tuned = fleetserve_target(args.model, [*cat, *mine, "--tune", "off"], name)
+        try:
+            samples, queries = _timeline(auto, work, args, console, t0)
+            tuned.start(out)
+            end, ref = _turns(auto, tuned, work, args, console, t0)
+        finally:
+            auto.stop()
         if (Path(tmp) / "runs").is_dir():  # the background tune's run documents, kept
             shutil.copytree(Path(tmp) / "runs", out / "tune-runs", dirs_exist_ok=True)
-    mine = ["--profile-dir", args.tuned_profile_dir] if args.tuned_profile_dir else []
-    name = "fleetserve tuned" if mine else "fleetserve bundled"
-    tuned = fleetserve_target(args.model, [*cat, *mine, "--tune", "off"], name)
-    tuned.start(out)
-    ref_samples, ref_queries = _timeline(tuned, texts, args, console, minutes=args.tuned_minutes)
-    tuned.stop()
-    doc = _summary(args, samples, queries, ref_samples, ref_queries, peers, ready_s)
+    try:
+        ref_queries = _queries(tuned, work, args, len(queries))
+    finally:
+        tuned.stop()
+    doc = _summary(args, samples, queries, end, ref, ref_queries, peers, ready_s)
     doc["peers_failed"] = failed
     doc["machine"] = machine()
     (out / "selftune.json").write_text(json.dumps(doc, indent=1))
@@ -142,55 +151,98 @@ def main(argv: Sequence[str] = ()) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class _Work:
+    texts: list[str]  # the bulk load's
+    lengths: list[float]  # their tokens
+    queries: list[str]  # single sentences
+
+
 def _timeline(
-    t: HttpTarget,
-    texts: list[str],
-    args: argparse.Namespace,
-    console: Console,
-    minutes: float | None = None,
+    t: HttpTarget, work: _Work, args: argparse.Namespace, console: Console, t0: float
 ) -> tuple[list[dict[str, Any]], list[float]]:
-    """Samples every ``--every`` s for ``minutes``; single-sentence queries between."""
-    t0 = time.monotonic()
-    end = t0 + 60 * (minutes if minutes is not None else args.minutes)
+    """Samples every ``--every`` s until ``--minutes`` after ``t0`` (the start);
+    single-sentence queries between."""
+    end = t0 + 60 * args.minutes
     samples: list[dict[str, Any]] = []
     queries: list[float] = []
     with httpx.Client(timeout=60) as c:
         while time.monotonic() < end:
-            tps = _saturate(t, texts, args)
-            state = _tuning(t, c)
-            at = time.monotonic() - t0
-            samples.append({"t_s": round(at, 1), "tokens_per_s": tps, **state})
-            console.print(f"  {t.name} t={at:5.0f}s {tps:9,.0f} tok/s  {state}")
+            samples.append(_sample(t, work, args, c, console, t0))
             nxt = time.monotonic() + args.every
             while time.monotonic() < min(nxt, end):
                 time.sleep(args.query_gap)  # light traffic: it arrives while the tuner runs
-                q0 = time.perf_counter()
-                c.post(t.url, content=t.body([texts[len(queries) % len(texts)]]), headers=JSON)
-                queries.append((time.perf_counter() - q0) * 1e3)
+                queries.append(_query(t, work, c, len(queries)))
     return samples, queries
 
 
+def _turns(
+    auto: HttpTarget, tuned: HttpTarget, work: _Work, args: argparse.Namespace,
+    console: Console, t0: float,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """``--end-samples`` of each, in turns (A B B A ...), the other server idle."""
+    got: dict[str, list[dict[str, Any]]] = {auto.name: [], tuned.name: []}
+    with httpx.Client(timeout=60) as c:
+        _saturate(tuned, work, args)  # its warm-up, as infinity's
+        for i in range(args.end_samples):
+            for t in (auto, tuned) if i % 2 == 0 else (tuned, auto):
+                got[t.name].append(_sample(t, work, args, c, console, t0))
+    return got[auto.name], got[tuned.name]
+
+
+def _queries(t: HttpTarget, work: _Work, args: argparse.Namespace, n: int) -> list[float]:
+    """``n`` queries on an otherwise idle server, a second apart."""
+    with httpx.Client(timeout=60) as c:
+        out = []
+        for i in range(max(n, 1)):
+            time.sleep(min(args.query_gap, 1.0))
+            out.append(_query(t, work, c, i))
+    return out
+
+
+def _query(t: HttpTarget, work: _Work, c: httpx.Client, i: int) -> float:
+    q0 = time.perf_counter()
+    c.post(t.url, content=t.body([work.queries[i % len(work.queries)]]), headers=JSON)
+    return (time.perf_counter() - q0) * 1e3
+
+
+def _sample(
+    t: HttpTarget, work: _Work, args: argparse.Namespace, c: httpx.Client, console: Console,
+    t0: float,
+) -> dict[str, Any]:  # fmt: skip
+    tps = _saturate(t, work, args)
+    state = _tuning(t, c)
+    at = time.monotonic() - t0
+    console.print(f"  {t.name} t={at:5.0f}s {tps:9,.0f} tok/s  {state}")
+    return {"t_s": round(at, 1), "tokens_per_s": tps, **state}
+
+
 def _steady(
-    t: HttpTarget, texts: list[str], args: argparse.Namespace, out: Path, console: Console
+    t: HttpTarget, work: _Work, args: argparse.Namespace, out: Path, console: Console
 ) -> float:
     t.start(out)
     try:
-        _saturate(t, texts, args)  # warm
-        got = statistics.median(_saturate(t, texts, args) for _ in range(3))
+        _saturate(t, work, args)  # warm
+        got = statistics.median(_saturate(t, work, args) for _ in range(3))
     finally:
         t.stop()
     console.print(f"  {t.name}: {got:,.0f} tok/s")
     return got
 
 
-def _saturate(t: HttpTarget, texts: list[str], args: argparse.Namespace) -> float:
+def _saturate(t: HttpTarget, work: _Work, args: argparse.Namespace) -> float:
+    def start(i: int) -> int:
+        return (i * args.batch) % (len(work.texts) - args.batch + 1)
+
     def body(i: int) -> bytes:
-        start = (i * args.batch) % (len(texts) - args.batch + 1)
-        return t.body(texts[start : start + args.batch])
+        return t.body(work.texts[start(i) : start(i) + args.batch])
+
+    def tokens(i: int) -> float:
+        return sum(work.lengths[start(i) : start(i) + args.batch])
 
     res = asyncio.run(
         run_load(t.url, body, JSON, concurrency=args.clients, batch=args.batch,
-                 tokens_per_item=args.per_item, duration=args.sample)
+                 tokens_per_item=args.per_item, duration=args.sample, tokens_of=tokens)
     )  # fmt: skip
     return float(res.tokens_per_s)
 
@@ -211,6 +263,7 @@ def _summary(
     args: argparse.Namespace,
     samples: list[dict[str, Any]],
     queries: list[float],
+    end: list[dict[str, Any]],
     ref: list[dict[str, Any]],
     ref_queries: list[float],
     peers: dict[str, float],
@@ -219,14 +272,14 @@ def _summary(
     best_peer = max(peers.values(), default=None)
     tuned = statistics.median(s["tokens_per_s"] for s in ref)
     first = samples[0]["tokens_per_s"] if samples else None
-    tail = samples[-args.end_samples :]
-    last = statistics.median(s["tokens_per_s"] for s in tail) if samples else None
+    last = statistics.median(s["tokens_per_s"] for s in end) if end else None
     return {
         "model": args.model,
         "date": time.strftime("%Y-%m-%d"),
         "args": vars(args),
         "ready_s": round(ready_s, 1),
         "samples": samples,
+        "end": end,
         "reference": ref,
         "peers": peers,
         "at_start_tokens_s": first,
@@ -237,6 +290,7 @@ def _summary(
         "end_vs_tuned": last / tuned if last and tuned else None,
         "query_p50_ms": statistics.median(queries) if queries else None,
         "query_p99_ms": percentile([q / 1e3 for q in queries], 0.99) * 1e3 if queries else None,
+        "query_p50_ms_no_tuner": statistics.median(ref_queries) if ref_queries else None,
         "query_p99_ms_no_tuner": (
             percentile([q / 1e3 for q in ref_queries], 0.99) * 1e3 if ref_queries else None
         ),
@@ -248,6 +302,7 @@ def _markdown(d: dict[str, Any]) -> str:
     def f(v: Any, fmt: str = ",.0f") -> str:
         return "-" if v is None else format(v, fmt)
 
+    q = d["args"].get("query_tokens", "real-text")
     peer = ", ".join(f"{k} {v:,.0f}" for k, v in d["peers"].items()) or "not run"
     peer += "".join(f"; {k} failed ({why})" for k, why in d.get("peers_failed", {}).items())
     return "\n".join([
@@ -258,16 +313,18 @@ def _markdown(d: dict[str, Any]) -> str:
         "| --- | ---: |",
         f"| ready after start (s) | {f(d['ready_s'], '.1f')} |",
         f"| tokens/s at start (rules) | {f(d['at_start_tokens_s'])} |",
-        f"| tokens/s at the end (median of the last {d['args']['end_samples']} samples) | "
-        f"{f(d['at_end_tokens_s'])} |",
+        f"| tokens/s after {d['args']['minutes']:g} minutes (median of {len(d['end'])} "
+        f"samples) | {f(d['at_end_tokens_s'])} |",
         f"| tokens/s on fleetserve tune's profile (median of {len(d['reference'])} "
-        f"samples) | {f(d['tuned_tokens_s'])} |",
+        f"samples, in turns with the above) | {f(d['tuned_tokens_s'])} |",
         f"| start / infinity best | {f(d['start_vs_peer'], '.2f')} |",
         f"| end / infinity best | {f(d['end_vs_peer'], '.2f')} |",
         f"| end / fleetserve tune | {f(d['end_vs_tuned'], '.2f')} |",
-        f"| query p50 / p99 while tuning (ms, {d['queries']} queries) | "
+        f"| {q}-token query p50 / p99 while tuning (ms, {d['queries']} queries) | "
         f"{f(d['query_p50_ms'], '.1f')} / {f(d['query_p99_ms'], '.1f')} |",
-        f"| query p99 without a tuner (ms) | {f(d['query_p99_ms_no_tuner'], '.1f')} |",
+        f"| the same query p50 / p99 without a tuner (ms) | "
+        f"{f(d.get('query_p50_ms_no_tuner'), '.1f')} / "
+        f"{f(d['query_p99_ms_no_tuner'], '.1f')} |",
         "",
         f"infinity-emb: {peer} tokens/s.",
     ])  # fmt: skip
@@ -280,13 +337,18 @@ def _plot(d: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 5))
-    xs = [s["t_s"] / 60 for s in d["samples"]]
-    ax.plot(xs, [s["tokens_per_s"] for s in d["samples"]], "o-", label="fleetserve --tune auto")
-    for prev, s in zip(d["samples"], d["samples"][1:], strict=False):
+    auto = d["samples"] + d.get("end", [])  # the end: in turns with the tuned one
+    xs = [s["t_s"] / 60 for s in auto]
+    ax.plot(xs, [s["tokens_per_s"] for s in auto], "o-", label="fleetserve --tune auto")
+    if d.get("end"):
+        ref = d["reference"]
+        ax.plot([s["t_s"] / 60 for s in ref], [s["tokens_per_s"] for s in ref], "s",
+                color="green", label="fleetserve tune's profile (in turns)")  # fmt: skip
+    for prev, s in itertools.pairwise(auto):
         if (s.get("swaps") or 0) > (prev.get("swaps") or 0):
             ax.axvline(s["t_s"] / 60, color="grey", ls=":", lw=1)
     if d["tuned_tokens_s"]:
-        ax.axhline(d["tuned_tokens_s"], color="green", ls="--", label="fleetserve tune's profile")
+        ax.axhline(d["tuned_tokens_s"], color="green", ls="--", label="its median")
     if d["peers"]:
         name, best = max(d["peers"].items(), key=lambda kv: kv[1])
         ax.axhline(best, color="red", ls="--", label=f"{name} (infinity's best)")
