@@ -165,6 +165,10 @@ class EmbeddedServer(Service):
         await self._start_training()
         if self.background is not None:  # after the start: the server is ready at once
             self.spawn("tuner", self.background.run())
+        else:  # it does not tune; a neighbour's tune steps aside for its load
+            from .tune.host import publish_load
+
+            self.spawn("host-traffic", publish_load(self))
         log.info("ready: %s", ready_summary(self.runners, self.settings.device))
 
     def _background(self, env: Mapping[str, str] | None) -> BackgroundTuner | None:

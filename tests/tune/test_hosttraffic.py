@@ -6,10 +6,15 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-from fleetserve.tune.hosttraffic import HostTraffic, path_for
+import httpx
 
+from fleetserve.tune.hosttraffic import HostTraffic, path_for, publish_forever
+
+from ..conftest import TINY, ServerThread, tiny_settings
 from .test_background import MODEL, Host, cancelled, child_pid, settings, stopped, tuner, until
 
 BUSY = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n" \
@@ -103,3 +108,57 @@ async def test_this_process_publishes_its_own_traffic_for_the_others(tmp_path: P
         look.close()
         await cancelled(task)
     assert not look.others()
+
+
+async def test_a_process_that_does_not_tune_publishes_its_load(tmp_path: Path) -> None:
+    lock = tmp_path / "tune.lock"
+    look = HostTraffic(path_for(lock))
+    busy = False
+    task = asyncio.create_task(publish_forever(lambda: busy, str(lock)))
+    try:
+        await asyncio.sleep(0.1)
+        assert not look.others()
+        busy = True
+        await until(look.others, timeout=0.5)
+        busy = False
+        await until(lambda: not look.others(), timeout=0.5)
+        busy = True
+        await until(look.others, timeout=0.5)
+    finally:
+        await cancelled(task)
+    assert not look.others()  # cancelled: its lock is let go
+
+
+def test_a_server_with_tune_off_steps_a_neighbours_tune_aside(
+    tiny_catalog: Path, tmp_path: Path
+) -> None:
+    lock = tmp_path / "tune.lock"
+    srv = ServerThread(tiny_settings(tiny_catalog, tune_lock=str(lock))).start()
+    look = HostTraffic(path_for(lock))
+    done = threading.Event()
+
+    def load() -> None:  # requests back to back, until the look has seen them
+        with httpx.Client(timeout=30) as c:
+            while not done.is_set():
+                body = {"model": TINY, "input": [f"text {i} " * 8 for i in range(64)]}
+                c.post(f"{srv.url}/v1/embeddings", json=body).raise_for_status()
+
+    clients = [threading.Thread(target=load) for _ in range(2)]
+    try:
+        assert "host-traffic" in srv.call(lambda: list(srv.server.tasks))  # type: ignore[union-attr]
+        assert not look.others()  # idle: nothing published
+        for t in clients:
+            t.start()
+        seen = threading.Event()
+        for _ in range(2000):  # (a look every 5 ms, for up to 10 s)
+            if look.others():
+                seen.set()
+                break
+            time.sleep(0.005)
+        assert seen.is_set()
+    finally:
+        done.set()
+        for t in clients:
+            t.join(30)
+        look.close()
+        srv.stop()

@@ -94,6 +94,14 @@ class ServerHost:
         return result.swapped, result.reason
 
 
+async def publish_load(parts: Parts) -> None:
+    """What a process that does not tune runs in the tuner's place: its load, published
+    for a neighbour's background tune to step aside (:mod:`.hosttraffic`)."""
+    from .hosttraffic import publish_forever
+
+    await publish_forever(ServerHost(parts).busy, parts.settings.tune_lock)
+
+
 def tuning_class(settings: Settings, profiles: Profiles) -> str | None:
     """The class a ``--tune auto`` process tunes for; ``None`` (with a warning where
     ``--hardware-class`` asks for another class's profiles: a profile is measured where
@@ -110,4 +118,4 @@ def tuning_class(settings: Settings, profiles: Profiles) -> str | None:
     return asked
 
 
-__all__ = ["Parts", "ServerHost", "tuning_class"]
+__all__ = ["Parts", "ServerHost", "publish_load", "tuning_class"]

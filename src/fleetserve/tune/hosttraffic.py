@@ -8,16 +8,28 @@ or run), and the tuning process looks each poll whether anyone does: an exclusiv
 try that fails means some process holds it. The kernel drops a process's lock when
 it exits, however it exits, so a killed neighbour never leaves the host looking busy;
 nothing is written while the host is quiet, and a look is two system calls.
+
+A process that does not tune (``--tune off`` or ``quick``, or another class's
+profiles) publishes its load all the same (:func:`publish_forever`): its neighbour's
+tune must step aside for it too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from .hostlock import default_path
+
+log = logging.getLogger("fleetserve.tune")
+
 TRIES = 3  # a shared take that meets another process's look (a moment) tries again
+POLL_S = 0.02  # how often a process's load is looked at and published
 
 
 def path_for(lock: Path) -> Path:
@@ -86,4 +98,20 @@ class HostTraffic:
             return None
 
 
-__all__ = ["HostTraffic", "path_for"]
+async def publish_forever(busy: Callable[[], bool], tune_lock: str = "") -> None:
+    """Publish ``busy()`` every :data:`POLL_S` until cancelled, beside the host's tune
+    lock (``tune_lock``, or the default one). Never raises: a look that fails is no
+    signal this time."""
+    traffic = HostTraffic(path_for(Path(tune_lock) if tune_lock else default_path()))
+    try:
+        while True:
+            try:
+                traffic.publish(busy())
+            except Exception as exc:
+                log.debug("host traffic: %s", exc)
+            await asyncio.sleep(POLL_S)
+    finally:
+        traffic.close()
+
+
+__all__ = ["POLL_S", "HostTraffic", "path_for", "publish_forever"]

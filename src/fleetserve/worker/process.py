@@ -203,10 +203,11 @@ class WorkerProcess(Service):
     async def _tune_in_background(self) -> None:
         """``--tune auto``: tune what runs untuned, one worker per class and model,
         sharing the profiles through JetStream (``tune.fleetwide``)."""
-        from ..tune.host import ServerHost, tuning_class
+        from ..tune.host import ServerHost, publish_load, tuning_class
 
         cls = tuning_class(self.settings, self.profiles)
-        if cls is None:
+        if cls is None:  # a neighbour's tune steps aside for its load all the same
+            self.spawn("host-traffic", publish_load(self))
             return
         from ..tune.background import BackgroundTuner
         from ..tune.fleetwide import FleetTuning
