@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import noise, steal
+from . import duel, noise, steal
 
 
 def _f(v: Any, digits: int = 0) -> str:
@@ -49,6 +49,8 @@ def markdown(run: dict[str, Any]) -> str:
                 else ""
             )
         )
+    if run.get("duel"):
+        lines.append(f"- Duel (the two best in turns; `tune/duel.py`): {duel.line(run['duel'])}")
     knee = run.get("knee") or {}
     if knee.get("points"):
         lines.append(

@@ -14,6 +14,7 @@ from ..catalog.rules import EXPORT_FAMILIES
 from ..fleet.memory import peak_bytes, reset_peak, rss_bytes
 from . import candidates as cands
 from .costfit import CostFit, fit, item_pool
+from .duel import Duel
 from .harness import Stack
 from .pauses import Spoiled
 from .quality import calibration, compare, replies
@@ -90,28 +91,35 @@ async def compile_probe(s: Search) -> None:
         s._changed()
 
 
-def choose(s: Search) -> Point:
-    """The highest median throughput wins. Within the noise of it (capped at
-    :data:`MAX_BAND`), the simpler point wins: fewer processes, then a smaller batch
-    (less waiting per request)."""
+def choose(s: Search, duel: Duel | None = None) -> Point:
+    """The leader of a decided ``duel`` wins (see :mod:`.duel`); else the highest
+    median throughput. Within the noise of it (capped at :data:`MAX_BAND`), the
+    simpler point wins: fewer processes, then a smaller batch (less waiting per
+    request)."""
     ranked = s.measured()
     if not ranked:
         raise RuntimeError("nothing was measured")
     band = min(s.noise, MAX_BAND)
     close = [p for p in ranked if p.tokens_per_s >= (1 - band) * ranked[0].tokens_per_s]
-    winner = min(close, key=lambda p: (p.cand.processes, p.cand.max_batch_size))
+    lead = duel.leader() if duel is not None else None
+    led = next((p for p in ranked if p.cand.id == lead), None)
+    winner = led or min(close, key=lambda p: (p.cand.processes, p.cand.max_batch_size))
     for p in s.points:
         if p is winner:
             p.status, p.reason = "won", ""
         elif p.status == "measured":
             p.status = "lost"
-            p.reason = _lost(p, winner, band)
+            p.reason = _lost(p, winner, band, duel if led else None)
     s.winner = winner
     return winner
 
 
-def _lost(p: Point, w: Point, band: float) -> str:
+def _lost(p: Point, w: Point, band: float, duel: Duel | None = None) -> str:
     ratio = p.tokens_per_s / w.tokens_per_s if w.tokens_per_s else 0.0
+    if duel is not None and p.cand.id in (duel.a, duel.b):
+        assert duel.ratio is not None
+        r = duel.ratio if p.cand.id == duel.b else 1 / duel.ratio
+        return f"{r:.2f}x the winner over {duel.rounds} rounds in turns (a duel)"
     if ratio >= 1 - band:
         simpler = "fewer processes" if w.cand.processes < p.cand.processes else "a smaller batch"
         return (

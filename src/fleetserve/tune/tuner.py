@@ -21,7 +21,7 @@ from ..catalog import CostModel, ModelSpec, Profile
 from ..catalog.hardware import Hardware
 from ..catalog.profiles import profile_path, write_profile_file
 from ..catalog.spec import INTERACTIVE_BATCH_MS
-from . import noise, report, steps
+from . import duel, noise, report, steps
 from .runs import RunStore, new_run_id, now_iso
 from .search import Options, Search, TuneError
 from .stale import model_digest
@@ -87,6 +87,7 @@ class Tuner:
             "candidates": [],
             "winner": None,
             "knee": None,
+            "duel": None,  # the two best in turns, where the noise could not part them
             "profile": None,
             "cost_fit": None,
             "report": None,
@@ -132,8 +133,10 @@ class Tuner:
             await s.batches()
             await steps.threads(s)
             await noise.measure(s, rounds=noise.ROUNDS)
+            fight = None if self.opts.quick else await duel.duel(s)
+            doc["duel"] = fight.as_dict() if fight is not None else None
             doc["warnings"] += noise.warnings(s)
-            winner = steps.choose(s)
+            winner = steps.choose(s, fight)
             knee = self.opts.knee and self.spec.family != "generate"
             if self.opts.knee and not knee:
                 doc["notes"].append(

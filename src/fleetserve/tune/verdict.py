@@ -1,7 +1,8 @@
 """Whether a background tune's winner replaces the profile a model runs on.
 
 The winner must beat the running profile's own point, measured in the same run (so
-on the same machine, in the same minutes), by more than that run's noise.
+on the same machine, in the same minutes), by more than that run's noise, or have won
+a duel against it (``tune.duel``: the two in turns until one is ahead beyond doubt).
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def verdict(run: dict[str, Any], running: Choice, found: Choice, spec_runtime: s
     if before is None:  # (the search screens it first: only a cut-short run lacks it)
         why = "the run did not measure the running profile's engine: no evidence to swap"
         return Verdict(False, why, None, after, noise)
+    won = _duel_gain(run, running.profile, found.profile, spec_runtime)
+    if won is not None:
+        gain, rounds = won
+        why = (f"{gain:+.1%} over {rounds} rounds in turns with the running profile (a "
+               f"duel), beyond doubt; the noise between windows is {noise:.1%}")  # fmt: skip
+        return Verdict(True, why, before, after, noise)
     gain = after / before - 1 if before else float("inf")
     if gain <= noise and gain >= 0 and running.how in UNMEASURED:
         why = (
@@ -58,6 +65,32 @@ def verdict(run: dict[str, Any], running: Choice, found: Choice, spec_runtime: s
         why = f"{gain:+.1%} is within the noise ({noise:.1%})"
         return Verdict(False, why, before, after, noise)
     return Verdict(True, f"{gain:+.1%}, beyond the noise ({noise:.1%})", before, after, noise)
+
+
+def _duel_gain(
+    run: dict[str, Any], running: Profile, found: Profile, spec_runtime: str
+) -> tuple[float, int] | None:
+    """(the winner's gain, rounds) where the run's duel (``tune.duel``) was decided for
+    the winner against the running profile's own point; else ``None``."""
+    d = run.get("duel") or {}
+    if not d.get("decided") or not d.get("ratio"):
+        return None
+    by_id = {c.get("id"): c for c in run.get("candidates") or []}
+    a, b = by_id.get(d.get("a")), by_id.get(d.get("b"))
+    if a is None or b is None:
+        return None
+    ratio = float(d["ratio"])  # b / a
+    for w, other, gain in ((b, a, ratio - 1), (a, b, 1 / ratio - 1)):
+        if _is(w, found, spec_runtime) and _is(other, running, spec_runtime) and gain > 0:
+            return gain, int(d.get("rounds") or 0)
+    return None
+
+
+def _is(c: dict[str, Any], p: Profile, spec_runtime: str) -> bool:
+    """Whether the run's candidate ``c`` ran profile ``p``'s engine, batch and processes."""
+    return (c.get("runtime"), c.get("precision")) == _engine(p, spec_runtime) and (
+        c.get("max_batch_tokens"), c.get("max_batch_size"), c.get("processes", 1)
+    ) == (p.max_batch_tokens, p.max_batch_size, p.processes)  # fmt: skip
 
 
 def _engine(p: Profile, spec_runtime: str) -> tuple[str, str]:
