@@ -25,6 +25,7 @@ COMMANDS = {
     "finetune": ("finetune", "a LoRA from pairs through the API: nDCG@10, time, cost"),
     "soak": ("soak", "mixed traffic, a worker killed, NATS restarted: RSS growth, loss"),
     "selftune": ("selftune", "--tune auto: throughput against time since start, vs infinity"),
+    "profiles": ("profiles_ab", "one model on two profile directories, side by side in turns"),
     "usermodel": ("usermodel", "a user's 110M sentence-transformers model (two-line spec)"),
 }
 

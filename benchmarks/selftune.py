@@ -295,6 +295,8 @@ def _summary(
             percentile([q / 1e3 for q in ref_queries], 0.99) * 1e3 if ref_queries else None
         ),
         "queries": len(queries),
+        "query_ms": [round(q, 1) for q in queries],
+        "query_ms_no_tuner": [round(q, 1) for q in ref_queries],
     }
 
 
