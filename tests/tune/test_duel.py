@@ -1,5 +1,6 @@
 """The duel: the two best points, when the noise cannot part them, measured in turns
-until one is ahead beyond doubt; the choice and the background verdict follow it."""
+until one is ahead beyond doubt; the choice and the background verdict follow it. And
+a background tune keeps the engine that runs within the noise."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pytest
 
 from fleetserve.tune import duel as duel_mod
 from fleetserve.tune import steps
+from fleetserve.tune.candidates import Candidate
 from fleetserve.tune.duel import Duel, duel
 from fleetserve.tune.report import markdown
-from fleetserve.tune.search import Point, Search
+from fleetserve.tune.search import Options, Point, Search
 from fleetserve.tune.verdict import verdict
 
-from .test_noise import point, search
+from .test_noise import HW, SPEC, point, search
 from .test_verdict import TUNED, found, run
 
 
@@ -121,3 +123,23 @@ def test_the_report_shows_the_duel(tmp_path: Path) -> None:
     text = markdown(doc)
     assert "Duel" in text and "0.910x over 3 rounds in turns" in text
     assert "decided for `onnx-fp32-t2-p1-b32x2048`" in text
+
+
+def test_a_background_tune_keeps_the_running_engine_within_the_noise() -> None:
+    s = Search(SPEC, Path("/w"), HW, "cpu-avx2", Options(start=("openvino", "fp32")))
+    torch = s._add(Candidate("torch", "fp32", 2, 1, 2048, 32))
+    ov = s._add(Candidate("openvino", "fp32", 2, 1, 2048, 32))
+    torch.samples, ov.samples = [1093.0], [1000.0]
+    torch.status = ov.status = "measured"
+    s.noise = 0.118  # the MiniLM sentences run: torch +9.3 %, within 11.8 %
+    assert steps.choose(s) is ov
+    assert "within the noise (12%) of the engine the server runs" in torch.reason
+    s.noise = 0.05  # beyond the noise: the faster engine wins
+    torch.status = ov.status = "measured"
+    assert steps.choose(s) is torch
+    # a tune run by hand (no --start) picks the best, as before
+    h = Search(SPEC, Path("/w"), HW, "cpu-avx2", Options())
+    a, b = h._add(torch.cand), h._add(ov.cand)
+    a.samples, b.samples, a.status, b.status = [1093.0], [1000.0], "measured", "measured"
+    h.noise = 0.118
+    assert steps.choose(h) is a
