@@ -232,7 +232,7 @@ def _steady(
 
 def _saturate(t: HttpTarget, work: _Work, args: argparse.Namespace) -> float:
     def start(i: int) -> int:
-        return (i * args.batch) % (len(work.texts) - args.batch + 1)
+        return int((i * args.batch) % (len(work.texts) - args.batch + 1))
 
     def body(i: int) -> bytes:
         return t.body(work.texts[start(i) : start(i) + args.batch])
