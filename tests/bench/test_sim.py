@@ -59,6 +59,7 @@ def test_the_cpu_cost_model_is_the_tuned_profile_and_fitted() -> None:
     assert "cpu-amx" in p.cost_source and "fitted by fleetserve tune" in p.cost_source
     # no priority_cap in the profile: the worker's rule, a batch of about 25 ms
     assert p.interactive_batch_tokens == p.cost.tokens_within(25.0) < p.max_batch_tokens
+    assert p.interactive_batch_tokens == p.cost.interactive_cap(p.max_batch_tokens)
     assert "FITTED" in p.describe()[0]
 
 

@@ -15,7 +15,6 @@ import pytest
 
 from fleetserve.catalog import CostModel
 from fleetserve.catalog.profiles import read_profile_file
-from fleetserve.catalog.spec import INTERACTIVE_BATCH_MS
 
 from ..tinymodels import build_bert, write_spec
 
@@ -62,7 +61,7 @@ def test_a_tune_writes_a_profile_with_provenance_and_a_report(
     # the cost model was fitted, and the cap while queries wait comes from it
     prof = pf.profile
     assert prof.cost != CostModel()
-    want = min(prof.cost.tokens_within(INTERACTIVE_BATCH_MS), prof.max_batch_tokens)
+    want = prof.cost.interactive_cap(prof.max_batch_tokens)
     assert prof.priority_cap == want > 0
     prov = pf.provenance
     assert prov["written_by"] == "fleetserve tune" and prov["figures"]["tokens_per_s"] > 0

@@ -34,7 +34,7 @@ from . import Catalog
 from .evidence import Row, RuleTable
 from .hardware import Hardware, judged_features
 from .rules import fallback_chain, missing_extra, rule_profile
-from .spec import INTERACTIVE_BATCH_MS, ModelSpec, Profile
+from .spec import ModelSpec, Profile
 
 log = logging.getLogger("fleetserve.catalog")
 
@@ -75,7 +75,7 @@ class Choice:
         p = self.profile
         cap = p.priority_cap
         if not cap and self.how == "tuned":
-            cap = p.cost.tokens_within(INTERACTIVE_BATCH_MS)
+            cap = p.cost.interactive_cap(p.max_batch_tokens)
         return max(1, min(cap or p.max_batch_tokens, p.max_batch_tokens))
 
     def describe(self) -> dict[str, Any]:

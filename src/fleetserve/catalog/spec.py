@@ -37,8 +37,34 @@ class CostModel:
             return 1 << 30
         return max(64, int(max(0.0, ms - self.fixed_ms) / per_token) // 64 * 64)
 
+    def efficient_tokens(self, max_batch_tokens: int, share: float) -> int:
+        """The smallest batch (padded tokens, a multiple of 64) predicted to run at
+        ``share`` of the per-token rate of a full ``max_batch_tokens`` batch. Solved
+        from ``P / (f + sP) >= share * M / (f + sM)``, dense batches as above."""
+        s = self.per_token_ms + self.per_padded_token_ms
+        f, m = self.fixed_ms, float(max_batch_tokens)
+        if f <= 0 or s <= 0:
+            return 64  # no fixed cost to amortize: any batch runs at the full rate
+        need = share * m * f / (f + s * m * (1.0 - share))
+        return min(max_batch_tokens, max(64, -(-int(need) // 64) * 64))
+
+    def interactive_cap(self, max_batch_tokens: int) -> int:
+        """The batch cap while interactive work waits: the largest batch predicted to
+        run within ``INTERACTIVE_BATCH_MS`` (a query waits for at most one), unless a
+        batch that small cannot amortize the fixed cost: then the smallest that keeps
+        ``INTERACTIVE_SHARE`` of a full batch's rate. On cpu-amx a 110M model's 25 ms
+        batch is 64 tokens, at about half its full rate, and the cap held for seconds
+        after each query cost its bulk traffic a fifth of its throughput."""
+        cap = max(
+            self.tokens_within(INTERACTIVE_BATCH_MS),
+            self.efficient_tokens(max_batch_tokens, INTERACTIVE_SHARE),
+        )
+        return min(cap, max_batch_tokens)
+
 
 INTERACTIVE_BATCH_MS = 25.0  # a batch that runs while a query waits should take about this
+# ... unless it runs below this share of a full batch's rate per token (see interactive_cap)
+INTERACTIVE_SHARE = 0.85
 
 
 PROFILE_FIELDS = (

@@ -20,7 +20,6 @@ from .. import __version__
 from ..catalog import CostModel, ModelSpec, Profile
 from ..catalog.hardware import Hardware
 from ..catalog.profiles import profile_path, write_profile_file
-from ..catalog.spec import INTERACTIVE_BATCH_MS
 from . import duel, noise, report, steps
 from .runs import RunStore, new_run_id, now_iso
 from .search import Options, Search, TuneError
@@ -198,7 +197,7 @@ class Tuner:
         fit = s.cost_fit or {}
         if "fixed_ms" in fit:
             cost = CostModel(fit["fixed_ms"], fit["per_token_ms"], fit["per_padded_token_ms"])
-            cap = min(cost.tokens_within(INTERACTIVE_BATCH_MS), prof.max_batch_tokens)
+            cap = cost.interactive_cap(prof.max_batch_tokens)
             prof = dataclasses.replace(prof, cost=cost, priority_cap=cap)
         mem = s.memory or {}
         total = int(mem.get("weights_bytes", 0)) + int(mem.get("activation_peak_bytes", 0))
