@@ -133,7 +133,7 @@ def _lstsq(shapes: Sequence[Shape], times: Sequence[float]) -> CostModel:
 
     Each shape is weighted by 1 / its time, so a 2 ms batch counts as much as a 200 ms
     one: plain least squares let a few percent of noise on the largest batches move the
-    fixed term by more than a small batch takes (held-out errors of 65-234 % on the
+    fixed term by more than a small batch takes (held-out errors of 14-234 % on the
     bundled tunes), and the interactive cap is read where batches are small. The
     non-negative solution is the best fit among the subsets of the three terms whose
     coefficients all come out non-negative (exact for three terms); clipping a negative
