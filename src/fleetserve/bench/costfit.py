@@ -23,7 +23,7 @@ def main(argv: Sequence[str] = ()) -> int:
     from ..families import create_adapter
     from ..runtimes import create_runtime
     from ..settings import Settings
-    from ..tune.costfit import fit, item_pool
+    from ..tune.costfit import fit_times, item_pool, time_shapes
     from ..tune.workload import requests
 
     p = argparse.ArgumentParser(prog="fleetserve bench cost", description=__doc__)
@@ -45,13 +45,14 @@ def main(argv: Sequence[str] = ()) -> int:
     adapter.load()
     pool = item_pool(adapter, spec.id, requests(spec, path, args.workload, 32, 8))
     with console.status("timing forward passes…"):
-        result = fit(
+        shapes, times = time_shapes(
             adapter.forward,
             pool,
             max_batch_size=prof.max_batch_size,
             max_batch_tokens=prof.max_batch_tokens,
             repeats=args.repeats,
         )
+    result = fit_times(shapes, times)
     console.print(
         f"{spec.id} on {args.device} ({prof.runtime or spec.runtime} {prof.precision}, "
         f"{choice.how}), {result.points} shapes, median error on held-out shapes "

@@ -100,7 +100,7 @@ def time_shapes(
 
 def fit_times(shapes: Sequence[Shape], times: Sequence[float]) -> CostFit:
     """Fit on every other shape, report the error on the rest, keep the coefficients
-    fitted on all of them."""
+    fitted on all of them: ``fit_times(*time_shapes(forward, pool, ...))``."""
     if len(shapes) < 6:
         raise ValueError(f"too few shapes fit the budget to fit a cost model ({len(shapes)})")
     train = list(range(0, len(shapes), 2))
@@ -108,24 +108,6 @@ def fit_times(shapes: Sequence[Shape], times: Sequence[float]) -> CostFit:
     cost = _lstsq([shapes[i] for i in train], [times[i] for i in train])
     err = _error(cost, [shapes[i] for i in test], [times[i] for i in test])
     return CostFit(_lstsq(shapes, times), err, len(shapes))
-
-
-def fit(
-    forward: Forward,
-    pool: Sequence[tuple[Any, int]],
-    *,
-    max_batch_size: int,
-    max_batch_tokens: int,
-    repeats: int = 3,
-    seed: int = 0,
-    deadline: float = float("inf"),
-) -> CostFit:
-    """:func:`time_shapes`, then :func:`fit_times`."""
-    shapes, times = time_shapes(
-        forward, pool, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
-        repeats=repeats, seed=seed, deadline=deadline,
-    )  # fmt: skip
-    return fit_times(shapes, times)
 
 
 def _lstsq(shapes: Sequence[Shape], times: Sequence[float]) -> CostModel:
@@ -165,4 +147,4 @@ def _error(
     return float(np.median(np.abs(pred - np.asarray(times)) / np.asarray(times)))
 
 
-__all__ = ["CostFit", "fit", "fit_times", "item_pool", "time_shapes"]
+__all__ = ["CostFit", "fit_times", "item_pool", "time_shapes"]

@@ -13,7 +13,7 @@ from ..bench.openloop import auto_rates, capacity, sweep
 from ..catalog.rules import EXPORT_FAMILIES
 from ..fleet.memory import peak_bytes, reset_peak, rss_bytes
 from . import candidates as cands
-from .costfit import CostFit, fit, item_pool
+from .costfit import CostFit, fit_times, item_pool, time_shapes
 from .duel import Duel
 from .harness import Stack
 from .pauses import Spoiled
@@ -220,12 +220,14 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
 
     def fitting() -> Awaitable[CostFit]:  # its batches are timed: a pause spoils them
         return stack.compute(
-            lambda: fit(
-                adapter.forward,
-                pool,
-                max_batch_size=w.cand.max_batch_size,
-                max_batch_tokens=w.cand.max_batch_tokens,
-                deadline=time.monotonic() + max(3.0, s.opts.budget_s - s.clock.elapsed - last),
+            lambda: fit_times(
+                *time_shapes(
+                    adapter.forward,
+                    pool,
+                    max_batch_size=w.cand.max_batch_size,
+                    max_batch_tokens=w.cand.max_batch_tokens,
+                    deadline=time.monotonic() + max(3.0, s.opts.budget_s - s.clock.elapsed - last),
+                )
             )
         )
 
