@@ -64,7 +64,7 @@ class InProcessFamily:
     batches (length-sorted, as the worker's batch former does), postprocess."""
 
     def __init__(self, case: Case, spec: ModelSpec) -> None:
-        from fleetserve.families import create_adapter
+        from fleetserve.families import create_family
         from fleetserve.runtimes import create_runtime
 
         self.case = case
@@ -76,9 +76,9 @@ class InProcessFamily:
         runtime = create_runtime(
             self.profile.runtime or spec.runtime, device="cpu", precision=self.profile.precision
         )
-        self.adapter = create_adapter(spec, runtime, resolve(spec.id, spec.sources, HF_CACHE))
-        self.adapter.load()
-        self.adapter.warmup()
+        self.family = create_family(spec, runtime, resolve(spec.id, spec.sources, HF_CACHE))
+        self.family.load()
+        self.family.warmup()
 
     def requests(self, n: int, i: int, group: int = 1) -> list[bytes]:
         """``group`` requests of ``n`` items, their items forwarded together in batches
@@ -95,7 +95,7 @@ class InProcessFamily:
                 deadline=math.inf,
             )
             envs.append(env)
-            preps.append(self.adapter.preprocess(env, self.case.body(n, i + g)))
+            preps.append(self.family.preprocess(env, self.case.body(n, i + g)))
         refs = [(r, k) for r, p in enumerate(preps) for k in range(len(p.items))]
         refs.sort(key=lambda rk: preps[rk[0]].lengths[rk[1]])
         outputs: list[list[Any]] = [[None] * len(p.items) for p in preps]
@@ -109,12 +109,12 @@ class InProcessFamily:
                     break
                 end += 1
             chunk = refs[start:end]
-            rows = self.adapter.forward([preps[r].items[k] for r, k in chunk])
+            rows = self.family.forward([preps[r].items[k] for r, k in chunk])
             for (r, k), out in zip(chunk, rows, strict=True):
                 outputs[r][k] = out
             start = end
         return [
-            self.adapter.postprocess(e, p, o) for e, p, o in zip(envs, preps, outputs, strict=True)
+            self.family.postprocess(e, p, o) for e, p, o in zip(envs, preps, outputs, strict=True)
         ]
 
     def throughput(self, duration: float) -> float:

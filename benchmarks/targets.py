@@ -192,7 +192,7 @@ class InProcessRuntime:
     def __init__(
         self, name: str, spec: Any, model_path: Path, profile: Any, device: str = "cpu"
     ) -> None:
-        from fleetserve.families.dense import DenseAdapter
+        from fleetserve.families.dense import DenseFamily
         from fleetserve.runtimes import create_runtime
 
         self.name = name
@@ -203,12 +203,12 @@ class InProcessRuntime:
             precision=profile.precision,
             threads=profile.threads,
         )
-        self.adapter = DenseAdapter(spec, runtime, model_path)
-        self.adapter.load()
-        self.adapter.warmup()
+        self.family = DenseFamily(spec, runtime, model_path)
+        self.family.load()
+        self.family.warmup()
 
     def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
-        ids, _ = self.adapter.tokenizer.encode(texts, truncate=True)
+        ids, _ = self.family.tokenizer.encode(texts, truncate=True)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: np.ndarray[Any, Any] | None = None
         k = 0
@@ -219,7 +219,7 @@ class InProcessRuntime:
                 if len(ids[nxt]) * (len(batch) + 1) > self.profile.max_batch_tokens:
                     break
                 batch.append(nxt)
-            rows = np.asarray(self.adapter.forward([ids[i] for i in batch]))
+            rows = np.asarray(self.family.forward([ids[i] for i in batch]))
             if out is None:
                 out = np.empty((len(ids), rows.shape[1]), np.float32)
             out[batch] = rows

@@ -16,7 +16,7 @@ import pytest
 import fleetserve.sdk
 from fleetserve import AsyncClient, Client, cli_lora
 from fleetserve.cli import main
-from fleetserve.gateway.adapters import AdapterRoutes
+from fleetserve.gateway.adapter_routes import AdapterRoutes
 from fleetserve.lora.store import AdapterStore
 from fleetserve.storage import MemoryStore
 from fleetserve.wire import AdapterNotFound, Forbidden, InvalidInput

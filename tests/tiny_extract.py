@@ -80,10 +80,10 @@ def envelope(model: str, accept: Any = None, task: Any = None) -> Any:
     )
 
 
-def make_adapter(family: str, path: Path, runtime: Any = None, **spec: Any) -> Any:
+def make_family(family: str, path: Path, runtime: Any = None, **spec: Any) -> Any:
     """A loaded adapter of ``family`` over ``path`` (torch on CPU unless given)."""
     from fleetserve.catalog import ModelSpec
-    from fleetserve.families import create_adapter
+    from fleetserve.families import create_family
 
     if runtime is None:
         from fleetserve.runtimes.torch import TorchRuntime
@@ -91,7 +91,7 @@ def make_adapter(family: str, path: Path, runtime: Any = None, **spec: Any) -> A
         runtime = TorchRuntime("cpu")
     full: dict[str, Any] = {"id": f"tiny/{family}", "family": family, "sources": [str(path)]}
     full.update(spec)
-    adapter = create_adapter(ModelSpec.from_dict(full), runtime, path)
+    adapter = create_family(ModelSpec.from_dict(full), runtime, path)
     adapter.load()
     adapter.warmup()
     return adapter

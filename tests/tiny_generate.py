@@ -72,9 +72,9 @@ def build_llama(path: Path, *, seed: int = 0, max_positions: int = 256) -> Path:
 
 
 def load_adapter(path: Path, *, max_seq_len: int = 256, **options: object) -> Any:
-    """A loaded GenerateAdapter on CPU over the model directory at ``path``."""
+    """A loaded GenerateFamily on CPU over the model directory at ``path``."""
     from fleetserve.catalog import ModelSpec
-    from fleetserve.families.generate import GenerateAdapter
+    from fleetserve.families.generate import GenerateFamily
     from fleetserve.runtimes.torch import TorchRuntime
 
     spec = ModelSpec(
@@ -85,7 +85,7 @@ def load_adapter(path: Path, *, max_seq_len: int = 256, **options: object) -> An
         max_seq_len=max_seq_len,
         options=dict(options),
     )
-    adapter = GenerateAdapter(spec, TorchRuntime(device="cpu"), path)
+    adapter = GenerateFamily(spec, TorchRuntime(device="cpu"), path)
     adapter.load()
     return adapter
 

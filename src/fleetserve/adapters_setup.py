@@ -17,7 +17,7 @@ from typing import Any
 from .catalog import Catalog
 from .fleet.manager import Fleet
 from .fleet.memory import mib, parse_size
-from .gateway.adapters import AdapterRoutes
+from .gateway.adapter_routes import AdapterRoutes
 from .gateway.calls import RegistryCalls
 from .gateway.upload import Uploads
 from .lora.bases import CatalogBases
@@ -27,7 +27,7 @@ from .lora.store import open_adapter_store
 from .lora.tiers import AdapterCache
 from .lora.validate import Limits
 from .settings import Settings
-from .worker.adapters import HotTier
+from .worker.lora_hosting import HotTier
 from .worker.runner import Runner
 
 log = logging.getLogger("fleetserve")

@@ -17,7 +17,7 @@ from .catalog.hardware import detect
 from .catalog.profiles import Choice, Profiles
 from .catalog.rules import missing_extra
 from .catalog.sources import locate, resolve
-from .families import FamilyAdapter, create_adapter
+from .families import AnyFamily, create_family
 from .fleet.manager import Fleet
 from .fleet.memory import (
     budget_limit,
@@ -106,9 +106,9 @@ def build_runner(
     choice = choice or build_profiles(settings).choose(spec)
     profile = choice.profile
 
-    def make_adapter(
+    def make_family(
         precision: str = profile.precision, runtime: str = profile.runtime or spec.runtime
-    ) -> FamilyAdapter:
+    ) -> AnyFamily:
         path = weights_path(spec, settings)
         engine = create_runtime(
             runtime,
@@ -118,10 +118,10 @@ def build_runner(
             cache_dir=Path(settings.cache_dir).expanduser(),
             options=spec.runtime_options,
         )
-        return create_adapter(spec, engine, path)
+        return create_family(spec, engine, path)
 
-    def make_reference() -> FamilyAdapter:  # fp32 torch, or this runtime where it is absent
-        return make_adapter("fp32", "torch" if not missing_extra("torch") else runtime_name)
+    def make_reference() -> AnyFamily:  # fp32 torch, or this runtime where it is absent
+        return make_family("fp32", "torch" if not missing_extra("torch") else runtime_name)
 
     runtime_name = profile.runtime or spec.runtime
     verify = None
@@ -132,7 +132,7 @@ def build_runner(
     eager = spec.pinned or spec.id in settings.model_list()
     tokens = settings.max_batch_tokens or profile.max_batch_tokens
 
-    def measure(adapter: FamilyAdapter) -> int:  # the activation peak of a full batch
+    def measure(adapter: AnyFamily) -> int:  # the activation peak of a full batch
         path = weights_path(spec, settings)
         return measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
 
@@ -147,13 +147,13 @@ def build_runner(
     runner: ModelRunner | GenerationRunner
     if spec.family == "generate":
         runner = GenerationRunner(
-            spec, profile, make_adapter, metrics, settings.max_batch_tokens,
+            spec, profile, make_family, metrics, settings.max_batch_tokens,
             eager=eager, verify=verify, measure=measure, estimate=estimate,
             max_adapters=settings.max_adapters_per_batch,
         )  # fmt: skip
     else:
         runner = ModelRunner(
-            spec, profile, make_adapter, metrics, settings.max_batch_tokens,
+            spec, profile, make_family, metrics, settings.max_batch_tokens,
             eager=eager, verify=verify, measure=measure, estimate=estimate,
             max_adapters=settings.max_adapters_per_batch,
             interactive_tokens=interactive_tokens(choice, settings),
@@ -162,7 +162,7 @@ def build_runner(
     if not missing_extra("torch"):
         # adapters run on torch: at the profile's precision where torch has it
         torch_precision = profile.precision if profile.precision != "int8" else "fp32"
-        runner.torch_factory = lambda: make_adapter(torch_precision, "torch")
+        runner.torch_factory = lambda: make_family(torch_precision, "torch")
     return runner
 
 

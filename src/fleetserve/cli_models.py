@@ -277,7 +277,7 @@ def prepare_models(
             t0 = time.perf_counter()
             with console.status(f"preparing {model_id}…"):
                 asyncio.run(runner.load())
-            adapter = runner.adapter
+            adapter = runner.family
             done = adapter.runtime.name, adapter.runtime.precision
             console.print(
                 f"[green]ready[/] {model_id} ({done[0]}, {done[1]}) "

@@ -126,12 +126,12 @@ class EmbeddedServer(Service):
                         spec.sources, hf_cache, Path(self.settings.cache_dir).expanduser()
                     ),
                     "tasks": sorted(t.value for t in r.tasks),
-                    "dimensions": getattr(r.adapter_or_none, "dim", None) or spec.dimensions,
+                    "dimensions": getattr(r.family_or_none, "dim", None) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,
                     "adapters": r.hosting_info(),
                     "limits": {  # what the SDK sizes the chunks of a long call from
                         "max_body_bytes": self.settings.max_body_bytes,
-                        "max_batch_tokens": r.former.max_batch_tokens,
+                        "max_batch_tokens": r.waiting.max_batch_tokens,
                         "max_batch_size": r.profile.max_batch_size,
                         "max_seq_len": spec.max_seq_len,
                         "request_timeout_s": self.settings.request_timeout,

@@ -60,11 +60,11 @@ def test_an_s3_source_is_fetched_once_then_served_from_the_cache(
     assert again == path
 
     from fleetserve.catalog import ModelSpec
-    from fleetserve.families.dense import DenseAdapter
+    from fleetserve.families.dense import DenseFamily
     from fleetserve.runtimes import create_runtime
 
     spec = ModelSpec(id="tiny", family="dense", runtime="torch", sources=(uri,), max_seq_len=16)
-    adapter = DenseAdapter(spec, create_runtime("torch", device="cpu", precision="fp32"), path)
+    adapter = DenseFamily(spec, create_runtime("torch", device="cpu", precision="fp32"), path)
     adapter.load()
     out = adapter.forward([[2, 30, 3]])
     assert np.isfinite(out).all() and out.shape == (1, 32)

@@ -48,7 +48,7 @@ def test_without_a_knee_the_cost_model_decides(tmp_path: Path) -> None:
 
 
 def test_generation_counts_its_decode_not_only_the_prefill() -> None:
-    from fleetserve.families.generate.adapter import DEFAULT_MAX_TOKENS as ADAPTERS
+    from fleetserve.families.generate.family import DEFAULT_MAX_TOKENS as ADAPTERS
 
     assert DEFAULT_MAX_TOKENS == ADAPTERS
     pf = read_profile_file(bundled_dir() / "cpu-amx" / f"{SMOL.replace('/', '--')}.yaml")

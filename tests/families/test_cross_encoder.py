@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fleetserve.catalog import ModelSpec
-from fleetserve.families.cross_encoder import CrossEncoderAdapter
+from fleetserve.families.cross_encoder import CrossEncoderFamily
 from fleetserve.runtimes import create_runtime
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 
@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_cross_encoder(tmp_path_factory.mktemp("ce") / "model")
 
 
-def make_adapter(path: Path, runtime: str = "torch", **options: Any) -> CrossEncoderAdapter:
+def make_family(path: Path, runtime: str = "torch", **options: Any) -> CrossEncoderFamily:
     spec = ModelSpec(
         id="tiny/cross-encoder",
         family="cross_encoder",
@@ -45,22 +45,22 @@ def make_adapter(path: Path, runtime: str = "torch", **options: Any) -> CrossEnc
         options=options,
     )
     rt = create_runtime(runtime, device="cpu", precision="fp32", cache_dir=path.parent / "cache")
-    adapter = CrossEncoderAdapter(spec, rt, path)
+    adapter = CrossEncoderFamily(spec, rt, path)
     adapter.load()
     adapter.warmup()
     return adapter
 
 
 @pytest.fixture(scope="module")
-def adapter(model_dir: Path) -> CrossEncoderAdapter:
-    return make_adapter(model_dir)
+def adapter(model_dir: Path) -> CrossEncoderFamily:
+    return make_family(model_dir)
 
 
 def envelope(task: Task, enc: Encoding = Encoding.JSON) -> Envelope:
     return Envelope("r1", "tiny/cross-encoder", task, enc, enc, 1, time.time() + 60)
 
 
-def call(a: CrossEncoderAdapter, task: Task, body: dict[str, Any], enc: Encoding = Encoding.JSON):
+def call(a: CrossEncoderFamily, task: Task, body: dict[str, Any], enc: Encoding = Encoding.JSON):
     env = envelope(task, enc)
     raw = msgspec.msgpack.encode(body) if enc is Encoding.MSGPACK else json.dumps(body).encode()
     reply, prepared = run_like_worker(a, env, raw)
@@ -83,10 +83,10 @@ def test_scores_equal_sentence_transformers(model_dir: Path, activation: str) ->
     import torch
 
     if activation == "default":
-        a, want = make_adapter(model_dir), reference(model_dir)
+        a, want = make_family(model_dir), reference(model_dir)
     else:
         a, want = (
-            make_adapter(model_dir, activation="none"),
+            make_family(model_dir, activation="none"),
             reference(model_dir, torch.nn.Identity()),
         )
     got, _ = call(a, Task.SCORE, {"query": QUERY, "items": DOCS})
@@ -99,21 +99,21 @@ def test_scores_equal_sentence_transformers(model_dir: Path, activation: str) ->
 def test_each_runtime_equals_sentence_transformers(model_dir: Path, runtime: str) -> None:
     if runtime == "onnx":
         pytest.importorskip("fleetserve.runtimes.onnx", reason="runtimes/onnx.py is not there yet")
-    a = make_adapter(model_dir, runtime)
+    a = make_family(model_dir, runtime)
     assert a.runtime.name == runtime
     got, _ = call(a, Task.SCORE, {"query": QUERY, "items": DOCS})
     assert np.abs(np.asarray(got["scores"]) - reference(model_dir)).max() < 1e-5
 
 
-def test_segment_ids_reach_the_model(model_dir: Path, adapter: CrossEncoderAdapter) -> None:
+def test_segment_ids_reach_the_model(model_dir: Path, adapter: CrossEncoderFamily) -> None:
     assert adapter.use_types  # BERT: type_vocab_size 2
-    without = make_adapter(model_dir, token_type_ids=False)
+    without = make_family(model_dir, token_type_ids=False)
     a, _ = call(adapter, Task.SCORE, {"query": QUERY, "items": DOCS})
     b, _ = call(without, Task.SCORE, {"query": QUERY, "items": DOCS})
     assert np.abs(np.asarray(a["scores"]) - np.asarray(b["scores"])).max() > 1e-3
 
 
-def test_long_document_is_cut_and_query_survives(adapter: CrossEncoderAdapter) -> None:
+def test_long_document_is_cut_and_query_survives(adapter: CrossEncoderFamily) -> None:
     from transformers import AutoTokenizer
 
     _, prepared = call(adapter, Task.SCORE, {"query": QUERY, "items": DOCS})
@@ -133,7 +133,7 @@ def test_long_document_is_cut_and_query_survives(adapter: CrossEncoderAdapter) -
 
 
 def test_long_query_is_cut_to_max_query_tokens(model_dir: Path) -> None:
-    a = make_adapter(model_dir, max_query_tokens=6)
+    a = make_family(model_dir, max_query_tokens=6)
     long_query = "hello world " * 10
     _, prepared = call(a, Task.SCORE, {"query": long_query, "items": ["a cat", DOCS[1]]})
     for ids, types in prepared.items:
@@ -141,10 +141,10 @@ def test_long_query_is_cut_to_max_query_tokens(model_dir: Path) -> None:
         assert len(ids) <= MAX_LEN
     assert len(prepared.items[1][0]) == MAX_LEN
     with pytest.raises(ValueError, match="max_query_tokens"):
-        make_adapter(model_dir, max_query_tokens=MAX_LEN)
+        make_family(model_dir, max_query_tokens=MAX_LEN)
 
 
-def test_truncate_false_names_the_item(adapter: CrossEncoderAdapter) -> None:
+def test_truncate_false_names_the_item(adapter: CrossEncoderFamily) -> None:
     with pytest.raises(InvalidInput) as err:
         call(adapter, Task.SCORE, {"query": QUERY, "items": DOCS, "truncate": False})
     assert err.value.field == "items[1]"
@@ -166,7 +166,7 @@ def test_truncate_false_names_the_item(adapter: CrossEncoderAdapter) -> None:
     ],
 )
 def test_bad_requests_are_400_naming_the_field(
-    adapter: CrossEncoderAdapter, task: Task, body: dict[str, Any], field: str
+    adapter: CrossEncoderFamily, task: Task, body: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(InvalidInput) as err:
         call(adapter, task, body)
@@ -174,7 +174,7 @@ def test_bad_requests_are_400_naming_the_field(
 
 
 @pytest.mark.parametrize("enc", [Encoding.JSON, Encoding.MSGPACK])
-def test_rerank_is_cohere_shaped(adapter: CrossEncoderAdapter, enc: Encoding) -> None:
+def test_rerank_is_cohere_shaped(adapter: CrossEncoderFamily, enc: Encoding) -> None:
     scores, _ = call(adapter, Task.SCORE, {"query": QUERY, "items": DOCS}, enc)
     docs = [DOCS[0], {"text": DOCS[1]}, *DOCS[2:]]
     body = {"model": "m", "query": QUERY, "documents": docs, "top_n": 3, "return_documents": True}
@@ -206,17 +206,17 @@ def test_two_labels_softmax_and_label_index(tmp_path: Path) -> None:
         ({"activation": "none", "label_index": 0}, logits[:, 0]),
     ]
     for options, want in cases:
-        got, _ = call(make_adapter(path, **options), Task.SCORE, {"query": QUERY, "items": DOCS})
+        got, _ = call(make_family(path, **options), Task.SCORE, {"query": QUERY, "items": DOCS})
         assert np.abs(np.asarray(got["scores"]) - want.numpy()).max() < 1e-5
     three = build_cross_encoder(tmp_path / "three", num_labels=3)
     with pytest.raises(ValueError, match="label_index"):
-        make_adapter(three)
+        make_family(three)
     with pytest.raises(ValueError, match="activation"):
-        make_adapter(path, activation="relu")
+        make_family(path, activation="relu")
 
 
 def test_http_score_and_rerank(
-    model_dir: Path, adapter: CrossEncoderAdapter, tmp_path: Path
+    model_dir: Path, adapter: CrossEncoderFamily, tmp_path: Path
 ) -> None:
     import httpx
 

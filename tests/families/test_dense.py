@@ -13,7 +13,7 @@ import pytest
 from fleetserve.assembly import HF_CACHE
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.catalog.sources import resolve
-from fleetserve.families.dense import DenseAdapter, _b64_rows
+from fleetserve.families.dense import DenseFamily, _b64_rows
 from fleetserve.families.quantize import quantize
 from fleetserve.runtimes import create_runtime
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
@@ -33,21 +33,21 @@ def test_b64_rows_equal_per_row_encoding(dim: int) -> None:
     assert _b64_rows(arr) == want
 
 
-def call(a: DenseAdapter, task: Task, body: dict[str, Any], enc: Encoding = MP) -> Any:
+def call(a: DenseFamily, task: Task, body: dict[str, Any], enc: Encoding = MP) -> Any:
     env = Envelope("r1", a.spec.id, task, enc, enc, 1, time.time() + 30)
     prepared = a.preprocess(env, dumps(body, enc))
     return loads(a.postprocess(env, prepared, list(a.forward(prepared.items))), enc)
 
 
-def make(spec: ModelSpec, path: Path) -> DenseAdapter:
-    a = DenseAdapter(spec, create_runtime("torch", device="cpu", precision="fp32"), path)
+def make(spec: ModelSpec, path: Path) -> DenseFamily:
+    a = DenseFamily(spec, create_runtime("torch", device="cpu", precision="fp32"), path)
     a.load()
     a.warmup()
     return a
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> DenseAdapter:
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> DenseFamily:
     path = build_bert(tmp_path_factory.mktemp("dense") / "model")
     spec = ModelSpec.from_dict(
         {"id": "tiny/dense", "source": str(path), "max_seq_len": 16, "dimensions": 32,
@@ -56,7 +56,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> DenseAdapter:
     return make(spec, path)
 
 
-def test_int8_codes_and_scales(tiny: DenseAdapter) -> None:
+def test_int8_codes_and_scales(tiny: DenseFamily) -> None:
     want = array_from_wire(call(tiny, Task.ENCODE, {"inputs": TEXTS})["embeddings"])
     for enc in (MP, JS):
         r = call(tiny, Task.ENCODE, {"inputs": TEXTS, "output_dtype": "int8"}, enc)
@@ -70,7 +70,7 @@ def test_int8_codes_and_scales(tiny: DenseAdapter) -> None:
         np.testing.assert_array_equal(codes, np.rint(want / np.abs(want).max(1)[:, None] * 127))
 
 
-def test_binary_sign_bits_packed_big_endian(tiny: DenseAdapter) -> None:
+def test_binary_sign_bits_packed_big_endian(tiny: DenseFamily) -> None:
     want = array_from_wire(
         call(tiny, Task.ENCODE, {"inputs": TEXTS, "dimensions": 12})["embeddings"]
     )
@@ -84,7 +84,7 @@ def test_binary_sign_bits_packed_big_endian(tiny: DenseAdapter) -> None:
     assert js["embeddings"] == packed.tolist()
 
 
-def test_float16_and_invalid_dtypes(tiny: DenseAdapter) -> None:
+def test_float16_and_invalid_dtypes(tiny: DenseFamily) -> None:
     want = array_from_wire(call(tiny, Task.ENCODE, {"inputs": TEXTS})["embeddings"])
     half = array_from_wire(
         call(tiny, Task.ENCODE, {"inputs": TEXTS, "output_dtype": "float16"})["embeddings"]
@@ -106,7 +106,7 @@ def test_quantize_zero_vector_and_half_rounding() -> None:
     assert q.tolist() == [[0, 0], [64, -127]] and s.tolist() == [0.0, np.float32(1 / 127)]
 
 
-def test_score_is_cosine_of_prefixed_embeddings(tiny: DenseAdapter) -> None:
+def test_score_is_cosine_of_prefixed_embeddings(tiny: DenseFamily) -> None:
     reply = call(tiny, Task.SCORE, {"query": "brown fox", "items": TEXTS}, JS)
     q = array_from_wire(call(tiny, Task.ENCODE, {"inputs": "query: brown fox"})["embeddings"])
     d = array_from_wire(
@@ -123,7 +123,7 @@ def test_score_is_cosine_of_prefixed_embeddings(tiny: DenseAdapter) -> None:
     np.testing.assert_allclose(rr["results"][0]["relevance_score"], max(reply["scores"]))
 
 
-def test_score_validation(tiny: DenseAdapter) -> None:
+def test_score_validation(tiny: DenseFamily) -> None:
     long = " ".join(["fox"] * 40)
     for task, body, field in [
         (Task.SCORE, {"query": "fox", "items": []}, "items"),

@@ -13,7 +13,7 @@ from fleetserve.assembly import HF_CACHE
 from fleetserve.catalog import Catalog
 from fleetserve.catalog.profiles import bundled_dir, read_profile_file, slug
 from fleetserve.catalog.sources import resolve
-from fleetserve.families.dense import DenseAdapter
+from fleetserve.families.dense import DenseFamily
 from fleetserve.runtimes import create_runtime
 
 from ..conftest import REAL, ServerThread
@@ -77,7 +77,7 @@ def test_every_shipped_profile_keeps_quality(
         precision=profile.precision,
         cache_dir=tmp_path,
     )
-    adapter = DenseAdapter(spec, runtime, path)
+    adapter = DenseFamily(spec, runtime, path)
     adapter.load()
     ids, _ = adapter.tokenizer.encode(TEXTS, truncate=True)
     got = adapter.forward(ids)
@@ -91,7 +91,7 @@ def test_cpu_autocast_precisions_keep_quality(
 ) -> None:
     spec = Catalog.load().get(REAL)
     path = resolve(REAL, spec.sources, HF_CACHE)
-    adapter = DenseAdapter(spec, create_runtime("torch", device="cpu", precision=precision), path)
+    adapter = DenseFamily(spec, create_runtime("torch", device="cpu", precision=precision), path)
     adapter.load()
     ids, _ = adapter.tokenizer.encode(TEXTS, truncate=True)
     assert cosines(adapter.forward(ids), reference).min() >= 0.9999

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve.families import FAMILIES, FAMILY_TASKS, adapter_class, family_tasks
+from fleetserve.families import FAMILIES, FAMILY_TASKS, family_class, family_tasks
 
 
 def test_the_table_names_every_family() -> None:
@@ -13,7 +13,7 @@ def test_the_table_names_every_family() -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_table_matches_the_adapter_class(family: str) -> None:
-    assert family_tasks(family) == FAMILY_TASKS[family] == adapter_class(family).tasks
+    assert family_tasks(family) == FAMILY_TASKS[family] == family_class(family).tasks
 
 
 def test_an_unknown_family_is_a_value_error_listing_the_known_ones() -> None:

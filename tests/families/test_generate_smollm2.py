@@ -20,7 +20,7 @@ import pytest
 
 from fleetserve.catalog import Catalog, Profile
 from fleetserve.catalog.sources import resolve
-from fleetserve.families.generate import GenerateAdapter, convert
+from fleetserve.families.generate import GenerateFamily, convert
 from fleetserve.metrics import Metrics
 from fleetserve.queue import Message
 from fleetserve.runtimes.torch import TorchRuntime
@@ -96,13 +96,13 @@ def converted(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="module")
-def adapter(converted: Path) -> Iterator[GenerateAdapter]:
+def adapter(converted: Path) -> Iterator[GenerateFamily]:
     import torch
 
     # one intra-op thread: on a busy 2-core machine two threads thrash (10-30x slower)
     threads = torch.get_num_threads()
     spec = Catalog.load().get(MODEL)
-    a = GenerateAdapter(spec, TorchRuntime(device="cpu", threads=1), converted)
+    a = GenerateFamily(spec, TorchRuntime(device="cpu", threads=1), converted)
     a.load()
     try:
         yield a
@@ -129,7 +129,7 @@ def test_the_conversion_is_a_whole_safetensors_dir_reused_from_the_cache(
     assert again == converted and time.perf_counter() - t0 < 2.0
 
 
-def test_structured_output_always_parses_and_validates(adapter: GenerateAdapter) -> None:
+def test_structured_output_always_parses_and_validates(adapter: GenerateFamily) -> None:
     prepared = []
     for question, schema in SCHEMAS:
         fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
@@ -144,7 +144,7 @@ def test_structured_output_always_parses_and_validates(adapter: GenerateAdapter)
     assert json.loads(outs[1].generation.text)["color"] == "blue"  # greedy, and sensible
 
 
-async def test_streaming_chunks_concatenate_to_the_answer(adapter: GenerateAdapter) -> None:
+async def test_streaming_chunks_concatenate_to_the_answer(adapter: GenerateFamily) -> None:
     profile = Profile("cpu", max_batch_tokens=16384, max_batch_size=4)
     runner = GenerationRunner(adapter.spec, profile, adapter, Metrics())
     runner.loaded = True

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from fleetserve.catalog import ModelSpec
-from fleetserve.families.image import ImageAdapter
+from fleetserve.families.image import ImageFamily
 from fleetserve.runtimes import create_runtime
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 from fleetserve.wire.codec import array_from_wire
@@ -43,23 +43,23 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"clip": build_clip(root / "clip"), "siglip": build_siglip(root / "siglip")}
 
 
-def make_adapter(path: Path, precision: str = "fp32", **options: Any) -> ImageAdapter:
+def make_family(path: Path, precision: str = "fp32", **options: Any) -> ImageFamily:
     spec = ModelSpec(
         id="tiny/image", family="image", runtime="torch", sources=(str(path),), options=options
     )
-    adapter = ImageAdapter(spec, create_runtime("torch", device="cpu", precision=precision), path)
+    adapter = ImageFamily(spec, create_runtime("torch", device="cpu", precision=precision), path)
     adapter.load()
     adapter.warmup()
     return adapter
 
 
 @pytest.fixture(scope="module")
-def adapters(dirs: dict[str, Path]) -> dict[str, ImageAdapter]:
-    return {k: make_adapter(p) for k, p in dirs.items()}
+def adapters(dirs: dict[str, Path]) -> dict[str, ImageFamily]:
+    return {k: make_family(p) for k, p in dirs.items()}
 
 
 def call(
-    a: ImageAdapter,
+    a: ImageFamily,
     body: dict[str, Any],
     enc: Encoding = Encoding.MSGPACK,
     task: Task = Task.ENCODE,
@@ -212,7 +212,7 @@ def test_rows_do_not_depend_on_the_batch(adapters: dict[str, Any]) -> None:
 
 
 def test_fp16_weights_take_fp16_pixels(dirs: dict[str, Path], adapters: dict[str, Any]) -> None:
-    half = make_adapter(dirs["clip"], precision="fp16")
+    half = make_family(dirs["clip"], precision="fp16")
     body = {"inputs": [{"image": encode_image(WIDE)}, TEXTS[0]]}
     got = array_from_wire(call(half, body)[0]["embeddings"])
     want = array_from_wire(call(adapters["clip"], body)[0]["embeddings"])
@@ -302,7 +302,7 @@ def with_size(png: bytes, width: int, height: int) -> bytes:
 
 
 def test_size_limits_are_400(dirs: dict[str, Path]) -> None:
-    a = make_adapter(dirs["siglip"], max_image_bytes=len(PNG) - 1, max_image_pixels=3000)
+    a = make_family(dirs["siglip"], max_image_bytes=len(PNG) - 1, max_image_pixels=3000)
     blank = encode_image(np.zeros((60, 60, 3), np.uint8))  # small file, 3600 pixels
     cases = [
         ({"image": PNG}, Encoding.MSGPACK, f"over the limit of {len(PNG) - 1} bytes"),
@@ -314,7 +314,7 @@ def test_size_limits_are_400(dirs: dict[str, Path]) -> None:
         with pytest.raises(InvalidInput) as err:
             call(a, {"inputs": [item]}, enc)
         assert err.value.field == "inputs[0]" and reason in err.value.message
-    big = make_adapter(dirs["clip"])  # the defaults: 10 MiB, 40 MP, checked before decoding
+    big = make_family(dirs["clip"])  # the defaults: 10 MiB, 40 MP, checked before decoding
     with pytest.raises(InvalidInput, match="10000x5000 pixels, over the limit of 40000000"):
         call(big, {"inputs": [{"image": with_size(blank, 10_000, 5_000)}]})
     small = encode_image(np.zeros((40, 40, 3), np.uint8))
@@ -329,11 +329,11 @@ def test_wrong_runtime_or_model_fails_clearly(dirs: dict[str, Path], tmp_path: P
 
     spec = ModelSpec(id="tiny/image", family="image", runtime="onnx", sources=("x",))
     with pytest.raises(ValueError, match="runtime: torch"):
-        ImageAdapter(spec, Onnx(), dirs["clip"])  # type: ignore[arg-type]
+        ImageFamily(spec, Onnx(), dirs["clip"])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="serves clip and siglip"):
-        make_adapter(build_bert(tmp_path / "bert"))
+        make_family(build_bert(tmp_path / "bert"))
     with pytest.raises(ValueError, match="cannot open image formats"):
-        make_adapter(dirs["clip"], image_formats=["PNG", "NOPE"])
+        make_family(dirs["clip"], image_formats=["PNG", "NOPE"])
 
 
 # -- over HTTP -------------------------------------------------------------------

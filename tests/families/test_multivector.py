@@ -18,7 +18,7 @@ from transformers import AutoModel
 from fleetserve.assembly import HF_CACHE
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.catalog.sources import resolve
-from fleetserve.families.multivector import MultiVectorAdapter, maxsim
+from fleetserve.families.multivector import MultiVectorFamily, maxsim
 from fleetserve.runtimes import create_runtime
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 from fleetserve.wire.codec import array_from_wire, dumps, loads
@@ -29,7 +29,7 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2-multivector"
 MP, JS = Encoding.MSGPACK, Encoding.JSON
 
 
-def call(a: MultiVectorAdapter, task: Task, body: dict[str, Any], enc: Encoding = MP) -> Any:
+def call(a: MultiVectorFamily, task: Task, body: dict[str, Any], enc: Encoding = MP) -> Any:
     env = Envelope("r1", a.spec.id, task, enc, enc, 1, time.time() + 30)
     prepared = a.preprocess(env, dumps(body, enc))
     return loads(a.postprocess(env, prepared, list(a.forward(prepared.items))), enc)
@@ -39,9 +39,9 @@ def matrices(reply: Any) -> list[np.ndarray[Any, Any]]:
     return [np.asarray(array_from_wire(m), dtype=np.float32) for m in reply["embeddings"]]
 
 
-def adapter(spec: ModelSpec, path: Path, runtime: str = "torch") -> MultiVectorAdapter:
+def adapter(spec: ModelSpec, path: Path, runtime: str = "torch") -> MultiVectorFamily:
     rt = create_runtime(runtime, device="cpu", precision="fp32", cache_dir=path.parent / "cache")
-    a = MultiVectorAdapter(spec, rt, path)
+    a = MultiVectorFamily(spec, rt, path)
     a.load()
     a.warmup()
     return a
@@ -55,14 +55,14 @@ def unit(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 @pytest.fixture(scope="module")
-def minilm() -> MultiVectorAdapter:
+def minilm() -> MultiVectorFamily:
     spec = Catalog.load().get(MINILM)
     return adapter(spec, resolve(MINILM, spec.sources, HF_CACHE))
 
 
 @pytest.mark.slow
 def test_minilm_token_vectors_are_the_hidden_rows_of_kept_tokens(
-    minilm: MultiVectorAdapter,
+    minilm: MultiVectorFamily,
 ) -> None:
     texts = ["Hello, world! Late interaction keeps one vector per token.", "pandas eat bamboo"]
     raw = matrices(call(minilm, Task.ENCODE, {"inputs": texts, "normalize": False}))
@@ -83,7 +83,7 @@ def test_minilm_token_vectors_are_the_hidden_rows_of_kept_tokens(
 
 
 @pytest.mark.slow
-def test_minilm_maxsim_ranks_the_relevant_document_first(minilm: MultiVectorAdapter) -> None:
+def test_minilm_maxsim_ranks_the_relevant_document_first(minilm: MultiVectorFamily) -> None:
     query = "What do giant pandas eat?"
     docs = [
         "The stock market fell sharply on Tuesday.",
@@ -113,7 +113,7 @@ def colbert(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
-def tiny(colbert: Path) -> MultiVectorAdapter:
+def tiny(colbert: Path) -> MultiVectorFamily:
     return adapter(tiny_spec(colbert), colbert)
 
 
@@ -142,7 +142,7 @@ def reference(path: Path, ids: list[int], attend: int) -> np.ndarray[Any, Any]:
 
 
 def test_tiny_colbert_loads_its_projection_and_markers(
-    colbert: Path, tiny: MultiVectorAdapter
+    colbert: Path, tiny: MultiVectorFamily
 ) -> None:
     a = tiny
     assert a.checkpoint.layout == ("pylate" if (colbert / "modules.json").exists() else "hf")
@@ -171,7 +171,7 @@ def test_tiny_colbert_loads_its_projection_and_markers(
 
 
 def test_openvino_gives_the_vectors_and_scores_of_torch(
-    colbert: Path, tiny: MultiVectorAdapter
+    colbert: Path, tiny: MultiVectorFamily
 ) -> None:
     a = adapter(tiny_spec(colbert), colbert, "openvino")
     assert a.runtime.name == "openvino"
@@ -208,7 +208,7 @@ def test_max_tokens_truncates_per_request(colbert: Path) -> None:
     assert info.value.field == "inputs[1]"
 
 
-def test_score_and_encode_agree_and_dtypes(tiny: MultiVectorAdapter) -> None:
+def test_score_and_encode_agree_and_dtypes(tiny: MultiVectorFamily) -> None:
     a = tiny
     docs = ["the quick brown fox", "money in the river bank", "a cat sat on a mat"]
     reply = call(a, Task.SCORE, {"query": "brown fox", "items": docs})
@@ -232,7 +232,7 @@ def test_score_and_encode_agree_and_dtypes(tiny: MultiVectorAdapter) -> None:
     assert info.value.field == "output_dtype"
 
 
-def test_invalid_requests_and_options(colbert: Path, tiny: MultiVectorAdapter) -> None:
+def test_invalid_requests_and_options(colbert: Path, tiny: MultiVectorFamily) -> None:
     a = tiny
     for body, field in [
         ({"inputs": []}, "inputs"),

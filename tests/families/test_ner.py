@@ -15,7 +15,7 @@ from ..tiny_extract import (
     build_token_classifier,
     call,
     call_together,
-    make_adapter,
+    make_family,
     onnx_runtime,
     openvino_runtime,
 )
@@ -37,7 +37,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def adapter(model: Path) -> Any:
-    return make_adapter("ner", model)
+    return make_family("ner", model)
 
 
 def pipeline_spans(model: Path, texts: list[str], strategy: str, **kw: Any) -> list[Any]:
@@ -63,7 +63,7 @@ def assert_same(served: list[list[dict[str, Any]]], ref: list[Any], texts: list[
 
 @pytest.mark.parametrize("strategy", ["simple", "first", "average", "max"])
 def test_spans_equal_the_pipeline(model: Path, strategy: str) -> None:
-    adapter = make_adapter("ner", model, options={"aggregation": strategy})
+    adapter = make_family("ner", model, options={"aggregation": strategy})
     reply = call(adapter, {"inputs": TEXTS})
     assert reply["model"] == "tiny/ner" and reply["usage"]["tokens"] > len(TEXTS) * 2
     assert sum(len(r) for r in reply["results"]) > 8  # the random head does find spans
@@ -73,7 +73,7 @@ def test_spans_equal_the_pipeline(model: Path, strategy: str) -> None:
 @pytest.mark.parametrize("strategy", ["simple", "first"])
 def test_plain_tags_equal_the_pipeline(tmp_path: Path, strategy: str) -> None:
     model = build_token_classifier(tmp_path, labels=PLAIN, seed=2)
-    adapter = make_adapter("ner", model, options={"aggregation": strategy})
+    adapter = make_family("ner", model, options={"aggregation": strategy})
     reply = call(adapter, {"inputs": TEXTS})
     assert {e["label"] for r in reply["results"] for e in r} <= {"PER", "ORG", "LOC"}
     assert_same(reply["results"], pipeline_spans(model, TEXTS, strategy), TEXTS)
@@ -81,7 +81,7 @@ def test_plain_tags_equal_the_pipeline(tmp_path: Path, strategy: str) -> None:
 
 def test_long_text_windows_equal_the_strided_pipeline(model: Path) -> None:
     text = " ".join(TEXTS * 3)
-    adapter = make_adapter("ner", model, max_seq_len=16, options={"stride": 5})
+    adapter = make_family("ner", model, max_seq_len=16, options={"stride": 5})
     reply = call(adapter, {"inputs": [text, "the cat"]})
     ref = pipeline_spans(model, [text, "the cat"], "simple", max_len=16, stride=5)
     assert_same(reply["results"], ref, [text, "the cat"])
@@ -131,9 +131,9 @@ def test_bad_input_names_the_field(adapter: Any, body: dict[str, Any], field: st
 
 def test_bad_spec_options_fail_at_load(model: Path) -> None:
     with pytest.raises(ValueError, match="aggregation"):
-        make_adapter("ner", model, options={"aggregation": "longest"})
+        make_family("ner", model, options={"aggregation": "longest"})
     with pytest.raises(ValueError, match="stride"):
-        make_adapter("ner", model, max_seq_len=16, options={"stride": 14})
+        make_family("ner", model, max_seq_len=16, options={"stride": 14})
 
 
 def test_b_tags_split_and_overlaps_keep_the_longer_span() -> None:
@@ -159,8 +159,8 @@ def test_a_model_without_tokenizer_json_gets_a_converted_one(model: Path, tmp_pa
     (slow / "tokenizer.json").unlink()  # as in repositories that ship only vocab.txt
     body = {"inputs": TEXTS}
     assert_close(
-        call(make_adapter("ner", slow), body)["results"],
-        call(make_adapter("ner", model), body)["results"],
+        call(make_family("ner", slow), body)["results"],
+        call(make_family("ner", model), body)["results"],
     )
 
 
@@ -168,7 +168,7 @@ def test_a_model_without_tokenizer_json_gets_a_converted_one(model: Path, tmp_pa
 def test_onnx_and_openvino_runtimes_give_the_same_spans(
     runtime: Any, model: Path, adapter: Any, tmp_path: Path
 ) -> None:
-    other = make_adapter("ner", model, runtime=runtime(tmp_path))
+    other = make_family("ner", model, runtime=runtime(tmp_path))
     assert_close(
         call(other, {"inputs": TEXTS})["results"], call(adapter, {"inputs": TEXTS})["results"]
     )

@@ -11,7 +11,7 @@ import pytest
 
 from fleetserve.catalog import ModelSpec
 from fleetserve.families.base import PAD_MULTIPLE, pad_batch, padded_width
-from fleetserve.families.dense import DenseAdapter
+from fleetserve.families.dense import DenseFamily
 from fleetserve.runtimes import create_runtime
 from fleetserve.runtimes.base import Output
 
@@ -37,7 +37,7 @@ def test_pad_batch_masks_the_added_positions() -> None:
     assert pad_batch([[5, 6, 7]], pad_id=0)[0].shape == (1, 3)
 
 
-def make(tmp: Path, max_positions: int) -> tuple[DenseAdapter, list[tuple[int, ...]]]:
+def make(tmp: Path, max_positions: int) -> tuple[DenseFamily, list[tuple[int, ...]]]:
     path = build_bert(tmp / "model", max_positions=max_positions)
     spec = ModelSpec.from_dict(
         {"id": "tiny/pad", "source": str(path), "max_seq_len": max_positions, "dimensions": 32}
@@ -51,7 +51,7 @@ def make(tmp: Path, max_positions: int) -> tuple[DenseAdapter, list[tuple[int, .
         return run(ids, mask, output, token_type_ids)
 
     runtime.run = spy  # type: ignore[method-assign,assignment]
-    a = DenseAdapter(spec, runtime, path)
+    a = DenseFamily(spec, runtime, path)
     a.load()
     shapes.clear()
     return a, shapes

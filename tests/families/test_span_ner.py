@@ -23,7 +23,7 @@ import torch
 
 from fleetserve.catalog import ModelSpec
 from fleetserve.families.gliner_decode import greedy, split_words
-from fleetserve.families.span_ner import SpanNerAdapter
+from fleetserve.families.span_ner import SpanNerFamily
 from fleetserve.runtimes.torch import TorchRuntime
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 
@@ -32,11 +32,11 @@ EXPECTED = json.loads((DATA / "expected.json").read_text())
 CASES = EXPECTED["cases"]
 
 
-def make(path: Path, precision: str = "fp32", **options: Any) -> SpanNerAdapter:
+def make(path: Path, precision: str = "fp32", **options: Any) -> SpanNerFamily:
     spec = ModelSpec.from_dict(
         {"id": "tiny/gliner", "family": "span_ner", "sources": [str(path)], "options": options}
     )
-    adapter = SpanNerAdapter(spec, TorchRuntime("cpu", precision), path)
+    adapter = SpanNerFamily(spec, TorchRuntime("cpu", precision), path)
     adapter.load()
     return adapter
 
@@ -45,7 +45,7 @@ def envelope(enc: Encoding = Encoding.JSON) -> Envelope:
     return Envelope("r1", "tiny/gliner", Task.EXTRACT, enc, enc, 1, time.time() + 60)
 
 
-def together(adapter: SpanNerAdapter, bodies: list[dict[str, Any]]) -> list[Any]:
+def together(adapter: SpanNerFamily, bodies: list[dict[str, Any]]) -> list[Any]:
     """Several requests whose items go through ONE forward call, as the worker batches."""
     env = envelope()
     prepared = [adapter.preprocess(env, json.dumps(b).encode()) for b in bodies]
@@ -59,12 +59,12 @@ def together(adapter: SpanNerAdapter, bodies: list[dict[str, Any]]) -> list[Any]
     return replies
 
 
-def call(adapter: SpanNerAdapter, body: dict[str, Any]) -> Any:
+def call(adapter: SpanNerFamily, body: dict[str, Any]) -> Any:
     return together(adapter, [body])[0]
 
 
 @pytest.fixture(scope="module")
-def models() -> dict[str, SpanNerAdapter]:
+def models() -> dict[str, SpanNerFamily]:
     return {name: make(DATA / name) for name in ("bert", "deberta")}
 
 
@@ -88,7 +88,7 @@ def case_bodies(case: dict[str, Any]) -> tuple[list[int], list[dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("n", range(len(CASES)))
-def test_entities_equal_gliner(models: dict[str, SpanNerAdapter], tmp_path: Path, n: int) -> None:
+def test_entities_equal_gliner(models: dict[str, SpanNerFamily], tmp_path: Path, n: int) -> None:
     case = CASES[n]
     adapter = models[case["model"]]
     if "pooling" in case:  # the same weights with another subtoken pooling
@@ -118,7 +118,7 @@ def test_fixture_is_not_trivial() -> None:
     )
 
 
-def test_requests_with_different_labels_share_a_forward(models: dict[str, SpanNerAdapter]) -> None:
+def test_requests_with_different_labels_share_a_forward(models: dict[str, SpanNerFamily]) -> None:
     adapter = models["bert"]
     a = {"inputs": ["John Smith works at Google in New York."], "labels": ["person", "city"]}
     b = {
@@ -159,7 +159,7 @@ def test_checkpoint_without_encoder_config_or_tokenizer(tmp_path: Path) -> None:
     assert make(DATA / "bert", encoder=str(tmp_path / "absent")).cfg is not None
 
 
-def test_long_text_is_cut_to_the_token_limit(models: dict[str, SpanNerAdapter]) -> None:
+def test_long_text_is_cut_to_the_token_limit(models: dict[str, SpanNerFamily]) -> None:
     adapter = models["bert"]  # 128 positions
     words = ("Mary visited Paris and London with John " * 40).split()
     body = {"labels": ["person", "location"], "threshold": 0.3}
@@ -173,7 +173,7 @@ def test_long_text_is_cut_to_the_token_limit(models: dict[str, SpanNerAdapter]) 
     assert all(e["end"] <= len(cut) for e in full["results"][0])
 
 
-def test_msgpack_reply(models: dict[str, SpanNerAdapter]) -> None:
+def test_msgpack_reply(models: dict[str, SpanNerFamily]) -> None:
     adapter = models["deberta"]
     body = {"inputs": "Mary Jones visited London.", "labels": ["person", "location"]}
     env = envelope(Encoding.MSGPACK)
@@ -203,7 +203,7 @@ def test_msgpack_reply(models: dict[str, SpanNerAdapter]) -> None:
         ({"inputs": ["a"], "labels": ["person " * 200]}, "labels"),  # prompt alone too long
     ],
 )
-def test_bad_input(models: dict[str, SpanNerAdapter], body: dict[str, Any], field: str) -> None:
+def test_bad_input(models: dict[str, SpanNerFamily], body: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidInput) as err:
         models["bert"].preprocess(envelope(), json.dumps(body).encode())
     assert err.value.field == field
@@ -226,7 +226,7 @@ def test_unsupported_checkpoint(tmp_path: Path, key: str, value: Any, error: str
         make(tmp_path / "m")
 
 
-def test_word_without_tokens_keeps_the_others_aligned(models: dict[str, SpanNerAdapter]) -> None:
+def test_word_without_tokens_keeps_the_others_aligned(models: dict[str, SpanNerFamily]) -> None:
     """BERT's normalizer drops a lone control character: that word gets no token."""
     adapter = models["bert"]
     body = {"labels": ["person", "location"], "threshold": 0.3}
@@ -239,7 +239,7 @@ def test_word_without_tokens_keeps_the_others_aligned(models: dict[str, SpanNerA
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_half_precision_encoder(models: dict[str, SpanNerAdapter], precision: str) -> None:
+def test_half_precision_encoder(models: dict[str, SpanNerFamily], precision: str) -> None:
     """The encoder runs in half precision (fp16 weights, or bf16 autocast on CPU); the
     GLiNER head stays in float32. Same spans, scores close to fp32."""
     body = {"inputs": CASES[0]["texts"][:3], "labels": CASES[0]["labels"], "threshold": 0.3}
@@ -248,7 +248,7 @@ def test_half_precision_encoder(models: dict[str, SpanNerAdapter], precision: st
     want = torch.float16 if precision == "fp16" else torch.float32
     assert half.model.encoder.get_input_embeddings().weight.dtype == want
 
-    def scores(adapter: SpanNerAdapter) -> dict[tuple[int, int, int, str], float]:
+    def scores(adapter: SpanNerFamily) -> dict[tuple[int, int, int, str], float]:
         found = call(adapter, body)["results"]
         return {
             (i, e["start"], e["end"], e["label"]): e["score"]
@@ -294,7 +294,7 @@ def test_greedy_decoding_matches_gliner(flat: bool, multi: bool) -> None:
         assert greedy(idx, scores, flat=flat, multi_label=multi) == want
 
 
-def test_http_extract(models: dict[str, SpanNerAdapter], tmp_path: Path) -> None:
+def test_http_extract(models: dict[str, SpanNerFamily], tmp_path: Path) -> None:
     """Through a real server: concurrent requests with different label sets, both
     encodings, and a 400 without labels."""
     from concurrent.futures import ThreadPoolExecutor

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fleetserve.catalog import Catalog, resolve
-from fleetserve.families.sparse import SparseAdapter, sparsify
+from fleetserve.families.sparse import SparseFamily, sparsify
 from fleetserve.runtimes import create_runtime
 from fleetserve.wire import Encoding, Envelope, InvalidInput, Task
 from fleetserve.wire.codec import array_from_wire
@@ -51,22 +51,22 @@ SETS = [  # query, documents, index of the relevant one
 pytestmark = pytest.mark.slow
 
 
-def make_adapter(runtime: str, cache: Path) -> SparseAdapter:
+def make_family(runtime: str, cache: Path) -> SparseFamily:
     spec = Catalog.load().get(MODEL)
     path = resolve(spec.id, spec.sources, cache)
     rt = create_runtime(runtime, device="cpu", precision="fp32", cache_dir=cache)
-    adapter = SparseAdapter(spec, rt, path)
+    adapter = SparseFamily(spec, rt, path)
     adapter.load()
     adapter.warmup()
     return adapter
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory: pytest.TempPathFactory) -> SparseAdapter:
-    return make_adapter("torch", tmp_path_factory.mktemp("cache"))
+def adapter(tmp_path_factory: pytest.TempPathFactory) -> SparseFamily:
+    return make_family("torch", tmp_path_factory.mktemp("cache"))
 
 
-def call(a: SparseAdapter, task: Task, body: dict[str, Any], enc: Encoding = Encoding.JSON) -> Any:
+def call(a: SparseFamily, task: Task, body: dict[str, Any], enc: Encoding = Encoding.JSON) -> Any:
     env = Envelope("r1", MODEL, task, enc, enc, 1, time.time() + 60)
     raw = msgspec.msgpack.encode(body) if enc is Encoding.MSGPACK else json.dumps(body).encode()
     prepared = a.preprocess(env, raw)
@@ -99,7 +99,7 @@ def dense(emb: dict[str, Any], vocab: int = 30522) -> np.ndarray:
 
 @pytest.mark.parametrize(("query", "docs", "relevant"), SETS)
 def test_relevant_document_scores_highest(
-    adapter: SparseAdapter, query: str, docs: list[str], relevant: int
+    adapter: SparseFamily, query: str, docs: list[str], relevant: int
 ) -> None:
     got = call(adapter, Task.SCORE, {"query": query, "items": docs})
     scores = got["scores"]
@@ -116,11 +116,11 @@ def test_relevant_document_scores_highest(
 
 @pytest.mark.parametrize("runtime", ["torch", "onnx", "openvino"])
 def test_each_runtime_equals_the_reference(
-    adapter: SparseAdapter, runtime: str, tmp_path: Path
+    adapter: SparseFamily, runtime: str, tmp_path: Path
 ) -> None:
     if runtime == "onnx":
         pytest.importorskip("fleetserve.runtimes.onnx", reason="runtimes/onnx.py is not there yet")
-    a = adapter if runtime == "torch" else make_adapter(runtime, tmp_path)
+    a = adapter if runtime == "torch" else make_family(runtime, tmp_path)
     assert a.runtime.name == runtime
     texts = [t for q, docs, _ in SETS for t in (q, *docs)]
     want = reference(a.path, texts)
@@ -134,7 +134,7 @@ def test_each_runtime_equals_the_reference(
         assert call(a, Task.SCORE, {"query": query, "items": docs})["ranking"][0] == relevant
 
 
-def test_top_k_keeps_the_heaviest_terms(adapter: SparseAdapter) -> None:
+def test_top_k_keeps_the_heaviest_terms(adapter: SparseFamily) -> None:
     text = "python programming language"
     full = call(adapter, Task.ENCODE, {"inputs": text})["embeddings"][0]
     top = call(adapter, Task.ENCODE, {"inputs": [text], "top_k": 5, "return_tokens": True})
@@ -147,7 +147,7 @@ def test_top_k_keeps_the_heaviest_terms(adapter: SparseAdapter) -> None:
     assert big == full
 
 
-def test_msgpack_and_json_bodies_agree(adapter: SparseAdapter) -> None:
+def test_msgpack_and_json_bodies_agree(adapter: SparseFamily) -> None:
     body = {"inputs": ["the capital of france", "vaccines"], "return_tokens": True}
     js = call(adapter, Task.ENCODE, body)
     mp = call(adapter, Task.ENCODE, body, Encoding.MSGPACK)
@@ -161,7 +161,7 @@ def test_msgpack_and_json_bodies_agree(adapter: SparseAdapter) -> None:
 
 
 @pytest.mark.parametrize("enc", [Encoding.JSON, Encoding.MSGPACK])
-def test_rerank_is_cohere_shaped(adapter: SparseAdapter, enc: Encoding) -> None:
+def test_rerank_is_cohere_shaped(adapter: SparseFamily, enc: Encoding) -> None:
     query, docs, relevant = SETS[1]
     body = {"model": MODEL, "query": query, "documents": docs, "top_n": 2}
     got = call(adapter, Task.RERANK, {**body, "return_documents": True}, enc)
@@ -185,19 +185,19 @@ def test_rerank_is_cohere_shaped(adapter: SparseAdapter, enc: Encoding) -> None:
     ],
 )
 def test_bad_requests_are_400_naming_the_field(
-    adapter: SparseAdapter, task: Task, body: dict[str, Any], field: str
+    adapter: SparseFamily, task: Task, body: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(InvalidInput) as err:
         call(adapter, task, body)
     assert err.value.field == field
 
 
-def test_dense_only_options_are_rejected(adapter: SparseAdapter) -> None:
+def test_dense_only_options_are_rejected(adapter: SparseFamily) -> None:
     with pytest.raises(InvalidInput, match="unknown field `normalize`"):
         call(adapter, Task.ENCODE, {"inputs": "a", "normalize": True})
 
 
-def test_long_inputs_are_truncated_by_default(adapter: SparseAdapter) -> None:
+def test_long_inputs_are_truncated_by_default(adapter: SparseFamily) -> None:
     got = call(adapter, Task.ENCODE, {"inputs": "word " * 600})
     assert got["usage"]["tokens"] == 512
 
@@ -212,7 +212,7 @@ def test_sparsify() -> None:
     assert sparsify(np.zeros(4, dtype=np.float32))[0].size == 0
 
 
-def test_http_encode_score_and_rerank(adapter: SparseAdapter, tmp_path: Path) -> None:
+def test_http_encode_score_and_rerank(adapter: SparseFamily, tmp_path: Path) -> None:
     import httpx
 
     from ..conftest import ServerThread, tiny_settings

@@ -18,7 +18,7 @@ from ..tiny_extract import (
     build_nli_classifier,
     call,
     call_together,
-    make_adapter,
+    make_family,
     onnx_runtime,
     openvino_runtime,
 )
@@ -36,13 +36,13 @@ def nli_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def nli(nli_model: Path) -> Any:
-    return make_adapter("zero_shot", nli_model)
+    return make_family("zero_shot", nli_model)
 
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = build_bert(tmp_path_factory.mktemp("embed"))
-    return make_adapter("zero_shot", model, options={"method": "embedding"})
+    return make_family("zero_shot", model, options={"method": "embedding"})
 
 
 def pipeline_results(model: Path, texts: list[str], labels: list[str], **kw: Any) -> list[Any]:
@@ -74,7 +74,7 @@ def test_nli_equals_the_pipeline(nli: Any, nli_model: Path, multi_label: bool) -
 
 def test_nli_template_and_truncation_equal_the_pipeline(nli_model: Path) -> None:
     template = "The topic is {}."
-    adapter = make_adapter(
+    adapter = make_family(
         "zero_shot", nli_model, max_seq_len=12, options={"hypothesis_template": template}
     )
     long = " ".join(TEXTS * 4)
@@ -150,9 +150,9 @@ def test_bad_input_names_the_field(nli: Any, body: dict[str, Any], field: str) -
 
 def test_bad_specs_fail_at_load(nli_model: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="method"):
-        make_adapter("zero_shot", nli_model, options={"method": "vibes"})
+        make_family("zero_shot", nli_model, options={"method": "vibes"})
     with pytest.raises(ValueError, match="hypothesis_template"):
-        make_adapter("zero_shot", nli_model, options={"hypothesis_template": "no slot"})
+        make_family("zero_shot", nli_model, options={"hypothesis_template": "no slot"})
     assert nli_classes({"contradiction": 0, "neutral": 1, "entailment": 2}) == (2, 0)
     assert nli_classes({"ENTAILMENT": 0, "not_entailment": 1}) == (0, 1)
     assert nli_classes({"not_entailment": 0, "entailment": 1}) == (1, 0)
@@ -164,7 +164,7 @@ def test_bad_specs_fail_at_load(nli_model: Path, tmp_path: Path) -> None:
 def test_minilm_embedding_zero_shot_picks_the_topic() -> None:
     spec = Catalog.load().get(EMBED_REAL)
     path = resolve(spec.id, spec.sources, HF_CACHE)
-    adapter = make_adapter("zero_shot", path, **_spec_dict(spec))
+    adapter = make_family("zero_shot", path, **_spec_dict(spec))
     texts = [
         "The team won the match in overtime",
         "Stocks fell sharply after the central bank raised interest rates",
@@ -207,7 +207,7 @@ def test_onnx_and_openvino_runtimes_give_the_same_scores(
     method: str, runtime: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     torch_adapter = request.getfixturevalue("nli" if method == "nli" else "embedder")
-    other = make_adapter(
+    other = make_family(
         "zero_shot", torch_adapter.path, runtime=runtime(tmp_path), options={"method": method}
     )
     body = {"inputs": TEXTS, "labels": LABELS}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetserve.families import FamilyAdapter, Prepared
+from fleetserve.families import AnyFamily, Prepared
 from fleetserve.wire import Envelope
 
 
-def run_like_worker(a: FamilyAdapter, env: Envelope, raw: bytes) -> tuple[bytes, Prepared]:
+def run_like_worker(a: AnyFamily, env: Envelope, raw: bytes) -> tuple[bytes, Prepared]:
     """Preprocess, then forward the items in two batches in reverse order (so rows are
     padded with others and routed back by index), then postprocess."""
     prepared = a.preprocess(env, raw)

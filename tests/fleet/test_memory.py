@@ -136,13 +136,13 @@ def test_trim_gives_freed_memory_back() -> None:
 
 def test_activation_peak_of_a_full_batch_of_a_tiny_dense_model(tmp_path: Path) -> None:
     from fleetserve.catalog import ModelSpec
-    from fleetserve.families.dense import DenseAdapter
+    from fleetserve.families.dense import DenseFamily
     from fleetserve.runtimes import create_runtime
 
     model = build_bert(tmp_path / "model", max_positions=512)
     spec = ModelSpec(id="tiny", family="dense", runtime="torch", sources=(str(model),),
                      max_seq_len=512)  # fmt: skip
-    adapter = DenseAdapter(spec, create_runtime("torch", device="cpu", precision="fp32"), model)
+    adapter = DenseFamily(spec, create_runtime("torch", device="cpu", precision="fp32"), model)
     adapter.load()
     peak = measure_activation_peak(adapter, spec, model, 64 * 512, 64)
     assert peak > 0

@@ -22,7 +22,7 @@ from fleetserve.assembly import build_runner, interactive_tokens
 from fleetserve.catalog import Catalog, ModelSpec, Profile
 from fleetserve.catalog.profiles import Choice
 from fleetserve.catalog.rules import missing_extra
-from fleetserve.families import create_adapter
+from fleetserve.families import create_family
 from fleetserve.fleet.manager import Fleet, State
 from fleetserve.fleet.policy import GDSF
 from fleetserve.gateway import envelope as env_mod
@@ -82,7 +82,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     catalog = Catalog.load([cat], bundled=False)
     specs = {s.id: s for s in catalog}
     spec = specs[MODEL]
-    ref = create_adapter(spec, create_runtime("torch", device="cpu", precision="fp32"), bert)
+    ref = create_family(spec, create_runtime("torch", device="cpu", precision="fp32"), bert)
     ref.load()
     env = request_envelope(MODEL, b"")
     reference = {}
@@ -157,10 +157,10 @@ def check(setup: Setup, texts: list[str], got: np.ndarray[Any, Any]) -> None:
 def serves(r: ModelRunner, chosen: Choice, settings: Settings) -> None:
     """``r`` serves ``chosen``: its profile, runtime and batch budgets."""
     assert r.profile == chosen.profile
-    assert r.adapter.runtime.name == chosen.profile.runtime
-    assert r.former.max_batch_tokens == chosen.profile.max_batch_tokens
-    assert r.former.max_batch_size == chosen.profile.max_batch_size
-    assert r.former.interactive_tokens == interactive_tokens(chosen, settings)
+    assert r.family.runtime.name == chosen.profile.runtime
+    assert r.waiting.max_batch_tokens == chosen.profile.max_batch_tokens
+    assert r.waiting.max_batch_size == chosen.profile.max_batch_size
+    assert r.waiting.interactive_tokens == interactive_tokens(chosen, settings)
 
 
 # -- a resident model, under load --------------------------------------------------
@@ -169,7 +169,7 @@ async def test_a_swap_under_four_busy_clients_fails_no_request(setup: Setup) -> 
     async with Serving({MODEL: old}) as s:
         await s.load(MODEL)
         serves(old, OLD, setup.settings)
-        first = weakref.ref(old.adapter)
+        first = weakref.ref(old.family)
         replies = {"before": 0, "after": 0}
         bad: list[str] = []
         warm, swapped, enough, stop = (asyncio.Event() for _ in range(4))
@@ -236,13 +236,13 @@ async def test_no_room_beside_refuses_and_the_old_profile_keeps_serving(setup: S
         await s.load(PINNED)
         await s.load(MODEL)
         s.fleet.budget = s.fleet.used() + new.expected().weights // 2  # the old and half
-        served, used, info = target.adapter, s.fleet.used(), s.fleet.info(MODEL)
+        served, used, info = target.family, s.fleet.used(), s.fleet.info(MODEL)
         result = await swap_profile(s.fleet, target, new)
         assert not result.swapped
         assert result.reason.startswith("refused: ") and f"{PINNED} " in result.reason
         assert "pinned" in result.reason
         assert result.before == result.after == info["bytes"]
-        assert target.adapter is served and not new.loaded
+        assert target.family is served and not new.loaded
         serves(target, OLD, setup.settings)
         assert s.fleet.used() == used and s.fleet.info(MODEL) == info
         assert s.fleet.state(PINNED) is State.RESIDENT
@@ -256,7 +256,7 @@ async def test_a_model_never_loaded_adopts_without_loading(setup: Setup) -> None
         result = await swap_profile(s.fleet, old, new)
         assert result.swapped and "adopted" in result.reason, result.reason
         assert not old.ever_loaded and not new.loaded and s.fleet.state(MODEL) is State.COLD
-        assert old.profile == NEW.profile and old.former.max_batch_tokens == 128
+        assert old.profile == NEW.profile and old.waiting.max_batch_tokens == 128
         assert result.after == s.fleet.info(MODEL)["bytes"] == new.expected().total
         check(setup, TEXTS[:4], await s.encode(MODEL, TEXTS[:4]))  # its first load
         serves(old, NEW, setup.settings)
@@ -301,13 +301,13 @@ async def test_a_new_profile_that_fails_to_load_leaves_the_old_serving(
     old, new = runner(setup, MODEL, OLD), failing(setup)
     async with Serving({MODEL: old}) as s:
         await s.load(MODEL)
-        served, used, info = old.adapter, s.fleet.used(), s.fleet.info(MODEL)
+        served, used, info = old.family, s.fleet.used(), s.fleet.info(MODEL)
         result = await swap_profile(s.fleet, old, new)
         assert not result.swapped
         want = "out of memory" if failing is out_of_memory else "failed"
         assert result.reason.startswith(want), result.reason
         assert result.before == result.after == info["bytes"]
-        assert old.adapter is served
+        assert old.family is served
         serves(old, OLD, setup.settings)
         assert s.fleet.used() == used and s.fleet.info(MODEL) == info
         check(setup, TEXTS[:2], await s.encode(MODEL, TEXTS[:2]))
@@ -345,7 +345,7 @@ async def test_generation_swaps_only_while_no_sequence_runs(setup: Setup) -> Non
         env = dataclasses.replace(envelope(), request_id=rid)
         body = chat_body("hello world", max_tokens=64, temperature=0, stream=True)
         opened[rid], done[rid] = asyncio.Event(), loop.create_future()
-        old.submit(Job(Message(env, body, 1), old.adapter.preprocess(env, body), time.time()))
+        old.submit(Job(Message(env, body, 1), old.family.preprocess(env, body), time.time()))
 
     def chunk(job: Job, body: bytes) -> None:
         opened[job.msg.envelope.request_id].set()  # the first: its sequence was admitted
@@ -368,7 +368,7 @@ async def test_generation_swaps_only_while_no_sequence_runs(setup: Setup) -> Non
         newer = choice("torch", 2048, 2, 0)
         result = await swap_profile(fleet, old, gen(newer))  # idle now
         assert result.swapped, result.reason
-        assert old.profile == newer.profile and old.former.max_batch_tokens == 2048
+        assert old.profile == newer.profile and old.waiting.max_batch_tokens == 2048
         assert old.max_sequences == 2
         submit("r2")  # a new generation thread, on the new adapter
         job = await asyncio.wait_for(done["r2"], 60)

@@ -13,7 +13,7 @@ import httpx
 import msgspec
 import pytest
 
-from fleetserve.gateway.adapters import AdapterRoutes
+from fleetserve.gateway.adapter_routes import AdapterRoutes
 from fleetserve.gateway.http import Receive, Scope, Send, header
 from fleetserve.lora.store import AdapterStore
 from fleetserve.storage import MemoryStore

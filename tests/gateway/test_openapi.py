@@ -17,10 +17,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from fleetserve.gateway import adapters as adapter_routes
+from fleetserve.gateway import adapter_routes, keepalive
 from fleetserve.gateway import app as app_mod
 from fleetserve.gateway import finetune as finetune_routes
-from fleetserve.gateway import keepalive
 from fleetserve.gateway import openapi_types as types
 from fleetserve.lora.jobs.manager import JOB_FIELDS
 from fleetserve.wire.finetune import ALIASES, RANGES, Job, JobEvent

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve.gateway.adapters import AdapterRoutes
+from fleetserve.gateway.adapter_routes import AdapterRoutes
 from fleetserve.gateway.finetune import FineTuneRoutes
 from fleetserve.gateway.multipart import Start, StreamParser, parse
 from fleetserve.gateway.upload import Uploads

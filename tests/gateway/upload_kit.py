@@ -196,7 +196,7 @@ def peak_while(pid: int, port: int, send: Any) -> tuple[Any, int, float]:
 async def _serve(root: Path) -> None:
     from fleetserve.catalog import Catalog
     from fleetserve.gateway import Gateway
-    from fleetserve.gateway.adapters import AdapterRoutes
+    from fleetserve.gateway.adapter_routes import AdapterRoutes
     from fleetserve.gateway.auth import Authenticator, KeyEntry, hash_key
     from fleetserve.gateway.finetune import FineTuneRoutes
     from fleetserve.gateway.upload import Uploads

@@ -20,7 +20,7 @@ import pytest
 
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.gateway import Gateway
-from fleetserve.gateway.adapters import AdapterRoutes
+from fleetserve.gateway.adapter_routes import AdapterRoutes
 from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.logs import FIELDS, JsonFormatter
 from fleetserve.metrics import Metrics

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fleetserve.catalog import Catalog, ModelSpec
-from fleetserve.catalog.adapters import AdapterDecl
+from fleetserve.catalog.adapter_specs import AdapterDecl
 from fleetserve.lora.declared import register_declared
 from fleetserve.lora.store import AdapterStore
 from fleetserve.settings import Settings

@@ -126,7 +126,7 @@ async def test_two_gateways_racing_for_one_version(store: AdapterStore, kit: Kit
         b.create(ALICE, "race", kit.lora2.config, kit.lora2.weights, version=1),
         return_exceptions=True,
     )
-    assert sorted(type(x).__name__ for x in results) == ["AdapterInfo", "Conflict"]
+    assert sorted(type(x).__name__ for x in results) == ["AdapterRecord", "Conflict"]
     assert len([k for k in await store.keys() if k.endswith("info.json")]) == 1
 
 

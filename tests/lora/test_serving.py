@@ -126,9 +126,9 @@ def queued(srv: ServerThread, items: int, heating: str | None = None) -> None:
     ``heating``, until that adapter waits to be made hot)."""
     assert srv.server is not None
     runner: Any = srv.server.runners[TINY]
-    former = runner.former
+    former = runner.waiting
     deadline = time.monotonic() + 60  # generous: a loaded 2-core machine is slow to queue
-    while len(former) < items and not (heating and heating in runner._heating):
+    while len(former) < items and not (heating and heating in runner._adapter_loads):
         assert time.monotonic() < deadline, f"only {len(former)} of {items} items queued"
         threading.Event().wait(0.01)
 

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from fleetserve.catalog import ModelSpec
-from fleetserve.families.dense import DenseAdapter
+from fleetserve.families.dense import DenseFamily
 from fleetserve.runtimes.external import ExternalRuntime
 from fleetserve.wire import Encoding, Envelope, Task
 
@@ -50,7 +50,7 @@ def test_dense_adapter_over_external(tmp_path: Path, api: str) -> None:
         )
         rt = ExternalRuntime(device="cuda", precision="bf16", options=spec.runtime_options)
         stack.callback(rt.close)
-        adapter = DenseAdapter(spec, rt, tmp_path)
+        adapter = DenseFamily(spec, rt, tmp_path)
         adapter.load()
         adapter.warmup()
         assert adapter.dim == 4 and adapter.memory_bytes() == 0

@@ -309,8 +309,8 @@ def test_infer_releases_the_gil(tiny: Path, cached: Path) -> None:
 def test_families_that_need_the_torch_module_refuse_it_clearly(tmp_path: Path) -> None:
     from fleetserve.catalog import ModelSpec
     from fleetserve.families.generate.loading import load_causal_lm
-    from fleetserve.families.image import ImageAdapter
-    from fleetserve.families.span_ner import SpanNerAdapter
+    from fleetserve.families.image import ImageFamily
+    from fleetserve.families.span_ner import SpanNerFamily
 
     rt = OpenVinoRuntime(cache_dir=tmp_path)
 
@@ -318,9 +318,9 @@ def test_families_that_need_the_torch_module_refuse_it_clearly(tmp_path: Path) -
         return ModelSpec(id=f"tiny/{family}", family=family, runtime="openvino", sources=("x",))
 
     with pytest.raises(ValueError, match="the image family needs runtime: torch"):
-        ImageAdapter(spec("image"), rt, tmp_path)
+        ImageFamily(spec("image"), rt, tmp_path)
     with pytest.raises(ValueError, match="span_ner runs on the torch runtime only"):
-        SpanNerAdapter(spec("span_ner"), rt, tmp_path).load()
+        SpanNerFamily(spec("span_ner"), rt, tmp_path).load()
     with pytest.raises(ValueError, match="runs on runtime torch or external, not 'openvino'"):
         load_causal_lm(tmp_path, rt)
 

@@ -28,7 +28,7 @@ async def main():
         async with httpx.AsyncClient() as c:
             r = await c.post(f"http://127.0.0.1:{server.port}/v1/encode/tiny/ov",
                              json={"inputs": ["the quick fox"]})
-        rt = server.runners["tiny/ov"].adapter.runtime
+        rt = server.runners["tiny/ov"].family.runtime
         print(r.status_code, len(r.json()["embeddings"][0]), rt.name)
     finally:
         await server.stop()

@@ -49,7 +49,7 @@ def test_the_profile_picks_onnx_and_it_agrees_with_torch(server: ServerThread) -
     assert info["tiny/torch"]["runtime"] == "torch"
     assert info["tiny/onnx"]["runtime"] == "onnx"
     assert server.server is not None
-    onnx_rt = server.server.runners["tiny/onnx"].adapter.runtime  # type: ignore[attr-defined]
+    onnx_rt = server.server.runners["tiny/onnx"].family.runtime  # type: ignore[attr-defined]
     assert onnx_rt.name == "onnx"
     a, b = embed(server, "tiny/torch"), embed(server, "tiny/onnx")
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -60,7 +60,7 @@ def test_the_profile_picks_openvino_and_it_agrees_with_torch(server: ServerThrea
     info = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
     assert info["tiny/openvino"]["runtime"] == "openvino"
     assert server.server is not None
-    rt = server.server.runners["tiny/openvino"].adapter.runtime  # type: ignore[attr-defined]
+    rt = server.server.runners["tiny/openvino"].family.runtime  # type: ignore[attr-defined]
     assert rt.name == "openvino" and rt.precision == "fp32"
     a, b = embed(server, "tiny/torch"), embed(server, "tiny/openvino")
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -70,7 +70,7 @@ def test_the_profile_picks_openvino_and_it_agrees_with_torch(server: ServerThrea
 
 def test_int8_is_kept_when_the_guard_passes(server: ServerThread) -> None:
     assert server.server is not None
-    rt = server.server.runners["tiny/onnx-int8"].adapter.runtime  # type: ignore[attr-defined]
+    rt = server.server.runners["tiny/onnx-int8"].family.runtime  # type: ignore[attr-defined]
     assert rt.name == "onnx" and rt.precision == "int8"  # the tiny model passes at 0.999
     a, b = embed(server, "tiny/torch"), embed(server, "tiny/onnx-int8")
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)

@@ -18,8 +18,8 @@ from rich.console import Console
 
 from fleetserve.assembly import build_catalog, build_profiles, log_choices
 from fleetserve.catalog import Catalog
-from fleetserve.families import FamilyAdapter
-from fleetserve.families.dense import DenseAdapter
+from fleetserve.families import AnyFamily
+from fleetserve.families.dense import DenseFamily
 from fleetserve.runtimes import create_runtime
 from fleetserve.tune.gate import check, gate_at_load
 
@@ -29,7 +29,7 @@ from ..tinymodels import build_bert, write_spec
 MODEL = "tiny/gate-bert"
 
 
-class Noisy(DenseAdapter):
+class Noisy(DenseFamily):
     """A candidate that loses too much precision: its rows move by a few percent."""
 
     def forward(self, items: Sequence[Any]) -> np.ndarray[Any, Any]:
@@ -50,8 +50,8 @@ def factory(catalog: Path, noisy: bool = False) -> Any:
     spec = Catalog.load([catalog]).get(MODEL)
     path = Path(spec.sources[0])
 
-    def make(precision: str) -> FamilyAdapter:
-        cls = Noisy if noisy and precision != "fp32" else DenseAdapter
+    def make(precision: str) -> AnyFamily:
+        cls = Noisy if noisy and precision != "fp32" else DenseFamily
         return cls(spec, create_runtime("torch", device="cpu", precision=precision), path)
 
     return spec, make
@@ -193,4 +193,4 @@ async def test_the_runner_reports_what_the_gate_serves(catalog: Path) -> None:
     )
     await runner.load()
     assert (runner.profile.runtime, runner.profile.precision) == ("torch", "fp32")
-    assert not isinstance(runner.adapter, Noisy)
+    assert not isinstance(runner.family, Noisy)

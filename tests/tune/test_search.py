@@ -142,7 +142,7 @@ class GateStack:
     def __init__(self, c: Candidate, seconds: dict[str, float], whole: bool = False) -> None:
         self.wait = seconds[c.precision]
         self.whole = whole  # one request: the deadline is never looked at within it
-        self.adapter = SimpleNamespace(runtime=SimpleNamespace(precision=c.precision))
+        self.family = SimpleNamespace(runtime=SimpleNamespace(precision=c.precision))
 
     async def __aenter__(self) -> GateStack:
         return self

@@ -22,7 +22,7 @@ from ..fleet.test_swap import NEW, OLD, compute_held, request_envelope
 
 
 class Tagged:
-    """A family adapter whose rows say which adapter ran them."""
+    """A family whose rows say which adapter ran them."""
 
     tasks = frozenset({Task.ENCODE})
 
@@ -57,7 +57,7 @@ async def test_a_batch_started_before_the_swap_finishes_on_the_old_adapter() -> 
     def submit(rid: str) -> None:
         env = dataclasses.replace(request_envelope(spec.id, b""), request_id=rid)
         done[rid] = asyncio.get_running_loop().create_future()
-        old.submit(Job(Message(env, b"", 1), old.adapter.preprocess(env, b""), time.time()))
+        old.submit(Job(Message(env, b"", 1), old.family.preprocess(env, b""), time.time()))
 
     def finish(job: Job) -> None:
         done[job.msg.envelope.request_id].set_result(job)
@@ -69,13 +69,13 @@ async def test_a_batch_started_before_the_swap_finishes_on_the_old_adapter() -> 
     try:
         with compute_held():  # the batch waits for the compute thread, already given its adapter
             submit("r1")
-            while len(old.former):  # taken, then handed to the compute thread at once
+            while len(old.waiting):  # taken, then handed to the compute thread at once
                 await asyncio.sleep(0)
             old.adopt(new)
         assert (await asyncio.wait_for(done["r1"], 60)).outputs == ["old", "old"]
         submit("r2")
         assert (await asyncio.wait_for(done["r2"], 60)).outputs == ["new", "new"]
-        assert old.former.max_batch_tokens == NEW.profile.max_batch_tokens
+        assert old.waiting.max_batch_tokens == NEW.profile.max_batch_tokens
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -91,10 +91,10 @@ def test_refigure_takes_the_profiles_figures_and_keeps_the_adapter() -> None:
         OLD.profile, cost=CostModel(0.5, 0.0, 0.002), memory_bytes=123, priority_cap=64
     )
     new = ModelRunner(spec, tuned, Tagged("new"), Metrics(), interactive_tokens=64)
-    old.loaded, adapter = True, old.adapter
+    old.loaded, adapter = True, old.family
     old.refigure(new)
     assert old.profile == tuned
-    assert old.adapter is adapter  # what runs stays
-    assert old.former.interactive_tokens == 64
+    assert old.family is adapter  # what runs stays
+    assert old.waiting.interactive_tokens == 64
     old.unload()
     assert old.profile == tuned  # and what an unload goes back to

@@ -106,7 +106,7 @@ def block_compute(srv: ServerThread) -> threading.Event:
 
 def worker_state(srv: ServerThread) -> dict[str, int]:
     assert srv.server is not None
-    w, former = srv.server.worker, srv.server.runners[BERT].former
+    w, former = srv.server.worker, srv.server.runners[BERT].waiting
     return srv.call(  # type: ignore[no-any-return]
         lambda: {"jobs": len(w._jobs), "loading": len(w._loading), "waiting": len(former)}
     )
@@ -200,7 +200,7 @@ def steps(srv: ServerThread) -> float:
 def test_a_cancelled_sequence_gives_its_slot_to_the_next(chat_server: ServerThread) -> None:
     srv = chat_server
     assert srv.server is not None
-    former = srv.server.runners[CHAT].former  # one sequence at a time (max_batch_size 1)
+    former = srv.server.runners[CHAT].waiting  # one sequence at a time (max_batch_size 1)
     client = Hangup(srv.url, "/v1/chat/completions", chat("hello", LONG, True))
     client.read_until(b'"delta":{"content"')
     with ThreadPoolExecutor(1) as pool:

@@ -107,7 +107,7 @@ def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) ->
         with ThreadPoolExecutor(4) as pool:
             futs = [pool.submit(encode, srv) for _ in range(4)]
             time.sleep(0.3)
-            srv.call(lambda: setattr(runner.former, "take", boom))
+            srv.call(lambda: setattr(runner.waiting, "take", boom))
             gate.set()
             srv.call(lambda: runner._wake.set())
             t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) ->
 def test_model_failure_is_500_without_traceback(tiny_catalog: Path) -> None:
     with serving(tiny_catalog) as srv:
         assert srv.server is not None
-        adapter = srv.server.runners[TINY].adapter
+        adapter = srv.server.runners[TINY].family
         real_forward = adapter.forward
 
         def broken(items: object) -> object:
@@ -146,7 +146,7 @@ def test_model_failure_is_500_without_traceback(tiny_catalog: Path) -> None:
 def test_a_poison_request_fails_alone_and_its_batch_mates_succeed(tiny_catalog: Path) -> None:
     with serving(tiny_catalog, max_deliver=3) as srv:
         assert srv.server is not None
-        adapter = srv.server.runners[TINY].adapter
+        adapter = srv.server.runners[TINY].family
         real_forward = adapter.forward
 
         def picky(items: list[list[int]]) -> Any:
@@ -188,7 +188,7 @@ def test_a_crashed_worker_on_a_shared_queue_gives_its_work_back(tiny_catalog: Pa
         with ThreadPoolExecutor(3) as pool:
             futs = [pool.submit(encode, srv, **{"x-request-timeout": "3"}) for _ in range(3)]
             time.sleep(0.3)
-            srv.call(lambda: setattr(runner.former, "take", boom))
+            srv.call(lambda: setattr(runner.waiting, "take", boom))
             gate.set()
             srv.call(lambda: runner._wake.set())
             time.sleep(0.5)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fleetserve.catalog import ModelSpec, Profile
-from fleetserve.families.generate import GenerateAdapter
+from fleetserve.families.generate import GenerateFamily
 from fleetserve.metrics import Metrics
 from fleetserve.queue import Message
 from fleetserve.runtimes import Generation, Head, SamplingParams
@@ -52,7 +52,7 @@ class Harness:
     def job(self, body: bytes, task: str = "chat") -> Job:
         n = next(_ids)
         env = dataclasses.replace(envelope(task), request_id=f"r{n}")
-        prepared = self.runner.adapter.preprocess(env, body)
+        prepared = self.runner.family.preprocess(env, body)
         job = Job(Message(env, body, n), prepared, time.time())
         self.done[env.request_id] = asyncio.get_running_loop().create_future()
         self.chunks[env.request_id] = []
@@ -230,7 +230,7 @@ async def test_the_external_runtime_generates_each_sequence_within_the_batch_cap
 ) -> None:
     spec = ModelSpec("tiny/ext", "generate", "external", (str(model_dir),), max_seq_len=512)
     fake = FakeExternal()
-    adapter = GenerateAdapter(spec, fake, model_dir)  # type: ignore[arg-type]
+    adapter = GenerateFamily(spec, fake, model_dir)  # type: ignore[arg-type]
     adapter.load()
     h = Harness(_runner(adapter, max_batch_size=2))
     task = h.run()
@@ -349,7 +349,7 @@ async def test_an_evicted_generator_lets_go_of_its_adapter_and_serves_after_relo
         assert old is not None and old.is_alive()
         runner.unload()  # what the fleet does when it evicts it
         await asyncio.to_thread(old.join, 5)
-        assert not old.is_alive() and runner.adapter_or_none is None
+        assert not old.is_alive() and runner.family_or_none is None
         await runner.load()  # the factory gives the same adapter back: load it again
         again = h.job(chat_body("hello", max_tokens=3, temperature=0))
         await h.done[again.msg.envelope.request_id]

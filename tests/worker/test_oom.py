@@ -32,7 +32,7 @@ def encode(srv: ServerThread, texts: list[str]) -> httpx.Response:
 def limit_batches(srv: ServerThread, largest: int) -> list[int]:
     """Make the model's forward pass run out of memory above ``largest`` items."""
     assert srv.server is not None
-    adapter: Any = srv.server.runners[TINY].adapter
+    adapter: Any = srv.server.runners[TINY].family
     real = adapter.forward
     sizes: list[int] = []
 
@@ -58,7 +58,7 @@ def test_an_oversized_batch_is_split_and_every_item_answered(server: ServerThrea
 def test_an_item_that_never_fits_fails_its_own_request_only(server: ServerThread) -> None:
     assert server.server is not None
     runner: Any = server.server.runners[TINY]
-    adapter: Any = runner.adapter
+    adapter: Any = runner.family
     real = adapter.forward
     sizes: list[int] = []
 

@@ -20,7 +20,7 @@ def main(argv: Sequence[str] = ()) -> int:
     from ..assembly import HF_CACHE, build_profiles
     from ..catalog import Catalog
     from ..catalog.sources import resolve
-    from ..families import create_adapter
+    from ..families import create_family
     from ..runtimes import create_runtime
     from ..settings import Settings
     from ..tune.costfit import fit_times, item_pool, time_shapes
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] = ()) -> int:
     runtime = create_runtime(
         prof.runtime or spec.runtime, device=args.device, precision=prof.precision
     )
-    adapter = create_adapter(spec, runtime, path)
+    adapter = create_family(spec, runtime, path)
     adapter.load()
     pool = item_pool(adapter, spec.id, requests(spec, path, args.workload, 32, 8))
     with console.status("timing forward passes…"):

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..runtimes import RUNTIMES
 from ..wire import InvalidInput, parse_duration
-from .adapters import AdapterDecl, parse_adapters
+from .adapter_specs import AdapterDecl, parse_adapters
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # int8: ONNX Runtime, behind a quality guard
 

@@ -57,7 +57,7 @@ def errors_by_model(metrics: Metrics) -> dict[str, int]:
 
 def hot_adapters(runner: Runner) -> list[str]:
     """The adapters hot on ``runner``'s model (in its LoRA bank), least recent first."""
-    from ..worker.adapters import _host_of  # what holds the bank: the family or runtime
+    from ..worker.lora_hosting import _host_of  # what holds the bank: the family or runtime
 
     try:
         host = _host_of(getattr(runner, "host_family", None))

@@ -1,4 +1,4 @@
-"""Model families: small adapters over a runtime.
+"""Model families: small layers over a runtime.
 
 Each family lives in its own module and is imported only when a model of that
 family is loaded, so an optional dependency (Pillow, llguidance) is needed only by
@@ -13,22 +13,22 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..runtimes import Runtime
 from ..wire import Task
-from .base import Family, FamilyAdapter, Prepared
+from .base import AnyFamily, Family, Prepared
 
 if TYPE_CHECKING:
     from ..catalog import ModelSpec
 
 # family name -> "module:Class", relative to this package
 FAMILIES: dict[str, str] = {
-    "dense": "dense:DenseAdapter",
-    "sparse": "sparse:SparseAdapter",
-    "multivector": "multivector:MultiVectorAdapter",
-    "cross_encoder": "cross_encoder:CrossEncoderAdapter",
-    "ner": "ner:NerAdapter",
-    "span_ner": "span_ner:SpanNerAdapter",
-    "zero_shot": "zero_shot:ZeroShotAdapter",
-    "image": "image:ImageAdapter",
-    "generate": "generate:GenerateAdapter",
+    "dense": "dense:DenseFamily",
+    "sparse": "sparse:SparseFamily",
+    "multivector": "multivector:MultiVectorFamily",
+    "cross_encoder": "cross_encoder:CrossEncoderFamily",
+    "ner": "ner:NerFamily",
+    "span_ner": "span_ner:SpanNerFamily",
+    "zero_shot": "zero_shot:ZeroShotFamily",
+    "image": "image:ImageFamily",
+    "generate": "generate:GenerateFamily",
 }
 
 _SCORE = frozenset({Task.SCORE, Task.RERANK})
@@ -47,21 +47,21 @@ FAMILY_TASKS: dict[str, frozenset[Task]] = {
 }
 
 
-class AdapterClass(Protocol):
-    """A family's adapter class: built from a spec, a runtime and the model's directory."""
+class FamilyClass(Protocol):
+    """A family class: built from a spec, a runtime and the model's directory."""
 
     tasks: frozenset[Task]
 
-    def __call__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapter: ...
+    def __call__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> AnyFamily: ...
 
 
-def adapter_class(family: str) -> AdapterClass:
+def family_class(family: str) -> FamilyClass:
     """The adapter class of a family, imported on demand (its heavy imports are not)."""
     target = FAMILIES.get(family)
     if target is None:
         raise ValueError(f"unknown family {family!r}; available: " + ", ".join(sorted(FAMILIES)))
     module, _, cls = target.partition(":")
-    found: AdapterClass = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+    found: FamilyClass = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
     return found
 
 
@@ -73,9 +73,9 @@ def family_tasks(family: str) -> frozenset[Task]:
     return tasks
 
 
-def create_adapter(spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapter:
+def create_family(spec: ModelSpec, runtime: Runtime, path: Path) -> AnyFamily:
     try:
-        cls = adapter_class(spec.family)
+        cls = family_class(spec.family)
     except ValueError as exc:
         raise ValueError(f"model {spec.id}: {exc}") from None
     return cls(spec, runtime, path)
@@ -84,10 +84,10 @@ def create_adapter(spec: ModelSpec, runtime: Runtime, path: Path) -> FamilyAdapt
 __all__ = [
     "FAMILIES",
     "FAMILY_TASKS",
+    "AnyFamily",
     "Family",
-    "FamilyAdapter",
     "Prepared",
-    "adapter_class",
-    "create_adapter",
+    "create_family",
+    "family_class",
     "family_tasks",
 ]

@@ -1,4 +1,4 @@
-"""The family adapter protocol: load, preprocess, forward, postprocess, warmup.
+"""The family protocol: load, preprocess, forward, postprocess, warmup.
 
 A family turns request bodies into model inputs and model outputs into reply bodies,
 over a :class:`~fleetserve.runtimes.Runtime`. The worker owns batching and threads:
@@ -7,8 +7,8 @@ dedicated forward thread.
 
 Each family is a :class:`Family` over its own types: the item ``forward`` takes for
 one row, the options ``preprocess`` keeps for ``postprocess``, and the output
-``forward`` returns for one row. The worker, which holds adapters of every family and
-never looks inside items, options or outputs, sees them as :class:`FamilyAdapter`.
+``forward`` returns for one row. The worker, which holds models of every family and
+never looks inside items, options or outputs, sees them as :class:`AnyFamily`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Prepared(Generic[ItemT, OptionsT]):
 
 
 class Family(Protocol[ItemT, OptionsT, OutputT]):
-    """A family's adapter, typed by its item, options and output types."""
+    """A model family, typed by its item, options and output types."""
 
     tasks: frozenset[Task]
     runtime: Runtime  # what it runs on (its name and the precision that runs)
@@ -82,8 +82,8 @@ class Family(Protocol[ItemT, OptionsT, OutputT]):
 
 
 @runtime_checkable
-class FamilyAdapter(Family[Any, Any, Any], Protocol):
-    """An adapter of any family, as the worker holds it."""
+class AnyFamily(Family[Any, Any, Any], Protocol):
+    """A family of any types, as the worker holds it."""
 
 
 def rows(batch: Array) -> Sequence[Array]:

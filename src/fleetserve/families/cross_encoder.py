@@ -108,7 +108,7 @@ class ScoreHead:
     label_index: int
 
 
-class CrossEncoderAdapter(Family[Pair, scoring.ScoreQuery, Array]):
+class CrossEncoderFamily(Family[Pair, scoring.ScoreQuery, Array]):
     tasks = scoring.SCORE_TASKS
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:
@@ -222,7 +222,7 @@ def scores_from_logits(logits: np.ndarray[Any, Any], head: ScoreHead) -> np.ndar
 
 __all__ = [
     "ACTIVATIONS",
-    "CrossEncoderAdapter",
+    "CrossEncoderFamily",
     "PairTokenizer",
     "ScoreHead",
     "scores_from_logits",

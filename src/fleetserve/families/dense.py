@@ -46,7 +46,7 @@ class DenseOptions:
 DenseOpts = DenseOptions | scoring.ScoreQuery  # encode and embeddings | score and rerank
 
 
-class DenseAdapter(Family[list[int], DenseOpts, Array]):
+class DenseFamily(Family[list[int], DenseOpts, Array]):
     tasks = frozenset({Task.ENCODE, Task.EMBEDDINGS, Task.SCORE, Task.RERANK})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

@@ -84,7 +84,7 @@ class ImageOptions:
 ImageInput = tuple[Literal["image"], Array] | tuple[Literal["text"], list[int]]
 
 
-class ImageAdapter(Family[ImageInput, ImageOptions, Array]):
+class ImageFamily(Family[ImageInput, ImageOptions, Array]):
     tasks = frozenset({Task.ENCODE, Task.SCORE})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

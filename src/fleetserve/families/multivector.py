@@ -60,7 +60,7 @@ _ENCODE = TypedDecoder(MultiVectorEncodeRequest)
 MvOptions = _EncodeOptions | scoring.ScoreQuery  # encode | score and rerank
 
 
-class MultiVectorAdapter(Family[MvItem, MvOptions, Array]):
+class MultiVectorFamily(Family[MvItem, MvOptions, Array]):
     tasks = frozenset({Task.ENCODE, Task.SCORE, Task.RERANK})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

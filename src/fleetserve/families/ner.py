@@ -44,7 +44,7 @@ class _Options:
     threshold: float
 
 
-class NerAdapter(Family[list[int], _Options, Array]):
+class NerFamily(Family[list[int], _Options, Array]):
     tasks = frozenset({Task.EXTRACT})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

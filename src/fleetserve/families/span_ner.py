@@ -53,7 +53,7 @@ class _Options:
     ends: list[list[int]]
 
 
-class SpanNerAdapter(Family[SpanItem, _Options, Spans]):
+class SpanNerFamily(Family[SpanItem, _Options, Spans]):
     tasks = frozenset({Task.EXTRACT})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

@@ -51,7 +51,7 @@ class SparseOptions:
     query: scoring.ScoreQuery | None = None  # set for score and rerank
 
 
-class SparseAdapter(Family[list[int], SparseOptions, Array]):
+class SparseFamily(Family[list[int], SparseOptions, Array]):
     tasks = frozenset({Task.ENCODE, *scoring.SCORE_TASKS})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

@@ -64,7 +64,7 @@ def check_template(model: str, template: str) -> str:
     return template
 
 
-class ZeroShotAdapter(Family[ZeroShotItem, _Options, Array]):
+class ZeroShotFamily(Family[ZeroShotItem, _Options, Array]):
     tasks = frozenset({Task.EXTRACT})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

@@ -21,7 +21,7 @@ from ..catalog.hardware import memory_limit, memory_source
 
 if TYPE_CHECKING:
     from ..catalog import ModelSpec
-    from ..families import FamilyAdapter
+    from ..families import AnyFamily
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def _gib(n: int) -> str:
 
 
 def measure_activation_peak(
-    adapter: FamilyAdapter,
+    adapter: AnyFamily,
     spec: ModelSpec,
     path: Path,
     max_batch_tokens: int,
@@ -200,7 +200,7 @@ def measure_activation_peak(
 
 
 def _measure(
-    adapter: FamilyAdapter,
+    adapter: AnyFamily,
     spec: ModelSpec,
     path: Path,
     max_batch_tokens: int,

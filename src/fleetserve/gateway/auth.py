@@ -39,7 +39,7 @@ import yaml
 
 from ..settings import Settings
 from ..wire import Forbidden, InvalidInput, Unauthorized
-from ..wire.adapters import DEFAULT_TENANT, OPEN, TENANT_RE, Principal, Scope
+from ..wire.adapter_ids import DEFAULT_TENANT, OPEN, TENANT_RE, Principal, Scope
 from .http import Receive, Send, header
 from .http import Scope as AsgiScope
 

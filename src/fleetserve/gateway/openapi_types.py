@@ -223,7 +223,7 @@ class GenerateReply(msgspec.Struct):
 
 
 class AdapterUpload(msgspec.Struct, forbid_unknown_fields=True):
-    """``POST /v1/adapters`` as msgpack or JSON (``gateway.adapters.parse_body``)."""
+    """``POST /v1/adapters`` as msgpack or JSON (``gateway.adapter_routes.parse_body``)."""
 
     name: str
     config: str | dict[str, Any]  # adapter_config.json: its text (msgpack: or bin), or the object

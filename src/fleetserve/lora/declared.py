@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import ModelSpec
-from ..catalog.adapters import AdapterDecl
+from ..catalog.adapter_specs import AdapterDecl
 from ..wire import (
     PUBLIC_TENANT,
     AdapterNotFound,
@@ -27,7 +27,7 @@ from ..wire import (
     Scope,
     parse_adapter_id,
 )
-from .manifest import AdapterInfo
+from .manifest import AdapterRecord
 from .registry import AdapterRegistry
 from .validate import CONFIG, WEIGHTS, content_hash, sha256_hex
 
@@ -39,10 +39,10 @@ ATTEMPTS = 5
 
 async def register_declared(
     registry: AdapterRegistry, catalog: Iterable[ModelSpec], settings: Any
-) -> list[AdapterInfo]:
+) -> list[AdapterRecord]:
     """Register every adapter the catalog's specs declare; returns those registered
     or kept (failures are logged, not raised)."""
-    out: list[AdapterInfo] = []
+    out: list[AdapterRecord] = []
     for spec in catalog:
         for decl in spec.adapters:
             try:
@@ -55,7 +55,7 @@ async def register_declared(
 
 async def register_one(
     registry: AdapterRegistry, base: str, decl: AdapterDecl, settings: Any
-) -> AdapterInfo:
+) -> AdapterRecord:
     """One declaration: the existing version with the same content, else a new one."""
     path = await asyncio.to_thread(_resolve, decl, settings)
     config, weights, names = await asyncio.to_thread(read_dir, path)
@@ -80,7 +80,7 @@ async def register_one(
     raise Conflict(f"adapter {decl.name}: other uploads kept winning; try again")
 
 
-async def _same(registry: AdapterRegistry, name: str, sha: str) -> tuple[AdapterInfo | None, int]:
+async def _same(registry: AdapterRegistry, name: str, sha: str) -> tuple[AdapterRecord | None, int]:
     """The newest version with content ``sha`` (if any), and the newest version."""
     try:
         versions = await registry.versions(parse_adapter_id(name))

@@ -1,5 +1,5 @@
 """What a validated adapter is (:class:`AdapterManifest`) and what the registry holds
-about it (:class:`AdapterInfo`), with the JSON form kept in the store's ``info.json``."""
+about it (:class:`AdapterRecord`), with the JSON form kept in the store's ``info.json``."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class AdapterManifest:
 
 
 @dataclass(frozen=True, slots=True)
-class AdapterInfo:
+class AdapterRecord:
     """A registered adapter: its id (with its version) and manifest, when and how."""
 
     id: AdapterId
@@ -145,7 +145,7 @@ class AdapterInfo:
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
-    def loads(cls, data: builtins.bytes) -> AdapterInfo:
+    def loads(cls, data: builtins.bytes) -> AdapterRecord:
         from ..wire import parse_adapter_id
 
         d = json.loads(data)

@@ -46,7 +46,7 @@ from ..wire import (
     parse_adapter_id,
 )
 from .bases import ADAPTER_FAMILIES, Bases
-from .manifest import AdapterInfo
+from .manifest import AdapterRecord
 from .store import AdapterStore
 from .validate import (
     CONFIG,
@@ -113,7 +113,7 @@ class AdapterRegistry:
         self.bases = bases
         self.ttl = ttl
         self._clock = clock
-        self._infos: dict[AdapterId, AdapterInfo] = {}  # id@version -> info (immutable)
+        self._infos: dict[AdapterId, AdapterRecord] = {}  # id@version -> info (immutable)
         self._listed: dict[str, tuple[float, builtins.list[int]]] = {}  # key -> (when, committed)
         self._uploading: set[str] = set()  # tenant/name being created in this process
         self.deleted: set[str] = set()  # id@version strings deleted through this process
@@ -130,7 +130,7 @@ class AdapterRegistry:
         base: str | None = None,
         version: int | None = None,
         pinned: bool = False,
-    ) -> AdapterInfo:
+    ) -> AdapterRecord:
         """Validate and store a new version of ``name``; see the module docstring.
         ``weights`` may be a file an upload spooled: it is validated from the file and
         moved into the store, never read whole."""
@@ -163,7 +163,7 @@ class AdapterRegistry:
                 allow_regex=Scope.ADMIN in principal.scopes,  # a regex target_modules
             )  # fmt: skip
             vid = await self._claim(aid, version)
-            info = AdapterInfo(vid, manifest, created=self._clock(), pinned=pinned)
+            info = AdapterRecord(vid, manifest, created=self._clock(), pinned=pinned)
             await self._write(info, config, weights)
         finally:
             self._uploading.discard(aid.key)
@@ -222,7 +222,9 @@ class AdapterRegistry:
             raise Conflict(f"adapter {vid} is being uploaded by another request", field="name")
         return vid
 
-    async def _write(self, info: AdapterInfo, config: bytes, weights: bytes | WeightsFile) -> None:
+    async def _write(
+        self, info: AdapterRecord, config: bytes, weights: bytes | WeightsFile
+    ) -> None:
         root = version_dir(info.id)
         try:
             await self.store.put(f"{root}/{CONFIG}", config)
@@ -267,7 +269,7 @@ class AdapterRegistry:
         return [aid.at(v) for v in gone]
 
     # -- reads --------------------------------------------------------------------------
-    async def get(self, principal: Principal, adapter: str | AdapterId) -> AdapterInfo:
+    async def get(self, principal: Principal, adapter: str | AdapterId) -> AdapterRecord:
         """The adapter (its newest version when the id has none) if the caller sees it."""
         if not (principal.can(Scope.INFER) or principal.can(Scope.ADAPTERS_WRITE)):
             raise Forbidden("reading adapters needs the infer scope", field="scope")
@@ -276,7 +278,7 @@ class AdapterRegistry:
             raise AdapterNotFound(f"no adapter {aid}", field="adapter")
         return await self.info(aid)
 
-    async def info(self, adapter: str | AdapterId) -> AdapterInfo:
+    async def info(self, adapter: str | AdapterId) -> AdapterRecord:
         """For the worker (no principal: the gateway checked): the adapter's info."""
         aid = parse_adapter_id(adapter) if isinstance(adapter, str) else adapter
         if aid.version is None:
@@ -288,7 +290,7 @@ class AdapterRegistry:
         if cached is not None:
             return cached
         try:
-            info = AdapterInfo.loads(await self.store.get(f"{version_dir(aid)}/{INFO}"))
+            info = AdapterRecord.loads(await self.store.get(f"{version_dir(aid)}/{INFO}"))
         except PayloadMissing:
             raise AdapterNotFound(f"no adapter {aid}", field="adapter") from None
         self._infos[aid] = info
@@ -301,7 +303,7 @@ class AdapterRegistry:
             return False
         return adapter.version in await self._committed(adapter.key)
 
-    def cached(self, adapter: AdapterId) -> AdapterInfo | None:
+    def cached(self, adapter: AdapterId) -> AdapterRecord | None:
         """The info of version ``adapter`` if this process has read it (no I/O)."""
         return self._infos.get(adapter)
 
@@ -320,7 +322,7 @@ class AdapterRegistry:
 
     async def list(
         self, principal: Principal, base: str | None = None
-    ) -> builtins.list[AdapterInfo]:
+    ) -> builtins.list[AdapterRecord]:
         """Every version the caller sees (of ``base`` only, if given), by id."""
         if not (principal.can(Scope.INFER) or principal.can(Scope.ADAPTERS_WRITE)):
             raise Forbidden("listing adapters needs the infer scope", field="scope")
@@ -340,7 +342,7 @@ class AdapterRegistry:
                 infos.append(await self.info(aid))
         return [i for i in infos if base is None or i.base == base]
 
-    async def versions(self, adapter: str | AdapterId) -> builtins.list[AdapterInfo]:
+    async def versions(self, adapter: str | AdapterId) -> builtins.list[AdapterRecord]:
         """Every committed version of ``tenant/name``, oldest first (no principal)."""
         aid = parse_adapter_id(adapter) if isinstance(adapter, str) else adapter
         done = await self._committed(aid.key, fresh=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..wire import AdapterId, AdapterNotFound, InternalError, parse_adapter_id
-from .manifest import AdapterInfo
+from .manifest import AdapterRecord
 from .registry import AdapterRegistry
 from .validate import CONFIG, WEIGHTS
 
@@ -42,7 +42,7 @@ class _Entry:
     pinned: bool = False
 
 
-def _slot(info: AdapterInfo) -> str:
+def _slot(info: AdapterRecord) -> str:
     return f"{info.id.tenant}/{info.id.name}/{info.version}-{info.sha256[:16]}"
 
 
@@ -153,7 +153,7 @@ class AdapterCache:
             self._fetching[slot] = task
         return slot, await asyncio.shield(task)
 
-    async def _fetch(self, info: AdapterInfo, slot: str) -> Path:
+    async def _fetch(self, info: AdapterRecord, slot: str) -> Path:
         try:
             try:
                 config, weights = await self.registry.files(info.id)
@@ -170,7 +170,7 @@ class AdapterCache:
         finally:
             self._fetching.pop(slot, None)
 
-    def _install(self, info: AdapterInfo, slot: str, config: bytes, weights: bytes) -> Path:
+    def _install(self, info: AdapterRecord, slot: str, config: bytes, weights: bytes) -> Path:
         for name, data, want in (
             (CONFIG, config, info.manifest.config_sha256),
             (WEIGHTS, weights, info.manifest.weights_sha256),

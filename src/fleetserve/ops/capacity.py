@@ -46,7 +46,7 @@ from ..wire.headers import subject_token
 
 BATCH_WAIT_S = 10.0  # a batch backlog one replica clears in this long is on target
 INTERACTIVE_WAIT_S = 1.0  # interactive work should wait about a second at most
-# what a generation request without max_tokens gets: families.generate.adapter's default
+# what a generation request without max_tokens gets: families.generate.family's default
 DEFAULT_MAX_TOKENS = 512
 
 

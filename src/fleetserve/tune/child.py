@@ -18,7 +18,7 @@ from typing import Any
 
 async def run(job: dict[str, Any]) -> dict[str, Any]:
     from ..catalog import Catalog
-    from ..families import create_adapter
+    from ..families import create_family
     from ..runtimes import create_runtime
     from .candidates import Candidate
     from .harness import Stack, saturate
@@ -35,7 +35,7 @@ async def run(job: dict[str, Any]) -> dict[str, Any]:
         cache_dir=Path(job["cache_dir"]),
         options=spec.runtime_options,
     )
-    adapter = create_adapter(spec, runtime, path)
+    adapter = create_family(spec, runtime, path)
     reqs = requests(spec, path, job["workload"], job["batch"])
     async with Stack(spec, cand.profile(job["hardware_class"]), adapter) as stack:
         for r in reqs[:2]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..catalog import CostModel
-from ..families import FamilyAdapter
+from ..families import AnyFamily
 from .harness import Request
 from .quality import json_envelope
 
@@ -43,7 +43,7 @@ class CostFit:
         }
 
 
-def item_pool(adapter: FamilyAdapter, model: str, requests: Sequence[Request]) -> Pool:
+def item_pool(adapter: AnyFamily, model: str, requests: Sequence[Request]) -> Pool:
     """The prepared items of ``requests`` and their lengths, as the worker batches them."""
     pool: Pool = []
     for req in requests:

@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 
 from ..catalog import ModelSpec
-from ..families import FamilyAdapter
+from ..families import AnyFamily
 from .quality import Quality, calibration, compare, replies
 
 log = logging.getLogger("fleetserve.tune")
-Factory = Callable[[], FamilyAdapter]  # an unloaded adapter
+Factory = Callable[[], AnyFamily]  # an unloaded adapter
 
 
 class LoadGate:
@@ -31,12 +31,12 @@ class LoadGate:
         self.precision = precision
         self.reference = reference
 
-    def prepare(self) -> FamilyAdapter:
+    def prepare(self) -> AnyFamily:
         ref = self.reference()
         ref.load()
         return ref
 
-    def judge(self, adapter: FamilyAdapter, ref: FamilyAdapter) -> FamilyAdapter:
+    def judge(self, adapter: AnyFamily, ref: AnyFamily) -> AnyFamily:
         spec, precision = self.spec, self.precision
         q = check(spec, adapter, ref)
         if q.passed:
@@ -52,7 +52,7 @@ class LoadGate:
         ref.warmup()
         return ref
 
-    def __call__(self, adapter: FamilyAdapter) -> FamilyAdapter:
+    def __call__(self, adapter: AnyFamily) -> AnyFamily:
         """Both steps on this thread (the tuner and tests)."""
         return self.judge(adapter, self.prepare())
 
@@ -61,7 +61,7 @@ def gate_at_load(spec: ModelSpec, precision: str, reference: Factory) -> LoadGat
     return LoadGate(spec, precision, reference)
 
 
-def check(spec: ModelSpec, adapter: FamilyAdapter, reference: FamilyAdapter) -> Quality:
+def check(spec: ModelSpec, adapter: AnyFamily, reference: AnyFamily) -> Quality:
     """``adapter``'s calibration replies against the loaded ``reference``'s."""
     requests = calibration(spec)
     return compare(replies(reference, spec, requests), replies(adapter, spec, requests))

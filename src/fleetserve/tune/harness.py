@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ..bench.loadgen import percentile
 from ..catalog import ModelSpec, Profile
-from ..families import FamilyAdapter
+from ..families import AnyFamily
 from ..gateway import envelope as env_mod
 from ..metrics import Metrics
 from ..queue import MemoryQueue
@@ -60,7 +60,7 @@ class Stack:
 
     ``adapter`` is not loaded yet: entering the stack loads it as the worker would."""
 
-    def __init__(self, spec: ModelSpec, profile: Profile, adapter: FamilyAdapter) -> None:
+    def __init__(self, spec: ModelSpec, profile: Profile, adapter: AnyFamily) -> None:
         self.spec = spec
         self.metrics = Metrics()
         self.queue = MemoryQueue(max_depth=1 << 16)
@@ -94,8 +94,8 @@ class Stack:
         self.worker.close()
 
     @property
-    def adapter(self) -> FamilyAdapter:
-        return self.runner.adapter
+    def family(self) -> AnyFamily:
+        return self.runner.family
 
     async def compute(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the compute thread (where every forward runs)."""

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..catalog import ModelSpec
-from ..families import FamilyAdapter
+from ..families import AnyFamily
 from ..runtimes.onnx import CALIBRATION
 from ..wire import Encoding, Envelope, Task
 
@@ -98,7 +98,7 @@ def json_envelope(model: str, task: Task, request_id: str) -> Envelope:
 
 
 def replies(
-    adapter: FamilyAdapter,
+    adapter: AnyFamily,
     spec: ModelSpec,
     requests: Sequence[tuple[Task, dict[str, Any]]],
     deadline: float | None = None,

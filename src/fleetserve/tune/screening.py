@@ -88,9 +88,9 @@ async def gate_and_measure(s: Search, p: Point) -> None:
         stack = s._stack(c)
         async with stack:
             p.load_s = time.monotonic() - t0
-            actual = stack.adapter.runtime.precision
+            actual = stack.family.runtime.precision
             if actual != c.precision:
-                p.quality = own_guard(stack.adapter.runtime)
+                p.quality = own_guard(stack.family.runtime)
                 p.status = "rejected" if p.quality else "skipped"
                 p.reason = f"{c.runtime} ran {actual} when asked for {c.precision}"
                 if p.quality:
@@ -102,7 +102,7 @@ async def gate_and_measure(s: Search, p: Point) -> None:
             times: list[float] = []  # each calibration request's seconds
             try:  # (the gate itself of an emulated precision can take minutes)
                 got = await stack.compute(
-                    replies, stack.adapter, s.spec, calibration(s.spec), deadline, times
+                    replies, stack.family, s.spec, calibration(s.spec), deadline, times
                 )
             except TimeoutError:
                 p.status = "skipped"

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from ..catalog import ModelSpec
 from ..catalog.hardware import Hardware
 from ..catalog.rules import rule_profile
-from ..families import FamilyAdapter, create_adapter
+from ..families import AnyFamily, create_family
 from ..runtimes import create_runtime
 from . import candidates as cands
 from . import pauses as pauses_mod
@@ -110,7 +110,7 @@ class Search:
         return 6 if self.opts.quick else 8
 
     # -- building blocks ----------------------------------------------------------------
-    def _adapter(self, c: Candidate) -> FamilyAdapter:
+    def _family(self, c: Candidate) -> AnyFamily:
         threads = c.threads if self.kind == "cpu" else 0
         runtime = create_runtime(
             c.runtime,
@@ -120,10 +120,10 @@ class Search:
             cache_dir=self.opts.cache_dir,
             options=self.spec.runtime_options,
         )
-        return create_adapter(self.spec, runtime, self.path)
+        return create_family(self.spec, runtime, self.path)
 
     def _stack(self, c: Candidate) -> Stack:
-        return Stack(self.spec, c.profile(self.cls, self.base), self._adapter(c))
+        return Stack(self.spec, c.profile(self.cls, self.base), self._family(c))
 
     def _changed(self) -> None:
         self.on_change(self.phase)

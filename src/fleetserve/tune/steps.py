@@ -78,7 +78,7 @@ async def compile_probe(s: Search) -> None:
                     "once compiled"
                 )
                 return
-            got = await stack.compute(replies, stack.adapter, s.spec, calibration(s.spec))
+            got = await stack.compute(replies, stack.family, s.spec, calibration(s.spec))
             p.quality = compare(s.reference, got)  # its own gate: compiled kernels differ
             if not p.quality.passed:
                 p.status, p.reason = "rejected", f"quality: {quality_line(p.quality)}"
@@ -206,7 +206,7 @@ async def cost_and_memory(s: Search, stack: Stack) -> None:
     """Fit the winner's cost model on its own prepared items; measure its footprint."""
     s.phase = "cost"
     s._changed()
-    adapter = stack.adapter
+    adapter = stack.family
     if s.spec.family == "generate":
         return  # generation's cost is per decode step, not per padded batch
     pool = await stack.compute(item_pool, adapter, s.spec.id, s.requests[:8])

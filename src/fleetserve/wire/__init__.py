@@ -3,7 +3,7 @@
 Nothing here imports any other part of fleetserve.
 """
 
-from .adapters import (
+from .adapter_ids import (
     DEFAULT_TENANT,
     OPEN,
     PUBLIC_TENANT,

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .adapters import NAME_RE
+from .adapter_ids import NAME_RE
 from .errors import InvalidInput
 
 PURPOSE = "fine-tune"

@@ -88,7 +88,7 @@ class CancelSet:
 
 
 class Canceller:
-    """Honours cancels in one worker. ``jobs``, ``loading`` and ``heating`` are the
+    """Honours cancels in one worker. ``jobs``, ``loading`` and ``awaiting_adapter`` are the
     worker's own tables (read here); ``settle`` finishes a job this marked failed
     (it stops counting as a use of its model, its message is terminated), and
     ``unpark`` takes a message off the load wait. ``spawn`` starts a task in the
@@ -101,7 +101,7 @@ class Canceller:
         *,
         jobs: set[Job],
         loading: Mapping[int, Message],
-        heating: Mapping[int, Message],
+        awaiting_adapter: Mapping[int, Message],
         settle: Callable[[Job], Coroutine[Any, Any, None]],
         unpark: Callable[[Message], None],
         spawn: Callable[[], Spawn],
@@ -111,7 +111,7 @@ class Canceller:
         self.ids = CancelSet()
         self._jobs = jobs
         self._loading = loading
-        self._heating = heating
+        self._awaiting_adapter = awaiting_adapter
         self._settle = settle
         self._unpark = unpark
         self._spawn = spawn
@@ -154,7 +154,7 @@ class Canceller:
         return True
 
     def _where(self, job: Job) -> str:
-        if id(job.msg) in self._heating:
+        if id(job.msg) in self._awaiting_adapter:
             return "loading"  # its adapter is on its way
         if job.infer_s > 0:  # a step or batch of it has run
             return "generating" if job.msg.envelope.task in GENERATION else "running"

@@ -23,13 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Self
 
 from ..catalog import ModelSpec, Profile
-from ..families import FamilyAdapter
-from ..families.generate import GenerateAdapter
+from ..families import AnyFamily
+from ..families.generate import GenerateFamily
 from ..metrics import Metrics
 from ..wire import AdapterNotFound, FleetError, InternalError, Unavailable
 from .admission import Event, WaitQueue, cost
 from .batcher import Job
-from .loadable import AdapterFactory, FailFn, Loadable, Measure, Verify
+from .loadable import FailFn, FamilyFactory, Loadable, Measure, Verify
 from .runner import ChunkFn, FinishFn
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class GenerationRunner(Loadable):
         self,
         spec: ModelSpec,
         profile: Profile,
-        adapter: FamilyAdapter | AdapterFactory,
+        adapter: AnyFamily | FamilyFactory,
         metrics: Metrics,
         max_batch_tokens: int = 0,
         *,
@@ -65,7 +65,7 @@ class GenerationRunner(Loadable):
         self.metrics = metrics
         self.max_adapters = max_adapters
         # max_batch_tokens: prompt + max_tokens summed over the running sequences
-        self.former = WaitQueue(max_batch_tokens or profile.max_batch_tokens)
+        self.waiting = WaitQueue(max_batch_tokens or profile.max_batch_tokens)
         self.max_sequences = profile.max_batch_size
         self.loaded = False
         self.busy_s = 0.0  # seconds spent in engine steps
@@ -81,18 +81,18 @@ class GenerationRunner(Loadable):
         self._marked: dict[int, str] = {}  # the adapter each running job holds in use
 
     @property
-    def generation_adapter(self) -> GenerateAdapter:
-        """The loaded adapter, as the generation family's (streaming, the engine)."""
-        adapter = self.adapter
-        if not isinstance(adapter, GenerateAdapter):
+    def generation_family(self) -> GenerateFamily:
+        """The loaded family, as the generate family (streaming, the engine)."""
+        family = self.family
+        if not isinstance(family, GenerateFamily):
             raise TypeError(
-                f"model {self.spec.id}: the generation runner needs the generate family's "
-                f"adapter, not {type(adapter).__name__}"
+                f"model {self.spec.id}: the generation runner needs the generate family, "
+                f"not {type(family).__name__}"
             )
-        return adapter
+        return family
 
     def submit(self, job: Job) -> None:
-        self.former.add(job)
+        self.waiting.add(job)
         self._start()
         self._signal.set()
 
@@ -107,7 +107,7 @@ class GenerationRunner(Loadable):
         none runs or waits to start."""
         with self._lock:
             running = bool(self._live)
-        return "busy: running sequences" if running or len(self.former) else ""
+        return "busy: running sequences" if running or len(self.waiting) else ""
 
     def adopt(self, other: Self) -> None:
         """``Loadable.adopt`` while idle (``cannot_adopt``), with ``other``'s token and
@@ -117,7 +117,7 @@ class GenerationRunner(Loadable):
         if busy:
             raise RuntimeError(f"model {self.spec.id}: {busy}")
         super().adopt(other)
-        self.former.resize(other.former.max_batch_tokens)
+        self.waiting.resize(other.waiting.max_batch_tokens)
         self.max_sequences = other.max_sequences
         self._retire()
 
@@ -138,7 +138,7 @@ class GenerationRunner(Loadable):
         """Apply the thread's events on the event loop; returns only by cancellation."""
         self._loop = asyncio.get_running_loop()
         self._events = asyncio.Queue()
-        if len(self.former):
+        if len(self.waiting):
             self._start()
         try:
             while True:
@@ -164,7 +164,7 @@ class GenerationRunner(Loadable):
         elif job is None or job.failed:
             return
         elif ev.kind == "text" and chunk is not None:
-            adapter = self.generation_adapter
+            adapter = self.generation_family
             if ev.text is None:
                 body = adapter.stream_open(job.prepared)
             else:
@@ -207,7 +207,7 @@ class GenerationRunner(Loadable):
 
     def _serve(self) -> None:
         try:
-            if self.generation_adapter.external:
+            if self.generation_family.external:
                 self._serve_external()
             else:
                 self._serve_local()
@@ -218,7 +218,7 @@ class GenerationRunner(Loadable):
     def _admit(self, on_job: Callable[[Job], object]) -> None:
         """Start waiting jobs while sequences and token budget allow (oldest first)."""
         while len(self._live) < self.max_sequences:
-            job = self.former.pop_if(self._fits)
+            job = self.waiting.pop_if(self._fits)
             if job is None:
                 return
             events = [Event("room")]
@@ -256,7 +256,7 @@ class GenerationRunner(Loadable):
                 running = {j.msg.envelope.adapter for j in self._live.values()} - {None}
                 if key not in running and len(running) >= self.max_adapters:
                     return False
-            return self._cost + cost(job) <= self.former.max_batch_tokens
+            return self._cost + cost(job) <= self.waiting.max_batch_tokens
 
     def _leave(self, job: Job) -> None:
         with self._lock:
@@ -267,7 +267,7 @@ class GenerationRunner(Loadable):
             self.mark(key, -1)
 
     def _serve_local(self) -> None:
-        adapter = self.generation_adapter
+        adapter = self.generation_family
         engine = adapter.engine()
         seqs: dict[int, Seq] = {}
 
@@ -357,7 +357,7 @@ class GenerationRunner(Loadable):
 
         t0 = time.perf_counter()
         try:
-            runtime = self.generation_adapter.external_runtime
+            runtime = self.generation_family.external_runtime
             gen = runtime.generate(item.prompt, item.params, on_text if stream else None)
             event = Event("done", job, output=gen)
         except _Cancelled:

@@ -9,28 +9,28 @@ from dataclasses import replace
 from typing import Protocol, Self
 
 from ..catalog import ModelSpec, Profile
-from ..families import FamilyAdapter, family_tasks
+from ..families import AnyFamily, family_tasks
 from ..fleet.member import Footprint
 from ..fleet.memory import rss_bytes
 from ..wire import FleetError, Task
-from .adapters import Hosting
 from .batcher import Job
 from .compute import compute_executor
+from .lora_hosting import Hosting
 
 FailFn = Callable[[Job, FleetError], Awaitable[None]]
-AdapterFactory = Callable[[], FamilyAdapter]
+FamilyFactory = Callable[[], AnyFamily]
 
 
 class Verify(Protocol):
     """A check of a loaded adapter that returns the one to serve (the quality gate):
     ``prepare`` runs on the loader thread, ``judge`` on the compute thread."""
 
-    def prepare(self) -> FamilyAdapter: ...
+    def prepare(self) -> AnyFamily: ...
 
-    def judge(self, adapter: FamilyAdapter, reference: FamilyAdapter) -> FamilyAdapter: ...
+    def judge(self, adapter: AnyFamily, reference: AnyFamily) -> AnyFamily: ...
 
 
-Measure = Callable[[FamilyAdapter], int]  # a loaded adapter -> its activation peak (bytes)
+Measure = Callable[[AnyFamily], int]  # a loaded adapter -> its activation peak (bytes)
 Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
 
 
@@ -52,8 +52,8 @@ class Loadable(Hosting):
     profile: Profile
     eager: bool
     loaded: bool
-    _adapter: FamilyAdapter | None
-    _factory: AdapterFactory
+    _family: AnyFamily | None
+    _factory: FamilyFactory
     _load_lock: asyncio.Lock | None
     _forward: ThreadPoolExecutor
     _verify: Verify | None
@@ -67,7 +67,7 @@ class Loadable(Hosting):
         self,
         spec: ModelSpec,
         profile: Profile,
-        adapter: FamilyAdapter | AdapterFactory,
+        adapter: AnyFamily | FamilyFactory,
         eager: bool,
         verify: Verify | None = None,
         measure: Measure | None = None,
@@ -89,30 +89,30 @@ class Loadable(Hosting):
         self.memory: dict[str, int] = {}  # what the last load measured
         self.relieve = None
         self.fail = None
-        if isinstance(adapter, FamilyAdapter):
-            self._adapter, self._factory = adapter, lambda: adapter
+        if isinstance(adapter, AnyFamily):
+            self._family, self._factory = adapter, lambda: adapter
         else:
-            self._adapter, self._factory = None, adapter
+            self._family, self._factory = None, adapter
         self.eager = eager
         self._load_lock = None
         self._verify = verify
         self._forward = compute_executor()  # shared: one OpenMP pool per process
 
     @property
-    def adapter(self) -> FamilyAdapter:
-        if self._adapter is None:
+    def family(self) -> AnyFamily:
+        if self._family is None:
             raise RuntimeError(f"model {self.spec.id} is not loaded")
-        return self._adapter
+        return self._family
 
     @property
-    def adapter_or_none(self) -> FamilyAdapter | None:
-        return self._adapter
+    def family_or_none(self) -> AnyFamily | None:
+        return self._family
 
     @property
     def tasks(self) -> frozenset[Task]:
         """What this model serves, known before it is loaded."""
-        if self._adapter is not None:
-            return self._adapter.tasks
+        if self._family is not None:
+            return self._family.tasks
         return family_tasks(self.spec.family)
 
     @property
@@ -149,7 +149,7 @@ class Loadable(Hosting):
             # a thread per load: it ends with the load, and its OpenMP pool with it
             loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
             try:
-                adapter = self._adapter
+                adapter = self._family
                 if adapter is None:
                     adapter = await loop.run_in_executor(loader, self._factory)
                 await loop.run_in_executor(loader, adapter.load)
@@ -177,7 +177,7 @@ class Loadable(Hosting):
                 peak = 0
             held = Footprint(weights, peak)
             self.memory = {"weights": weights, "resident_growth": grown, "activation_peak": peak}
-            self._adapter = adapter
+            self._family = adapter
             self._measured = held
             self.loaded = self.ever_loaded = True
             return held
@@ -201,13 +201,13 @@ class Loadable(Hosting):
             raise TypeError(f"model {self.spec.id} adopts only a {type(self).__name__} of itself")
         if other.loaded != self.loaded:
             raise ValueError(f"model {self.spec.id}: a loaded runner adopts a loaded one only")
-        old = self._adapter
-        self._adapter, self._factory = other._adapter, other._factory
+        old = self._family
+        self._family, self._factory = other._family, other._factory
         self.profile, self._profile0 = other.profile, other._profile0
         self._measured, self._estimated = other._measured, other._estimated
         self.memory = dict(other.memory)
         self._verify, self._measure, self._estimate = other._verify, other._measure, other._estimate
-        other._adapter, other.loaded = None, False  # served here only: it leaves with us
+        other._family, other.loaded = None, False  # served here only: it leaves with us
         self.rehost(old)
 
     def refigure(self, other: Self) -> None:
@@ -227,6 +227,6 @@ class Loadable(Hosting):
     def unload(self) -> None:
         """Drop the adapter (the fleet frees the memory after): it loads again on use."""
         self.unhost()
-        self._adapter = None
+        self._family = None
         self.loaded = False
         self.profile = self._profile0

@@ -31,11 +31,11 @@ from ..wire import (
     Task,
     Unavailable,
 )
-from .adapters import submit_when_hot
 from .affinity import Affinity
 from .batcher import Job
 from .cancel import Canceller
 from .chunks import Chunks
+from .lora_hosting import submit_when_hot
 from .parts import Parts, outputs_body, plan, prepared_of
 from .runner import Runner
 from .settle import Settling
@@ -86,7 +86,7 @@ class Worker(Settling):
         self.running = False
         self._jobs: set[Job] = set()
         self._loading: dict[int, Message] = {}  # waiting for their model to load
-        self._heating: dict[int, Message] = {}  # jobs waiting for their adapter to load
+        self._awaiting_adapter: dict[int, Message] = {}  # jobs waiting for their adapter to load
         self._chunks = Chunks(queue, self._spawner)
         self._parts = Parts(queue, self._spawner)
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
@@ -97,7 +97,7 @@ class Worker(Settling):
             metrics,
             jobs=self._jobs,
             loading=self._loading,
-            heating=self._heating,
+            awaiting_adapter=self._awaiting_adapter,
             settle=self._settle_cancelled,
             unpark=self._unpark,
             spawn=self._spawner,
@@ -106,7 +106,7 @@ class Worker(Settling):
     @property
     def pull_budget(self) -> int:
         """The largest batch budget of its models (now: a profile swap resizes one)."""
-        return max((r.former.max_batch_tokens for r in self.runners.values()), default=1)
+        return max((r.waiting.max_batch_tokens for r in self.runners.values()), default=1)
 
     @property
     def ready(self) -> bool:
@@ -121,7 +121,7 @@ class Worker(Settling):
     @property
     def idle(self) -> bool:
         """Nothing waits in any model's batch former and no load is under way."""
-        return not self._loading and not self._heating and self._pending_tokens() == 0
+        return not self._loading and not self._awaiting_adapter and self._pending_tokens() == 0
 
     async def run(self) -> None:
         """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
@@ -156,9 +156,9 @@ class Worker(Settling):
     # -- intake -----------------------------------------------------------------
     def _pending_tokens(self) -> int:
         """Tokens waiting here: in the batch formers, and in requests whose model loads."""
-        parked = [*self._loading.values(), *self._heating.values()]
+        parked = [*self._loading.values(), *self._awaiting_adapter.values()]
         waiting = sum(m.envelope.cost_hint for m in parked)
-        return waiting + sum(r.former.pending_tokens for r in self.runners.values())
+        return waiting + sum(r.waiting.pending_tokens for r in self.runners.values())
 
     async def _pull_loop(self) -> None:
         """Pull while the batch formers have room (up to two budgets). When they are
@@ -191,7 +191,7 @@ class Worker(Settling):
                 await self._admit(msg)
 
     def _interactive_tokens(self) -> int:
-        return sum(r.former.interactive_tokens_pending for r in self.runners.values())
+        return sum(r.waiting.interactive_tokens_pending for r in self.runners.values())
 
     async def _admit(self, msg: Message) -> None:
         env = msg.envelope
@@ -261,7 +261,7 @@ class Worker(Settling):
 
     def _heated(self, msg: Message) -> None:
         """``msg``'s adapter is hot (or failed): its tokens leave the count."""
-        if self._heating.pop(id(msg), None) is not None:
+        if self._awaiting_adapter.pop(id(msg), None) is not None:
             self._room.set()
 
     def _done(self, job: Job) -> None:
@@ -287,10 +287,10 @@ class Worker(Settling):
             if env.part is not None:  # prepared by the worker that holds its request
                 prepared = prepared_of(msg.body)
             elif len(msg.body) <= INLINE_BODY_BYTES:
-                prepared = runner.adapter.preprocess(env, msg.body)
+                prepared = runner.family.preprocess(env, msg.body)
             else:
                 prepared = await loop.run_in_executor(
-                    self._cpu, runner.adapter.preprocess, env, msg.body
+                    self._cpu, runner.family.preprocess, env, msg.body
                 )
         except FleetError as err:
             self.fleet.release(env.model)
@@ -321,7 +321,7 @@ class Worker(Settling):
         if env.adapter is None:
             runner.submit(job)
         elif self._tg is not None:  # its adapter loads without holding up the pull loop
-            self._heating[id(msg)] = msg  # counted in the pull budget while it waits
+            self._awaiting_adapter[id(msg)] = msg  # counted in the pull budget while it waits
             unpark = functools.partial(self._heated, msg)
             self._tg.create_task(submit_when_hot(runner, job, env.adapter, self._fail, unpark))
 
@@ -356,10 +356,10 @@ class Worker(Settling):
             if env.part is not None:  # the raw outputs, for the worker holding its request
                 body = outputs_body(job.outputs)
             elif _values(job.outputs) <= INLINE_OUTPUT_VALUES:
-                body = runner.adapter.postprocess(env, job.prepared, job.outputs)
+                body = runner.family.postprocess(env, job.prepared, job.outputs)
             else:
                 body = await loop.run_in_executor(
-                    self._cpu, runner.adapter.postprocess, env, job.prepared, job.outputs
+                    self._cpu, runner.family.postprocess, env, job.prepared, job.outputs
                 )
         except FleetError as err:
             await self._fail(job, err)

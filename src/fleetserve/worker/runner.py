@@ -1,4 +1,4 @@
-"""One served model inside a worker: its adapter, batch former and forward thread."""
+"""One served model inside a worker: its family, batch former and forward thread."""
 
 from __future__ import annotations
 
@@ -9,29 +9,29 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, Self
 
 from ..catalog import ModelSpec, Profile
-from ..families import FamilyAdapter
+from ..families import AnyFamily
 from ..fleet.member import Member, is_oom
 from ..metrics import Metrics
 from ..wire import AdapterNotFound, InternalError, Task
-from .adapters import AdapterSource, HotTier, as_fleet_error
 from .batcher import BatchFormer, Job, WorkItem
 from .loadable import (
-    AdapterFactory,
     FailFn,
+    FamilyFactory,
     Loadable,
     Measure,
     Relieve,
     Verify,
 )
+from .lora_hosting import AdapterSource, HotTier, as_fleet_error
 
-__all__ = ["AdapterFactory", "FailFn", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
+__all__ = ["FailFn", "FamilyFactory", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
 
 FinishFn = Callable[[Job], None]  # schedules the reply; must not block
 ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
 UNFIT = object()  # the output of an item that runs out of memory even alone
 
 
-class Former(Protocol):
+class Waiting(Protocol):
     """What the worker reads of a runner's intake: its budget and what waits in it."""
 
     @property
@@ -64,13 +64,13 @@ class Runner(Member, Protocol):
     memory: dict[str, int]  # weights, resident_growth, activation_peak (last load)
 
     @property
-    def former(self) -> Former: ...
+    def waiting(self) -> Waiting: ...
 
     @property
-    def adapter(self) -> FamilyAdapter: ...
+    def family(self) -> AnyFamily: ...
 
     @property
-    def adapter_or_none(self) -> FamilyAdapter | None: ...
+    def family_or_none(self) -> AnyFamily | None: ...
 
     @property
     def tasks(self) -> frozenset[Task]: ...
@@ -93,7 +93,7 @@ class Runner(Member, Protocol):
         engine and batch budget: the tuner kept it)."""
         ...
 
-    torch_factory: Callable[[], FamilyAdapter] | None  # the model on torch, for adapters
+    torch_factory: Callable[[], AnyFamily] | None  # the model on torch, for adapters
 
     def host_adapters(self, source: AdapterSource, tier: HotTier) -> None: ...
 
@@ -123,13 +123,13 @@ class Runner(Member, Protocol):
 
 class ModelRunner(Loadable):
     """Runs the batch loop for one model: take a batch, forward it, route the rows.
-    Rows of different adapters of the model share a batch (see ``worker.adapters``)."""
+    Rows of different adapters of the model share a batch (see ``worker.lora_hosting``)."""
 
     def __init__(
         self,
         spec: ModelSpec,
         profile: Profile,
-        adapter: FamilyAdapter | AdapterFactory,
+        adapter: AnyFamily | FamilyFactory,
         metrics: Metrics,
         max_batch_tokens: int = 0,
         *,
@@ -145,7 +145,7 @@ class ModelRunner(Loadable):
         self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         tokens = max_batch_tokens or profile.max_batch_tokens
-        self.former = BatchFormer(
+        self.waiting = BatchFormer(
             tokens,
             profile.max_batch_size,
             max_adapters,
@@ -158,26 +158,26 @@ class ModelRunner(Loadable):
         self.busy_s = 0.0  # seconds the forward thread spent in forward passes
         # the adapter (and adapter host) the batch in flight runs on, fixed when it
         # starts: a profile swap meanwhile never changes a batch halfway
-        self._batch_on: tuple[FamilyAdapter, FamilyAdapter | None] | None = None
+        self._batch_on: tuple[AnyFamily, AnyFamily | None] | None = None
 
     def submit(self, job: Job) -> None:
-        self.former.add(job)
+        self.waiting.add(job)
         self._wake.set()
 
     def adopt(self, other: Self) -> None:
         """``Loadable.adopt``, and ``other``'s batch budgets from the next batch on (what
         waits in the batch former stays queued)."""
         super().adopt(other)
-        f = other.former
-        self.former.resize(
+        f = other.waiting
+        self.waiting.resize(
             f.max_batch_tokens, f.max_batch_size, interactive_tokens=f.interactive_tokens
         )
 
     def refigure(self, other: Self) -> None:
         """``Loadable.refigure``, and ``other``'s cap while interactive work waits."""
         super().refigure(other)
-        f = other.former
-        self.former.resize(
+        f = other.waiting
+        self.waiting.resize(
             f.max_batch_tokens, f.max_batch_size, interactive_tokens=f.interactive_tokens
         )
 
@@ -197,7 +197,7 @@ class ModelRunner(Loadable):
         """
         model = self.spec.id
         while True:
-            batch = self.former.take()
+            batch = self.waiting.take()
             room.set()
             if not batch:
                 self._wake.clear()
@@ -210,7 +210,7 @@ class ModelRunner(Loadable):
                 continue
             t0 = time.perf_counter()
             try:
-                self._batch_on = (self.adapter, self.host_family)  # whatever swaps meanwhile
+                self._batch_on = (self.family, self.host_family)  # whatever swaps meanwhile
                 out = await self._forward_fitting(batch)
             except Exception as exc:  # a model failure fails this batch's requests only
                 await self._crash_all([it.job for it in batch], exc, crash)
@@ -228,7 +228,7 @@ class ModelRunner(Loadable):
             self.metrics.batch_size.labels(model).observe(len(batch))
             self.metrics.batch_tokens.labels(model).observe(width * len(batch))
             self.metrics.batch_fill.labels(model).observe(
-                width * len(batch) / self.former.max_batch_tokens
+                width * len(batch) / self.waiting.max_batch_tokens
             )
             self.metrics.tokens.labels(model).inc(sum(it.length for it in batch))
             self._route(batch, out, dt, finish)
@@ -254,7 +254,7 @@ class ModelRunner(Loadable):
                 continue
             keep.append(it)
         keep.sort(key=lambda it: it.adapter or "")
-        served = self.adapter_or_none
+        served = self.family_or_none
         keys = {it.adapter for it in keep if it.adapter}
         for key in keys:  # in use before any heats: heating one never evicts another
             self.mark(key, +1)
@@ -269,7 +269,7 @@ class ModelRunner(Loadable):
         keep = [it for it in keep if not it.job.failed]
         for key in keys - {it.adapter for it in keep}:
             self.mark(key, -1)
-        if keep and self.adapter_or_none is not served:  # a profile swap while they heated
+        if keep and self.family_or_none is not served:  # a profile swap while they heated
             self._release_adapters(keep)
             return await self._with_adapters(keep)  # hot in the new adapter host
         return keep
@@ -282,7 +282,7 @@ class ModelRunner(Loadable):
         """On the compute thread: a batch with adapter rows runs on the adapters' host
         (the torch copy, where the tuned runtime takes none), others as served, both as
         they were when the batch started (``_batch_on``)."""
-        served, host = self._batch_on or (self.adapter, self.host_family)
+        served, host = self._batch_on or (self.family, self.host_family)
         if not any(keys):
             return served.forward(items)
         if host is None:

@@ -101,7 +101,7 @@ class Settling:
         """A crashed worker gives back what it holds. On a shared queue other workers
         take it (NAK); alone (embedded) it answers it, and what is queued, with 503."""
         for r in self.runners.values():
-            r.former.drain()
+            r.waiting.drain()
         parked = list(self._loading.values())  # waiting for a load that will not finish
         self._loading.clear()
         if self.shared_queue:

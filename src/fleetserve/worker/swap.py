@@ -118,7 +118,7 @@ def label(runner: Runner) -> str:
     p: Profile = runner.profile
     return (
         f"{p.runtime or runner.spec.runtime} {p.precision}, batch "
-        f"{p.max_batch_size}/{runner.former.max_batch_tokens}"
+        f"{p.max_batch_size}/{runner.waiting.max_batch_tokens}"
     )
 
 

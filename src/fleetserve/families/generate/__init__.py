@@ -1,5 +1,5 @@
 """The generation family: chat completions and native generation over causal LMs."""
 
-from .adapter import GenerateAdapter
+from .family import GenerateFamily
 
-__all__ = ["GenerateAdapter"]
+__all__ = ["GenerateFamily"]

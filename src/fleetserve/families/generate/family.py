@@ -41,7 +41,7 @@ _GENERATE = TypedDecoder(GenerateRequest)
 DEFAULT_MAX_TOKENS = 512
 
 
-class GenerateAdapter(Family[GenItem, GenOptions, GenOutput]):
+class GenerateFamily(Family[GenItem, GenOptions, GenOutput]):
     tasks = frozenset({Task.CHAT, Task.GENERATE})
 
     def __init__(self, spec: ModelSpec, runtime: Runtime, path: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from fleetserve.fleet.manager import Fleet
 from fleetserve.fleet.policy import GDSF
-from fleetserve.worker.adapters import HotTier
+from fleetserve.worker.lora_hosting import HotTier
 
 
 class Bank:

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..families import FamilyAdapter
+from ..families import AnyFamily
 from ..logs.context import for_request
 from ..lora.bases import ADAPTER_FAMILIES, check_takes_adapters
 from ..wire import AdapterNotFound, FleetError, InternalError, InvalidInput
@@ -77,7 +77,7 @@ class AdapterHost(Protocol):
     def lora_bank(self) -> LoraBank: ...
 
 
-def _host_of(adapter: FamilyAdapter | None) -> AdapterHost | None:
+def _host_of(adapter: AnyFamily | None) -> AdapterHost | None:
     """What holds ``adapter``'s LoRA bank: the family (generation runs its own model)
     or its runtime (torch); None on a runtime that cannot take adapters."""
     if isinstance(adapter, AdapterHost):
@@ -155,18 +155,18 @@ class Hosting:
 
     spec: ModelSpec
     profile: Profile
-    _adapter: FamilyAdapter | None
+    _family: AnyFamily | None
     _forward: ThreadPoolExecutor
     _hosting: tuple[AdapterSource, HotTier] | None = None
-    _heating: dict[str, asyncio.Future[None]]
+    _adapter_loads: dict[str, asyncio.Future[None]]
     _rehosting: asyncio.Lock | None = None
-    _copy: FamilyAdapter | None = None  # the base on torch, beside a non-torch runtime
-    torch_factory: Callable[[], FamilyAdapter] | None = None  # the model on torch
+    _copy: AnyFamily | None = None  # the base on torch, beside a non-torch runtime
+    torch_factory: Callable[[], AnyFamily] | None = None  # the model on torch
 
     def host_adapters(self, source: AdapterSource, tier: HotTier) -> None:
         """Serve adapters of this model: found in ``source``, counted in ``tier``."""
         self._hosting = (source, tier)
-        self._heating = {}
+        self._adapter_loads = {}
 
     def takes(self, key: str) -> None:
         """Raise a 400 if this model cannot serve adapter ``key``."""
@@ -184,11 +184,11 @@ class Hosting:
         return host is not None and key in host.lora_bank()
 
     @property
-    def host_family(self) -> FamilyAdapter | None:
-        """The family adapter that runs batches with adapter rows: the served one where
+    def host_family(self) -> AnyFamily | None:
+        """The family that runs batches with adapter rows: the served one where
         its runtime takes adapters, else its torch copy (None until there is one)."""
-        if _host_of(self._adapter) is not None:
-            return self._adapter
+        if _host_of(self._family) is not None:
+            return self._family
         return self._copy
 
     def hosting_info(self) -> dict[str, object]:
@@ -225,10 +225,10 @@ class Hosting:
         if self.hot(key):
             self._hosting[1].touch(self.spec.id, key)
             return
-        fut = self._heating.get(key)
+        fut = self._adapter_loads.get(key)
         if fut is None:
             fut = asyncio.ensure_future(self._heat(key))
-            self._heating[key] = fut
+            self._adapter_loads[key] = fut
             fut.add_done_callback(lambda f: self._heated(key, f))
         await asyncio.shield(fut)
 
@@ -242,7 +242,7 @@ class Hosting:
         await self.heat(key)
 
     def _heated(self, key: str, fut: asyncio.Future[None]) -> None:
-        self._heating.pop(key, None)
+        self._adapter_loads.pop(key, None)
         if not fut.cancelled():
             fut.exception()  # retrieved: its awaiters (if any are left) raise it
 
@@ -293,7 +293,7 @@ class Hosting:
         if self._rehosting is None:
             self._rehosting = asyncio.Lock()
         async with self._rehosting:
-            current = self._adapter
+            current = self._family
             if current is None:
                 raise RuntimeError(f"model {self.spec.id} is not loaded")
             if _host_of(current) is not None or self._copy is not None:
@@ -326,7 +326,7 @@ class Hosting:
             assert self._hosting is not None
             self._hosting[1].copies[self.spec.id] = fresh.memory_bytes()
 
-    def plan(self, keys: list[str | None], host: FamilyAdapter | None = None) -> Any:
+    def plan(self, keys: list[str | None], host: AnyFamily | None = None) -> Any:
         """The bank's plan for a batch whose row ``i`` runs ``keys[i]`` (a context
         manager; a no-op when no row has an adapter), on ``host`` (the adapter host the
         batch was given when it started; default: the current one)."""
@@ -341,12 +341,12 @@ class Hosting:
             raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
         return bank.lora_bank().plan(segments_of(keys), len(keys))
 
-    def rehost(self, old: FamilyAdapter | None) -> None:
+    def rehost(self, old: AnyFamily | None) -> None:
         """The served adapter replaced ``old`` (a profile swap). Where the LoRA bank was
         ``old``'s own (torch), or the new one takes adapters itself and a torch copy is
         no longer needed, the hot adapters are forgotten: they heat again on next use.
         A torch copy beside runtimes that take none stays, with its hot adapters."""
-        if _host_of(old) is not None or _host_of(self._adapter) is not None:
+        if _host_of(old) is not None or _host_of(self._family) is not None:
             self.unhost()
 
     def unhost(self) -> None:
