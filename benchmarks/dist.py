@@ -48,9 +48,9 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
         default=20.0,
         help="seconds a measurement may wait for other processes to leave the cores",
     )
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=".bench/results")
     p.add_argument("--name", default="dist", help="file stem of the outputs")
-    p.add_argument("--logs", default="bench/results/dist-logs", help="the processes' logs")
+    p.add_argument("--logs", default=".bench/results/dist-logs", help="the processes' logs")
     p.add_argument("--quick", action="store_true", help="a short smoke run")
     a = p.parse_args(list(argv))
     if a.quick:

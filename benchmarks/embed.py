@@ -64,7 +64,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
         "issue 22), interleaved with the limited one, and report what the limits cost",
     )
     p.add_argument("--fleetserve-args", default="", help="extra flags for fleetserve serve")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=".bench/results")
     p.add_argument("--catalog", default="", help="extra catalog directory (also passed to serve)")
     p.add_argument("--device", default="cpu", help="device for the in-process baselines")
     return p.parse_args(list(argv))

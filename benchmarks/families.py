@@ -39,7 +39,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     p.add_argument("--concurrency", type=int, default=4, help="clients at saturation")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=".bench/results")
     p.add_argument("--work", default=".bench/families", help="where derived models are built")
     return p.parse_args(list(argv))
 

@@ -78,7 +78,7 @@ def main(argv: Sequence[str] = ()) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks http", description=__doc__)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=3.0)
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=".bench/results")
     p.add_argument("--only", default="", help="only the stacks whose name contains this")
     args = p.parse_args(list(argv))
     console = Console()

@@ -78,8 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--search-seconds", type=float, default=8.0, help="per infinity candidate")
     add("--quiet-wait", type=float, default=20.0, help="wait for others to leave the cores")
     add("--seed", type=int, default=0)
-    add("--out", default=None, help="default docs/bench (--quick: bench/results)")
-    add("--logs", default="bench/results/priority-logs", help="the processes' logs")
+    add("--out", default=None, help="default docs/bench (--quick: .bench/results)")
+    add("--logs", default=".bench/results/priority-logs", help="the processes' logs")
     add(
         "--quick",
         action="store_true",
@@ -97,7 +97,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
         a.hop_requests, a.hop_warmup, a.hop_blocks = 100, 20, 2
         a.infinity_dtypes, a.infinity_batch_sizes, a.bulk_items = "bfloat16", "32", 64
         a.quiet_wait = 0.0
-    a.out = a.out or ("bench/results" if a.quick else "docs/bench")
+    a.out = a.out or (".bench/results" if a.quick else "docs/bench")
     for name, allowed in (("targets", TARGETS), ("sections", SECTIONS)):
         bad = set(_csv(getattr(a, name))) - set(allowed)
         if bad:

@@ -32,7 +32,7 @@ def main(argv: Sequence[str] = ()) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--sample", type=float, default=8.0, help="seconds per sample")
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--out", default="bench/results/profiles")
+    p.add_argument("--out", default=".bench/results/profiles")
     args = p.parse_args(list(argv))
     from fleetserve.assembly import HF_CACHE
     from fleetserve.bench.workload import mix

@@ -76,7 +76,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--infinity-venv", default=".bench/infinity-venv")
     p.add_argument("--infinity-dtypes", default="float32,bfloat16")
     p.add_argument("--no-infinity", action="store_true")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=".bench/results")
     return p.parse_args(list(argv))
 
 

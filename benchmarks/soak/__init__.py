@@ -62,7 +62,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-disrupt", action="store_true", help="distributed: no kill, no restart")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="docs/bench")
-    p.add_argument("--logs", default="bench/results/soak-logs")
+    p.add_argument("--logs", default=".bench/results/soak-logs")
     return p.parse_args(list(argv))
 
 

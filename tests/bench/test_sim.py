@@ -69,7 +69,7 @@ def test_the_gpu_cost_model_is_assumed_without_a_tuned_gpu_profile(tmp_path: Pat
     assert p.cost == CostModel(2.0, 0.0005, 0.0002)  # the spec's cuda starting points
     assert (p.max_batch_tokens, p.interactive_batch_tokens) == (32768, 32768)  # no cap
     assert "ASSUMED" in p.describe()[0] and "budgets 'cuda'" in p.cost_source
-    # a profile that `fleetserve tune` wrote on a GPU (bench/gpu.sh) makes it fitted
+    # a profile that `fleetserve tune` wrote on a GPU (benchmarks/gpu.sh) makes it fitted
     tuned = Profile("cuda-sm90", max_batch_tokens=16384, cost=CostModel(1.0, 0.0002, 0.0001))
     prov = {"written_by": "fleetserve tune", "date": "2026-12-02", "machine": "H100"}
     write_profile_file(tmp_path, MODEL, tuned, prov)

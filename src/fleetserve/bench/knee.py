@@ -68,7 +68,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     a("--tokenizer", default="", metavar="DIR", help="has tokenizer.json [from the catalog]")
     a("--catalog", default="", metavar="DIR", help="extra catalog, to find --model")
     a("--seed", type=int, default=0, help="of the arrivals and the texts")
-    a("--out", default="bench/results", help="directory of the outputs")
+    a("--out", default=".bench/results", help="directory of the outputs")
     a("--name", default="knee", help="their file stem: NAME.{md,json,png}")
     return p.parse_args(list(argv))
 

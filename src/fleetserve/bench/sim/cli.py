@@ -85,7 +85,7 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
         "slowest worker)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench/results/sim")
+    p.add_argument("--out", default=".bench/results/sim")
     p.add_argument("--name", default="sim", help="file name stem")
     p.add_argument(
         "--fleet",

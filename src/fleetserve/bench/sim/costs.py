@@ -3,7 +3,7 @@
 - ``cpu``: the cost coefficients of a tuned CPU profile (``catalog/profiles/cpu-*/``),
   which ``fleetserve tune`` fitted on that machine (``tune.costfit``): **fitted**.
 - ``gpu``: a tuned ``cuda-*`` profile if one is given (``--profile-dir``, for example
-  the ``profiles/`` that ``bench/gpu.sh`` writes) or bundled: **fitted**. Otherwise the
+  the ``profiles/`` that ``benchmarks/gpu.sh`` writes) or bundled: **fitted**. Otherwise the
   model spec's ``budgets: cuda`` starting points, which no GPU run has fitted:
   **assumed**, and every report says so.
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine without network, from the repository root, with .gpu/ (made here
-# by bench/gpu_prepare.sh) carried along:
+# by benchmarks/gpu_prepare.sh) carried along:
 #
-#   bash bench/gpu.sh          # see docs/gpu.md for the device-tool call
+#   bash benchmarks/gpu.sh     # see docs/gpu.md for the device-tool call
 #
 # 1. `fleetserve tune` for all-MiniLM-L6-v2 on the GPU: the profile for this GPU's
 #    hardware class (cuda-smXY) and its report, to commit under
@@ -11,7 +11,7 @@
 #    (--device cuda, now with that profile) against the in-process baselines.
 # It installs the carried wheels the machine lacks into $GPU_SH_WORK/site and renders
 # .gpu/catalog/minilm.yaml with the absolute model path.
-# Results: ${OUT:-bench/results}/gpu/{profiles/<class>/*.yaml, tuning/*.{md,json,png},
+# Results: ${OUT:-.bench/results}/gpu/{profiles/<class>/*.yaml, tuning/*.{md,json,png},
 # tune.log, embed.json, embed.md, embed.png, fleetserve.log, bench.log, env.txt}.
 #
 # Env:  PYTHON                 interpreter (default python3, else /opt/torch/.venv/bin/python3)
@@ -27,7 +27,7 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 GPU="$REPO_ROOT/.gpu"
-OUT_DIR="${OUT:-$REPO_ROOT/bench/results}/gpu"
+OUT_DIR="${OUT:-$REPO_ROOT/.bench/results}/gpu"
 WORK="${GPU_SH_WORK:-/tmp/fleetserve-gpu}"
 ROUNDS="${GPU_SH_ROUNDS:-2}"
 DURATION="${GPU_SH_DURATION:-5}"
@@ -58,7 +58,7 @@ fi
 command -v "$PY" >/dev/null || die "no interpreter $PY"
 
 [ -f "$GPU/model/model.safetensors" ] && [ -f "$GPU/catalog/minilm.yaml" ] ||
-  die "$GPU is missing or incomplete: run bash bench/gpu_prepare.sh first and carry .gpu"
+  die "$GPU is missing or incomplete: run bash benchmarks/gpu_prepare.sh first and carry .gpu"
 rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT_DIR"
 log "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])')); out: $OUT_DIR"
