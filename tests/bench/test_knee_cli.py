@@ -119,3 +119,11 @@ def test_bench_lists_what_it_offers(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"python -m benchmarks {moved}" in capsys.readouterr().err
     assert bench_main(["--help"]) == 0
     assert "knee" in capsys.readouterr().out
+
+
+def test_bench_cost_is_the_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["cost", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fleetserve bench cost") and "--workload" in out

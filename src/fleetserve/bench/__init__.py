@@ -53,7 +53,7 @@ def main(argv: Sequence[str] = ()) -> int:
 
         return sim_main(rest)
     if name == "cost":
-        from .costfit import main as cost_main
+        from .cost import main as cost_main
 
         return cost_main(rest)
     if name in ("-h", "--help"):
