@@ -45,7 +45,7 @@ from .search import (
     sweep,
     workload_for,
 )
-from .workload import Workload, capacity_rps, fleet_speeds, make_workload
+from .synthetic import Workload, capacity_rps, fleet_speeds, make_workload
 
 __all__ = [
     "COST_MODELS",

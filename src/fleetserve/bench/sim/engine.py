@@ -13,7 +13,7 @@ from itertools import accumulate, count
 
 from .former import Former
 from .params import POLICIES, Params
-from .workload import Workload, _budgets
+from .synthetic import Workload, _budgets
 
 _DONE, _PULL, _DELIVER, _SEEN, _PUBLISH, _EXPIRE = 0, 1, 2, 3, 4, 5
 

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from .engine import _DELIVER, _DONE, _EXPIRE, _PUBLISH, _PULL, Run, _Engine
 from .params import Params
 from .puller import Lanes, Msg, Puller
-from .workload import Workload
+from .synthetic import Workload
 
 FULL_POLL_MS = 20.0  # worker/loop.py FULL_POLL: a full worker's pull for queries lasts this
 

@@ -11,7 +11,7 @@ from typing import Any
 from .engine import Run
 from .params import Params
 from .policies import simulate
-from .workload import Workload, capacity_rps, fleet_speeds, make_workload
+from .synthetic import Workload, capacity_rps, fleet_speeds, make_workload
 
 DURATION_LOAD = 0.5  # duration_s is of arrivals at this fraction of nominal capacity
 

@@ -1,4 +1,5 @@
-"""The requests of a run and the workers that serve them."""
+"""The requests of a run and the workers that serve them. The requests are synthetic:
+arrival gaps and item lengths in tokens, no text (real texts: ``tune/workload.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bench workloads: exact-length sentences, and the corpus length mix."""
+"""tune/workload.py's texts: exact-length sentences, and the corpus length mix."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.bench.workload import corpus, length_stats, mix, sentences
+from fleetserve.tune.workload import corpus, length_stats, mix, sentences
 
 from ..tinymodels import build_tokenizer
 
