@@ -61,7 +61,7 @@ class GenerationRunner(Loadable):
         estimate: Callable[[], int] | None = None,
         max_adapters: int = 16,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
+        super().__init__(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         self.max_adapters = max_adapters
         # max_batch_tokens: prompt + max_tokens summed over the running sequences

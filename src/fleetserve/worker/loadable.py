@@ -58,7 +58,7 @@ class Loadable(Hosting):
     _estimate: Callable[[], int] | None
     _measured: Footprint | None
 
-    def _init_loadable(
+    def __init__(
         self,
         spec: ModelSpec,
         profile: Profile,

@@ -160,7 +160,7 @@ class ModelRunner(Loadable):
         hold: float = 5.0,
         age_limit: float = 2.0,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
+        super().__init__(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         tokens = max_batch_tokens or profile.max_batch_tokens
         self.waiting = BatchFormer(
