@@ -75,14 +75,13 @@ class Worker:
         self.keepalive = keepalive  # seconds between in-progress acks for held work
         self.shared_queue = shared_queue  # other workers pull from the same queue
         self.affinity = affinity  # a shared queue: pull for the models held here first
-        self.tracer = tracer or NULL_TRACER  # spans per request (fleetserve.tracing)
         self.failed: BaseException | None = None
         self.running = False
         self._parts = Parts(queue, self._spawner)
         self.ledger = Ledger(  # every message held here, from pull to its ending
             queue,
             metrics,
-            self.tracer,
+            tracer or NULL_TRACER,
             fleet,
             self._parts,
             self._spawner,
@@ -93,6 +92,15 @@ class Worker:
         self._tg: asyncio.TaskGroup | None = None
         # work whose client went away stops wherever it is
         self.cancels = Canceller(queue, metrics, self.ledger)
+
+    @property
+    def tracer(self) -> Tracer:
+        """Spans per request (``fleetserve.tracing``): its pull here, the ledger's replies."""
+        return self.ledger.tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer) -> None:
+        self.ledger.tracer = tracer
 
     @property
     def pull_budget(self) -> int:
