@@ -27,6 +27,7 @@ from fleetserve.runtimes.torch import TorchRuntime
 from fleetserve.worker.batcher import Job
 from fleetserve.worker.gen_runner import GenerationRunner
 
+from ..sinks import CallbackSink
 from ..tiny_generate import chat_body, envelope, stop
 
 pytestmark = pytest.mark.slow
@@ -155,7 +156,7 @@ async def test_streaming_chunks_concatenate_to_the_answer(adapter: GenerateFamil
         done.set_exception(err)
 
     task = asyncio.create_task(
-        runner.run(done.set_result, fail, fail, asyncio.Event(), lambda j, b: chunks.append(b))
+        runner.run(CallbackSink(done.set_result, fail, lambda j, b: chunks.append(b)))
     )
     try:
         body = chat_body(

@@ -39,6 +39,7 @@ from fleetserve.worker.runner import Runner
 from fleetserve.worker.swap import swap_profile
 
 from ..conftest import TINY_CLASS, tiny_settings
+from ..sinks import CallbackSink
 from ..tiny_generate import build_llama, chat_body, envelope
 from ..tinymodels import WORDS, build_bert, write_spec
 
@@ -356,7 +357,7 @@ async def test_generation_swaps_only_while_no_sequence_runs(setup: Setup) -> Non
     async def failed(job: Job, err: FleetError) -> None:
         done[job.msg.envelope.request_id].set_exception(err)
 
-    task = asyncio.create_task(old.run(finish, failed, failed, asyncio.Event(), chunk))
+    task = asyncio.create_task(old.run(CallbackSink(finish, failed, chunk)))
     try:
         with compute_held():  # its steps wait: the sequence keeps running
             submit("r1")

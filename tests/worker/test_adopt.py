@@ -19,6 +19,7 @@ from fleetserve.worker import ModelRunner
 from fleetserve.worker.batcher import Job
 
 from ..fleet.test_swap import NEW, OLD, compute_held, request_envelope
+from ..sinks import CallbackSink
 
 
 class Tagged:
@@ -65,7 +66,7 @@ async def test_a_batch_started_before_the_swap_finishes_on_the_old_adapter() -> 
     async def failed(job: Job, err: FleetError) -> None:
         done[job.msg.envelope.request_id].set_exception(err)
 
-    task = asyncio.create_task(old.run(finish, failed, failed, asyncio.Event()))
+    task = asyncio.create_task(old.run(CallbackSink(finish, failed)))
     try:
         with compute_held():  # the batch waits for the compute thread, already given its adapter
             submit("r1")

@@ -12,6 +12,8 @@ from fleetserve.queue import Message
 from fleetserve.wire import Encoding, Envelope, Task
 from fleetserve.worker.batcher import BatchFormer, Job, WorkItem
 
+from ..sinks import settle
+
 _ids = itertools.count(1)
 
 
@@ -54,7 +56,7 @@ def test_budgets_must_be_positive() -> None:
 
 def test_job_counts_items_and_knows_its_deadline() -> None:
     j = job(3, 4, 5)
-    assert j.remaining == 3 and not j.expired and not j.failed
+    assert j.remaining == 3 and not j.expired and not j.settled
     assert job(1, deadline_in=-1).expired
 
 
@@ -144,7 +146,7 @@ def test_skips_failed_jobs() -> None:
     good1, bad, good2 = job(2, 3), job(4, 4, 4), job(5)
     for j in (good1, bad, good2):
         bf.add(j)
-    bad.failed = True
+    settle(bad)
     batch = bf.take()
     assert {it.job for it in batch} == {good1, good2}
     assert sorted(lens(batch)) == [2, 3, 5]
@@ -157,7 +159,7 @@ def test_failed_job_at_the_head_is_dropped() -> None:
     bad, good = job(7, 7), job(1)
     bf.add(bad)
     bf.add(good)
-    bad.failed = True
+    settle(bad)
     batch = bf.take()
     assert [it.job for it in batch] == [good]
     assert bf.pending_tokens == 0 and len(bf) == 0

@@ -108,7 +108,11 @@ def worker_state(srv: ServerThread) -> dict[str, int]:
     assert srv.server is not None
     w, former = srv.server.worker, srv.server.runners[BERT].waiting
     return srv.call(  # type: ignore[no-any-return]
-        lambda: {"jobs": len(w._jobs), "loading": len(w._loading), "waiting": len(former)}
+        lambda: {
+            "jobs": len(w.ledger.jobs()),
+            "loading": len(w.ledger.parked()),
+            "waiting": len(former),
+        }
     )
 
 

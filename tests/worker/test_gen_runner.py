@@ -19,10 +19,11 @@ from fleetserve.families.generate import GenerateFamily
 from fleetserve.metrics import Metrics
 from fleetserve.queue import Message
 from fleetserve.runtimes import Generation, Head, SamplingParams
-from fleetserve.wire import FleetError, Unavailable
+from fleetserve.wire import FleetError, InternalError, Unavailable
 from fleetserve.worker.batcher import Job
 from fleetserve.worker.gen_runner import GenerationRunner
 
+from ..sinks import settle
 from ..tiny_generate import build_llama, chat_body, envelope, load_adapter, stop
 
 _ids = itertools.count(1)
@@ -72,11 +73,23 @@ class Harness:
     async def crash(self, job: Job, err: FleetError) -> None:
         await self._fail("crash", job, err)
 
-    async def expire(self, job: Job, err: FleetError) -> None:
-        await self._fail("expire", job, err)
+    async def expire(self, job: Job) -> None:
+        await self._fail("expire", job, InternalError("expired"))
+
+    async def fail(self, job: Job, err: FleetError) -> None:
+        await self._fail("fail", job, err)
+
+    def running(self, job: Job) -> None:
+        self.log.append(("running", job.msg.envelope.request_id))
+
+    def freed(self) -> None:
+        self.room.set()
+
+    async def relieve(self, model: str) -> bool:
+        return False
 
     async def _fail(self, what: str, job: Job, err: FleetError) -> None:
-        job.failed = True
+        settle(job)
         rid = job.msg.envelope.request_id
         self.log.append((what, rid))
         self.errors[rid] = err
@@ -89,9 +102,7 @@ class Harness:
 
     def run(self) -> asyncio.Task[None]:
         r = self.runner
-        return asyncio.create_task(
-            r.run(self.finish, self.crash, self.expire, self.room, self.chunk)
-        )
+        return asyncio.create_task(r.run(self))
 
 
 def _runner(adapter: Any, max_batch_size: int = 8) -> GenerationRunner:
@@ -166,7 +177,7 @@ async def test_a_cancelled_request_stops_generating(adapter: Any) -> None:
     try:
         job = h.job(chat_body("hello", max_tokens=400, temperature=0, stream=True))
         await h.first_text(job)
-        job.failed = True  # the worker answered it (a client gone, a failure elsewhere)
+        settle(job)  # the worker answered it (a client gone, a failure elsewhere)
         await asyncio.sleep(0.2)
         n = len(h.chunks[job.msg.envelope.request_id])
         await asyncio.sleep(0.2)

@@ -8,6 +8,7 @@ import dataclasses
 from fleetserve.wire import Priority
 from fleetserve.worker.batcher import BatchFormer, Job
 
+from ..sinks import settle
 from .test_batcher import job, take_all
 
 
@@ -76,7 +77,7 @@ def test_failed_interactive_requests_do_not_stall_batch_work() -> None:
     bf.add(bulk)
     query = interactive(5)
     bf.add(query)
-    query.failed = True  # its client went away
+    settle(query)  # its client went away
     assert {it.job for it in bf.take()} == {bulk}
     assert not bf.interactive_waiting and bf.take() == []
 
@@ -107,7 +108,7 @@ def test_a_cancelled_query_behind_batch_work_leaves_the_counts_right() -> None:
     bf.add(job(10, 10))
     query = interactive(5)
     bf.add(query)
-    query.failed = True
+    settle(query)
     take_all(bf)
     assert not bf.interactive_waiting and bf.interactive_tokens_pending == 0
     bf.add(interactive(5))

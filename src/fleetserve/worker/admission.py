@@ -19,7 +19,8 @@ from .batcher import Job
 class Event:
     """One thing the generation thread tells the event loop.
 
-    ``kind``: ``text`` (a chunk; ``text`` None opens the stream), ``done`` (``output``
+    ``kind``: ``start`` (admitted: its sequence runs), ``text`` (a chunk; ``text``
+    None opens the stream), ``done`` (``output``
     is the Generation), ``expire``, ``crash`` (``error``), ``fail`` (a ``FleetError``
     answering this request only: its adapter was deleted), ``room`` (capacity freed) or
     ``fatal`` (the thread itself failed: the runner raises, which fails the worker).
@@ -77,9 +78,9 @@ class WaitQueue:
 
     def pop_if(self, fits: Callable[[Job], bool]) -> Job | None:
         """The first job (interactive first, then the oldest) if ``fits(it)``; jobs
-        already failed are dropped."""
+        already settled are dropped."""
         with self._lock:
-            while self._jobs and self._jobs[0].failed:
+            while self._jobs and self._jobs[0].settled:
                 self._forget(self._jobs.popleft())
             if not self._jobs or not fits(self._jobs[0]):
                 return None

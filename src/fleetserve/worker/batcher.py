@@ -22,6 +22,7 @@ from typing import Any
 
 from ..families import Prepared
 from ..queue import Message
+from .records import Record, State
 
 
 @dataclass(eq=False, slots=True)
@@ -36,11 +37,18 @@ class Job:
     spans: list[tuple[int, int]] | None = None
     outputs: list[Any] | None = None
     infer_s: float = 0.0
-    failed: bool = False
     reason: str = ""  # why it failed, for the dead-letter stream (not for the client)
+    # where it stands; only the worker's ledger moves it (``worker.ledger``)
+    record: Record = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.remaining = len(self.prepared.items)
+        self.record = Record(self.msg, State.BATCHED)
+
+    @property
+    def settled(self) -> bool:
+        """Answered, failed, cancelled or given back: whatever is left of it is dropped."""
+        return self.record.settled
 
     @property
     def expired(self) -> bool:
@@ -128,7 +136,7 @@ class BatchFormer:
 
     def take(self) -> list[WorkItem]:
         """The next batch (empty when nothing is pending). Items of failed jobs are dropped."""
-        while self._items and self._items[0].job.failed:
+        while self._items and self._items[0].job.settled:
             self._drop(self._items.popleft())
         if not self._items:
             return []
@@ -167,9 +175,9 @@ class BatchFormer:
     def _purge(self) -> None:
         """Drop the items of failed jobs (anywhere, not only at the head)."""
         for it in self._items:
-            if it.job.failed:
+            if it.job.settled:
                 self._drop(it)
-        self._items = deque(it for it in self._items if not it.job.failed)
+        self._items = deque(it for it in self._items if not it.job.settled)
 
     def _window(self, only: bool | None, budget: int) -> list[WorkItem]:
         """Items to choose the batch from, oldest first: of one class (``only``: whether
@@ -177,7 +185,7 @@ class BatchFormer:
         window: list[WorkItem] = []
         tokens = 0
         for it in self._items:
-            if it.job.failed or (only is not None and it.interactive != only):
+            if it.job.settled or (only is not None and it.interactive != only):
                 continue
             window.append(it)
             tokens += it.length

@@ -9,8 +9,8 @@ stops the request, and its slices (``Envelope.part.parent``), wherever they are:
   are messages a queue removed at once, ``Cancel.dropped``);
 - parked for its model's load: terminated now, the load goes on (``loading``);
 - waiting for its adapter, in a batch former or a batch not yet run: the job is
-  failed, so the runner drops its items (``loading``, ``batched``);
-- in a forward pass or generating: the job is failed, so a batch's rows are dropped
+  settled (``Ledger.cancel``), so the runner drops its items (``loading``, ``batched``);
+- in a forward pass or generating: the job is settled, so a batch's rows are dropped
   when it ends, and a sequence stops at the engine's next step, between prefill
   chunks too, and frees its cache (``running``, ``generating``).
 
@@ -25,20 +25,19 @@ import heapq
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from ..metrics import Metrics
 from ..queue import Message, WorkQueue
-from ..queue.cancels import Cancel, concerns
+from ..queue.cancels import Cancel
 from ..wire import Envelope, Task
 from .batcher import Job
+from .ledger import Ledger
+from .records import State
 
 log = logging.getLogger("fleetserve.worker")
 SKEW = 30.0  # seconds a cancel is kept past its deadline (clocks of machines differ)
 GENERATION = frozenset({Task.CHAT, Task.GENERATE})
-
-Spawn = Callable[[Coroutine[Any, Any, None]], object]
 
 
 class CancelSet:
@@ -88,33 +87,15 @@ class CancelSet:
 
 
 class Canceller:
-    """Honours cancels in one worker. ``jobs``, ``loading`` and ``awaiting_adapter`` are the
-    worker's own tables (read here); ``settle`` finishes a job this marked failed
-    (it stops counting as a use of its model, its message is terminated), and
-    ``unpark`` takes a message off the load wait. ``spawn`` starts a task in the
-    worker's task group (it raises ``RuntimeError`` while the worker is not running)."""
+    """Honours cancels in one worker: it asks the worker's ledger what a cancel
+    concerns, counts it, and has the ledger settle it (``Ledger.cancel``); ``queue``
+    terminates what is pulled after its cancel was heard."""
 
-    def __init__(
-        self,
-        queue: WorkQueue,
-        metrics: Metrics,
-        *,
-        jobs: set[Job],
-        loading: Mapping[int, Message],
-        awaiting_adapter: Mapping[int, Message],
-        settle: Callable[[Job], Coroutine[Any, Any, None]],
-        unpark: Callable[[Message], None],
-        spawn: Callable[[], Spawn],
-    ) -> None:
+    def __init__(self, queue: WorkQueue, metrics: Metrics, ledger: Ledger) -> None:
         self.queue = queue
         self.metrics = metrics
         self.ids = CancelSet()
-        self._jobs = jobs
-        self._loading = loading
-        self._awaiting_adapter = awaiting_adapter
-        self._settle = settle
-        self._unpark = unpark
-        self._spawn = spawn
+        self.ledger = ledger
         # parked messages terminated here, by id (held, so that no other takes the id)
         self._termed: dict[int, Message] = {}
 
@@ -124,23 +105,17 @@ class Canceller:
         self.ids.add(rid, cancel.until)
         for model in cancel.dropped:  # removed by the queue before anyone pulled them
             self._count(model, "queued", cancel.until)
-        parked = [m for m in self._loading.values() if concerns(m.envelope, rid)]
-        jobs = [j for j in self._jobs if not j.failed and concerns(j.msg.envelope, rid)]
+        parked, jobs = self.ledger.concerning(rid)
         if not parked and not jobs:
             return  # not here (yet): terminated if it is pulled later
-        try:
-            spawn = self._spawn()
-        except RuntimeError:  # the worker stopped: what it held went back already
-            return
-        for msg in parked:
-            self._unpark(msg)
+        wheres = [self._where(job) for job in jobs]
+        if not self.ledger.cancel(parked, jobs):
+            return  # the worker stopped: what it held went back already
+        for msg in (record.msg for record in parked):
             self._count(msg.envelope.model, "loading", msg.envelope.deadline)
             self._termed[id(msg)] = msg
-            spawn(self.queue.term(msg))
-        for job in jobs:
-            job.failed = True  # formers and the generation thread drop it from now on
-            self._count(job.msg.envelope.model, self._where(job), job.msg.envelope.deadline)
-            spawn(self._settle(job))
+        for job, where in zip(jobs, wheres, strict=True):
+            self._count(job.msg.envelope.model, where, job.msg.envelope.deadline)
         self._forget_old()
 
     async def pulled(self, msg: Message) -> bool:
@@ -154,7 +129,7 @@ class Canceller:
         return True
 
     def _where(self, job: Job) -> str:
-        if id(job.msg) in self._awaiting_adapter:
+        if job.record.state is State.HEATING:
             return "loading"  # its adapter is on its way
         if job.infer_s > 0:  # a step or batch of it has run
             return "generating" if job.msg.envelope.task in GENERATION else "running"

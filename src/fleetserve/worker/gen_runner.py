@@ -29,8 +29,8 @@ from ..metrics import Metrics
 from ..wire import AdapterNotFound, FleetError, InternalError, Unavailable
 from .admission import Event, WaitQueue, cost
 from .batcher import Job
-from .loadable import FailFn, FamilyFactory, Loadable, Measure, Verify
-from .runner import ChunkFn, FinishFn
+from .loadable import FamilyFactory, Loadable, Measure, Verify
+from .runner import JobSink
 
 if TYPE_CHECKING:
     from ..families.generate.engine import Seq
@@ -61,7 +61,7 @@ class GenerationRunner(Loadable):
         estimate: Callable[[], int] | None = None,
         max_adapters: int = 16,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
+        super().__init__(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         self.max_adapters = max_adapters
         # max_batch_tokens: prompt + max_tokens summed over the running sequences
@@ -127,14 +127,7 @@ class GenerationRunner(Loadable):
             self._retiring.add(thread)
             self._signal.set()
 
-    async def run(
-        self,
-        finish: FinishFn,
-        crash: FailFn,
-        expire: FailFn,
-        room: asyncio.Event,
-        chunk: ChunkFn | None = None,
-    ) -> None:
+    async def run(self, sink: JobSink) -> None:
         """Apply the thread's events on the event loop; returns only by cancellation."""
         self._loop = asyncio.get_running_loop()
         self._events = asyncio.Queue()
@@ -143,51 +136,44 @@ class GenerationRunner(Loadable):
         try:
             while True:
                 for ev in await self._events.get():
-                    await self._apply(ev, finish, crash, expire, room, chunk)
+                    await self._apply(ev, sink)
         finally:
             self.close()
 
-    async def _apply(
-        self,
-        ev: Event,
-        finish: FinishFn,
-        crash: FailFn,
-        expire: FailFn,
-        room: asyncio.Event,
-        chunk: ChunkFn | None,
-    ) -> None:
+    async def _apply(self, ev: Event, sink: JobSink) -> None:
         job = ev.job
         if ev.kind == "room":
-            room.set()
+            sink.freed()
         elif ev.kind == "fatal":
             raise RuntimeError(f"the generation thread for {self.spec.id} failed") from ev.error
-        elif job is None or job.failed:
+        elif job is None or job.settled:
             return
-        elif ev.kind == "text" and chunk is not None:
+        elif ev.kind == "start":
+            sink.running(job)
+        elif ev.kind == "text":
             adapter = self.generation_family
             if ev.text is None:
                 body = adapter.stream_open(job.prepared)
             else:
                 body = adapter.stream_text(job.prepared, ev.text)
             if body:
-                chunk(job, body)
+                sink.chunk(job, body)
         elif ev.kind == "done":
             from ..families.generate.chat import GenOutput
 
             assert ev.output is not None  # a done event carries its Generation
-            streamed = chunk is not None and job.prepared.options.stream
-            job.outputs = [GenOutput(ev.output, streamed=streamed)]
+            job.outputs = [GenOutput(ev.output, streamed=job.prepared.options.stream)]
             job.remaining = 0
-            finish(job)
+            sink.finish(job)
         elif ev.kind == "expire":
-            await expire(job, InternalError("expired"))
-        elif ev.kind == "fail" and isinstance(ev.error, FleetError) and self.fail is not None:
-            await self.fail(job, ev.error)
+            await sink.expire(job)
+        elif ev.kind == "fail" and isinstance(ev.error, FleetError):
+            await sink.fail(job, ev.error)
         elif ev.kind == "crash":
             exc = ev.error
             err = exc if isinstance(exc, FleetError) else None
             job.reason = f"inference failed: {type(exc).__name__}: {exc}"[:300]
-            await crash(job, err or InternalError(f"inference failed: {type(exc).__name__}"))
+            await sink.crash(job, err or InternalError(f"inference failed: {type(exc).__name__}"))
 
     def _post(self, events: list[Event]) -> None:
         if events and self._loop is not None and self._events is not None:
@@ -222,14 +208,15 @@ class GenerationRunner(Loadable):
             if job is None:
                 return
             events = [Event("room")]
-            if job.expired and not job.failed:
+            if job.expired and not job.settled:
                 events.append(Event("expire", job))
-            if job.failed or job.expired:
+            if job.settled or job.expired:
                 self._post(events)
                 continue
             with self._lock:
                 self._live[id(job)] = job
                 self._cost += cost(job)
+            events.append(Event("start", job))
             if job.prepared.options.stream:
                 events.append(Event("text", job))  # the stream's opening event
             self._post(events)  # before on_job: an external sequence may stream at once
@@ -295,10 +282,10 @@ class GenerationRunner(Loadable):
             self._admit(start)
             events: list[Event] = []
             for job in list(self._live.values()):
-                if job.failed or job.expired:
+                if job.settled or job.expired:
                     seqs.pop(id(job)).cancelled = True
                     self._leave(job)
-                    if not job.failed:
+                    if not job.settled:
                         events.append(Event("expire", job))
             if engine.idle:
                 self._post(events)
@@ -351,7 +338,7 @@ class GenerationRunner(Loadable):
         stream = job.prepared.options.stream
 
         def on_text(text: str) -> None:
-            if job.failed or job.expired or self._closed:
+            if job.settled or job.expired or self._closed:
                 raise _Cancelled
             self._post([Event("text", job, text=text)])
 
@@ -361,7 +348,7 @@ class GenerationRunner(Loadable):
             gen = runtime.generate(item.prompt, item.params, on_text if stream else None)
             event = Event("done", job, output=gen)
         except _Cancelled:
-            event = Event("expire", job) if not job.failed else Event("room")
+            event = Event("expire", job) if not job.settled else Event("room")
         except Exception as exc:
             event = Event("crash", job, error=exc)
         dt = time.perf_counter() - t0

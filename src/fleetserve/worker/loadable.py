@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Protocol, Self
@@ -12,12 +12,10 @@ from ..catalog import ModelSpec, Profile
 from ..families import AnyFamily, family_tasks
 from ..fleet.member import Footprint
 from ..fleet.memory import rss_bytes
-from ..wire import FleetError, Task
-from .batcher import Job
+from ..wire import Task
 from .compute import compute_executor
 from .lora_hosting import Hosting
 
-FailFn = Callable[[Job, FleetError], Awaitable[None]]
 FamilyFactory = Callable[[], AnyFamily]
 
 
@@ -31,7 +29,6 @@ class Verify(Protocol):
 
 
 Measure = Callable[[AnyFamily], int]  # a loaded adapter -> its activation peak (bytes)
-Relieve = Callable[[], Awaitable[bool]]  # out of memory: evict others; True if any left
 
 
 class Loadable(Hosting):
@@ -60,10 +57,8 @@ class Loadable(Hosting):
     _measure: Measure | None
     _estimate: Callable[[], int] | None
     _measured: Footprint | None
-    relieve: Relieve | None
-    fail: FailFn | None
 
-    def _init_loadable(
+    def __init__(
         self,
         spec: ModelSpec,
         profile: Profile,
@@ -87,8 +82,6 @@ class Loadable(Hosting):
         self._estimated: int | None = None
         self.ever_loaded = False
         self.memory: dict[str, int] = {}  # what the last load measured
-        self.relieve = None
-        self.fail = None
         if isinstance(adapter, AnyFamily):
             self._family, self._factory = adapter, lambda: adapter
         else:

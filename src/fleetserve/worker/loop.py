@@ -8,7 +8,6 @@ is answered the same way, and ``ready`` turns false so ``/readyz`` reports 503.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -21,24 +20,22 @@ from ..metrics import Metrics
 from ..queue import Message, WorkQueue
 from ..tracing import NULL_TRACER, Tracer
 from ..wire import (
-    Encoding,
     Envelope,
     FleetError,
     InternalError,
     InvalidInput,
     ModelNotFound,
-    Reply,
     Task,
     Unavailable,
 )
 from .affinity import Affinity
 from .batcher import Job
 from .cancel import Canceller
-from .chunks import Chunks
+from .ledger import Ledger
 from .lora_hosting import submit_when_hot
 from .parts import Parts, outputs_body, plan, prepared_of
+from .records import Record
 from .runner import Runner
-from .settle import Settling
 
 log = logging.getLogger("fleetserve.worker")
 
@@ -50,7 +47,7 @@ UNBOUNDED = 1 << 62  # a fleet with no memory budget
 FULL_POLL = 0.02  # seconds between pulls for interactive work while the formers are full
 
 
-class Worker(Settling):
+class Worker:
     def __init__(
         self,
         queue: WorkQueue,
@@ -73,35 +70,37 @@ class Worker(Settling):
             for r in self.runners.values():
                 fleet.add(r)
         self.fleet = fleet
-        for model, r in self.runners.items():
-            r.relieve = functools.partial(fleet.relieve, model)
-            r.fail = self._fail
         self.pull_timeout = pull_timeout
         self.max_deliver = max_deliver  # 1: a failed batch is answered 500 at once
         self.keepalive = keepalive  # seconds between in-progress acks for held work
         self.shared_queue = shared_queue  # other workers pull from the same queue
         self.affinity = affinity  # a shared queue: pull for the models held here first
-        self.tracer = tracer or NULL_TRACER  # spans per request (fleetserve.tracing)
         self.failed: BaseException | None = None
         self.running = False
-        self._jobs: set[Job] = set()
-        self._loading: dict[int, Message] = {}  # waiting for their model to load
-        self._awaiting_adapter: dict[int, Message] = {}  # jobs waiting for their adapter to load
-        self._chunks = Chunks(queue, self._spawner)
         self._parts = Parts(queue, self._spawner)
-        self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
-        self._tg: asyncio.TaskGroup | None = None
-        self._room = asyncio.Event()
-        self.cancels = Canceller(  # work whose client went away stops wherever it is
+        self.ledger = Ledger(  # every message held here, from pull to its ending
             queue,
             metrics,
-            jobs=self._jobs,
-            loading=self._loading,
-            awaiting_adapter=self._awaiting_adapter,
-            settle=self._settle_cancelled,
-            unpark=self._unpark,
-            spawn=self._spawner,
+            tracer or NULL_TRACER,
+            fleet,
+            self._parts,
+            self._spawner,
+            self._postprocess,
+            max_deliver=max_deliver,
         )
+        self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
+        self._tg: asyncio.TaskGroup | None = None
+        # work whose client went away stops wherever it is
+        self.cancels = Canceller(queue, metrics, self.ledger)
+
+    @property
+    def tracer(self) -> Tracer:
+        """Spans per request (``fleetserve.tracing``): its pull here, the ledger's replies."""
+        return self.ledger.tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer) -> None:
+        self.ledger.tracer = tracer
 
     @property
     def pull_budget(self) -> int:
@@ -121,7 +120,7 @@ class Worker(Settling):
     @property
     def idle(self) -> bool:
         """Nothing waits in any model's batch former and no load is under way."""
-        return not self._loading and not self._awaiting_adapter and self._pending_tokens() == 0
+        return self.ledger.idle and self._pending_tokens() == 0
 
     async def run(self) -> None:
         """Run the stages until cancelled. A crashed stage is logged and fails the worker."""
@@ -132,22 +131,17 @@ class Worker(Settling):
                 self.running = True
                 self.metrics.worker_up.set(1)
                 for r in self.runners.values():
-                    tg.create_task(
-                        r.run(
-                            self._schedule_finish,
-                            self._crash,
-                            self._expire,
-                            self._room,
-                            self._chunks.schedule,
-                        )
-                    )
+                    tg.create_task(r.run(self.ledger))
                 tg.create_task(self._pull_loop())
                 if self.keepalive:
-                    tg.create_task(self._keepalive_loop(self.keepalive))
+                    tg.create_task(self.ledger.keepalive(self.keepalive))
         except Exception as exc:  # TaskGroup wraps stage crashes in an ExceptionGroup
             self.failed = exc
             log.error("worker stage crashed; failing the worker", exc_info=exc)
-            await self._fail_all(Unavailable("the worker failed; retry later", retry_after=1.0))
+            for r in self.runners.values():
+                r.waiting.drain()
+            err = Unavailable("the worker failed; retry later", retry_after=1.0)
+            await self.ledger.give_back(err, list(self.runners), self.shared_queue)
         finally:
             unlisten()
             self.running = False
@@ -156,9 +150,9 @@ class Worker(Settling):
     # -- intake -----------------------------------------------------------------
     def _pending_tokens(self) -> int:
         """Tokens waiting here: in the batch formers, and in requests whose model loads."""
-        parked = [*self._loading.values(), *self._awaiting_adapter.values()]
-        waiting = sum(m.envelope.cost_hint for m in parked)
-        return waiting + sum(r.waiting.pending_tokens for r in self.runners.values())
+        return self.ledger.waiting_tokens() + sum(
+            r.waiting.pending_tokens for r in self.runners.values()
+        )
 
     async def _pull_loop(self) -> None:
         """Pull while the batch formers have room (up to two budgets). When they are
@@ -175,10 +169,10 @@ class Worker(Settling):
             room = high_water - pending
             wait = self.pull_timeout
             if full:  # interactive work only, up to one budget of it waiting here
-                self._room.clear()
+                self.ledger.room.clear()
                 room = self.pull_budget - self._interactive_tokens()
                 if room <= 0:
-                    await self._room.wait()
+                    await self.ledger.room.wait()
                     continue
                 wait = FULL_POLL
             if self.affinity is None:
@@ -200,11 +194,13 @@ class Worker(Settling):
             return
         runner = self.runners.get(env.model)
         if runner is None:
-            await self._answer(msg, ModelNotFound(f"this worker does not serve {env.model!r}"))
+            await self.ledger.answer(
+                msg, ModelNotFound(f"this worker does not serve {env.model!r}")
+            )
             return
         if env.task not in runner.tasks:
             serves = ", ".join(sorted(t.value for t in runner.tasks))
-            await self._answer(
+            await self.ledger.answer(
                 msg,
                 InvalidInput(
                     f"model {env.model!r} ({runner.spec.family}) does not serve the "
@@ -219,16 +215,15 @@ class Worker(Settling):
         # cold, loading or failed: the fleet loads it without holding up the pull loop
         if self._tg is None:
             raise RuntimeError("worker is not running")
-        self._loading[id(msg)] = msg
-        self._tg.create_task(self._admit_after_load(msg, runner))
+        self._tg.create_task(self._admit_after_load(self.ledger.park(msg), runner))
 
-    async def _admit_after_load(self, msg: Message, runner: Runner) -> None:
+    async def _admit_after_load(self, parked: Record, runner: Runner) -> None:
+        msg = parked.msg
         env = msg.envelope
         model = env.model
         if time.time() > env.deadline:  # answered 504 already: load nothing for it
-            self._unpark(msg)
-            self.metrics.expired.labels(model).inc()
-            await self.queue.term(msg)
+            self.ledger.unpark(parked)
+            await self.ledger.drop(msg)
             return
         try:
             t0 = time.perf_counter()
@@ -241,35 +236,18 @@ class Worker(Settling):
             if time.perf_counter() - t0 > 0.01 and runner.loaded:
                 log.debug("%s resident after %.1fs", model, time.perf_counter() - t0)
         except FleetError as err:
-            self._unpark(msg)
+            self.ledger.unpark(parked)
             failed = self.fleet.failed(model)
             held = self.affinity is not None and self.affinity.peer_holds(model)
             others = not failed or held  # someone else may serve it
             if self.shared_queue and others and msg.attempts + 1 < self.max_deliver:
                 # no room here, or it failed here only: another worker takes it
-                await self.queue.nak(msg, delay=min(err.retry_after or 1.0, 5.0))
+                await self.ledger.put_back(msg, delay=min(err.retry_after or 1.0, 5.0))
                 return
-            await self._answer(msg, err)
+            await self.ledger.answer(msg, err)
             return
-        self._unpark(msg)
+        self.ledger.unpark(parked)
         await self._prepare(msg, runner)
-
-    def _unpark(self, msg: Message) -> None:
-        """``msg`` no longer waits for its model's load (its tokens leave the count)."""
-        if self._loading.pop(id(msg), None) is not None:
-            self._room.set()
-
-    def _heated(self, msg: Message) -> None:
-        """``msg``'s adapter is hot (or failed): its tokens leave the count."""
-        if self._awaiting_adapter.pop(id(msg), None) is not None:
-            self._room.set()
-
-    def _done(self, job: Job) -> None:
-        """The job is answered (or given back): its use of the model ends."""
-        if job in self._jobs:
-            self._jobs.discard(job)
-            self._parts.forget(job)
-            self.fleet.release(job.msg.envelope.model)
 
     async def _prepare(self, msg: Message, runner: Runner) -> None:
         """Preprocess and hand to the runner. The caller holds a use of the model: the
@@ -278,9 +256,8 @@ class Worker(Settling):
         pulled_at = time.time()
         self.metrics.queue_lag.labels(env.model).set(max(pulled_at - env.enqueued_at, 0.0))
         if pulled_at > env.deadline:  # the gateway has answered 504: drop it, do not compute
-            self.metrics.expired.labels(env.model).inc()
             self.fleet.release(env.model)
-            await self.queue.term(msg)
+            await self.ledger.drop(msg)
             return
         loop = asyncio.get_running_loop()
         try:
@@ -294,12 +271,12 @@ class Worker(Settling):
                 )
         except FleetError as err:
             self.fleet.release(env.model)
-            await self._answer(msg, err)
+            await self.ledger.answer(msg, err)
             return
         except Exception:
             self.fleet.release(env.model)
             log.exception("preprocess failed for request %s", env.request_id)
-            await self._answer(msg, InternalError("preprocessing failed"))
+            await self.ledger.answer(msg, InternalError("preprocessing failed"))
             return
         self.metrics.stage_latency.labels(env.model, "queue").observe(
             max(pulled_at - env.enqueued_at, 0.0)
@@ -307,23 +284,19 @@ class Worker(Settling):
         if await self.cancels.pulled(msg):  # cancelled while its model loaded, or meanwhile
             self.fleet.release(env.model)
             return
-        job = Job(msg, prepared, pulled_at)
-        self._jobs.add(job)
+        job = self.ledger.open(msg, prepared, pulled_at)
         ranges = plan(job, self.pull_budget) if self._may_share(env) else None
         # shared only while few others wait: behind a backlog parts would wait for it
         if ranges is not None and self.queue.depth(env.model) < len(ranges):
             self.metrics.slices.labels(env.model).inc(len(ranges) - 1)
-            job.spans = await self._parts.share(
-                job, ranges, self._schedule_finish, self._fail, runner.submit
-            )
-            if job.failed:  # cancelled while its parts went out
+            job.spans = await self._parts.share(job, ranges, self.ledger, runner.submit)
+            if job.settled:  # cancelled while its parts went out
                 return
         if env.adapter is None:
             runner.submit(job)
         elif self._tg is not None:  # its adapter loads without holding up the pull loop
-            self._awaiting_adapter[id(msg)] = msg  # counted in the pull budget while it waits
-            unpark = functools.partial(self._heated, msg)
-            self._tg.create_task(submit_when_hot(runner, job, env.adapter, self._fail, unpark))
+            self.ledger.heat(job)  # counted in the pull budget while it waits
+            self._tg.create_task(submit_when_hot(runner, job, env.adapter, self.ledger))
 
     def _may_share(self, env: Envelope) -> bool:
         """Whether a large request may be sliced: other workers pull from this queue,
@@ -331,21 +304,15 @@ class Worker(Settling):
         return self.shared_queue and env.task not in (Task.GENERATE, Task.CHAT)
 
     # -- completion -------------------------------------------------------------
-    def _schedule_finish(self, job: Job) -> None:
-        self._room.set()
-        if self._tg is None:
-            raise RuntimeError("worker is not running")
-        self._tg.create_task(self._finish(job))
-
     def _spawner(self) -> Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]:
         if self._tg is None:
             raise RuntimeError("worker is not running")
         return self._tg.create_task
 
-    async def _finish(self, job: Job) -> None:
-        done = time.time()  # its last batch's forward pass ended
-        # the job stays in ``_jobs`` until answered, so a crash still answers it
-        await self._chunks.sent(job)
+    async def _postprocess(self, job: Job, done: float) -> None:
+        """Its reply body, from its outputs (its chunks so far are sent; ``done``: its
+        last forward pass ended); the ledger answers it (held till then, so that a
+        crash meanwhile still answers it)."""
         env = job.msg.envelope
         runner = self.runners[env.model]
         loop = asyncio.get_running_loop()
@@ -362,11 +329,11 @@ class Worker(Settling):
                     self._cpu, runner.family.postprocess, env, job.prepared, job.outputs
                 )
         except FleetError as err:
-            await self._fail(job, err)
+            await self.ledger.fail(job, err)
             return
         except Exception:
             log.exception("postprocess failed for request %s", env.request_id)
-            await self._fail(job, InternalError("postprocessing failed"))
+            await self.ledger.fail(job, InternalError("postprocessing failed"))
             return
         self.metrics.stage_latency.labels(env.model, "postprocess").observe(
             time.perf_counter() - t0
@@ -376,14 +343,7 @@ class Worker(Settling):
             "queue_ms": max(job.pulled_at - env.enqueued_at, 0.0) * 1e3,
             "inference_ms": job.infer_s * 1e3,
         }
-        if job.failed:  # cancelled (or failed) while it was postprocessed: settled there
-            return
-        self._done(job)
-        accept = Encoding.MSGPACK if env.part is not None else env.accept
-        self.tracer.batch(env, job.pulled_at, done, len(job.prepared.items), job.infer_s)
-        with self.tracer.reply(env, done):  # from its postprocessing to the reply sent
-            await self.queue.reply(job.msg, Reply(body, accept, timings=timings))
-        await self.queue.ack(job.msg)
+        await self.ledger.reply(job, body, timings, done)
 
     def close(self) -> None:
         for r in self.runners.values():

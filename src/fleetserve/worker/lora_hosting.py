@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -356,25 +356,27 @@ class Hosting:
             self._hosting[1].forget(self.spec.id)
 
 
-async def submit_when_hot(
-    runner: Runner,
-    job: Job,
-    key: str,
-    fail: Callable[[Job, FleetError], Awaitable[None]],
-    done: Callable[[], None],
-) -> None:
+class Heating(Protocol):
+    """The worker's ledger, as a job whose adapter loads sees it."""
+
+    def heated(self, job: Job) -> None: ...
+
+    async def fail(self, job: Job, err: FleetError) -> None: ...
+
+
+async def submit_when_hot(runner: Runner, job: Job, key: str, ledger: Heating) -> None:
     """Submit ``job`` once its adapter is hot; a failure (a 400 for a family that
-    takes none, a 404 for a deleted adapter) answers this request only. ``done`` is
-    called when it no longer waits here (its tokens count in the pull budget till then)."""
+    takes none, a 404 for a deleted adapter) answers this request only. The ledger
+    hears when it no longer waits here (its tokens count in the pull budget till then)."""
     try:
         runner.takes(key)
         with for_request(job.msg.envelope.request_id):  # a store's log line names it
             await runner.heat(key)
     except Exception as exc:
-        done()
-        await fail(job, as_fleet_error(exc, key, runner.spec.id))
+        ledger.heated(job)
+        await ledger.fail(job, as_fleet_error(exc, key, runner.spec.id))
         return
-    done()
+    ledger.heated(job)
     runner.submit(job)
 
 

@@ -19,7 +19,8 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol
 
 from ..families import Prepared
 from ..queue import PendingReply, WorkQueue
@@ -30,7 +31,13 @@ from .slicing import plan_slices
 
 log = logging.getLogger("fleetserve.worker")
 
-Fail = Callable[[Job, FleetError], Awaitable[None]]
+
+class PartSink(Protocol):
+    """The worker's ledger, as the parts of a job report to it."""
+
+    def finish(self, job: Job) -> None: ...
+
+    async def fail(self, job: Job, err: FleetError) -> None: ...
 
 
 def prepared_of(body: bytes) -> Prepared[object, None]:
@@ -91,8 +98,7 @@ class Parts:
         self,
         job: Job,
         ranges: list[tuple[int, int]],
-        finish: Callable[[Job], None],
-        fail: Fail,
+        sink: PartSink,
         submit: Callable[[Job], None],
     ) -> list[tuple[int, int]]:
         """Publish ``ranges[1:]`` as parts; returns the ranges served here: the first,
@@ -104,7 +110,7 @@ class Parts:
         tasks: list[asyncio.Task[None]] = []
         attempt = uuid.uuid4().hex[:8]
         for start, stop in ranges[1:]:
-            if job.failed:  # cancelled meanwhile: publish no more
+            if job.settled:  # cancelled meanwhile: publish no more
                 break
             try:
                 body = items.pack({"items": p.items[start:stop], "lengths": p.lengths[start:stop]})
@@ -113,9 +119,9 @@ class Parts:
             except (FleetError, TypeError) as exc:  # full, or its items cannot travel
                 log.info("serving the rest of %s here: %s", env.request_id, exc)
                 return [ranges[0], (start, ranges[-1][1])]
-            gather = self._gather(job, pending, (start, stop), finish, fail, submit)
+            gather = self._gather(job, pending, (start, stop), sink, submit)
             tasks.append(self._spawn()(gather))
-        if tasks and not job.failed:
+        if tasks and not job.settled:
             self._tasks[id(job)] = tasks
         else:
             for t in tasks:
@@ -127,8 +133,7 @@ class Parts:
         job: Job,
         pending: PendingReply,
         span: tuple[int, int],
-        finish: Callable[[Job], None],
-        fail: Fail,
+        sink: PartSink,
         submit: Callable[[Job], None],
     ) -> None:
         start, stop = span
@@ -143,18 +148,18 @@ class Parts:
             if not isinstance(rows, list) or len(rows) != stop - start:
                 raise InvalidInput("a part's reply has the wrong number of outputs")
         except FleetError as err:
-            if job.failed:
+            if job.settled:
                 return
             if err.retry_after is not None and job.msg.envelope.adapter is None:
                 log.info("serving part %s of %s here: %s", span, job.msg.envelope.request_id, err)
                 job.spans = [span]
                 submit(job)
                 return
-            await fail(job, err)
+            await sink.fail(job, err)
             return
         finally:
             pending.cancel()
-        if job.failed:
+        if job.settled:
             return
         if job.outputs is None:
             job.outputs = [None] * len(job.prepared.items)
@@ -162,7 +167,7 @@ class Parts:
         job.infer_s += reply.timings.get("inference_ms", 0.0) / 1e3
         job.remaining -= stop - start
         if job.remaining == 0:
-            finish(job)
+            sink.finish(job)
 
     def forget(self, job: Job) -> None:
         """The job is answered or failed: stop waiting for its parts."""

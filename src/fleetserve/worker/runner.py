@@ -12,23 +12,51 @@ from ..catalog import ModelSpec, Profile
 from ..families import AnyFamily
 from ..fleet.member import Member, is_oom
 from ..metrics import Metrics
-from ..wire import AdapterNotFound, InternalError, Task
+from ..wire import AdapterNotFound, FleetError, InternalError, Task
 from .batcher import BatchFormer, Job, WorkItem
-from .loadable import (
-    FailFn,
-    FamilyFactory,
-    Loadable,
-    Measure,
-    Relieve,
-    Verify,
-)
+from .loadable import FamilyFactory, Loadable, Measure, Verify
 from .lora_hosting import AdapterSource, HotTier, as_fleet_error
 
-__all__ = ["FailFn", "FamilyFactory", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
+__all__ = ["FamilyFactory", "JobSink", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
 
-FinishFn = Callable[[Job], None]  # schedules the reply; must not block
-ChunkFn = Callable[[Job, bytes], None]  # schedules one chunk of a streamed reply, in order
 UNFIT = object()  # the output of an item that runs out of memory even alone
+
+
+class JobSink(Protocol):
+    """Where a runner reports on its jobs (the worker's ledger, ``worker.ledger``):
+    the calls that do not block are made on the event loop, between its awaits."""
+
+    def running(self, job: Job) -> None:
+        """A forward pass (or the sequence) of ``job`` starts."""
+        ...
+
+    def finish(self, job: Job) -> None:
+        """All its outputs are in: schedules the reply; must not block."""
+        ...
+
+    def chunk(self, job: Job, body: bytes) -> None:
+        """Schedules one chunk of a streamed reply, in order."""
+        ...
+
+    async def fail(self, job: Job, err: FleetError) -> None:
+        """Answer this request with an error (an adapter deleted while it waited)."""
+        ...
+
+    async def crash(self, job: Job, err: FleetError) -> None:
+        """The model raised on it: retried or dead-lettered."""
+        ...
+
+    async def expire(self, job: Job) -> None:
+        """Past its deadline: dropped with no reply."""
+        ...
+
+    async def relieve(self, model: str) -> bool:
+        """Out of memory: evict other models; True if any left."""
+        ...
+
+    def freed(self) -> None:
+        """Room for more work (a batch left the former, a sequence ended)."""
+        ...
 
 
 class Waiting(Protocol):
@@ -75,9 +103,6 @@ class Runner(Member, Protocol):
     @property
     def tasks(self) -> frozenset[Task]: ...
 
-    relieve: Relieve | None
-    fail: FailFn | None  # answer a job with an error (an adapter deleted while queued)
-
     def submit(self, job: Job) -> None: ...
 
     def cannot_adopt(self) -> str:
@@ -109,14 +134,7 @@ class Runner(Member, Protocol):
         """Make adapter ``key`` ready to run (loaded off the hot path)."""
         ...
 
-    async def run(
-        self,
-        finish: FinishFn,
-        crash: FailFn,
-        expire: FailFn,
-        room: asyncio.Event,
-        chunk: ChunkFn | None = None,
-    ) -> None: ...
+    async def run(self, sink: JobSink) -> None: ...
 
     def close(self) -> None: ...
 
@@ -142,7 +160,7 @@ class ModelRunner(Loadable):
         hold: float = 5.0,
         age_limit: float = 2.0,
     ) -> None:
-        self._init_loadable(spec, profile, adapter, eager, verify, measure, estimate)
+        super().__init__(spec, profile, adapter, eager, verify, measure, estimate)
         self.metrics = metrics
         tokens = max_batch_tokens or profile.max_batch_tokens
         self.waiting = BatchFormer(
@@ -181,39 +199,34 @@ class ModelRunner(Loadable):
             f.max_batch_tokens, f.max_batch_size, interactive_tokens=f.interactive_tokens
         )
 
-    async def run(
-        self,
-        finish: FinishFn,
-        crash: FailFn,
-        expire: FailFn,
-        room: asyncio.Event,
-        chunk: ChunkFn | None = None,
-    ) -> None:
+    async def run(self, sink: JobSink) -> None:
         """The batch loop; returns only by cancellation, raises if a stage breaks.
 
-        ``room`` is set whenever a batch leaves the former, so that the pull loop
-        tops it up while this batch runs and the forward thread never waits on intake.
-        A batch whose forward pass raises goes to ``crash``, job by job.
+        ``sink.freed`` is called whenever a batch leaves the former, so that the pull
+        loop tops it up while this batch runs and the forward thread never waits on
+        intake. A batch whose forward pass raises goes to ``sink.crash``, job by job.
         """
         model = self.spec.id
         while True:
             batch = self.waiting.take()
-            room.set()
+            sink.freed()
             if not batch:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = await self._skip_expired(batch, expire)
+            batch = await self._skip_expired(batch, sink)
             if batch and any(it.adapter for it in batch):
-                batch = await self._with_adapters(batch)
+                batch = await self._with_adapters(batch, sink)
             if not batch:
                 continue
+            for it in batch:
+                sink.running(it.job)
             t0 = time.perf_counter()
             try:
                 self._batch_on = (self.family, self.host_family)  # whatever swaps meanwhile
-                out = await self._forward_fitting(batch)
+                out = await self._forward_fitting(batch, sink)
             except Exception as exc:  # a model failure fails this batch's requests only
-                await self._crash_all([it.job for it in batch], exc, crash)
+                await self._crash_all([it.job for it in batch], exc, sink)
                 continue
             finally:
                 self._batch_on = None  # the old adapter of a swap or an eviction may go
@@ -221,7 +234,7 @@ class ModelRunner(Loadable):
             unfit = [it.job for it, row in zip(batch, out, strict=True) if row is UNFIT]
             if unfit:  # items that do not fit even alone fail their own requests only
                 oom = MemoryError("out of memory: one item does not fit even in a batch alone")
-                await self._crash_all(unfit, oom, crash)
+                await self._crash_all(unfit, oom, sink)
             dt = time.perf_counter() - t0
             self.busy_s += dt
             width = max(it.length for it in batch)
@@ -231,24 +244,24 @@ class ModelRunner(Loadable):
                 width * len(batch) / self.waiting.max_batch_tokens
             )
             self.metrics.tokens.labels(model).inc(sum(it.length for it in batch))
-            self._route(batch, out, dt, finish)
+            self._route(batch, out, dt, sink)
 
     @staticmethod
-    async def _crash_all(jobs: list[Job], exc: BaseException, crash: FailFn) -> None:
+    async def _crash_all(jobs: list[Job], exc: BaseException, sink: JobSink) -> None:
         # the client sees the type only; the dead-letter reason keeps the text
         err = InternalError(f"inference failed: {type(exc).__name__}")
         for job in {id(j): j for j in jobs}.values():
             job.reason = f"inference failed: {type(exc).__name__}: {exc}"[:300]
-            await crash(job, err)
+            await sink.crash(job, err)
 
-    async def _with_adapters(self, batch: list[WorkItem]) -> list[WorkItem]:
+    async def _with_adapters(self, batch: list[WorkItem], sink: JobSink) -> list[WorkItem]:
         """Sort the batch by adapter (contiguous segments); answer 404 for adapters
         deleted since their requests came; heat any that left the hot tier."""
         keep: list[WorkItem] = []
         for it in batch:
             if it.adapter and not self.alive(it.adapter):
-                if not it.job.failed and self.fail is not None:
-                    await self.fail(it.job, AdapterNotFound(
+                if not it.job.settled:
+                    await sink.fail(it.job, AdapterNotFound(
                         f"adapter {it.adapter!r} was deleted", field="adapter"
                     ))  # fmt: skip
                 continue
@@ -264,14 +277,14 @@ class ModelRunner(Loadable):
             except Exception as exc:
                 err = as_fleet_error(exc, key, self.spec.id)
                 for it in keep:
-                    if it.adapter == key and not it.job.failed and self.fail is not None:
-                        await self.fail(it.job, err)
-        keep = [it for it in keep if not it.job.failed]
+                    if it.adapter == key and not it.job.settled:
+                        await sink.fail(it.job, err)
+        keep = [it for it in keep if not it.job.settled]
         for key in keys - {it.adapter for it in keep}:
             self.mark(key, -1)
         if keep and self.family_or_none is not served:  # a profile swap while they heated
             self._release_adapters(keep)
-            return await self._with_adapters(keep)  # hot in the new adapter host
+            return await self._with_adapters(keep, sink)  # hot in the new adapter host
         return keep
 
     def _release_adapters(self, batch: list[WorkItem]) -> None:
@@ -290,7 +303,9 @@ class ModelRunner(Loadable):
         with self.plan(keys, host):
             return host.forward(items)
 
-    async def _forward_fitting(self, batch: list[WorkItem], retried: bool = False) -> Sequence[Any]:
+    async def _forward_fitting(
+        self, batch: list[WorkItem], sink: JobSink, retried: bool = False
+    ) -> Sequence[Any]:
         """Forward ``batch``; out of memory, evict other models and retry once, then
         run the batch in halves. An item that does not fit even alone comes back as
         ``UNFIT``, so that only its request fails."""
@@ -302,22 +317,20 @@ class ModelRunner(Loadable):
             if not is_oom(exc):
                 raise
             traceback.clear_frames(exc.__traceback__)  # let go of the failed try's tensors
-        if not retried and self.relieve is not None and await self.relieve():
-            return await self._forward_fitting(batch, retried=True)
+        if not retried and await sink.relieve(self.spec.id):
+            return await self._forward_fitting(batch, sink, retried=True)
         if len(batch) == 1:
             return [UNFIT]
         half = len(batch) // 2
         self.metrics.retries.labels(self.spec.id).inc()
-        first = await self._forward_fitting(batch[:half], retried=True)
-        return [*first, *await self._forward_fitting(batch[half:], retried=True)]
+        first = await self._forward_fitting(batch[:half], sink, retried=True)
+        return [*first, *await self._forward_fitting(batch[half:], sink, retried=True)]
 
-    def _route(
-        self, batch: list[WorkItem], out: Sequence[Any], dt: float, finish: FinishFn
-    ) -> None:
+    def _route(self, batch: list[WorkItem], out: Sequence[Any], dt: float, sink: JobSink) -> None:
         seen: set[int] = set()
         for it, row in zip(batch, out, strict=True):
             job = it.job
-            if job.failed or row is UNFIT:
+            if job.settled or row is UNFIT:
                 continue
             if id(job) not in seen:
                 seen.add(id(job))
@@ -327,15 +340,15 @@ class ModelRunner(Loadable):
             job.outputs[it.index] = row
             job.remaining -= 1
             if job.remaining == 0:
-                finish(job)
+                sink.finish(job)
 
-    async def _skip_expired(self, batch: list[WorkItem], expire: FailFn) -> list[WorkItem]:
+    async def _skip_expired(self, batch: list[WorkItem], sink: JobSink) -> list[WorkItem]:
         keep = []
         for it in batch:
-            if it.job.failed:
+            if it.job.settled:
                 continue
             if it.job.expired:
-                await expire(it.job, InternalError("expired"))
+                await sink.expire(it.job)
                 continue
             keep.append(it)
         return keep
