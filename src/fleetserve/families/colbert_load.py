@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..wire.values import Array
+
 _ACTIVATIONS = {"identity": "identity", "tanh": "tanh", "relu": "relu"}
 _ST_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 
@@ -31,13 +33,13 @@ _ST_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 class Dense:
     """One linear layer: ``act(x @ weight.T + bias)``, plus the input when residual."""
 
-    weight: np.ndarray[Any, Any]  # [out, in], float32
-    bias: np.ndarray[Any, Any] | None = None
+    weight: Array  # [out, in], float32
+    bias: Array | None = None
     activation: str = "identity"
     residual: bool = False
-    residual_weight: np.ndarray[Any, Any] | None = None  # when in != out
+    residual_weight: Array | None = None  # when in != out
 
-    def __call__(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def __call__(self, x: Array) -> Array:
         y = x @ self.weight.T
         if self.bias is not None:
             y = y + self.bias
@@ -59,7 +61,7 @@ class Checkpoint:
     layers: tuple[Dense, ...] = ()
     settings: dict[str, Any] | None = None  # in the adapter's option names
 
-    def project(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def project(self, x: Array) -> Array:
         for layer in self.layers:
             x = layer(x)
         return x
@@ -149,7 +151,7 @@ def _header(file: Path) -> dict[str, Any]:
     return header
 
 
-def read_tensor(file: Path, name: str) -> np.ndarray[Any, Any]:
+def read_tensor(file: Path, name: str) -> Array:
     """One tensor of a safetensors file as float32."""
     header = _header(file)
     if name not in header:

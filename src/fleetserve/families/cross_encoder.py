@@ -30,8 +30,9 @@ from tokenizers import Encoding, Tokenizer
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, pad_batch, rows
+from .base import Family, Prepared, pad_batch, rows
 from .tokenize import cut_long, encoded
 
 ACTIVATIONS = ("sigmoid", "softmax", "none")
@@ -208,7 +209,7 @@ class CrossEncoderFamily(Family[Pair, scoring.ScoreQuery, Array]):
         return scoring.reply(envelope, self.spec.id, prepared.options, scores, prepared.tokens)
 
 
-def scores_from_logits(logits: np.ndarray[Any, Any], head: ScoreHead) -> np.ndarray[Any, Any]:
+def scores_from_logits(logits: Array, head: ScoreHead) -> Array:
     """One score per row of ``[n, labels]`` logits."""
     x = logits.astype(np.float64)
     if head.activation == "softmax":

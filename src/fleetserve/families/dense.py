@@ -25,8 +25,9 @@ from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
 from ..wire.requests import EmbeddingsRequest, EncodeRequest
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, pad_batch, rows
+from .base import Family, Prepared, pad_batch, rows
 from .quantize import check_output_dtype, vectors_body
 from .token_ids import check_ids, id_fields, split_input
 from .tokenize import TextTokenizer
@@ -174,7 +175,7 @@ class DenseFamily(Family[list[int], DenseOpts, Array]):
         return dumps(body, envelope.accept)
 
 
-def _b64_rows(arr: np.ndarray[Any, Any]) -> list[str]:
+def _b64_rows(arr: Array) -> list[str]:
     """Base64 of each row. When a row is a multiple of 3 bytes, one encode of the whole
     buffer sliced per row gives the same strings at a fraction of the cost."""
     row_bytes = arr.shape[1] * arr.itemsize

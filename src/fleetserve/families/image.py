@@ -23,8 +23,9 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, ModuleRuntime, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, rows
+from .base import Family, Prepared, rows
 from .image_preprocess import (
     ImageConfig,
     ImageError,

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..wire.values import Array
+
 try:
     from PIL import Image, ImageOps, UnidentifiedImageError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -159,7 +161,7 @@ def resize_shape(height: int, width: int, cfg: ImageConfig) -> tuple[int, int]:
     return height, width
 
 
-def center_crop(arr: np.ndarray[Any, Any], crop: tuple[int, int]) -> np.ndarray[Any, Any]:
+def center_crop(arr: Array, crop: tuple[int, int]) -> Array:
     """Center-crop an (H, W, C) array, padding with zeros when it is smaller."""
     h, w = arr.shape[:2]
     ch, cw = crop
@@ -174,13 +176,13 @@ def center_crop(arr: np.ndarray[Any, Any], crop: tuple[int, int]) -> np.ndarray[
     return out[max(0, top) : min(nh, top + ch), max(0, left) : min(nw, left + cw)]
 
 
-def pixels(im: Image.Image, cfg: ImageConfig) -> np.ndarray[Any, Any]:
+def pixels(im: Image.Image, cfg: ImageConfig) -> Array:
     """A decoded image as the model's float32 (3, H, W) pixel values."""
     rgb = to_rgb(im)
     h, w = resize_shape(rgb.height, rgb.width, cfg)
     if (h, w) != (rgb.height, rgb.width):
         rgb = rgb.resize((w, h), resample=Image.Resampling(cfg.resample))
-    arr: np.ndarray[Any, Any] = np.asarray(rgb)
+    arr: Array = np.asarray(rgb)
     if cfg.crop is not None:
         arr = center_crop(arr, cfg.crop)
     out = arr.astype(np.float64)
@@ -254,7 +256,7 @@ class TowerTokenizer:
         """Tokens the text tower runs for this text."""
         return self.max_len if self.pad_to_max else len(ids)
 
-    def pad(self, seqs: list[list[int]]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    def pad(self, seqs: list[list[int]]) -> tuple[Array, Array]:
         """``input_ids`` and ``attention_mask`` (int64), right-padded."""
         width = self.max_len if self.pad_to_max else max(len(s) for s in seqs)
         ids = np.full((len(seqs), width), self.pad_id, dtype=np.int64)

@@ -26,8 +26,9 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, padded_width
+from .base import Family, Prepared, padded_width
 from .colbert_load import Checkpoint, read_checkpoint
 from .multivector_tokens import MvItem, MvSettings, MvTokenizer
 from .quantize import check_output_dtype, ragged_body
@@ -177,12 +178,12 @@ class MultiVectorFamily(Family[MvItem, MvOptions, Array]):
         return dumps(body, envelope.accept)
 
 
-def maxsim(query: np.ndarray[Any, Any], doc: np.ndarray[Any, Any]) -> float:
+def maxsim(query: Array, doc: Array) -> float:
     """Late interaction: sum over query vectors of the best dot product with the doc."""
     if not len(query) or not len(doc):
         return 0.0
     return float((query @ doc.T).max(axis=1).sum())
 
 
-def _unit(m: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _unit(m: Array) -> Array:
     return np.asarray(m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12))

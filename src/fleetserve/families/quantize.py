@@ -22,6 +22,7 @@ import numpy as np
 
 from ..wire import Encoding, InvalidInput, OutputDtype
 from ..wire.codec import array_to_wire
+from ..wire.values import Array
 
 FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16}
 OUTPUT_DTYPES = tuple(d.value for d in OutputDtype)
@@ -33,9 +34,7 @@ def check_output_dtype(name: str, field: str = "output_dtype") -> str:
     return name
 
 
-def quantize(
-    rows: np.ndarray[Any, Any], dtype: str
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+def quantize(rows: Array, dtype: str) -> tuple[Array, Array | None]:
     """``[n, d]`` float rows in ``dtype``: (values, int8 scales or ``None``)."""
     x = np.asarray(rows, dtype=np.float32)
     if dtype in FLOAT_DTYPES:
@@ -52,11 +51,11 @@ def quantize(
     )
 
 
-def _wire(arr: np.ndarray[Any, Any], accept: Encoding) -> Any:
+def _wire(arr: Array, accept: Encoding) -> Any:
     return array_to_wire(arr) if accept is Encoding.MSGPACK else arr.tolist()
 
 
-def vectors_body(rows: np.ndarray[Any, Any], dtype: str, accept: Encoding) -> dict[str, Any]:
+def vectors_body(rows: Array, dtype: str, accept: Encoding) -> dict[str, Any]:
     """The reply fields for one ``[n, d]`` matrix: ``embeddings`` (+ ``scales`` etc.)."""
     values, scales = quantize(rows, dtype)
     body: dict[str, Any] = {"embeddings": _wire(values, accept)}
@@ -64,9 +63,7 @@ def vectors_body(rows: np.ndarray[Any, Any], dtype: str, accept: Encoding) -> di
     return body
 
 
-def ragged_body(
-    mats: list[np.ndarray[Any, Any]], dtype: str, dim: int, accept: Encoding
-) -> dict[str, Any]:
+def ragged_body(mats: list[Array], dtype: str, dim: int, accept: Encoding) -> dict[str, Any]:
     """The reply fields for a list of ``[n_i, d]`` matrices (one array per item)."""
     pairs = [quantize(m, dtype) for m in mats]
     body: dict[str, Any] = {"embeddings": [_wire(v, accept) for v, _ in pairs]}

@@ -34,7 +34,8 @@ from ..catalog.sources import resolve
 from ..runtimes import Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import dumps
-from .base import Array, Family, Prepared
+from ..wire.values import Array
+from .base import Family, Prepared
 from .extract import fast_tokenizer, parse_extract
 from .gliner_decode import PromptTokenizer, SpanItem, candidates, greedy, split_words
 from .gliner_model import GlinerConfig, GlinerSpanModel, load_model
@@ -197,7 +198,7 @@ class SpanNerFamily(Family[SpanItem, _Options, Spans]):
             prompts[r, : len(it.prompt_pos)] = it.prompt_pos
         dev = str(self.runtime.device)
 
-        def t(a: np.ndarray[Any, Any]) -> torch.Tensor:
+        def t(a: Array) -> torch.Tensor:
             return torch.from_numpy(a).to(dev, non_blocking=True)
 
         with torch.inference_mode():

@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 
 from ..wire import DeadlineExceeded, FleetError, InternalError, Unavailable
+from ..wire.values import Array
 from .base import Generation, Head, Output, SamplingParams
 from .external_api import ExternalOptions, embeddings_body, generate_request
 from .external_replies import (
@@ -93,11 +94,11 @@ class ExternalRuntime:
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         """Embeddings of a padded batch, in one ``/v1/embeddings`` request.
 
         The server pools as its model is configured to, whether MEAN or CLS is asked."""

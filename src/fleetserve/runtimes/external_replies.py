@@ -13,6 +13,7 @@ import msgspec
 import numpy as np
 
 from ..wire import FleetError, InternalError, InvalidInput, Overloaded, Unavailable
+from ..wire.values import Array
 from .base import Generation
 
 
@@ -119,7 +120,7 @@ def sse_events(lines: Iterable[str]) -> Iterator[Any]:
 
 
 # -- embeddings ------------------------------------------------------------------------
-def parse_embeddings(body: Any, n: int) -> np.ndarray[Any, Any]:
+def parse_embeddings(body: Any, n: int) -> Array:
     """``{"data": [{"index", "embedding"}]}`` as float32 ``[n, dim]`` in input order."""
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list) or len(data) != n:

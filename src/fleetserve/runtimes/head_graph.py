@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..wire.values import Array
 from .base import Head, Output
 
 OUTPUTS: dict[Head, tuple[Output, ...]] = {
@@ -25,7 +26,7 @@ OUTPUTS: dict[Head, tuple[Output, ...]] = {
 }
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-Feed = dict[str, np.ndarray[Any, Any]]
+Feed = dict[str, Array]
 
 
 def weights_fingerprint(path: Path) -> bytes:
@@ -73,16 +74,14 @@ class HeadGraph:
 
         return tuple(torch.from_numpy(feed[n]) for n in self.inputs)
 
-    def reference(self, feed: Feed) -> list[np.ndarray[Any, Any]]:
+    def reference(self, feed: Feed) -> list[Array]:
         """What torch gives for ``feed``: one float32 array per output."""
         import torch
 
         with torch.no_grad():
             return [t.numpy() for t in self.module(*self.tensors(feed))]
 
-    def check(
-        self, path: Path, got: list[np.ndarray[Any, Any]], want: list[Any], what: str
-    ) -> None:
+    def check(self, path: Path, got: list[Array], want: list[Any], what: str) -> None:
         """Raise unless ``got`` (the converted graph's outputs) matches torch's ``want``."""
         for o, w, g in zip(self.outputs, want, got, strict=True):
             if not np.allclose(g, w, rtol=1e-3, atol=1e-4 * (1.0 + float(np.abs(w).max()))):

@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 from rich.console import Console
 
+from ..wire.values import Array
 from . import DEFAULT_CACHE
 from .base import Head, Output
 
@@ -36,7 +37,7 @@ log = logging.getLogger("fleetserve.runtimes.onnx")
 
 DEFAULT_MIN_COSINE = 0.999
 PRECISIONS = ("fp32", "int8")
-Feed = dict[str, np.ndarray[Any, Any]]
+Feed = dict[str, Array]
 
 
 class OnnxRuntime:
@@ -105,11 +106,11 @@ class OnnxRuntime:
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         if self._session is None:
             raise RuntimeError("model is not loaded")
         output = Output(output)
@@ -227,7 +228,7 @@ def compare(fp32: Any, int8: Any, feeds: list[Feed]) -> dict[str, list[float]]:
     return out
 
 
-def _cosine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
+def _cosine(a: Array, b: Array) -> float:
     x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
     if nx < 1e-12 or ny < 1e-12:

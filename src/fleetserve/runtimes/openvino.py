@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from ..wire.values import Array
 from . import DEFAULT_CACHE
 from .base import Head, Output
 
@@ -134,11 +135,11 @@ class OpenVinoRuntime:
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         request = self._request
         if request is None:
             raise RuntimeError("model is not loaded")

@@ -13,8 +13,6 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 try:
     import torch
     from transformers import (
@@ -29,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "-c requirements/constraints.txt"
     ) from exc
 
+from ..wire.values import Array
 from .base import Head, Output
 
 if TYPE_CHECKING:
@@ -115,11 +114,11 @@ class TorchRuntime:
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         model = self.model
         ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
         mask = torch.from_numpy(attention_mask).to(self.device, non_blocking=True)
@@ -130,7 +129,7 @@ class TorchRuntime:
             forward = model if self._forward is None else self._forward  # no bool(): a
             result = forward(**kwargs)  # compiled module's __len__ raises
             out = _reduce(result, mask, Output(output))
-        arr: np.ndarray[Any, Any] = out.float().cpu().numpy()
+        arr: Array = out.float().cpu().numpy()
         return arr
 
     def memory_bytes(self) -> int:

@@ -31,6 +31,7 @@ from ..catalog import ModelSpec
 from ..families import AnyFamily
 from ..runtimes.onnx import CALIBRATION
 from ..wire import Encoding, Envelope, Task
+from ..wire.values import Array
 
 MIN_COSINE = 0.9999
 SCORE_TOLERANCE = 0.01  # of the largest |reference score|
@@ -207,7 +208,7 @@ def _by_label(a: dict[str, Any], b: dict[str, Any], path: str, acc: _Acc) -> Non
     _scores(ref, cand, f"{path}.scores", acc)
 
 
-def _scores(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], path: str, acc: _Acc) -> None:
+def _scores(a: Array, b: Array, path: str, acc: _Acc) -> None:
     """``a`` the reference's scores, ``b`` the candidate's, item by item."""
     if a.shape != b.shape:
         acc.mismatch = f"{path}: shapes differ"
@@ -228,7 +229,7 @@ def _numeric(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, int | float) for x in v)
 
 
-def _rows(v: Any) -> list[np.ndarray[Any, Any]]:
+def _rows(v: Any) -> list[Array]:
     """The innermost number lists of a nested list (vectors or token vectors)."""
     if _numeric(v):
         return [np.asarray(v, np.float64)] if v else []
@@ -237,7 +238,7 @@ def _rows(v: Any) -> list[np.ndarray[Any, Any]]:
     return []
 
 
-def _cosine(x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> float:
+def _cosine(x: Array, y: Array) -> float:
     if x.shape != y.shape:
         return 0.0
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))

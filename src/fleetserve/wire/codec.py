@@ -15,6 +15,7 @@ import numpy as np
 from .bounds import json_too_deep, msgpack_too_deep
 from .errors import InvalidInput, UnsupportedMediaType
 from .types import Encoding
+from .values import Array
 
 T = TypeVar("T")
 
@@ -125,7 +126,7 @@ class TypedDecoder:
             raise too_deep(encoding, None) from None
 
 
-def array_to_wire(arr: np.ndarray[Any, Any]) -> dict[str, Any]:
+def array_to_wire(arr: Array) -> dict[str, Any]:
     """The msgpack array form: dtype, shape and raw little-endian bytes."""
     a = np.ascontiguousarray(arr)
     if a.dtype.byteorder == ">":
@@ -133,7 +134,7 @@ def array_to_wire(arr: np.ndarray[Any, Any]) -> dict[str, Any]:
     return {"dtype": a.dtype.name, "shape": list(a.shape), "data": a.tobytes()}
 
 
-def array_from_wire(obj: Any) -> np.ndarray[Any, Any]:
+def array_from_wire(obj: Any) -> Array:
     """Inverse of :func:`array_to_wire`; also accepts nested lists (the JSON form)."""
     if isinstance(obj, dict) and {"dtype", "shape", "data"} <= obj.keys():
         dt = np.dtype(str(obj["dtype"])).newbyteorder("<")
