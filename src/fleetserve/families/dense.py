@@ -158,7 +158,7 @@ class DenseFamily(Family[list[int], DenseOpts, Array]):
         if envelope.task is Task.EMBEDDINGS:
             emb32 = np.ascontiguousarray(emb, np.float32)
             return self._openai_body(envelope, o, prepared.tokens, emb32)
-        body: dict[str, Any] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
+        body: dict[str, object] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
         body.update(vectors_body(emb, o.output_dtype, envelope.accept))
         return dumps(body, envelope.accept)
 

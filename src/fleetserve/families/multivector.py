@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -173,7 +172,7 @@ class MultiVectorFamily(Family[MvItem, MvOptions, Array]):
             scores = [maxsim(vecs[0], d) for d in vecs[1:]]
             return scoring.reply(envelope, self.spec.id, o, scores, prepared.tokens)
         mats = [_unit(m) for m in outputs] if o.normalize else outputs
-        body: dict[str, Any] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
+        body: dict[str, object] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
         body.update(ragged_body(mats, o.output_dtype, mats[0].shape[1], envelope.accept))
         return dumps(body, envelope.accept)
 

@@ -55,24 +55,24 @@ def _wire(arr: Array, accept: Encoding) -> Any:
     return array_to_wire(arr) if accept is Encoding.MSGPACK else arr.tolist()
 
 
-def vectors_body(rows: Array, dtype: str, accept: Encoding) -> dict[str, Any]:
+def vectors_body(rows: Array, dtype: str, accept: Encoding) -> dict[str, object]:
     """The reply fields for one ``[n, d]`` matrix: ``embeddings`` (+ ``scales`` etc.)."""
     values, scales = quantize(rows, dtype)
-    body: dict[str, Any] = {"embeddings": _wire(values, accept)}
+    body: dict[str, object] = {"embeddings": _wire(values, accept)}
     _extras(body, dtype, rows.shape[-1], None if scales is None else _wire(scales, accept))
     return body
 
 
-def ragged_body(mats: list[Array], dtype: str, dim: int, accept: Encoding) -> dict[str, Any]:
+def ragged_body(mats: list[Array], dtype: str, dim: int, accept: Encoding) -> dict[str, object]:
     """The reply fields for a list of ``[n_i, d]`` matrices (one array per item)."""
     pairs = [quantize(m, dtype) for m in mats]
-    body: dict[str, Any] = {"embeddings": [_wire(v, accept) for v, _ in pairs]}
+    body: dict[str, object] = {"embeddings": [_wire(v, accept) for v, _ in pairs]}
     scales = [_wire(s, accept) for _, s in pairs if s is not None]
     _extras(body, dtype, dim, scales if dtype == OutputDtype.INT8 else None)
     return body
 
 
-def _extras(body: dict[str, Any], dtype: str, dim: int, scales: Any) -> None:
+def _extras(body: dict[str, object], dtype: str, dim: int, scales: Any) -> None:
     if dtype == OutputDtype.INT8:
         body["scales"] = scales
         body["output_dtype"] = dtype

@@ -60,13 +60,13 @@ def reply(envelope: Envelope, model: str, q: ScoreQuery, scores: Any, tokens: in
     ranking = sorted(range(len(values)), key=lambda i: -values[i])
     if envelope.task is Task.RERANK:
         top = ranking[: q.top_n] if q.top_n is not None else ranking
-        results: list[dict[str, Any]] = []
+        results: list[dict[str, object]] = []
         for i in top:
-            r: dict[str, Any] = {"index": i, "relevance_score": values[i]}
+            r: dict[str, object] = {"index": i, "relevance_score": values[i]}
             if q.return_documents:
                 r["document"] = {"text": q.documents[i]}
             results.append(r)
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "id": envelope.request_id or uuid.uuid4().hex,
             "model": model,
             "results": results,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -129,7 +128,7 @@ class SparseFamily(Family[list[int], SparseOptions, Array]):
         embeddings = []
         for row in outputs:
             idx, vals = sparsify(np.asarray(row), o.top_k)
-            emb: dict[str, Any]
+            emb: dict[str, object]
             if msgpack:
                 emb = {"indices": array_to_wire(idx), "values": array_to_wire(vals)}
             else:

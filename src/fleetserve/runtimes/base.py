@@ -101,7 +101,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    json_schema: dict[str, Any] | None = None  # constrain the output to this JSON schema
+    json_schema: dict[str, object] | None = None  # constrain the output to this JSON schema
 
 
 @dataclass(slots=True)

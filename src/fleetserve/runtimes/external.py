@@ -172,10 +172,10 @@ class ExternalRuntime:
     def _get(self, path: str) -> Any:
         return self._send("GET", path, None)
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
+    def _post(self, path: str, body: dict[str, object]) -> Any:
         return self._send("POST", path, body)
 
-    def _send(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _send(self, method: str, path: str, body: dict[str, object] | None) -> Any:
         content = None if body is None else msgspec.json.encode(body)
         with self._slots, self._transport_errors(path):
             r = self._client.request(method, path, content=content)
@@ -189,7 +189,7 @@ class ExternalRuntime:
                 return r.text
 
     @contextlib.contextmanager
-    def _stream(self, path: str, body: dict[str, Any]) -> Iterator[Iterator[str]]:
+    def _stream(self, path: str, body: dict[str, object]) -> Iterator[Iterator[str]]:
         content = msgspec.json.encode(body)
         with (
             self._slots,

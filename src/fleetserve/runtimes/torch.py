@@ -122,7 +122,7 @@ class TorchRuntime:
         model = self.model
         ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
         mask = torch.from_numpy(attention_mask).to(self.device, non_blocking=True)
-        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        kwargs: dict[str, object] = {"input_ids": ids, "attention_mask": mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = torch.from_numpy(token_type_ids).to(self.device)
         with torch.inference_mode(), self.autocast():

@@ -33,7 +33,7 @@ class CostFit:
     median_rel_error: float  # on held-out shapes
     points: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "fixed_ms": self.cost.fixed_ms,
             "per_token_ms": self.cost.per_token_ms,

@@ -202,7 +202,7 @@ async def saturate(
     )
 
 
-def summary(values: Sequence[float]) -> dict[str, Any]:
+def summary(values: Sequence[float]) -> dict[str, object]:
     """Median and relative spread ((max - min) / median) of repeated figures."""
     med = statistics.median(values)
     spread = (max(values) - min(values)) / med if med else 0.0

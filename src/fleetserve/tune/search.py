@@ -129,7 +129,7 @@ class Search:
         self.on_change(self.phase)
 
     @property
-    def knee(self) -> dict[str, Any] | None:
+    def knee(self) -> dict[str, object] | None:
         """The winner's knee (the run document's ``knee``)."""
         return self.winner.knee if self.winner else None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..catalog import ModelSpec
 from ..wire import Task
@@ -60,7 +59,7 @@ def requests(
     for k in range(n):
         chunk = [pool[(k * batch + i) % len(pool)] for i in range(batch)]
         tokens = sum(count(t) for t in chunk)
-        body: dict[str, Any]
+        body: dict[str, object]
         if fam in ("sparse", "cross_encoder"):
             body = {"query": chunk[0], "items": chunk[1:]}
             out.append(Request(Task.SCORE, _dump(body), tokens, batch - 1))

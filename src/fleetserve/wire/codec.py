@@ -126,7 +126,7 @@ class TypedDecoder:
             raise too_deep(encoding, None) from None
 
 
-def array_to_wire(arr: Array) -> dict[str, Any]:
+def array_to_wire(arr: Array) -> dict[str, object]:
     """The msgpack array form: dtype, shape and raw little-endian bytes."""
     a = np.ascontiguousarray(arr)
     if a.dtype.byteorder == ">":
