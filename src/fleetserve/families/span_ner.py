@@ -18,7 +18,6 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -212,7 +211,7 @@ class SpanNerFamily(Family[SpanItem, _Options, Spans]):
             out[i] = found[r]
         return out
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.runtime.precision == "bf16" and not str(self.runtime.device).startswith("cuda"):
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()

@@ -78,7 +78,7 @@ class Autocasting(Protocol):
     """A runtime whose precision families may run their own modules under (the torch
     runtime: bf16 autocast on CPU, a null context elsewhere)."""
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+    def autocast(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ forward pass.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,10 +71,10 @@ class TorchRuntime:
         self.device = resolve_device(device)
         self.precision = precision
         self.compile = compile
-        self._forward: Any = None
+        self._forward: Callable[..., Any] | None = None
         if threads > 0:
             torch.set_num_threads(threads)
-        self._model: Any = None
+        self._model: torch.nn.Module | None = None
         self._bank: LoraBank | None = None
         self.head = Head.BASE
 
@@ -101,13 +102,13 @@ class TorchRuntime:
         return self._bank
 
     @property
-    def model(self) -> Any:
+    def model(self) -> torch.nn.Module:
         """The loaded ``torch.nn.Module`` (for families that need more than ``run``)."""
         if self._model is None:
             raise RuntimeError("model is not loaded")
         return self._model
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.precision != "bf16" or self.device.startswith("cuda"):
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=_DTYPES[self.precision])
@@ -138,7 +139,7 @@ class TorchRuntime:
         return int(sum(p.numel() * p.element_size() for p in self._model.parameters()))
 
 
-def _reduce(result: Any, mask: Any, output: Output) -> Any:
+def _reduce(result: Any, mask: torch.Tensor, output: Output) -> Any:
     if output is Output.LOGITS:
         return result.logits
     if output is Output.SPLADE:
