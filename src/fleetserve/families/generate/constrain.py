@@ -80,7 +80,7 @@ class Grammars:
             )
         return grammar
 
-    def matcher(self, grammar: str) -> Any:
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for one sequence."""
         m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if m.is_error():
