@@ -16,7 +16,6 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -163,7 +162,7 @@ class DenseFamily(Family[list[int], DenseOpts, Array]):
         return dumps(body, envelope.accept)
 
     def _openai_body(self, envelope: Envelope, o: DenseOptions, tokens: int, emb: Array) -> bytes:
-        vecs: list[Any]
+        vecs: Sequence[object]
         vecs = _b64_rows(emb.astype("<f4", copy=False)) if o.openai_base64 else emb.tolist()
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]
         body = {

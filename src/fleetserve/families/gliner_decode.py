@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer
 
 from ..wire.values import Array
+
+if TYPE_CHECKING:
+    import torch
 
 _WORD = re.compile(r"\w+(?:[-_]\w+)*|\S")  # gliner's whitespace splitter
 
@@ -130,7 +133,7 @@ class PromptTokenizer:
 
 
 def candidates(
-    probs: Any, items: list[SpanItem], num_labels: list[int]
+    probs: torch.Tensor, items: list[SpanItem], num_labels: list[int]
 ) -> list[tuple[Array, Array]]:
     """Spans above each item's threshold: per item ``(idx [n, 3] = start, width, label;
     scores [n])`` in (start, width, label) order. ``probs`` is a torch ``[B, W, K, C]``."""

@@ -279,7 +279,7 @@ class ImageFamily(Family[ImageInput, ImageOptions, Array]):
             q = scoring.ScoreQuery(query="", documents=[])
             return scoring.reply(envelope, self.spec.id, q, emb[1:] @ emb[0], prepared.tokens)
         emb = np.ascontiguousarray(emb, dtype=_DTYPES[o.output_dtype])
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "model": self.spec.id,
             "embeddings": array_to_wire(emb)
             if envelope.accept is Encoding.MSGPACK

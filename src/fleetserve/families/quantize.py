@@ -16,8 +16,6 @@ Both quantized forms also carry ``"output_dtype"`` in the reply.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..wire import Encoding, InvalidInput, OutputDtype
@@ -51,7 +49,7 @@ def quantize(rows: Array, dtype: str) -> tuple[Array, Array | None]:
     )
 
 
-def _wire(arr: Array, accept: Encoding) -> Any:
+def _wire(arr: Array, accept: Encoding) -> object:
     return array_to_wire(arr) if accept is Encoding.MSGPACK else arr.tolist()
 
 
@@ -72,7 +70,7 @@ def ragged_body(mats: list[Array], dtype: str, dim: int, accept: Encoding) -> di
     return body
 
 
-def _extras(body: dict[str, object], dtype: str, dim: int, scales: Any) -> None:
+def _extras(body: dict[str, object], dtype: str, dim: int, scales: object) -> None:
     if dtype == OutputDtype.INT8:
         body["scales"] = scales
         body["output_dtype"] = dtype

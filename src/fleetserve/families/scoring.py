@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
@@ -54,7 +54,9 @@ def parse(envelope: Envelope, body: bytes) -> ScoreQuery:
     return q
 
 
-def reply(envelope: Envelope, model: str, q: ScoreQuery, scores: Any, tokens: int) -> bytes:
+def reply(
+    envelope: Envelope, model: str, q: ScoreQuery, scores: npt.ArrayLike, tokens: int
+) -> bytes:
     """The reply body for ``envelope.task``: native scores and ranking, or Cohere results."""
     values = [float(s) for s in np.asarray(scores, dtype=np.float64).reshape(-1)]
     ranking = sorted(range(len(values)), key=lambda i: -values[i])
