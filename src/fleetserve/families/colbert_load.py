@@ -59,7 +59,7 @@ class Checkpoint:
     layout: str  # "hf", "pylate" or "plain"
     encoder_dir: Path  # where the transformer weights and tokenizer are
     layers: tuple[Dense, ...] = ()
-    settings: dict[str, Any] | None = None  # in the adapter's option names
+    settings: dict[str, object] | None = None  # in the adapter's option names
 
     def project(self, x: Array) -> Array:
         for layer in self.layers:
@@ -77,7 +77,7 @@ def read_checkpoint(path: Path) -> Checkpoint:
         mods = json.loads(modules.read_text())
         dense = [m for m in mods if str(m.get("type", "")).endswith("Dense")]
         if dense:
-            enc: dict[str, Any] = next(
+            enc: dict[str, object] = next(
                 (m for m in mods if "Transformer" in str(m.get("type", ""))), {}
             )
             return Checkpoint(
@@ -113,7 +113,7 @@ def _st_dense(folder: Path) -> Dense:
     return Dense(w, bias, act, bool(cfg.get("use_residual", False)), res)
 
 
-def _pylate_settings(file: Path) -> dict[str, Any]:
+def _pylate_settings(file: Path) -> dict[str, object]:
     cfg = json.loads(file.read_text()) if file.is_file() else {}
     keys = {
         "query_prefix": "query_prefix",
@@ -124,12 +124,12 @@ def _pylate_settings(file: Path) -> dict[str, Any]:
         "attend_to_expansion_tokens": "attend_to_expansion",
         "skiplist_words": "skiplist",
     }
-    out: dict[str, Any] = {"skip_punctuation": "documents", "query_expansion": True}
+    out: dict[str, object] = {"skip_punctuation": "documents", "query_expansion": True}
     out.update({ours: cfg[theirs] for theirs, ours in keys.items() if cfg.get(theirs) is not None})
     return out
 
 
-def _stanford_settings(file: Path) -> dict[str, Any]:
+def _stanford_settings(file: Path) -> dict[str, object]:
     meta = json.loads(file.read_text()) if file.is_file() else {}
     return {
         "query_prefix": meta.get("query_token_id", "[unused0]"),

@@ -15,11 +15,14 @@ import string
 from dataclasses import dataclass
 from math import ceil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..wire.values import Array
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 try:
     from PIL import Image, ImageOps, UnidentifiedImageError
@@ -199,7 +202,7 @@ def canonicalize(text: str) -> str:
     return re.sub(r"\s+", " ", text.lower().translate(_PUNCT)).strip()
 
 
-def pad_token(path: Path, tokenizer: Any, name: str | None) -> int:
+def pad_token(path: Path, tokenizer: Tokenizer, name: str | None) -> int:
     """The pad id: the spec's ``pad_token``, the tokenizer's padding, its config's
     ``pad_token``, else a usual pad name, else 0."""
     names: list[str] = [name] if name else []
