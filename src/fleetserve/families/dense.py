@@ -79,6 +79,7 @@ class DenseFamily(Family[list[int], DenseOpts, Array]):
     def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[list[int], DenseOpts]:
         if envelope.task in scoring.SCORE_TASKS:
             return self._prepare_score(envelope, body)
+        texts: str | list[str]
         if envelope.task is Task.EMBEDDINGS:
             req = _EMBEDDINGS.decode(body, envelope.content_type)
             if req.encoding_format not in ("float", "base64"):

@@ -65,7 +65,13 @@ class ImageScoreRequest(msgspec.Struct, Generic[B], forbid_unknown_fields=True):
     truncate: bool = True
 
 
-_DECODERS = {
+ImageRequest = (
+    ImageEncodeRequest[bytes]
+    | ImageEncodeRequest[str]
+    | ImageScoreRequest[bytes]
+    | ImageScoreRequest[str]
+)
+_DECODERS: dict[tuple[Task, Encoding], TypedDecoder[ImageRequest]] = {
     (Task.ENCODE, Encoding.MSGPACK): TypedDecoder(ImageEncodeRequest[bytes]),
     (Task.ENCODE, Encoding.JSON): TypedDecoder(ImageEncodeRequest[str]),
     (Task.SCORE, Encoding.MSGPACK): TypedDecoder(ImageScoreRequest[bytes]),
