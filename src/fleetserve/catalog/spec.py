@@ -152,7 +152,11 @@ class Profile:
             "processes": self.processes,
             "max_batch_tokens": self.max_batch_tokens,
             "max_batch_size": self.max_batch_size,
-            "cost": {k: round(getattr(self.cost, k), 6) for k in COST_FIELDS},
+            "cost": {
+                "fixed_ms": round(self.cost.fixed_ms, 6),
+                "per_token_ms": round(self.cost.per_token_ms, 6),
+                "per_padded_token_ms": round(self.cost.per_padded_token_ms, 6),
+            },
             "memory_bytes": self.memory_bytes,
             "interactive_cost": self.interactive_cost,
             "priority_cap": self.priority_cap,

@@ -18,7 +18,7 @@ import enum
 import math
 import secrets
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .adapter_ids import NAME_RE
@@ -72,7 +72,7 @@ class Hyperparameters:
     hard_negatives: int = 0
 
     @classmethod
-    def from_dict(cls, raw: Any, *, max_rank: int = 64) -> Hyperparameters:
+    def from_dict(cls, raw: object, *, max_rank: int = 64) -> Hyperparameters:
         """Checked: an ``InvalidInput`` naming ``hyperparameters.<field>`` for an
         unknown field, a wrong type or a value out of range."""
         if raw is None:
@@ -105,7 +105,7 @@ class Hyperparameters:
 
     def to_dict(self) -> dict[str, object]:
         """The fields, and ``n_epochs`` as OpenAI's clients read it."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "n_epochs": self.epochs}
+        return {**asdict(self), "n_epochs": self.epochs}
 
 
 def _number(value: Any, kind: type, low: float, high: float, where: str) -> float | int:
@@ -124,7 +124,7 @@ def _number(value: Any, kind: type, low: float, high: float, where: str) -> floa
     return int(value) if kind is int else float(value)
 
 
-def check_suffix(suffix: Any) -> str:
+def check_suffix(suffix: object) -> str:
     """The adapter name the job registers (``tenant/suffix@vN``)."""
     if not isinstance(suffix, str) or NAME_RE.fullmatch(suffix) is None:
         raise InvalidInput(
