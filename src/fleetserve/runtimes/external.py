@@ -169,13 +169,13 @@ class ExternalRuntime:
             self.close()
 
     # -- HTTP ------------------------------------------------------------------------------
-    def _get(self, path: str) -> Any:
+    def _get(self, path: str) -> object:
         return self._send("GET", path, None)
 
-    def _post(self, path: str, body: dict[str, object]) -> Any:
+    def _post(self, path: str, body: dict[str, object]) -> object:
         return self._send("POST", path, body)
 
-    def _send(self, method: str, path: str, body: dict[str, object] | None) -> Any:
+    def _send(self, method: str, path: str, body: dict[str, object] | None) -> object:
         content = None if body is None else msgspec.json.encode(body)
         with self._slots, self._transport_errors(path):
             r = self._client.request(method, path, content=content)
