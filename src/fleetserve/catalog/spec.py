@@ -226,7 +226,7 @@ class ModelSpec:
     adapters: tuple[AdapterDecl, ...] = ()  # declared LoRA adapters (catalog/adapters.py)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+    def from_dict(cls, d: Mapping[str, object]) -> ModelSpec:
         """Read a spec strictly: an unknown key, family, runtime or pooling, a missing
         ``id`` or a value of the wrong type is a one-line ``ValueError`` naming the key
         and what it allows (the caller adds the file)."""
@@ -339,7 +339,7 @@ def _text(d: Mapping[str, object], key: str) -> str:
     return v
 
 
-def _mapping(d: dict[str, Any], key: str, what: str) -> dict[str, Any]:
+def _mapping(d: Mapping[str, object], key: str, what: str) -> dict[str, Any]:
     v = d.get(key)
     if v is None:
         return {}
