@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -128,12 +128,13 @@ GROUP_TITLES = {
 }
 
 
-def _scalar_type(f: dataclasses.Field[object]) -> Any:
+def _scalar_type(f: dataclasses.Field[object]) -> Callable[[str], object]:
     t = f.type if not isinstance(f.type, str) else _resolve(f.type)
-    return {int: int, float: float, bool: _parse_bool}.get(t, str)
+    convs: dict[object, Callable[[str], object]] = {int: int, float: float, bool: _parse_bool}
+    return convs.get(t, str)
 
 
-def _resolve(name: str) -> Any:
+def _resolve(name: str) -> type:
     return {"int": int, "float": float, "bool": bool, "str": str}.get(name, str)
 
 
@@ -146,7 +147,12 @@ def _parse_bool(v: str) -> bool:
     raise ValueError(f"not a boolean: {v!r}")
 
 
-_METAVARS: dict[Any, str] = {int: "N", float: "NUM", _parse_bool: "BOOL", str: "TEXT"}
+_METAVARS: dict[Callable[[str], object], str] = {
+    int: "N",
+    float: "NUM",
+    _parse_bool: "BOOL",
+    str: "TEXT",
+}
 
 
 def _coerce(f: dataclasses.Field[object], value: Any) -> Any:
