@@ -1,9 +1,9 @@
-"""Value shapes every layer passes around: numpy arrays and decoded JSON documents.
+"""The one spelling of a numpy array whose dtype and shape the code does not pin.
 
-``Array`` is the one spelling of an array whose dtype and shape the code does not pin
-(numpy's stubs type those as parameters; a row of logits, a batch of ids, a matrix of
-vectors all flow through the same seams). ``JSON`` is what ``json.loads`` gives back;
-``JSONObject`` is its object case, for bodies we build and documents we read by key.
+numpy's stubs type an array by its shape and dtype; a row of logits, a batch of ids
+and a matrix of vectors all flow through the same seams (runtimes, families, the
+wire codecs), so they share this alias rather than spelling ``np.ndarray[Any, Any]``
+at each use. Where the dtype is known and matters, say so with ``npt.NDArray``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,3 @@ from typing import Any, TypeAlias
 import numpy as np
 
 Array: TypeAlias = np.ndarray[Any, Any]
-
-JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
-JSONObject: TypeAlias = dict[str, JSON]
