@@ -2,8 +2,8 @@
 
 numpy's stubs type an array by its shape and dtype; a row of logits, a batch of ids
 and a matrix of vectors all flow through the same seams (runtimes, families, the
-wire codecs), so they share this alias rather than spelling ``np.ndarray[Any, Any]``
-at each use. Where the dtype is known and matters, say so with ``npt.NDArray``.
+wire codecs), so they share this alias rather than spelling numpy's two type
+parameters at each use. Where the dtype is known and matters, say so with ``npt.NDArray``.
 """
 
 from __future__ import annotations
