@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
 
 from .settings_background import Background
 from .settings_fields import ENV_PREFIX, add_arguments, env_name, flag_name, layered, setting
@@ -322,7 +321,7 @@ class Settings(Limits, Background):
         return env_name(name)
 
     @staticmethod
-    def flag_name(f: dataclasses.Field[Any]) -> str:
+    def flag_name(f: dataclasses.Field[object]) -> str:
         return flag_name(f)
 
     @classmethod
@@ -338,8 +337,8 @@ class Settings(Limits, Background):
     def load(
         cls,
         env: Mapping[str, str] | None = None,
-        cli: Mapping[str, Any] | None = None,
-        overrides: Mapping[str, Any] | None = None,
+        cli: Mapping[str, object] | None = None,
+        overrides: Mapping[str, object] | None = None,
     ) -> Settings:
         """Layer defaults, config file, environment, CLI flags, then explicit overrides."""
         return cls(**layered(fields(cls), env, cli, overrides))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -42,19 +42,19 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
-def flag_name(f: dataclasses.Field[Any]) -> str:
+def flag_name(f: dataclasses.Field[object]) -> str:
     return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
 
 
 def add_arguments(
-    all_fields: Sequence[dataclasses.Field[Any]],
+    all_fields: Sequence[dataclasses.Field[object]],
     parser: argparse.ArgumentParser,
     groups: Iterable[str] | None = None,
 ) -> None:
     """One flag per field of ``groups`` (all if None), under a heading per group, in
     the command's order; unset flags stay ``None`` so lower layers show through."""
     wanted = None if groups is None else list(groups)
-    chosen: dict[str, list[dataclasses.Field[Any]]] = {}  # heading -> its fields
+    chosen: dict[str, list[dataclasses.Field[object]]] = {}  # heading -> its fields
     for f in all_fields:
         own = f.metadata.get("groups") or (SERVING,)
         if wanted is None:
@@ -81,10 +81,10 @@ def add_arguments(
 
 
 def layered(
-    all_fields: Sequence[dataclasses.Field[Any]],
+    all_fields: Sequence[dataclasses.Field[object]],
     env: Mapping[str, str] | None = None,
     cli: Mapping[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
     """The typed values of the fields that some layer sets."""
     env = env or {}
@@ -128,12 +128,13 @@ GROUP_TITLES = {
 }
 
 
-def _scalar_type(f: dataclasses.Field[Any]) -> Any:
+def _scalar_type(f: dataclasses.Field[object]) -> Callable[[str], object]:
     t = f.type if not isinstance(f.type, str) else _resolve(f.type)
-    return {int: int, float: float, bool: _parse_bool}.get(t, str)
+    convs: dict[object, Callable[[str], object]] = {int: int, float: float, bool: _parse_bool}
+    return convs.get(t, str)
 
 
-def _resolve(name: str) -> Any:
+def _resolve(name: str) -> type:
     return {"int": int, "float": float, "bool": bool, "str": str}.get(name, str)
 
 
@@ -146,10 +147,15 @@ def _parse_bool(v: str) -> bool:
     raise ValueError(f"not a boolean: {v!r}")
 
 
-_METAVARS: dict[Any, str] = {int: "N", float: "NUM", _parse_bool: "BOOL", str: "TEXT"}
+_METAVARS: dict[Callable[[str], object], str] = {
+    int: "N",
+    float: "NUM",
+    _parse_bool: "BOOL",
+    str: "TEXT",
+}
 
 
-def _coerce(f: dataclasses.Field[Any], value: Any) -> Any:
+def _coerce(f: dataclasses.Field[object], value: Any) -> Any:
     conv = _scalar_type(f)
     try:
         return conv(value)

@@ -26,7 +26,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 KEEP_UP = 0.98  # achieved/offered at or above this: the server kept up
 FLAT_RISE = 0.5  # p99 must peak this fraction above its first value for a knee
@@ -44,7 +43,7 @@ class KneePoint:
     p99_ms: float
     errors: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @property
@@ -65,7 +64,7 @@ class Knee:
     reason: str  # one line: why this point, or why none
     beyond_sweep: bool = False  # every rate kept up: the knee is above the sweep
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         out = asdict(self)
         out["point"] = self.point.as_dict() if self.point else None
         return out

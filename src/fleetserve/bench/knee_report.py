@@ -172,7 +172,7 @@ def plot(results: Sequence[TargetResult], path: Path, title: str, slo_ms: float 
     plt.close(fig)
 
 
-def _finite(v: Any) -> Any:
+def _finite(v: object) -> object:
     """The same data with NaN and infinities as null: JSON has no NaN."""
     if isinstance(v, float) and not math.isfinite(v):
         return None

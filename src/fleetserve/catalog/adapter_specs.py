@@ -11,7 +11,6 @@ or ``file://``, ``hf:<org>/<name>`` in the Hugging Face cache layout, ``package:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..wire import InvalidInput, parse_adapter_id
 
@@ -26,7 +25,7 @@ class AdapterDecl:
     pinned: bool = False
 
 
-def parse_adapters(value: Any) -> tuple[AdapterDecl, ...]:
+def parse_adapters(value: object) -> tuple[AdapterDecl, ...]:
     """The ``adapters`` key, strictly: a ``ValueError`` naming what is wrong."""
     if value is None:
         return ()

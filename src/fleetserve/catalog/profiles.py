@@ -78,9 +78,9 @@ class Choice:
             cap = p.cost.interactive_cap(p.max_batch_tokens)
         return max(1, min(cap or p.max_batch_tokens, p.max_batch_tokens))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """For ``GET /v1/models`` and ``fleetserve models``."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "hardware_class": self.profile.hardware,
             "how": self.how,
             "reason": self.reason,

@@ -29,7 +29,6 @@ machine. ``cuda-smXY`` falls back to lower minor versions of the same major.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
 
 from .evidence import ENCODER_FAMILIES, RuleTable
 from .hardware import CPU_CLASSES, Hardware, judged_features
@@ -97,7 +96,7 @@ def rule_profile(
     ``table``: the evidence (``Profiles`` passes the bundled profiles'); none: no
     evidence, the spec's runtime at the class's precision."""
     kind = "cuda" if hardware_class.startswith("cuda") else "cpu"
-    budget: dict[str, Any] = dict(spec.budgets.get(kind, {}))
+    budget: dict[str, object] = dict(spec.budgets.get(kind, {}))
     features = judged_features(hw, hardware_class)
     pick = table.pick(spec.family, hardware_class, features) if table and kind == "cpu" else None
     why: list[str] = []
@@ -130,7 +129,7 @@ def rule_profile(
         why.append("fp32: ONNX Runtime has no bf16")
     default = (_CUDA_BUDGET if kind == "cuda" else _CPU_BUDGET).get(spec.family)
     tokens, size = default or ((32768, 512) if kind == "cuda" else (2048, 32))
-    fields: dict[str, Any] = {"max_batch_tokens": tokens, "max_batch_size": size}
+    fields: dict[str, object] = {"max_batch_tokens": tokens, "max_batch_size": size}
     fields.update({k: v for k, v in budget.items() if k != "precision"})
     fields.update(precision=precision, runtime=runtime)
     why.append("budgets from the spec" if budget else "the family's default budgets")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +104,7 @@ class Profile:
     priority_cap: int = 0
 
     @classmethod
-    def from_dict(cls, hardware: str, d: dict[str, Any]) -> Profile:
+    def from_dict(cls, hardware: str, d: Mapping[str, object]) -> Profile:
         """Read a profile; a wrong or unknown field is a ``ValueError`` naming it."""
         if not isinstance(d, dict):
             raise ValueError(f"profile {hardware}: must be a mapping, not {type(d).__name__}")
@@ -142,7 +143,7 @@ class Profile:
             priority_cap=_count(d, "priority_cap", 0, hardware, minimum=0),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The fields a profile file holds (``hardware`` is its key or file name)."""
         return {
             "runtime": self.runtime,
@@ -151,21 +152,25 @@ class Profile:
             "processes": self.processes,
             "max_batch_tokens": self.max_batch_tokens,
             "max_batch_size": self.max_batch_size,
-            "cost": {k: round(getattr(self.cost, k), 6) for k in COST_FIELDS},
+            "cost": {
+                "fixed_ms": round(self.cost.fixed_ms, 6),
+                "per_token_ms": round(self.cost.per_token_ms, 6),
+                "per_padded_token_ms": round(self.cost.per_padded_token_ms, 6),
+            },
             "memory_bytes": self.memory_bytes,
             "interactive_cost": self.interactive_cost,
             "priority_cap": self.priority_cap,
         }
 
 
-def _count(d: dict[str, Any], key: str, default: int, where: str, minimum: int = 1) -> int:
+def _count(d: Mapping[str, object], key: str, default: int, where: str, minimum: int = 1) -> int:
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ValueError(f"profile {where}: field {key} must be an integer >= {minimum}, not {v!r}")
     return v
 
 
-def _number(d: dict[str, Any], key: str, where: str) -> float:
+def _number(d: Mapping[str, object], key: str, where: str) -> float:
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
         raise ValueError(f"profile {where}: field cost.{key} must be a number >= 0, not {v!r}")
@@ -221,7 +226,7 @@ class ModelSpec:
     adapters: tuple[AdapterDecl, ...] = ()  # declared LoRA adapters (catalog/adapters.py)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+    def from_dict(cls, d: Mapping[str, object]) -> ModelSpec:
         """Read a spec strictly: an unknown key, family, runtime or pooling, a missing
         ``id`` or a value of the wrong type is a one-line ``ValueError`` naming the key
         and what it allows (the caller adds the file)."""
@@ -303,7 +308,7 @@ def _did_you_mean(word: str, allowed: tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _choice(d: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
+def _choice(d: Mapping[str, object], key: str, default: str, allowed: tuple[str, ...]) -> str:
     v = d.get(key, default)
     if not isinstance(v, str) or v not in allowed:
         hint = _did_you_mean(v, allowed) if isinstance(v, str) else ""
@@ -311,21 +316,21 @@ def _choice(d: dict[str, Any], key: str, default: str, allowed: tuple[str, ...])
     return v
 
 
-def _integer(d: dict[str, Any], key: str, default: int, minimum: int = 1) -> int:
+def _integer(d: Mapping[str, object], key: str, default: int, minimum: int = 1) -> int:
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ValueError(f"key {key!r} must be an integer >= {minimum}, not {v!r}")
     return v
 
 
-def _flag(d: dict[str, Any], key: str, default: bool) -> bool:
+def _flag(d: Mapping[str, object], key: str, default: bool) -> bool:
     v = d.get(key, default)
     if not isinstance(v, bool):
         raise ValueError(f"key {key!r} must be true or false, not {v!r}")
     return v
 
 
-def _text(d: dict[str, Any], key: str) -> str:
+def _text(d: Mapping[str, object], key: str) -> str:
     v = d.get(key)
     if v is None:
         return ""
@@ -334,7 +339,7 @@ def _text(d: dict[str, Any], key: str) -> str:
     return v
 
 
-def _mapping(d: dict[str, Any], key: str, what: str) -> dict[str, Any]:
+def _mapping(d: Mapping[str, object], key: str, what: str) -> dict[str, Any]:
     v = d.get(key)
     if v is None:
         return {}
@@ -346,7 +351,7 @@ def _mapping(d: dict[str, Any], key: str, what: str) -> dict[str, Any]:
 SOURCE_FORMS = "a local path, file://, package:<module>/<dir>, hf:<org>/<name>, s3://, gguf:"
 
 
-def _sources(d: dict[str, Any]) -> tuple[str, ...]:
+def _sources(d: Mapping[str, object]) -> tuple[str, ...]:
     if "sources" in d and "source" in d:
         raise ValueError("keys 'sources' and 'source' both given; allowed: one of them")
     key = "source" if "source" in d else "sources"

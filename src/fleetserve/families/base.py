@@ -15,18 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 
 from ..runtimes import Runtime
 from ..wire import Envelope, Task
+from ..wire.values import Array
 
 ItemT = TypeVar("ItemT")  # what ``forward`` takes for one row
 OptionsT = TypeVar("OptionsT")  # what ``preprocess`` keeps for ``postprocess``
 OutputT = TypeVar("OutputT")  # what ``forward`` returns for one row
-
-Array: TypeAlias = np.ndarray[Any, Any]
 
 
 @dataclass(slots=True)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..wire.values import Array
+
 _ACTIVATIONS = {"identity": "identity", "tanh": "tanh", "relu": "relu"}
 _ST_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 
@@ -31,13 +33,13 @@ _ST_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 class Dense:
     """One linear layer: ``act(x @ weight.T + bias)``, plus the input when residual."""
 
-    weight: np.ndarray[Any, Any]  # [out, in], float32
-    bias: np.ndarray[Any, Any] | None = None
+    weight: Array  # [out, in], float32
+    bias: Array | None = None
     activation: str = "identity"
     residual: bool = False
-    residual_weight: np.ndarray[Any, Any] | None = None  # when in != out
+    residual_weight: Array | None = None  # when in != out
 
-    def __call__(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def __call__(self, x: Array) -> Array:
         y = x @ self.weight.T
         if self.bias is not None:
             y = y + self.bias
@@ -57,9 +59,9 @@ class Checkpoint:
     layout: str  # "hf", "pylate" or "plain"
     encoder_dir: Path  # where the transformer weights and tokenizer are
     layers: tuple[Dense, ...] = ()
-    settings: dict[str, Any] | None = None  # in the adapter's option names
+    settings: dict[str, object] | None = None  # in the adapter's option names
 
-    def project(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def project(self, x: Array) -> Array:
         for layer in self.layers:
             x = layer(x)
         return x
@@ -75,7 +77,7 @@ def read_checkpoint(path: Path) -> Checkpoint:
         mods = json.loads(modules.read_text())
         dense = [m for m in mods if str(m.get("type", "")).endswith("Dense")]
         if dense:
-            enc: dict[str, Any] = next(
+            enc: dict[str, object] = next(
                 (m for m in mods if "Transformer" in str(m.get("type", ""))), {}
             )
             return Checkpoint(
@@ -111,7 +113,7 @@ def _st_dense(folder: Path) -> Dense:
     return Dense(w, bias, act, bool(cfg.get("use_residual", False)), res)
 
 
-def _pylate_settings(file: Path) -> dict[str, Any]:
+def _pylate_settings(file: Path) -> dict[str, object]:
     cfg = json.loads(file.read_text()) if file.is_file() else {}
     keys = {
         "query_prefix": "query_prefix",
@@ -122,12 +124,12 @@ def _pylate_settings(file: Path) -> dict[str, Any]:
         "attend_to_expansion_tokens": "attend_to_expansion",
         "skiplist_words": "skiplist",
     }
-    out: dict[str, Any] = {"skip_punctuation": "documents", "query_expansion": True}
+    out: dict[str, object] = {"skip_punctuation": "documents", "query_expansion": True}
     out.update({ours: cfg[theirs] for theirs, ours in keys.items() if cfg.get(theirs) is not None})
     return out
 
 
-def _stanford_settings(file: Path) -> dict[str, Any]:
+def _stanford_settings(file: Path) -> dict[str, object]:
     meta = json.loads(file.read_text()) if file.is_file() else {}
     return {
         "query_prefix": meta.get("query_token_id", "[unused0]"),
@@ -149,7 +151,7 @@ def _header(file: Path) -> dict[str, Any]:
     return header
 
 
-def read_tensor(file: Path, name: str) -> np.ndarray[Any, Any]:
+def read_tensor(file: Path, name: str) -> Array:
     """One tensor of a safetensors file as float32."""
     header = _header(file)
     if name not in header:

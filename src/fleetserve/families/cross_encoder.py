@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -30,13 +30,24 @@ from tokenizers import Encoding, Tokenizer
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, pad_batch, rows
+from .base import Family, Prepared, pad_batch, rows
 from .tokenize import cut_long, encoded
 
 ACTIVATIONS = ("sigmoid", "softmax", "none")
 Pair = tuple[list[int], list[int]]  # a (query, document) pair's ids and token type ids
 _ST_ACTIVATIONS = {"Sigmoid": "sigmoid", "Softmax": "softmax", "Identity": "none"}
+
+
+class _Config(TypedDict, total=False):
+    """The fields of a checkpoint's config.json the family reads."""
+
+    type_vocab_size: int
+    pad_token_id: int | None
+    id2label: dict[str, str]
+    num_labels: int
+    sentence_transformers: dict[str, str]  # activation_fn, e.g. torch.nn...Sigmoid
 
 
 class PairTokenizer:
@@ -132,7 +143,7 @@ class CrossEncoderFamily(Family[Pair, scoring.ScoreQuery, Array]):
 
     def load(self) -> None:
         cfg_file = self.path / "config.json"
-        config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        config: _Config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         self._tok = PairTokenizer(self.path, self.spec.max_seq_len, self._max_query)
         self.head = self._head(config)
         types = self._types_option
@@ -143,7 +154,7 @@ class CrossEncoderFamily(Family[Pair, scoring.ScoreQuery, Array]):
         self.pad_id = int(pad or 0)
         self.runtime.load(self.path, Head.SEQUENCE_CLASSIFICATION)
 
-    def _head(self, config: dict[str, Any]) -> ScoreHead:
+    def _head(self, config: _Config) -> ScoreHead:
         # transformers leaves id2label out of config.json for its default of two labels
         labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
         label = self._label_index
@@ -208,7 +219,7 @@ class CrossEncoderFamily(Family[Pair, scoring.ScoreQuery, Array]):
         return scoring.reply(envelope, self.spec.id, prepared.options, scores, prepared.tokens)
 
 
-def scores_from_logits(logits: np.ndarray[Any, Any], head: ScoreHead) -> np.ndarray[Any, Any]:
+def scores_from_logits(logits: Array, head: ScoreHead) -> Array:
     """One score per row of ``[n, labels]`` logits."""
     x = logits.astype(np.float64)
     if head.activation == "softmax":

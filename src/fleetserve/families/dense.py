@@ -16,7 +16,6 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -25,8 +24,9 @@ from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
 from ..wire.requests import EmbeddingsRequest, EncodeRequest
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, pad_batch, rows
+from .base import Family, Prepared, pad_batch, rows
 from .quantize import check_output_dtype, vectors_body
 from .token_ids import check_ids, id_fields, split_input
 from .tokenize import TextTokenizer
@@ -79,6 +79,7 @@ class DenseFamily(Family[list[int], DenseOpts, Array]):
     def preprocess(self, envelope: Envelope, body: bytes) -> Prepared[list[int], DenseOpts]:
         if envelope.task in scoring.SCORE_TASKS:
             return self._prepare_score(envelope, body)
+        texts: str | list[str]
         if envelope.task is Task.EMBEDDINGS:
             req = _EMBEDDINGS.decode(body, envelope.content_type)
             if req.encoding_format not in ("float", "base64"):
@@ -157,12 +158,12 @@ class DenseFamily(Family[list[int], DenseOpts, Array]):
         if envelope.task is Task.EMBEDDINGS:
             emb32 = np.ascontiguousarray(emb, np.float32)
             return self._openai_body(envelope, o, prepared.tokens, emb32)
-        body: dict[str, Any] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
+        body: dict[str, object] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
         body.update(vectors_body(emb, o.output_dtype, envelope.accept))
         return dumps(body, envelope.accept)
 
     def _openai_body(self, envelope: Envelope, o: DenseOptions, tokens: int, emb: Array) -> bytes:
-        vecs: list[Any]
+        vecs: Sequence[object]
         vecs = _b64_rows(emb.astype("<f4", copy=False)) if o.openai_base64 else emb.tolist()
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]
         body = {
@@ -174,7 +175,7 @@ class DenseFamily(Family[list[int], DenseOpts, Array]):
         return dumps(body, envelope.accept)
 
 
-def _b64_rows(arr: np.ndarray[Any, Any]) -> list[str]:
+def _b64_rows(arr: Array) -> list[str]:
     """Base64 of each row. When a row is a multiple of 3 bytes, one encode of the whole
     buffer sliced per row gives the same strings at a fraction of the cost."""
     row_bytes = arr.shape[1] * arr.itemsize

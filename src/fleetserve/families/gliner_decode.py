@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 from tokenizers import AddedToken, Tokenizer
+
+from ..wire.values import Array
+
+if TYPE_CHECKING:
+    import torch
 
 _WORD = re.compile(r"\w+(?:[-_]\w+)*|\S")  # gliner's whitespace splitter
 
@@ -129,8 +133,8 @@ class PromptTokenizer:
 
 
 def candidates(
-    probs: Any, items: list[SpanItem], num_labels: list[int]
-) -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    probs: torch.Tensor, items: list[SpanItem], num_labels: list[int]
+) -> list[tuple[Array, Array]]:
     """Spans above each item's threshold: per item ``(idx [n, 3] = start, width, label;
     scores [n])`` in (start, width, label) order. ``probs`` is a torch ``[B, W, K, C]``."""
     import torch
@@ -155,7 +159,7 @@ def candidates(
 
 
 def greedy(
-    idx: np.ndarray[Any, Any], scores: np.ndarray[Any, Any], *, flat: bool, multi_label: bool
+    idx: Array, scores: Array, *, flat: bool, multi_label: bool
 ) -> list[tuple[int, int, int, float]]:
     """gliner's greedy search: best first, dropping spans that clash with a kept one
     (any overlap when ``flat``, else a partial overlap; the same span with another label

@@ -20,7 +20,7 @@ try:
     import torch
     from torch import nn
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, AutoModel, PretrainedConfig
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "GLiNER models need torch and transformers: pip install 'fleetserve[torch]' "
@@ -105,7 +105,7 @@ def _mlp(dim_in: int, dim_out: int) -> nn.Sequential:
 class GlinerSpanModel(nn.Module):
     """Encoder, word pooling, bi-LSTM, markerV0 spans and label prompts -> span logits."""
 
-    def __init__(self, cfg: GlinerConfig, encoder_config: Any) -> None:
+    def __init__(self, cfg: GlinerConfig, encoder_config: PretrainedConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.encoder = AutoModel.from_config(encoder_config)  # type: ignore[no-untyped-call]

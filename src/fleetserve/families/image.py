@@ -23,8 +23,9 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, ModuleRuntime, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, rows
+from .base import Family, Prepared, rows
 from .image_preprocess import (
     ImageConfig,
     ImageError,
@@ -64,7 +65,13 @@ class ImageScoreRequest(msgspec.Struct, Generic[B], forbid_unknown_fields=True):
     truncate: bool = True
 
 
-_DECODERS = {
+ImageRequest = (
+    ImageEncodeRequest[bytes]
+    | ImageEncodeRequest[str]
+    | ImageScoreRequest[bytes]
+    | ImageScoreRequest[str]
+)
+_DECODERS: dict[tuple[Task, Encoding], TypedDecoder[ImageRequest]] = {
     (Task.ENCODE, Encoding.MSGPACK): TypedDecoder(ImageEncodeRequest[bytes]),
     (Task.ENCODE, Encoding.JSON): TypedDecoder(ImageEncodeRequest[str]),
     (Task.SCORE, Encoding.MSGPACK): TypedDecoder(ImageScoreRequest[bytes]),
@@ -278,7 +285,7 @@ class ImageFamily(Family[ImageInput, ImageOptions, Array]):
             q = scoring.ScoreQuery(query="", documents=[])
             return scoring.reply(envelope, self.spec.id, q, emb[1:] @ emb[0], prepared.tokens)
         emb = np.ascontiguousarray(emb, dtype=_DTYPES[o.output_dtype])
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "model": self.spec.id,
             "embeddings": array_to_wire(emb)
             if envelope.accept is Encoding.MSGPACK

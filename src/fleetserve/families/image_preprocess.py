@@ -15,9 +15,14 @@ import string
 from dataclasses import dataclass
 from math import ceil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ..wire.values import Array
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 try:
     from PIL import Image, ImageOps, UnidentifiedImageError
@@ -159,7 +164,7 @@ def resize_shape(height: int, width: int, cfg: ImageConfig) -> tuple[int, int]:
     return height, width
 
 
-def center_crop(arr: np.ndarray[Any, Any], crop: tuple[int, int]) -> np.ndarray[Any, Any]:
+def center_crop(arr: Array, crop: tuple[int, int]) -> Array:
     """Center-crop an (H, W, C) array, padding with zeros when it is smaller."""
     h, w = arr.shape[:2]
     ch, cw = crop
@@ -174,13 +179,13 @@ def center_crop(arr: np.ndarray[Any, Any], crop: tuple[int, int]) -> np.ndarray[
     return out[max(0, top) : min(nh, top + ch), max(0, left) : min(nw, left + cw)]
 
 
-def pixels(im: Image.Image, cfg: ImageConfig) -> np.ndarray[Any, Any]:
+def pixels(im: Image.Image, cfg: ImageConfig) -> Array:
     """A decoded image as the model's float32 (3, H, W) pixel values."""
     rgb = to_rgb(im)
     h, w = resize_shape(rgb.height, rgb.width, cfg)
     if (h, w) != (rgb.height, rgb.width):
         rgb = rgb.resize((w, h), resample=Image.Resampling(cfg.resample))
-    arr: np.ndarray[Any, Any] = np.asarray(rgb)
+    arr: Array = np.asarray(rgb)
     if cfg.crop is not None:
         arr = center_crop(arr, cfg.crop)
     out = arr.astype(np.float64)
@@ -197,7 +202,7 @@ def canonicalize(text: str) -> str:
     return re.sub(r"\s+", " ", text.lower().translate(_PUNCT)).strip()
 
 
-def pad_token(path: Path, tokenizer: Any, name: str | None) -> int:
+def pad_token(path: Path, tokenizer: Tokenizer, name: str | None) -> int:
     """The pad id: the spec's ``pad_token``, the tokenizer's padding, its config's
     ``pad_token``, else a usual pad name, else 0."""
     names: list[str] = [name] if name else []
@@ -254,7 +259,7 @@ class TowerTokenizer:
         """Tokens the text tower runs for this text."""
         return self.max_len if self.pad_to_max else len(ids)
 
-    def pad(self, seqs: list[list[int]]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    def pad(self, seqs: list[list[int]]) -> tuple[Array, Array]:
         """``input_ids`` and ``attention_mask`` (int64), right-padded."""
         width = self.max_len if self.pad_to_max else max(len(s) for s in seqs)
         ids = np.full((len(seqs), width), self.pad_id, dtype=np.int64)

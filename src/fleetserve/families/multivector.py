@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -26,8 +25,9 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, padded_width
+from .base import Family, Prepared, padded_width
 from .colbert_load import Checkpoint, read_checkpoint
 from .multivector_tokens import MvItem, MvSettings, MvTokenizer
 from .quantize import check_output_dtype, ragged_body
@@ -172,17 +172,17 @@ class MultiVectorFamily(Family[MvItem, MvOptions, Array]):
             scores = [maxsim(vecs[0], d) for d in vecs[1:]]
             return scoring.reply(envelope, self.spec.id, o, scores, prepared.tokens)
         mats = [_unit(m) for m in outputs] if o.normalize else outputs
-        body: dict[str, Any] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
+        body: dict[str, object] = {"model": self.spec.id, "usage": {"tokens": prepared.tokens}}
         body.update(ragged_body(mats, o.output_dtype, mats[0].shape[1], envelope.accept))
         return dumps(body, envelope.accept)
 
 
-def maxsim(query: np.ndarray[Any, Any], doc: np.ndarray[Any, Any]) -> float:
+def maxsim(query: Array, doc: Array) -> float:
     """Late interaction: sum over query vectors of the best dot product with the doc."""
     if not len(query) or not len(doc):
         return 0.0
     return float((query @ doc.T).max(axis=1).sum())
 
 
-def _unit(m: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _unit(m: Array) -> Array:
     return np.asarray(m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12))

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..wire.values import Array
+
 _KEYS = {
     "projection",
     "query_prefix",
@@ -91,7 +93,7 @@ class MvItem:
 
     ids: list[int]
     attend: int  # the first ``attend`` ids are attended to
-    keep: np.ndarray[Any, Any]  # int64 positions whose vectors are returned
+    keep: Array  # int64 positions whose vectors are returned
     tokens: int  # real tokens (not expansion), reported as usage
 
     def __len__(self) -> int:

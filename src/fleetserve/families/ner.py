@@ -25,8 +25,9 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, Task
 from ..wire.codec import dumps
+from ..wire.values import Array
 from . import ner_spans as spans
-from .base import Array, Family, Prepared, pad_batch, rows
+from .base import Family, Prepared, pad_batch, rows
 from .extract import fast_tokenizer, parse_extract
 
 

@@ -16,9 +16,10 @@ probabilities, and its offsets run from the first unit's start to the last one's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from ..wire.values import Array
 
 STRATEGIES = ("simple", "first", "average", "max")
 
@@ -31,9 +32,9 @@ class Span:
     score: float
 
 
-def softmax(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def softmax(logits: Array) -> Array:
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    out: np.ndarray[Any, Any] = shifted / shifted.sum(axis=-1, keepdims=True)
+    out: Array = shifted / shifted.sum(axis=-1, keepdims=True)
     return out
 
 
@@ -45,7 +46,7 @@ def split_tag(label: str) -> tuple[str, str]:
 
 
 def _units(
-    probs: np.ndarray[Any, Any],
+    probs: Array,
     offsets: list[tuple[int, int]],
     words: list[int | None],
     strategy: str,
@@ -75,7 +76,7 @@ def _units(
 
 
 def aggregate(
-    probs: np.ndarray[Any, Any],
+    probs: Array,
     offsets: list[tuple[int, int]],
     words: list[int | None],
     labels: list[str],

@@ -16,12 +16,11 @@ Both quantized forms also carry ``"output_dtype"`` in the reply.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..wire import Encoding, InvalidInput, OutputDtype
 from ..wire.codec import array_to_wire
+from ..wire.values import Array
 
 FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16}
 OUTPUT_DTYPES = tuple(d.value for d in OutputDtype)
@@ -33,9 +32,7 @@ def check_output_dtype(name: str, field: str = "output_dtype") -> str:
     return name
 
 
-def quantize(
-    rows: np.ndarray[Any, Any], dtype: str
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+def quantize(rows: Array, dtype: str) -> tuple[Array, Array | None]:
     """``[n, d]`` float rows in ``dtype``: (values, int8 scales or ``None``)."""
     x = np.asarray(rows, dtype=np.float32)
     if dtype in FLOAT_DTYPES:
@@ -52,30 +49,28 @@ def quantize(
     )
 
 
-def _wire(arr: np.ndarray[Any, Any], accept: Encoding) -> Any:
+def _wire(arr: Array, accept: Encoding) -> object:
     return array_to_wire(arr) if accept is Encoding.MSGPACK else arr.tolist()
 
 
-def vectors_body(rows: np.ndarray[Any, Any], dtype: str, accept: Encoding) -> dict[str, Any]:
+def vectors_body(rows: Array, dtype: str, accept: Encoding) -> dict[str, object]:
     """The reply fields for one ``[n, d]`` matrix: ``embeddings`` (+ ``scales`` etc.)."""
     values, scales = quantize(rows, dtype)
-    body: dict[str, Any] = {"embeddings": _wire(values, accept)}
+    body: dict[str, object] = {"embeddings": _wire(values, accept)}
     _extras(body, dtype, rows.shape[-1], None if scales is None else _wire(scales, accept))
     return body
 
 
-def ragged_body(
-    mats: list[np.ndarray[Any, Any]], dtype: str, dim: int, accept: Encoding
-) -> dict[str, Any]:
+def ragged_body(mats: list[Array], dtype: str, dim: int, accept: Encoding) -> dict[str, object]:
     """The reply fields for a list of ``[n_i, d]`` matrices (one array per item)."""
     pairs = [quantize(m, dtype) for m in mats]
-    body: dict[str, Any] = {"embeddings": [_wire(v, accept) for v, _ in pairs]}
+    body: dict[str, object] = {"embeddings": [_wire(v, accept) for v, _ in pairs]}
     scales = [_wire(s, accept) for _, s in pairs if s is not None]
     _extras(body, dtype, dim, scales if dtype == OutputDtype.INT8 else None)
     return body
 
 
-def _extras(body: dict[str, Any], dtype: str, dim: int, scales: Any) -> None:
+def _extras(body: dict[str, object], dtype: str, dim: int, scales: object) -> None:
     if dtype == OutputDtype.INT8:
         body["scales"] = scales
         body["output_dtype"] = dtype

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
@@ -54,19 +54,21 @@ def parse(envelope: Envelope, body: bytes) -> ScoreQuery:
     return q
 
 
-def reply(envelope: Envelope, model: str, q: ScoreQuery, scores: Any, tokens: int) -> bytes:
+def reply(
+    envelope: Envelope, model: str, q: ScoreQuery, scores: npt.ArrayLike, tokens: int
+) -> bytes:
     """The reply body for ``envelope.task``: native scores and ranking, or Cohere results."""
     values = [float(s) for s in np.asarray(scores, dtype=np.float64).reshape(-1)]
     ranking = sorted(range(len(values)), key=lambda i: -values[i])
     if envelope.task is Task.RERANK:
         top = ranking[: q.top_n] if q.top_n is not None else ranking
-        results: list[dict[str, Any]] = []
+        results: list[dict[str, object]] = []
         for i in top:
-            r: dict[str, Any] = {"index": i, "relevance_score": values[i]}
+            r: dict[str, object] = {"index": i, "relevance_score": values[i]}
             if q.return_documents:
                 r["document"] = {"text": q.documents[i]}
             results.append(r)
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "id": envelope.request_id or uuid.uuid4().hex,
             "model": model,
             "results": results,

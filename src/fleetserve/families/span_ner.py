@@ -18,7 +18,6 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -34,7 +33,8 @@ from ..catalog.sources import resolve
 from ..runtimes import Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import dumps
-from .base import Array, Family, Prepared
+from ..wire.values import Array
+from .base import Family, Prepared
 from .extract import fast_tokenizer, parse_extract
 from .gliner_decode import PromptTokenizer, SpanItem, candidates, greedy, split_words
 from .gliner_model import GlinerConfig, GlinerSpanModel, load_model
@@ -197,7 +197,7 @@ class SpanNerFamily(Family[SpanItem, _Options, Spans]):
             prompts[r, : len(it.prompt_pos)] = it.prompt_pos
         dev = str(self.runtime.device)
 
-        def t(a: np.ndarray[Any, Any]) -> torch.Tensor:
+        def t(a: Array) -> torch.Tensor:
             return torch.from_numpy(a).to(dev, non_blocking=True)
 
         with torch.inference_mode():
@@ -211,7 +211,7 @@ class SpanNerFamily(Family[SpanItem, _Options, Spans]):
             out[i] = found[r]
         return out
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.runtime.precision == "bf16" and not str(self.runtime.device).startswith("cuda"):
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()

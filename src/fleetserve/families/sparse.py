@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -21,8 +20,9 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
+from ..wire.values import Array
 from . import scoring
-from .base import Array, Family, Prepared, pad_batch, rows
+from .base import Family, Prepared, pad_batch, rows
 from .tokenize import TextTokenizer
 
 
@@ -128,7 +128,7 @@ class SparseFamily(Family[list[int], SparseOptions, Array]):
         embeddings = []
         for row in outputs:
             idx, vals = sparsify(np.asarray(row), o.top_k)
-            emb: dict[str, Any]
+            emb: dict[str, object]
             if msgpack:
                 emb = {"indices": array_to_wire(idx), "values": array_to_wire(vals)}
             else:
@@ -143,16 +143,14 @@ class SparseFamily(Family[list[int], SparseOptions, Array]):
         }
         return dumps(body, envelope.accept)
 
-    def _token_strings(self, idx: np.ndarray[Any, Any]) -> list[str]:
+    def _token_strings(self, idx: Array) -> list[str]:
         vocab = self._vocab
         if vocab is None:
             raise RuntimeError("adapter is not loaded")
         return [vocab.id_to_token(int(i)) or "" for i in idx]
 
 
-def sparsify(
-    row: np.ndarray[Any, Any], top_k: int | None = None
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+def sparsify(row: Array, top_k: int | None = None) -> tuple[Array, Array]:
     """The positive entries of a dense row (the ``top_k`` largest when given), as uint32
     indices in ascending order and their float32 values."""
     idx = np.flatnonzero(row > 0)

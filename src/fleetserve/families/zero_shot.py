@@ -25,7 +25,8 @@ from ..catalog import ModelSpec
 from ..runtimes import Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import dumps
-from .base import Array, Family, ItemT, Prepared
+from ..wire.values import Array
+from .base import Family, ItemT, Prepared
 from .extract import parse_extract
 
 METHODS = ("nli", "embedding")

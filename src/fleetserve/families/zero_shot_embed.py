@@ -21,13 +21,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
-from .base import Array, Prepared, pad_batch, rows
+from ..wire.values import Array
+from .base import Prepared, pad_batch, rows
 from .tokenize import TextTokenizer
 from .zero_shot import Method, check_template
 
@@ -38,7 +38,7 @@ DEFAULT_TEMPLATE = "This text is about {}."
 class _State:
     texts: int
     hypotheses: list[str]
-    cached: dict[str, np.ndarray[Any, Any]]  # label vectors known at preprocess time
+    cached: dict[str, Array]  # label vectors known at preprocess time
     missing: list[str]  # hypotheses embedded in this request, after the texts
 
 
@@ -47,10 +47,10 @@ class _LabelCache:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._data: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()
+        self._data: OrderedDict[str, Array] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get_many(self, keys: list[str]) -> dict[str, np.ndarray[Any, Any]]:
+    def get_many(self, keys: list[str]) -> dict[str, Array]:
         out = {}
         with self._lock:
             for k in keys:
@@ -60,7 +60,7 @@ class _LabelCache:
                     out[k] = v
         return out
 
-    def put_many(self, items: dict[str, np.ndarray[Any, Any]]) -> None:
+    def put_many(self, items: dict[str, Array]) -> None:
         with self._lock:
             for k, v in items.items():
                 self._data[k] = v
@@ -120,7 +120,7 @@ class EmbeddingMethod(Method[list[int], _State]):
         cos = vecs[: s.texts] @ np.stack([known[h] for h in s.hypotheses]).T
         if multi_label:
             z = (cos - self.midpoint) / self.temperature
-            out: np.ndarray[Any, Any] = 1.0 / (1.0 + np.exp(-z))
+            out: Array = 1.0 / (1.0 + np.exp(-z))
         else:
             z = cos / self.temperature
             e = np.exp(z - z.max(axis=1, keepdims=True))
@@ -128,6 +128,6 @@ class EmbeddingMethod(Method[list[int], _State]):
         return out
 
 
-def _unit(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    out: np.ndarray[Any, Any] = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+def _unit(x: Array) -> Array:
+    out: Array = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     return out

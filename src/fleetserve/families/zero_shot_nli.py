@@ -16,14 +16,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
-from .base import Array, Prepared, pad_batch, rows
+from ..wire.values import Array
+from .base import Prepared, pad_batch, rows
 from .extract import fast_tokenizer
 from .zero_shot import Method, check_template
 
@@ -114,7 +114,7 @@ class NliMethod(Method[NliItem, _State]):
         return _softmax(logits[..., self.entailment])
 
 
-def _softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _softmax(x: Array) -> Array:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    out: np.ndarray[Any, Any] = e / e.sum(axis=-1, keepdims=True)
+    out: Array = e / e.sum(axis=-1, keepdims=True)
     return out

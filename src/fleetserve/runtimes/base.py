@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
+from ..wire.values import Array
 
 
 class Head(enum.StrEnum):
@@ -60,11 +60,11 @@ class Runtime(Protocol):
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         """One padded batch (int64 ``[batch, seq]`` arrays); returns ``output`` as float32."""
         ...
 
@@ -78,7 +78,7 @@ class Autocasting(Protocol):
     """A runtime whose precision families may run their own modules under (the torch
     runtime: bf16 autocast on CPU, a null context elsewhere)."""
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+    def autocast(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 @runtime_checkable
@@ -101,7 +101,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    json_schema: dict[str, Any] | None = None  # constrain the output to this JSON schema
+    json_schema: dict[str, object] | None = None  # constrain the output to this JSON schema
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 
 from ..wire import DeadlineExceeded, FleetError, InternalError, Unavailable
+from ..wire.values import Array
 from .base import Generation, Head, Output, SamplingParams
 from .external_api import ExternalOptions, embeddings_body, generate_request
 from .external_replies import (
@@ -93,11 +94,11 @@ class ExternalRuntime:
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         """Embeddings of a padded batch, in one ``/v1/embeddings`` request.
 
         The server pools as its model is configured to, whether MEAN or CLS is asked."""
@@ -168,13 +169,13 @@ class ExternalRuntime:
             self.close()
 
     # -- HTTP ------------------------------------------------------------------------------
-    def _get(self, path: str) -> Any:
+    def _get(self, path: str) -> object:
         return self._send("GET", path, None)
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
+    def _post(self, path: str, body: dict[str, object]) -> object:
         return self._send("POST", path, body)
 
-    def _send(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _send(self, method: str, path: str, body: dict[str, object] | None) -> object:
         content = None if body is None else msgspec.json.encode(body)
         with self._slots, self._transport_errors(path):
             r = self._client.request(method, path, content=content)
@@ -188,7 +189,7 @@ class ExternalRuntime:
                 return r.text
 
     @contextlib.contextmanager
-    def _stream(self, path: str, body: dict[str, Any]) -> Iterator[Iterator[str]]:
+    def _stream(self, path: str, body: dict[str, object]) -> Iterator[Iterator[str]]:
         content = msgspec.json.encode(body)
         with (
             self._slots,

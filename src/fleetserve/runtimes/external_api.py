@@ -83,10 +83,10 @@ class ExternalOptions:
 # -- generation ------------------------------------------------------------------------
 def generate_request(
     opts: ExternalOptions, model: str | None, ids: list[int], p: SamplingParams, stream: bool
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, dict[str, object]]:
     """The path and JSON body for one sequence."""
     if opts.api == "sglang":
-        sp: dict[str, Any] = {
+        sp: dict[str, object] = {
             "max_new_tokens": p.max_tokens,
             "temperature": p.temperature,
             "top_p": p.top_p,
@@ -102,7 +102,7 @@ def generate_request(
             "sampling_params": sp,
             "stream": stream,
         }
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "model": model,
         "prompt": [int(t) for t in ids],
         "max_tokens": p.max_tokens,
@@ -130,8 +130,8 @@ def generate_request(
 
 
 # -- embeddings ------------------------------------------------------------------------
-def embeddings_body(model: str | None, inputs: list[list[int]]) -> dict[str, Any]:
-    body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
+def embeddings_body(model: str | None, inputs: list[list[int]]) -> dict[str, object]:
+    body: dict[str, object] = {"input": inputs, "encoding_format": "float"}
     if model is not None:
         body["model"] = model
     return body

@@ -13,10 +13,11 @@ import msgspec
 import numpy as np
 
 from ..wire import FleetError, InternalError, InvalidInput, Overloaded, Unavailable
+from ..wire.values import Array
 from .base import Generation
 
 
-def _finish(reason: Any) -> str:
+def _finish(reason: object) -> str:
     """SGLang's ``{"type": ...}`` or OpenAI's string, as "stop" or "length"."""
     if isinstance(reason, dict):
         kind = reason.get("type")
@@ -32,7 +33,7 @@ def _finish(reason: Any) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def parse_generation(api: str, body: Any, prompt_len: int) -> Generation:
+def parse_generation(api: str, body: object, prompt_len: int) -> Generation:
     """A non-streamed reply as a :class:`Generation`."""
     if not isinstance(body, dict):
         raise InternalError(f"unexpected reply from the model server: {str(body)[:200]}")
@@ -61,12 +62,12 @@ class StreamState:
         self.api = api
         self.incremental = incremental
         self.text = ""
-        self.finish: Any = None
+        self.finish: object = None
         self.prompt_tokens = prompt_len
         self.completion_tokens: int | None = None
         self.chunks = 0
 
-    def feed(self, event: Any) -> str:
+    def feed(self, event: object) -> str:
         """One decoded ``data:`` event; returns the new text."""
         if not isinstance(event, dict):
             raise InternalError(f"unexpected stream event: {str(event)[:200]}")
@@ -106,7 +107,7 @@ class StreamState:
         )
 
 
-def sse_events(lines: Iterable[str]) -> Iterator[Any]:
+def sse_events(lines: Iterable[str]) -> Iterator[object]:
     """The decoded ``data:`` payloads of a server-sent event stream, up to ``[DONE]``."""
     for line in lines:
         if not line.startswith("data:"):
@@ -119,7 +120,7 @@ def sse_events(lines: Iterable[str]) -> Iterator[Any]:
 
 
 # -- embeddings ------------------------------------------------------------------------
-def parse_embeddings(body: Any, n: int) -> np.ndarray[Any, Any]:
+def parse_embeddings(body: object, n: int) -> Array:
     """``{"data": [{"index", "embedding"}]}`` as float32 ``[n, dim]`` in input order."""
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list) or len(data) != n:
@@ -133,7 +134,7 @@ def parse_embeddings(body: Any, n: int) -> np.ndarray[Any, Any]:
 
 
 # -- errors ----------------------------------------------------------------------------
-def error_message(payload: Any) -> str:
+def error_message(payload: object) -> str:
     """The message in SGLang's, vLLM's or FastAPI's error bodies."""
     if isinstance(payload, dict):
         err = payload.get("error")
@@ -148,7 +149,7 @@ def error_message(payload: Any) -> str:
     return str(payload)[:500]
 
 
-def error_from_payload(payload: Any) -> FleetError:
+def error_from_payload(payload: object) -> FleetError:
     """An error event inside a stream. SGLang sends ``{"error": {"message"}}`` for
     requests it rejects; vLLM adds a ``code``, or sends ``{"object": "error", "code"}``."""
     err = payload.get("error") if isinstance(payload, dict) else None

@@ -11,11 +11,15 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..wire.values import Array
 from .base import Head, Output
+
+if TYPE_CHECKING:
+    import torch
 
 OUTPUTS: dict[Head, tuple[Output, ...]] = {
     Head.BASE: (Output.MEAN, Output.CLS, Output.HIDDEN),
@@ -25,7 +29,7 @@ OUTPUTS: dict[Head, tuple[Output, ...]] = {
 }
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-Feed = dict[str, np.ndarray[Any, Any]]
+Feed = dict[str, Array]
 
 
 def weights_fingerprint(path: Path) -> bytes:
@@ -50,7 +54,7 @@ class HeadGraph:
     """The wrapped module (a ``torch.nn.Module`` in eval mode), its input names in
     order (``token_type_ids`` only where the model takes it) and its outputs."""
 
-    module: Any
+    module: torch.nn.Module
     head: Head
     inputs: tuple[str, ...]
     outputs: tuple[Output, ...]
@@ -67,22 +71,20 @@ class HeadGraph:
             feed["token_type_ids"] = np.zeros_like(ids)
         return feed
 
-    def tensors(self, feed: Feed) -> tuple[Any, ...]:
+    def tensors(self, feed: Feed) -> tuple[torch.Tensor, ...]:
         """``feed`` as torch tensors, in input order."""
         import torch
 
         return tuple(torch.from_numpy(feed[n]) for n in self.inputs)
 
-    def reference(self, feed: Feed) -> list[np.ndarray[Any, Any]]:
+    def reference(self, feed: Feed) -> list[Array]:
         """What torch gives for ``feed``: one float32 array per output."""
         import torch
 
         with torch.no_grad():
             return [t.numpy() for t in self.module(*self.tensors(feed))]
 
-    def check(
-        self, path: Path, got: list[np.ndarray[Any, Any]], want: list[Any], what: str
-    ) -> None:
+    def check(self, path: Path, got: list[Array], want: list[Array], what: str) -> None:
         """Raise unless ``got`` (the converted graph's outputs) matches torch's ``want``."""
         for o, w, g in zip(self.outputs, want, got, strict=True):
             if not np.allclose(g, w, rtol=1e-3, atol=1e-4 * (1.0 + float(np.abs(w).max()))):

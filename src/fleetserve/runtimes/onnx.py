@@ -14,7 +14,7 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,8 +26,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 from rich.console import Console
 
+from ..wire.values import Array
 from . import DEFAULT_CACHE
 from .base import Head, Output
+from .engines import OrtSession, Provider
 
 if TYPE_CHECKING:
     from .onnx_export import Export
@@ -36,7 +38,7 @@ log = logging.getLogger("fleetserve.runtimes.onnx")
 
 DEFAULT_MIN_COSINE = 0.999
 PRECISIONS = ("fp32", "int8")
-Feed = dict[str, np.ndarray[Any, Any]]
+Feed = dict[str, Array]
 
 
 class OnnxRuntime:
@@ -63,7 +65,7 @@ class OnnxRuntime:
         self.console = console
         self.head = Head.BASE
         self.export: Export | None = None  # the cache entry in use, with the int8 guard
-        self._session: Any = None
+        self._session: OrtSession | None = None
         self._outputs: tuple[Output, ...] = ()
         self._types = False
         self._bytes = 0
@@ -81,7 +83,7 @@ class OnnxRuntime:
         self._types = "token_type_ids" in {i.name for i in sess.get_inputs()}
         self._bytes = exp.model.stat().st_size
 
-    def _open(self, path: Path, head: Head, precision: str) -> tuple[Export, Any]:
+    def _open(self, path: Path, head: Head, precision: str) -> tuple[Export, OrtSession]:
         """The cached graph and a session on it; an entry that does not load is rebuilt once."""
         from .onnx_export import export_model
 
@@ -105,11 +107,11 @@ class OnnxRuntime:
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         if self._session is None:
             raise RuntimeError("model is not loaded")
         output = Output(output)
@@ -134,15 +136,16 @@ def _is_ort_error(exc: Exception) -> bool:
 
 
 def session(
-    file: Path, providers: Sequence[Any] = ("CPUExecutionProvider",), threads: int = 0
-) -> Any:
+    file: Path, providers: Sequence[Provider] = ("CPUExecutionProvider",), threads: int = 0
+) -> OrtSession:
     """An ONNX Runtime session with all graph optimizations on."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
     if threads > 0:
         opts.intra_op_num_threads = threads
-    return ort.InferenceSession(str(file), opts, providers=list(providers))
+    sess: OrtSession = ort.InferenceSession(str(file), opts, providers=list(providers))
+    return sess
 
 
 def _resolve(device: str) -> str:
@@ -151,7 +154,7 @@ def _resolve(device: str) -> str:
     return device
 
 
-def _providers(device: str) -> list[Any]:
+def _providers(device: str) -> list[Provider]:
     if not device.startswith("cuda"):
         return ["CPUExecutionProvider"]
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -202,13 +205,13 @@ def calibration_feeds(path: Path, head: Head, inputs: set[str]) -> list[Feed]:
     return feeds
 
 
-def compare(fp32: Any, int8: Any, feeds: list[Feed]) -> dict[str, list[float]]:
+def compare(fp32: OrtSession, int8: OrtSession, feeds: list[Feed]) -> dict[str, list[float]]:
     """Cosines between the two graphs' outputs: per item (real tokens only for per-token
     outputs); narrow outputs (classifier logits) as one vector over all items, centred
     on the fp32 mean so that a shared offset cannot hide a change in ranking. Keyed by
     output name."""
     names = [o.name for o in fp32.get_outputs()]
-    got: dict[str, tuple[list[Any], list[Any]]] = {n: ([], []) for n in names}
+    got: dict[str, tuple[list[Array], list[Array]]] = {n: ([], []) for n in names}
     for feed in feeds:
         mask = feed["attention_mask"].astype(bool)
         for n, a, b in zip(names, fp32.run(names, feed), int8.run(names, feed), strict=True):
@@ -227,7 +230,7 @@ def compare(fp32: Any, int8: Any, feeds: list[Feed]) -> dict[str, list[float]]:
     return out
 
 
-def _cosine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
+def _cosine(a: Array, b: Array) -> float:
     x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
     if nx < 1e-12 or ny < 1e-12:

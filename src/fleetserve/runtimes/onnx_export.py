@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -197,7 +196,7 @@ def _read_guard(entry: Path) -> Guard | None:
 
 
 # -- small helpers ----------------------------------------------------------------------
-def _write_json(file: Path, data: dict[str, Any]) -> None:
+def _write_json(file: Path, data: dict[str, object]) -> None:
     tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex[:8]}")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, file)

@@ -28,13 +28,14 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from rich.console import Console
 
+from ..wire.values import Array
 from . import DEFAULT_CACHE
 from .base import Head, Output
+from .engines import OvCompiledModel, OvCore, OvInferRequest
 
 try:
     import openvino as ov
@@ -49,10 +50,10 @@ log = logging.getLogger("fleetserve.runtimes.openvino")
 PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 _RUNNING = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 _warned: set[tuple[str, str]] = set()
-_core: Any = None
+_core: OvCore | None = None
 
 
-def core() -> Any:
+def core() -> OvCore:
     """The process's one ``ov.Core``."""
     global _core
     if _core is None:
@@ -90,8 +91,8 @@ class OpenVinoRuntime:
         self.console = console
         self.head = Head.BASE
         self.entry: Path | None = None  # the cache entry in use
-        self._compiled: Any = None
-        self._request: Any = None
+        self._compiled: OvCompiledModel | None = None
+        self._request: OvInferRequest | None = None
         self._ports: dict[Output, int] = {}
         self._types = False
         self._bytes = 0
@@ -117,7 +118,7 @@ class OpenVinoRuntime:
         self._types = "token_type_ids" in {p.get_any_name() for p in compiled.inputs}
         self._bytes = (entry / "model.bin").stat().st_size
 
-    def _compile(self, path: Path, head: Head) -> tuple[Path, Any]:
+    def _compile(self, path: Path, head: Head) -> tuple[Path, OvCompiledModel]:
         """The cached IR, compiled; an entry that does not compile is rebuilt once."""
         from .openvino_convert import ensure_ir
 
@@ -134,11 +135,11 @@ class OpenVinoRuntime:
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         request = self._request
         if request is None:
             raise RuntimeError("model is not loaded")
@@ -159,7 +160,7 @@ class OpenVinoRuntime:
         return self._bytes
 
 
-def running_precision(compiled: Any, requested: str) -> str:
+def running_precision(compiled: OvCompiledModel, requested: str) -> str:
     """The precision ``compiled`` runs at, read back from it; a fallback from
     ``requested`` is logged once per process."""
     actual = compiled.get_property("INFERENCE_PRECISION_HINT")

@@ -18,7 +18,6 @@ import time
 import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -120,8 +119,8 @@ def convert(path: Path, head: Head, dest: Path) -> None:
     graph.check(path, got, graph.reference(check), "OpenVINO conversion")
 
 
-def read_meta(entry: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((entry / "meta.json").read_text())
+def read_meta(entry: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads((entry / "meta.json").read_text())
     return data
 
 

@@ -10,10 +10,9 @@ forward pass.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 try:
     import torch
@@ -29,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "-c requirements/constraints.txt"
     ) from exc
 
+from ..wire.values import Array
 from .base import Head, Output
 
 if TYPE_CHECKING:
@@ -71,10 +71,10 @@ class TorchRuntime:
         self.device = resolve_device(device)
         self.precision = precision
         self.compile = compile
-        self._forward: Any = None
+        self._forward: Callable[..., Any] | None = None
         if threads > 0:
             torch.set_num_threads(threads)
-        self._model: Any = None
+        self._model: torch.nn.Module | None = None
         self._bank: LoraBank | None = None
         self.head = Head.BASE
 
@@ -102,35 +102,35 @@ class TorchRuntime:
         return self._bank
 
     @property
-    def model(self) -> Any:
+    def model(self) -> torch.nn.Module:
         """The loaded ``torch.nn.Module`` (for families that need more than ``run``)."""
         if self._model is None:
             raise RuntimeError("model is not loaded")
         return self._model
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.precision != "bf16" or self.device.startswith("cuda"):
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=_DTYPES[self.precision])
 
     def run(
         self,
-        input_ids: np.ndarray[Any, Any],
-        attention_mask: np.ndarray[Any, Any],
+        input_ids: Array,
+        attention_mask: Array,
         output: Output,
-        token_type_ids: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        token_type_ids: Array | None = None,
+    ) -> Array:
         model = self.model
         ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
         mask = torch.from_numpy(attention_mask).to(self.device, non_blocking=True)
-        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        kwargs: dict[str, object] = {"input_ids": ids, "attention_mask": mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = torch.from_numpy(token_type_ids).to(self.device)
         with torch.inference_mode(), self.autocast():
             forward = model if self._forward is None else self._forward  # no bool(): a
             result = forward(**kwargs)  # compiled module's __len__ raises
             out = _reduce(result, mask, Output(output))
-        arr: np.ndarray[Any, Any] = out.float().cpu().numpy()
+        arr: Array = out.float().cpu().numpy()
         return arr
 
     def memory_bytes(self) -> int:
@@ -139,7 +139,7 @@ class TorchRuntime:
         return int(sum(p.numel() * p.element_size() for p in self._model.parameters()))
 
 
-def _reduce(result: Any, mask: Any, output: Output) -> Any:
+def _reduce(result: Any, mask: torch.Tensor, output: Output) -> Any:
     if output is Output.LOGITS:
         return result.logits
     if output is Output.SPLADE:

@@ -29,7 +29,6 @@ import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..catalog import Catalog, ModelSpec
 from ..catalog.profiles import Choice, profile_path, write_profile_text
@@ -87,7 +86,7 @@ class BackgroundTuner:
         """The running phase's ``fleetserve tune`` process, if one runs."""
         return self._child_run.pid if self._child_run is not None else None
 
-    def info(self, model: str) -> dict[str, Any]:
+    def info(self, model: str) -> dict[str, object]:
         return self.states[model].as_dict()
 
     def refresh(self) -> None:

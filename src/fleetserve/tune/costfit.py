@@ -13,7 +13,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -22,8 +21,8 @@ from ..families import AnyFamily
 from .harness import Request
 from .quality import json_envelope
 
-Forward = Callable[[list[Any]], Any]
-Pool = list[tuple[Any, int]]
+Forward = Callable[[list[object]], object]
+Pool = list[tuple[object, int]]
 BANDS = ((0.0, 0.3), (0.3, 0.7), (0.7, 1.0), None)  # length quantile bands; None: mixed
 
 
@@ -33,7 +32,7 @@ class CostFit:
     median_rel_error: float  # on held-out shapes
     points: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "fixed_ms": self.cost.fixed_ms,
             "per_token_ms": self.cost.per_token_ms,
@@ -57,7 +56,7 @@ Shape = tuple[int, int, int]  # real tokens, max length, batch size
 
 def time_shapes(
     forward: Forward,
-    pool: Sequence[tuple[Any, int]],
+    pool: Sequence[tuple[object, int]],
     *,
     max_batch_size: int,
     max_batch_tokens: int,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import noise
 
@@ -82,7 +82,7 @@ class Duel:
         assert self.ratio is not None
         return self.b if self.ratio > 1 else self.a
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         err = self.error
         return {
             "a": self.a,
@@ -96,7 +96,7 @@ class Duel:
         }
 
 
-def line(d: dict[str, Any]) -> str:
+def line(d: dict[str, object]) -> str:
     """The report's line: ``b vs a: 1.09x over 6 rounds in turns (+-2.1 %), decided``."""
     if not d.get("rounds"):
         return f"`{d['b']}` against `{d['a']}`: no round fitted the budget"

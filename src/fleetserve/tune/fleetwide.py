@@ -24,7 +24,11 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+    from nats.js.kv import KeyValue
 
 log = logging.getLogger("fleetserve.tune")
 TTL_S = 15.0
@@ -40,7 +44,9 @@ def key(cls: str, model: str) -> str:
 class FleetTuning:
     """This worker's view of the shared profiles and tune leases (see the module)."""
 
-    def __init__(self, js: Any, prefix: str, cls: str, owner: str, ttl: float = TTL_S) -> None:
+    def __init__(
+        self, js: JetStreamContext, prefix: str, cls: str, owner: str, ttl: float = TTL_S
+    ) -> None:
         self.js, self.prefix, self.cls, self.owner, self.ttl = js, prefix, cls, owner, ttl
         self.profiles: Any = None
         self.leases: Any = None
@@ -139,7 +145,7 @@ class FleetTuning:
                 log.warning("%s: the shared profile from %s was not used: %s", model, by, exc)
 
 
-async def _bucket(js: Any, name: str, **config: Any) -> Any:
+async def _bucket(js: JetStreamContext, name: str, **config: Any) -> KeyValue:
     """The bucket ``name``, created if it does not exist."""
     from nats.js.errors import BucketNotFoundError
 

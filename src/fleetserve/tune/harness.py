@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..bench.loadgen import percentile
 from ..catalog import ModelSpec, Profile
@@ -97,7 +97,7 @@ class Stack:
     def family(self) -> AnyFamily:
         return self.runner.family
 
-    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
+    async def compute(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(*args)`` on the compute thread (where every forward runs)."""
         from ..worker.compute import compute_executor
 
@@ -202,7 +202,7 @@ async def saturate(
     )
 
 
-def summary(values: Sequence[float]) -> dict[str, Any]:
+def summary(values: Sequence[float]) -> dict[str, object]:
     """Median and relative spread ((max - min) / median) of repeated figures."""
     med = statistics.median(values)
     spread = (max(values) - min(values)) / med if med else 0.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..wire import FleetError
 from .candidates import Candidate
@@ -27,13 +26,13 @@ class Point:
     p99_ms: float = float("nan")
     reason: str = ""
     load_s: float = 0.0
-    knee: dict[str, Any] | None = None  # its open-loop sweep, when it had one
+    knee: dict[str, object] | None = None  # its open-loop sweep, when it had one
 
     @property
     def tokens_per_s(self) -> float:
         return statistics.median(self.samples) if self.samples else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         out = self.cand.as_dict()
         out.update(
             status=self.status,

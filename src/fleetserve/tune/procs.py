@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 CHILD = "fleetserve.tune.child"
 
 
-def job(s: Search, cand: Candidate, cores: list[int]) -> dict[str, Any]:
+def job(s: Search, cand: Candidate, cores: list[int]) -> dict[str, object]:
     """What a child needs, as JSON: the model, where its weights are, the candidate."""
     return {
         "model": s.spec.id,

@@ -31,6 +31,7 @@ from ..catalog import ModelSpec
 from ..families import AnyFamily
 from ..runtimes.onnx import CALIBRATION
 from ..wire import Encoding, Envelope, Task
+from ..wire.values import Array
 
 MIN_COSINE = 0.9999
 SCORE_TOLERANCE = 0.01  # of the largest |reference score|
@@ -58,7 +59,7 @@ class Quality:
         }
 
 
-def calibration(spec: ModelSpec) -> list[tuple[Task, dict[str, Any]]]:
+def calibration(spec: ModelSpec) -> list[tuple[Task, dict[str, object]]]:
     """The family's calibration requests: (task, JSON body)."""
     texts = list(CALIBRATION)
     fam = spec.family
@@ -100,15 +101,15 @@ def json_envelope(model: str, task: Task, request_id: str) -> Envelope:
 def replies(
     adapter: AnyFamily,
     spec: ModelSpec,
-    requests: Sequence[tuple[Task, dict[str, Any]]],
+    requests: Sequence[tuple[Task, dict[str, object]]],
     deadline: float | None = None,
     times: list[float] | None = None,
-) -> list[Any]:
+) -> list[object]:
     """Each request through preprocess, forward and postprocess; the decoded replies.
     ``deadline`` (``time.monotonic()``): a TimeoutError once it has passed, between two
     requests (the compute thread cannot be interrupted within one). ``times``: each
     request's seconds are appended to it."""
-    out: list[Any] = []
+    out: list[object] = []
     for task, body in requests:
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"the quality set ran past its deadline after {len(out)} requests")
@@ -122,7 +123,7 @@ def replies(
     return out
 
 
-def compare(reference: Any, candidate: Any) -> Quality:
+def compare(reference: object, candidate: object) -> Quality:
     """Walk both reply trees; the first failing gate, else the tightest margin."""
     acc = _Acc()
     _walk(reference, candidate, "", acc)
@@ -148,7 +149,7 @@ class _Acc:
     rank_detail: str = ""
 
 
-def _walk(a: Any, b: Any, path: str, acc: _Acc) -> None:
+def _walk(a: object, b: object, path: str, acc: _Acc) -> None:
     if acc.mismatch:
         return
     key = path.rsplit(".", 1)[-1].split("[", 1)[0]
@@ -207,7 +208,7 @@ def _by_label(a: dict[str, Any], b: dict[str, Any], path: str, acc: _Acc) -> Non
     _scores(ref, cand, f"{path}.scores", acc)
 
 
-def _scores(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], path: str, acc: _Acc) -> None:
+def _scores(a: Array, b: Array, path: str, acc: _Acc) -> None:
     """``a`` the reference's scores, ``b`` the candidate's, item by item."""
     if a.shape != b.shape:
         acc.mismatch = f"{path}: shapes differ"
@@ -224,11 +225,11 @@ def _scores(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], path: str, acc: _A
                 acc.rank_detail = f"{path}: ranking changed (items {i} and {j})"
 
 
-def _numeric(v: Any) -> bool:
+def _numeric(v: object) -> bool:
     return isinstance(v, list) and all(isinstance(x, int | float) for x in v)
 
 
-def _rows(v: Any) -> list[np.ndarray[Any, Any]]:
+def _rows(v: object) -> list[Array]:
     """The innermost number lists of a nested list (vectors or token vectors)."""
     if _numeric(v):
         return [np.asarray(v, np.float64)] if v else []
@@ -237,7 +238,7 @@ def _rows(v: Any) -> list[np.ndarray[Any, Any]]:
     return []
 
 
-def _cosine(x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> float:
+def _cosine(x: Array, y: Array) -> float:
     if x.shape != y.shape:
         return 0.0
     nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))

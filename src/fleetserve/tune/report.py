@@ -10,7 +10,7 @@ from typing import Any
 from . import duel, noise, steal
 
 
-def _f(v: Any, digits: int = 0) -> str:
+def _f(v: object, digits: int = 0) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "-"
     if isinstance(v, float):

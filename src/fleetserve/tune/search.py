@@ -77,7 +77,7 @@ class Search:
         self.phase = "quality"
         self.on_change = on_change
         self.requests: list[Request] = []
-        self.reference: list[Any] = []
+        self.reference: list[object] = []
         self.reference_s = 0.0  # how long the reference took on the quality set
         self.reference_times: list[float] = []  # ... each of its requests
         self.reference_window_s = 0.0  # how long its saturation window ran (wall)
@@ -129,7 +129,7 @@ class Search:
         self.on_change(self.phase)
 
     @property
-    def knee(self) -> dict[str, Any] | None:
+    def knee(self) -> dict[str, object] | None:
         """The winner's knee (the run document's ``knee``)."""
         return self.winner.knee if self.winner else None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..catalog.profiles import Choice
 
@@ -59,7 +59,7 @@ class State:
     memory_bytes: int | None = None  # the tune's child's peak resident memory, this phase
     error: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
-from ..bench.knee_find import find_knee
+from ..bench.knee_find import KneePoint, find_knee
 from ..bench.openloop import auto_rates, capacity, sweep
 from ..catalog.rules import EXPORT_FAMILIES
 from ..fleet.memory import peak_bytes, reset_peak, rss_bytes
@@ -162,7 +162,7 @@ async def knee(s: Search, stack: Stack, p: Point, rates_n: int = 8) -> dict[str,
                            "items_per_request": KNEE_ITEMS}  # fmt: skip
     p.knee = doc
 
-    def on_point(rate: float, kp: Any) -> None:
+    def on_point(rate: float, kp: KneePoint) -> None:
         points.append(kp.as_dict())
         s._changed()
 

@@ -203,7 +203,7 @@ class Tuner:
         total = int(mem.get("weights_bytes", 0)) + int(mem.get("activation_peak_bytes", 0))
         return dataclasses.replace(prof, memory_bytes=total)
 
-    def _provenance(self) -> dict[str, Any]:
+    def _provenance(self) -> dict[str, object]:
         s = self.search
         w = s.winner
         assert w is not None

@@ -16,7 +16,6 @@ import math
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -183,7 +182,7 @@ def requests(
     for k in range(n):
         chunk = [pool[(k * batch + i) % len(pool)] for i in range(batch)]
         tokens = sum(count(t) for t in chunk)
-        body: dict[str, Any]
+        body: dict[str, object]
         if fam in ("sparse", "cross_encoder"):
             body = {"query": chunk[0], "items": chunk[1:]}
             out.append(Request(Task.SCORE, _dump(body), tokens, batch - 1))

@@ -7,7 +7,7 @@ msgpack, and as nested lists (or base64 where the OpenAI API allows) in JSON.
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import numpy as np
@@ -15,8 +15,9 @@ import numpy as np
 from .bounds import json_too_deep, msgpack_too_deep
 from .errors import InvalidInput, UnsupportedMediaType
 from .types import Encoding
+from .values import Array
 
-T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)  # what a TypedDecoder decodes to
 
 _msgpack_enc = msgspec.msgpack.Encoder()
 _json_enc = msgspec.json.Encoder()
@@ -56,7 +57,7 @@ def accept_of(accept: str | None, content_type: Encoding) -> Encoding:
     return content_type
 
 
-def dumps(obj: Any, encoding: Encoding) -> bytes:
+def dumps(obj: object, encoding: Encoding) -> bytes:
     enc = _msgpack_enc if encoding is Encoding.MSGPACK else _json_enc
     return enc.encode(obj)
 
@@ -93,17 +94,17 @@ def loads(data: bytes, encoding: Encoding, *, max_depth: int = MAX_DEPTH) -> Any
         raise too_deep(encoding, None) from None
 
 
-class TypedDecoder:
+class TypedDecoder(Generic[T_co]):
     """Decode a body straight into a typed struct, with errors that name the field; a
     body nested past the interpreter's recursion limit is a 400 too (callers that take
     bodies from clients run :func:`check_depth` first for the configured limit)."""
 
-    def __init__(self, typ: type[T]) -> None:
+    def __init__(self, typ: type[T_co]) -> None:
         self._typ = typ
         self._mp = msgspec.msgpack.Decoder(typ)
         self._js = msgspec.json.Decoder(typ)
 
-    def decode(self, data: bytes, encoding: Encoding) -> Any:
+    def decode(self, data: bytes, encoding: Encoding) -> T_co:
         dec = self._mp if encoding is Encoding.MSGPACK else self._js
         try:
             return dec.decode(data)
@@ -125,7 +126,7 @@ class TypedDecoder:
             raise too_deep(encoding, None) from None
 
 
-def array_to_wire(arr: np.ndarray[Any, Any]) -> dict[str, Any]:
+def array_to_wire(arr: Array) -> dict[str, object]:
     """The msgpack array form: dtype, shape and raw little-endian bytes."""
     a = np.ascontiguousarray(arr)
     if a.dtype.byteorder == ">":
@@ -133,7 +134,7 @@ def array_to_wire(arr: np.ndarray[Any, Any]) -> dict[str, Any]:
     return {"dtype": a.dtype.name, "shape": list(a.shape), "data": a.tobytes()}
 
 
-def array_from_wire(obj: Any) -> np.ndarray[Any, Any]:
+def array_from_wire(obj: object) -> Array:
     """Inverse of :func:`array_to_wire`; also accepts nested lists (the JSON form)."""
     if isinstance(obj, dict) and {"dtype", "shape", "data"} <= obj.keys():
         dt = np.dtype(str(obj["dtype"])).newbyteorder("<")

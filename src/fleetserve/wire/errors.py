@@ -33,7 +33,7 @@ class FleetError(Exception):
             again.retry_after = retry_after
         return again
 
-    def to_body(self) -> dict[str, Any]:
+    def to_body(self) -> dict[str, object]:
         """The error body shape used everywhere: ``{"error": {code, message, field}}``."""
         return {"error": {"code": self.code, "message": self.message, "field": self.field}}
 

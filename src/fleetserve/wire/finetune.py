@@ -18,7 +18,7 @@ import enum
 import math
 import secrets
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .adapter_ids import NAME_RE
@@ -72,7 +72,7 @@ class Hyperparameters:
     hard_negatives: int = 0
 
     @classmethod
-    def from_dict(cls, raw: Any, *, max_rank: int = 64) -> Hyperparameters:
+    def from_dict(cls, raw: object, *, max_rank: int = 64) -> Hyperparameters:
         """Checked: an ``InvalidInput`` naming ``hyperparameters.<field>`` for an
         unknown field, a wrong type or a value out of range."""
         if raw is None:
@@ -103,9 +103,9 @@ class Hyperparameters:
             values["alpha"] = float(2 * values["rank"])  # the usual alpha = 2 * rank
         return cls(**values)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The fields, and ``n_epochs`` as OpenAI's clients read it."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "n_epochs": self.epochs}
+        return {**asdict(self), "n_epochs": self.epochs}
 
 
 def _number(value: Any, kind: type, low: float, high: float, where: str) -> float | int:
@@ -124,7 +124,7 @@ def _number(value: Any, kind: type, low: float, high: float, where: str) -> floa
     return int(value) if kind is int else float(value)
 
 
-def check_suffix(suffix: Any) -> str:
+def check_suffix(suffix: object) -> str:
     """The adapter name the job registers (``tenant/suffix@vN``)."""
     if not isinstance(suffix, str) or NAME_RE.fullmatch(suffix) is None:
         raise InvalidInput(
@@ -144,8 +144,8 @@ class Pair:
     positive: str
     negatives: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"query": self.query, "positive": self.positive}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"query": self.query, "positive": self.positive}
         if self.negatives:
             out["negative"] = list(self.negatives)
         return out
@@ -165,7 +165,7 @@ class FileInfo:
     warnings: tuple[str, ...] = ()  # e.g. "line 7: positive was 9,120 characters; cut to 2,000"
     purpose: str = PURPOSE
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "id": self.id,
             "object": "file",
@@ -222,7 +222,7 @@ class Job:
     def with_(self, **changes: Any) -> Job:
         return replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "id": self.id,
             "object": "fine_tuning.job",
@@ -286,7 +286,7 @@ class JobEvent:
     type: str = "message"  # "message", "metrics" (training progress), "status"
     data: dict[str, Any] | None = None
 
-    def to_dict(self, job_id: str) -> dict[str, Any]:
+    def to_dict(self, job_id: str) -> dict[str, object]:
         return {
             "id": f"ftevent-{job_id.removeprefix('ftjob-')}-{self.seq}",
             "object": "fine_tuning.job.event",

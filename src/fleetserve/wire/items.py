@@ -13,10 +13,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from .values import Array
+
 _ARRAY = 1  # msgpack extension code
 
 
-def _enc_hook(obj: Any) -> Any:
+def _enc_hook(obj: object) -> object:
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
         if arr.dtype.hasobject:
@@ -28,7 +30,7 @@ def _enc_hook(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} cannot travel as a slice")
 
 
-def _ext_hook(code: int, data: memoryview) -> Any:
+def _ext_hook(code: int, data: memoryview) -> Array:
     if code != _ARRAY:
         raise ValueError(f"unknown extension {code}")
     n = int.from_bytes(data[:4], "little")
@@ -43,7 +45,7 @@ _ENC = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _DEC = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 
 
-def pack(obj: Any) -> bytes:
+def pack(obj: object) -> bytes:
     """``obj`` as bytes; ``TypeError`` if it holds something that is not plain data."""
     return _ENC.encode(obj)
 

@@ -261,7 +261,7 @@ def main(argv: Sequence[str] = ()) -> int:
     return 0
 
 
-def _cost_entry(p: Params) -> dict[str, Any]:
+def _cost_entry(p: Params) -> dict[str, object]:
     return {
         "name": p.cost_name,
         "label": p.cost_label,
@@ -278,7 +278,7 @@ def _cost_entry(p: Params) -> dict[str, Any]:
     }
 
 
-def json_default(o: Any) -> Any:
+def json_default(o: object) -> None:
     if isinstance(o, float) and math.isnan(o):
         return None
     raise TypeError(f"not serializable: {type(o).__name__}")

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from .fleet_engine import FleetSim as FleetSim
 from .fleet_engine import simulate_fleet as simulate_fleet
@@ -74,7 +73,7 @@ class Comparison:
     seed: int
     runs: list[FleetRun] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "params": asdict(self.params),
             "seed": self.seed,

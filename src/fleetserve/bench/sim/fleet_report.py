@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
+from .fleet_model import FleetRun
 from .report import fmt
 
 FLEET_COLUMNS = [
@@ -25,7 +26,7 @@ FLEET_COLUMNS = [
 ]
 
 
-def fleet_rows(runs: Sequence[Any]) -> list[dict[str, Any]]:
+def fleet_rows(runs: Sequence[FleetRun]) -> list[dict[str, Any]]:
     """One row per configuration (``FleetRun``), in the table's units."""
     return [
         {

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from .params import PUSH
+from .params import PUSH, Params
 from .search import Point
 
 TARGET = 1.5  # the target: pull >= 1.5x least-outstanding push at equal p99
@@ -16,7 +16,7 @@ TARGET_WORKERS = 64
 TARGET_MIN_LAG = 20.0
 
 
-def fmt(v: Any, digits: int = 0) -> str:
+def fmt(v: object, digits: int = 0) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, float) and math.isinf(v):
@@ -190,14 +190,14 @@ def target_verdict(rows: list[dict[str, Any]]) -> list[str]:
     return out or [f"target ({TARGET_WORKERS} workers, lag >= 20 ms): not in this sweep"]
 
 
-def slos_of(params: Sequence[Any]) -> dict[str, float]:
+def slos_of(params: Sequence[Params]) -> dict[str, float]:
     return {p.cost_label: float(p.slo_ms or math.nan) for p in params}
 
 
 def markdown(
     rows: list[dict[str, Any]],
     points: list[Point],
-    params: Sequence[Any],
+    params: Sequence[Params],
     iso: dict[str, dict[str, float]],
     verdict: list[str],
     command: str,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 from .engine import Run
 from .params import Params
@@ -35,7 +34,7 @@ class Point:
     def slo_rps(self) -> float:
         return self.at_slo.throughput_rps if self.at_slo else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["slo_rps"] = self.slo_rps
         return d

@@ -7,7 +7,6 @@ stream is server-sent events (``data: {json}\\n\\n``) ending with ``data: [DONE]
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
@@ -42,7 +41,7 @@ class GenOptions:
     created: int
     stream: bool = False
     include_usage: bool = False
-    warnings: tuple[dict[str, Any], ...] = field(default=())
+    warnings: tuple[dict[str, object], ...] = field(default=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +96,9 @@ def check_sampling(temperature: float, top_p: float) -> None:
         raise InvalidInput("top_p must be greater than 0 and at most 1", field="top_p")
 
 
-def clamp_warning(field_name: str, requested: int, effective: int, context: int) -> dict[str, Any]:
+def clamp_warning(
+    field_name: str, requested: int, effective: int, context: int
+) -> dict[str, object]:
     return {
         "code": "max_tokens_clamped",
         "field": field_name,
@@ -122,7 +123,7 @@ def usage(g: Generation) -> dict[str, int]:
 
 def body(o: GenOptions, g: Generation, accept: Encoding) -> bytes:
     """The whole (non-streamed) reply."""
-    out: dict[str, Any]
+    out: dict[str, object]
     if o.task is Task.CHAT:
         message = {"role": "assistant", "content": g.text}
         choice = {"index": 0, "message": message, "finish_reason": g.finish_reason}
@@ -147,11 +148,11 @@ def body(o: GenOptions, g: Generation, accept: Encoding) -> bytes:
     return dumps(out, accept)
 
 
-def sse(obj: dict[str, Any]) -> bytes:
+def sse(obj: dict[str, object]) -> bytes:
     return b"data: " + _json.encode(obj) + b"\n\n"
 
 
-def chunk(o: GenOptions, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+def chunk(o: GenOptions, delta: dict[str, object], finish_reason: str | None = None) -> bytes:
     """One ``chat.completion.chunk`` event (chat) or ``{"id", "model", "text"}`` event."""
     if o.task is not Task.CHAT:
         return sse({"id": o.id, "model": o.model, "text": delta.get("content", "")})
@@ -166,7 +167,7 @@ def opening(o: GenOptions) -> bytes:
 
 def closing(o: GenOptions, g: Generation, rest: str = "") -> bytes:
     """The end of a stream: any text not yet sent, the finish reason, usage, [DONE]."""
-    extra: dict[str, Any] = {"fleetserve": {"warnings": list(o.warnings)}} if o.warnings else {}
+    extra: dict[str, object] = {"fleetserve": {"warnings": list(o.warnings)}} if o.warnings else {}
     if o.task is not Task.CHAT:
         last = {"id": o.id, "model": o.model, "text": rest, "finish_reason": g.finish_reason}
         return sse({**last, "usage": usage(g), **extra}) + DONE
@@ -183,7 +184,7 @@ def whole_stream(o: GenOptions, g: Generation) -> bytes:
     return opening(o) + closing(o, g, g.text)
 
 
-def _chunk_obj(o: GenOptions, choices: list[dict[str, Any]]) -> dict[str, Any]:
+def _chunk_obj(o: GenOptions, choices: list[dict[str, object]]) -> dict[str, object]:
     return {
         "id": o.id,
         "object": "chat.completion.chunk",

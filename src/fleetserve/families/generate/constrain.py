@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 # Compact JSON: no free whitespace between tokens, so a small model cannot wander off
 # into endless newlines before the closing brace.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
+ANY_OBJECT: dict[str, object] = {"type": "object"}
 FIELD = "response_format"
 
 
@@ -41,13 +41,13 @@ class Grammars:
             hf_tokenizer, n_vocab=vocab_size, eos_token=eos_ids or None
         )
 
-    def compile(self, fmt: ResponseFormat | None) -> tuple[str | None, dict[str, Any] | None]:
+    def compile(self, fmt: ResponseFormat | None) -> tuple[str | None, dict[str, object] | None]:
         """The llguidance grammar and the JSON schema of a response format (None, None
         for plain text); an unusable schema is ``InvalidInput`` naming the reason."""
         if fmt is None or fmt.type == "text":
             return None, None
         if fmt.type == "json_object":
-            schema: dict[str, Any] = ANY_OBJECT
+            schema: dict[str, object] = ANY_OBJECT
             where = FIELD
         elif fmt.type == "json_schema":
             where = f"{FIELD}.json_schema.schema"
@@ -63,7 +63,7 @@ class Grammars:
             )
         return self.grammar(schema, where), schema
 
-    def grammar(self, schema: dict[str, Any], where: str = FIELD) -> str:
+    def grammar(self, schema: dict[str, object], where: str = FIELD) -> str:
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
                 json.dumps(schema), defaults=JSON_OPTIONS
@@ -80,7 +80,7 @@ class Grammars:
             )
         return grammar
 
-    def matcher(self, grammar: str) -> Any:
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for one sequence."""
         m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if m.is_error():

@@ -93,7 +93,7 @@ class Engine:
         vocab_size: int,
         device: str = "cpu",
         pad_id: int = 0,
-        autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        autocast: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
         bank: LoraBank | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:

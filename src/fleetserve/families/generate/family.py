@@ -32,6 +32,9 @@ from . import chat
 from .chat import GenItem, GenOptions, GenOutput
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
+
     from ...lora.mixed import LoraBank
     from .constrain import Grammars
     from .engine import Engine, Seq
@@ -49,8 +52,8 @@ class GenerateFamily(Family[GenItem, GenOptions, GenOutput]):
         self.runtime = runtime
         self.path = path
         self._external = runtime if isinstance(runtime, GeneratingRuntime) else None
-        self.tokenizer: Any = None
-        self._decoder: Any = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self._decoder: Tokenizer | None = None
         self.model: Any = None  # the torch module (local runtime only)
         self._bank: LoraBank | None = None
         self.grammars: Grammars | None = None
@@ -103,6 +106,7 @@ class GenerateFamily(Family[GenItem, GenOptions, GenOutput]):
     def warmup(self) -> None:
         if self.external:
             return
+        assert self.tokenizer is not None
         ids = self.tokenizer("warm up", add_special_tokens=False)["input_ids"] or [0]
         self.forward([GenItem(ids, SamplingParams(max_tokens=2, temperature=0.0))])
 
@@ -145,7 +149,7 @@ class GenerateFamily(Family[GenItem, GenOptions, GenOutput]):
                 f"{self.context} tokens, which leaves no room to generate",
                 field=where,
             )
-        warnings: list[dict[str, Any]] = []
+        warnings: list[dict[str, object]] = []
         if mt is None:
             max_tokens = min(self.default_max_tokens, room)
         elif mt < 1:
@@ -180,6 +184,7 @@ class GenerateFamily(Family[GenItem, GenOptions, GenOutput]):
         return Prepared(items=[item], options=opts, tokens=len(prompt), lengths=[len(item)])
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        assert self.tokenizer is not None
         if not getattr(self.tokenizer, "chat_template", None):
             raise InvalidInput(
                 f"model {self.spec.id!r} has no chat template; use /v1/generate/{self.spec.id}",
@@ -266,6 +271,7 @@ class GenerateFamily(Family[GenItem, GenOptions, GenOutput]):
         return Seq(item.prompt, item.params, stream, matcher=matcher, tag=tag)
 
     def decode(self, ids: Sequence[int]) -> str:
+        assert self._decoder is not None
         text: str = self._decoder.decode(list(ids), skip_special_tokens=True)
         return text
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...runtimes import Runtime
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 try:
     import torch
@@ -19,21 +22,21 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def load_tokenizer(path: Path) -> Any:
+def load_tokenizer(path: Path) -> transformers.PreTrainedTokenizerBase:
     tok = transformers.AutoTokenizer.from_pretrained(str(path))
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{path}: the generation family needs a fast tokenizer (tokenizer.json)")
     return tok
 
 
-def own_copy(tokenizer: Any) -> Any:
+def own_copy(tokenizer: transformers.PreTrainedTokenizerBase) -> Tokenizer:
     """An independent ``tokenizers.Tokenizer`` with the same vocabulary and decoder."""
     from tokenizers import Tokenizer
 
     return Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
 
 
-def load_config(path: Path) -> Any:
+def load_config(path: Path) -> object:
     """The model config, or None where the directory holds a tokenizer only (external)."""
     if not (path / "config.json").is_file():
         return None
@@ -57,11 +60,13 @@ def load_causal_lm(path: Path, runtime: Runtime) -> Any:
     return model.to(device).eval()
 
 
-def eos_ids(path: Path, tokenizer: Any, config: Any) -> list[int]:
+def eos_ids(
+    path: Path, tokenizer: transformers.PreTrainedTokenizerBase, config: object
+) -> list[int]:
     """Every token that ends a sequence: the generation config's, the config's and the
     tokenizer's end-of-sequence ids."""
     found: list[int] = []
-    sources: list[Any] = [getattr(config, "eos_token_id", None), tokenizer.eos_token_id]
+    sources: list[object] = [getattr(config, "eos_token_id", None), tokenizer.eos_token_id]
     if (path / "generation_config.json").is_file():
         gen = transformers.GenerationConfig.from_pretrained(str(path))
         sources.insert(0, gen.eos_token_id)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
+
+from ...wire.values import Array
 
 MASKED = float("-inf")
 
@@ -95,7 +96,7 @@ class TextStream:
         return best
 
 
-def unpack_bitmask(bitmask: Any, vocab: int) -> torch.Tensor:
+def unpack_bitmask(bitmask: Array, vocab: int) -> torch.Tensor:
     """llguidance's int32 bitmask rows ``[n, ceil(V/32)]`` as a bool tensor ``[n, vocab]``."""
     import numpy as np
 
