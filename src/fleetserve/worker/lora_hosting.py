@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from ..catalog import ModelSpec, Profile
     from ..lora.mixed import LoraBank
     from .batcher import Job
-    from .runner import Runner
 
 log = logging.getLogger("fleetserve.worker")
 
@@ -356,8 +355,22 @@ class Hosting:
             self._hosting[1].forget(self.spec.id)
 
 
+class Heats(Protocol):
+    """What ``submit_when_hot`` needs of a runner (every ``Runner`` has it): a protocol
+    here, so that this module, a base of the runners, does not import them."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    def takes(self, key: str) -> None: ...
+
+    async def heat(self, key: str) -> None: ...
+
+    def submit(self, job: Job) -> None: ...
+
+
 async def submit_when_hot(
-    runner: Runner,
+    runner: Heats,
     job: Job,
     key: str,
     fail: Callable[[Job, FleetError], Awaitable[None]],
