@@ -286,7 +286,7 @@ def test_a_quick_search_of_a_slow_model_sends_smaller_requests(
     """A 110M model on 2 cores took 64 s per window of 32-text requests, more than a
     60 s quick search: its windows are priced per token from the reference's quality
     set, and the requests halved until a window takes about a sixth of the budget."""
-    from fleetserve.runtimes.onnx import CALIBRATION
+    from fleetserve.runtimes.onnx_guard import CALIBRATION
     from fleetserve.tune.harness import Request
     from fleetserve.wire import Task
 

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from . import DEFAULT_CACHE
 from .base import Head, Output
+from .cache import DEFAULT_CACHE
 
 try:
     import openvino as ov

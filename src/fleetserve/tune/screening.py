@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..catalog.evidence import runs_natively
-from ..runtimes.onnx import CALIBRATION
+from ..runtimes.onnx_guard import CALIBRATION
 from . import candidates as cands
 from .candidates import Candidate
 from .harness import Stack
