@@ -15,8 +15,8 @@ SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 def base_dir(model: str) -> Path:
     """The model's weights on this machine (SmolLM2's GGUF is converted once)."""
-    from fleetserve.assembly import weights_path
     from fleetserve.catalog import Catalog
+    from fleetserve.catalog.weights import weights_path
     from fleetserve.settings import Settings
 
     return weights_path(Catalog.load().get(model), Settings())

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve.cli import COMMAND_GROUPS, _parser, main
+from fleetserve.cli import _parser, main
+from fleetserve.cli_groups import COMMAND_GROUPS
 
 
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

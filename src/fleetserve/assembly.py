@@ -12,17 +12,16 @@ from pathlib import Path
 from rich.console import Console
 
 from .catalog import Catalog, ModelSpec
-from .catalog.fetch import ObjectStoreConfig
 from .catalog.hardware import detect
 from .catalog.profiles import Choice, Profiles
 from .catalog.rules import missing_extra
-from .catalog.sources import locate, resolve
+from .catalog.sources import locate
+from .catalog.weights import weights_path
 from .families import AnyFamily, create_family
 from .fleet.manager import Fleet
 from .fleet.memory import (
     budget_limit,
     default_budget,
-    measure_activation_peak,
     mib,
     parse_size,
     trim,
@@ -32,6 +31,7 @@ from .fleet.policy import make_policy
 from .metrics import Metrics
 from .runtimes import create_runtime
 from .settings import Settings
+from .tune.activation import measure_activation_peak
 from .wire import FleetError
 from .worker import ModelRunner
 from .worker.gen_runner import GenerationRunner
@@ -71,29 +71,6 @@ def build_profiles(settings: Settings) -> Profiles:
         settings.hardware_class,
         Path(settings.profile_dir),
         unbundled=not settings.bundled_profiles,
-    )
-
-
-def weights_path(spec: ModelSpec, settings: Settings) -> Path:
-    """Where ``spec``'s weights are on this machine: fetched or converted once if need
-    be; a ``ModelNotFound`` listing every place looked in if they are nowhere."""
-    return resolve_sources(spec.id, spec.sources, settings)
-
-
-def resolve_sources(name: str, sources: tuple[str, ...], settings: Settings) -> Path:
-    """The first of ``sources`` on this machine (fetched or converted once), with the
-    settings' caches and object-store credentials."""
-    return resolve(
-        name,
-        sources,
-        Path(settings.hf_cache).expanduser(),
-        cache_dir=Path(settings.cache_dir).expanduser(),
-        objects=ObjectStoreConfig(
-            settings.s3_endpoint,
-            settings.s3_region,
-            settings.s3_access_key_id,
-            settings.s3_secret_access_key,
-        ),
     )
 
 

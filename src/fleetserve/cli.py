@@ -13,39 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from .cli_groups import add_settings
 from .settings import Settings
 from .wire import FleetError
-
-# the Settings groups (settings.py, per field) whose flags each command takes and shows
-_SERVING = ("catalog", "adapters", "training", "s3")
-_LAST = ("serving", "common")  # other settings (tracing...), then logging and config
-COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
-    "serve": ("http", "gateway", "auth", "runtime", "quick", *_SERVING, *_LAST),
-    "gateway": ("http", "gateway", "auth", "nats", "payloads", *_SERVING, *_LAST),
-    "worker": ("pool", "runtime", "nats", "payloads", *_SERVING, "quick", *_LAST),
-    "cluster": (
-        "http",
-        "gateway",
-        "auth",
-        "pool",
-        "runtime",
-        "nats",
-        "payloads",
-        *_SERVING,
-        *_LAST,
-    ),
-    "dlq": ("nats", "dlq", "common"),
-    "models": ("client", "catalog", "device", "s3", "common"),
-    "keys": ("keys", "common"),
-    "lora": ("client", "common"),
-    "tune": ("catalog", "device", "tuning", "s3", "common"),
-    "hardware": ("catalog", "device", "common"),
-}
-
-
-def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
-    """The Settings flags of ``command``'s groups (its ``--help`` lists only those)."""
-    Settings.add_arguments(parser, COMMAND_GROUPS[command])
 
 
 def _command(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from .cli_groups import add_settings
 from .gateway.auth import (
     KeyEntry,
     check_tenant,
@@ -56,8 +57,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         help="The keys file (default: the keys_file setting); created if missing.",
     )
-    from .cli import add_settings
-
     add_settings(keys, "keys")
 
 

@@ -36,6 +36,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from .cli_groups import add_settings
 from .settings import Settings
 from .wire import FleetError
 
@@ -53,8 +54,6 @@ UPLOAD_TIMEOUT = 600.0
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .cli import add_settings
-
     lora = sub.add_parser("lora", help="LoRA adapters of a running server: add, list, rm, train.")
     actions = lora.add_subparsers(dest="lora_action", required=True)
     add = actions.add_parser("add", help="Upload a PEFT LoRA adapter directory.")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import Catalog
+from .catalog.weights import weights_path
 from .lora.jobs.leases import LeasedJobQueue, StoreLeases, requeue
 from .lora.jobs.manager import FineTuning, TrainLimits
 from .lora.jobs.queue import JobQueue, MemoryJobQueue
@@ -126,8 +127,6 @@ def base_resolver(settings: Settings, catalog: Catalog) -> Callable[[str], Await
     """A base model's weights on this machine (fetched once if need be) and pooling."""
 
     async def base_of(model: str) -> TrainBase:
-        from .assembly import weights_path
-
         if model not in catalog:
             raise InvalidInput(f"unknown base model {model!r} on this trainer", field="model")
         spec = catalog.get(model)

@@ -33,7 +33,7 @@ def setting(
 ) -> Any:
     """A Settings field: its default, help text, whether to redact it, and the groups
     it belongs to (space-separated; a command's ``--help`` shows the flags of its
-    groups, see ``cli.COMMAND_GROUPS``)."""
+    groups, see ``cli_groups.COMMAND_GROUPS``)."""
     meta = {"help": help, "secret": secret, "flag": flag, "groups": tuple(groups.split())}
     return field(default=default, metadata=meta)
 

@@ -340,8 +340,8 @@ def test_missing_model_lists_where_it_looked(tmp_path: Path) -> None:
 
 
 def test_every_bundled_spec_names_a_known_family_and_runtime() -> None:
+    from fleetserve.catalog.names import RUNTIMES
     from fleetserve.families import FAMILIES
-    from fleetserve.runtimes import RUNTIMES
 
     cat = Catalog.load()
     families = {s.family for s in cat}

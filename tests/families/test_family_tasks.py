@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from fleetserve.catalog.names import FAMILY_NAMES
 from fleetserve.families import FAMILIES, FAMILY_TASKS, family_class, family_tasks
 
 
 def test_the_table_names_every_family() -> None:
     assert set(FAMILY_TASKS) == set(FAMILIES)
+
+
+def test_the_catalog_knows_every_family_by_name_in_order() -> None:
+    assert tuple(FAMILIES) == FAMILY_NAMES  # the order the catalog's errors list them
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -18,9 +18,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from fleetserve.catalog import Catalog, Profile
+from fleetserve.catalog import Catalog, Profile, gguf
 from fleetserve.catalog.sources import resolve
-from fleetserve.families.generate import GenerateFamily, convert
+from fleetserve.families.generate import GenerateFamily
 from fleetserve.metrics import Metrics
 from fleetserve.queue import Message
 from fleetserve.runtimes.torch import TorchRuntime
@@ -114,7 +114,7 @@ def adapter(converted: Path) -> Iterator[GenerateFamily]:
 def test_the_conversion_is_a_whole_safetensors_dir_reused_from_the_cache(
     converted: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("model.safetensors", "tokenizer.json", "chat_template.jinja", convert.MARKER):
+    for name in ("model.safetensors", "tokenizer.json", "chat_template.jinja", gguf.MARKER):
         assert (converted / name).is_file(), name
     config = json.loads((converted / "config.json").read_text())
     assert "quantization_config" not in config and config["max_position_embeddings"] == 8192
@@ -123,7 +123,7 @@ def test_the_conversion_is_a_whole_safetensors_dir_reused_from_the_cache(
     def no_second_conversion(*_: Any) -> None:
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(convert, "_convert", no_second_conversion)
+    monkeypatch.setattr(gguf, "_convert", no_second_conversion)
     spec = Catalog.load().get(MODEL)
     t0 = time.perf_counter()
     again = resolve(MODEL, spec.sources, converted.parent, cache_dir=converted.parent.parent)

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fleetserve.runtimes import RUNTIMES, Head, Output, Runtime, create_runtime
+from fleetserve.catalog.names import RUNTIMES
+from fleetserve.runtimes import Head, Output, Runtime, create_runtime
 
 from ..tiny_onnx import NUM_LABELS, batch, build_head, model_class
 

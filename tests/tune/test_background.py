@@ -23,9 +23,10 @@ import httpx
 import numpy as np
 import pytest
 
-from fleetserve.assembly import build_catalog, build_profiles, weights_path
+from fleetserve.assembly import build_catalog, build_profiles
 from fleetserve.catalog.hardware import detect
 from fleetserve.catalog.profiles import Choice, read_profile_file
+from fleetserve.catalog.weights import weights_path
 from fleetserve.settings import Settings
 from fleetserve.tune.background import BackgroundTuner
 from fleetserve.tune.runs import RunStore

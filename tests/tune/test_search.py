@@ -113,7 +113,7 @@ def test_engines_start_with_the_reference_and_skip_what_is_absent() -> None:
     ],
 )
 async def test_a_quick_search_skips_precisions_this_cpu_would_emulate(
-    quick: bool, features: set[str], tried_fp16: bool
+    quick: bool, features: set[str], tried_fp16: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # torch fp16 emulated on a 2-core CPU took windows longer than the server's idle
     # spells under light traffic, so the quick search spent minutes re-measuring it
@@ -122,12 +122,12 @@ async def test_a_quick_search_skips_precisions_this_cpu_would_emulate(
     s = Search(SPEC, Path("/w"), hw, "cpu-avx512bf16", opts)
     tried: list[tuple[str, str]] = []
 
-    async def measured(p: Point) -> None:
+    async def measured(searched: Search, p: Point) -> None:
         tried.append(p.cand.engine)
         p.status, p.samples = "measured", [1000.0]
 
-    s._gate_and_measure = measured  # type: ignore[method-assign]
-    await s.screen()
+    monkeypatch.setattr(screening, "gate_and_measure", measured)
+    await screening.screen(s)
     assert tried[:2] == [("torch", "fp32"), ("openvino", "bf16")]  # reference, then pick
     fp16 = [p for p in s.points if p.cand.precision == "fp16"]
     assert fp16 and all((p.cand.engine in tried) == tried_fp16 for p in fp16)
@@ -204,7 +204,7 @@ async def test_a_candidate_far_slower_than_the_reference_is_not_measured(
     measured: list[str] = []
     seconds = {"fp32": 0.05, "bf16": 0.05 * (slow.SLOW_X + 2), "fp16": 0.1}
     s = gated_search(monkeypatch, seconds, measured)
-    await s.screen()
+    await screening.screen(s)
     assert measured == ["fp32", "fp16"]  # fp16 is 2x slower: measured, it may batch better
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
     assert bf16.status == "skipped" and bf16.reason.startswith(slow.SLOWER)
@@ -217,7 +217,7 @@ async def test_a_quality_set_that_runs_too_long_is_cut_short(
     """The gate itself of an emulated precision took over 6 minutes for a 110M model:
     it is cut once it has run SLOW_X times the reference's time."""
     s = gated_search(monkeypatch, {"fp32": 0.02, "bf16": 60.0, "fp16": 0.02})
-    await asyncio.wait_for(s.screen(), 10)  # not the minute bf16 would take
+    await asyncio.wait_for(screening.screen(s), 10)  # not the minute bf16 would take
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
     assert bf16.status == "skipped" and "cut at" in bf16.reason
 
@@ -231,7 +231,7 @@ async def test_a_quality_set_whose_last_request_ran_past_the_limit_is_not_measur
     reference's per request is too slow."""
     measured: list[str] = []
     s = gated_search(monkeypatch, {"fp32": 0.05, "bf16": 0.4, "fp16": 0.05}, measured, True)
-    await s.screen()
+    await screening.screen(s)
     assert measured == ["fp32", "fp16"]
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
     assert bf16.status == "skipped" and bf16.reason.startswith(slow.SLOWER), bf16.reason
@@ -248,7 +248,7 @@ async def test_a_window_over_slow_x_the_reference_s_is_cut_and_judged(
     gates = {"fp32": 0.01, "bf16": 0.01, "fp16": 0.01}
     windows = {"fp32": 0.05, "bf16": 30.0, "fp16": 0.05}
     s = gated_search(monkeypatch, gates, measured, windows=windows)
-    await asyncio.wait_for(s.screen(), 10)  # not bf16's 30 s
+    await asyncio.wait_for(screening.screen(s), 10)  # not bf16's 30 s
     assert measured == ["fp32", "fp16"]
     (bf16,) = [p for p in s.points if p.cand.precision == "bf16"]
     assert bf16.status == "skipped" and bf16.reason.startswith(slow.SLOWER), bf16.reason
@@ -267,7 +267,7 @@ async def test_a_window_that_would_pass_the_budget_is_cut_there(
     monkeypatch.setattr(screening, "SLOW_X", 1e6)
     s.clock.fits = lambda seconds, final=False: True  # type: ignore[method-assign]
     s.clock.left = lambda final=False: 0.3  # type: ignore[method-assign]
-    await asyncio.wait_for(s.screen(), 10)
+    await asyncio.wait_for(screening.screen(s), 10)
     (fp16,) = [p for p in s.points if p.cand.precision == "fp16"]
     assert fp16.status == "skipped" and "budget ran out during its window" in fp16.reason
 
@@ -276,7 +276,7 @@ async def test_the_reference_may_win_alone_when_the_rest_is_too_slow(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s = gated_search(monkeypatch, {"fp32": 0.02, "bf16": 0.2, "fp16": 0.2})
-    await s.screen()  # no "nothing to choose between": the others were judged too slow
+    await screening.screen(s)  # no "nothing to choose between": the others were judged too slow
     assert [p.cand.precision for p in s.measured()] == ["fp32"]
 
 
@@ -286,7 +286,7 @@ def test_a_quick_search_of_a_slow_model_sends_smaller_requests(
     """A 110M model on 2 cores took 64 s per window of 32-text requests, more than a
     60 s quick search: its windows are priced per token from the reference's quality
     set, and the requests halved until a window takes about a sixth of the budget."""
-    from fleetserve.runtimes.onnx import CALIBRATION
+    from fleetserve.runtimes.onnx_guard import CALIBRATION
     from fleetserve.tune.harness import Request
     from fleetserve.wire import Task
 

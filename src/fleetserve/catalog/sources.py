@@ -9,7 +9,7 @@ Supported forms (tried in order, the first that exists wins):
 - a local path (absolute, or ``~``-relative), also ``file://``;
 - ``gguf:<any of the above, naming a .gguf file>``: a GGUF checkpoint, converted once
   into ``<cache_dir>/gguf/`` as a safetensors directory (see
-  :mod:`fleetserve.families.generate.convert`).
+  :mod:`fleetserve.catalog.gguf`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..wire import ModelNotFound
 from .fetch import ObjectStoreConfig, cached_path, fetch, is_object_uri
+from .gguf import convert_gguf, converted_path, is_converted
 
 DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
 GGUF = "gguf:"
@@ -42,8 +43,6 @@ def resolve(
                     f"{src} -> {gguf} (no such file)" if gguf else f"{src} (not installed)"
                 )
                 continue
-            from ..families.generate.convert import convert_gguf
-
             return convert_gguf(gguf, cache_dir)
         if is_object_uri(src):
             try:
@@ -114,7 +113,5 @@ def _gguf_candidate(src: str, hf_cache: Path, cache_dir: Path) -> Path | None:
     gguf = _candidate(src, hf_cache, cache_dir)
     if gguf is None or not gguf.is_file():
         return None
-    from ..families.generate.convert import converted_path, is_converted
-
     dest = converted_path(gguf, cache_dir)
     return dest if is_converted(dest) else gguf.parent

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtimes import RUNTIMES
 from ..wire import InvalidInput, parse_duration
 from .adapter_specs import AdapterDecl, parse_adapters
+from .names import FAMILY_NAMES, RUNTIMES
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # int8: ONNX Runtime, behind a quality guard
 
@@ -253,9 +253,7 @@ class ModelSpec:
                 f"key 'id' {model_id!r} has a ':', which calls an adapter (base:adapter); "
                 "name the model without one"
             )
-        from ..families import FAMILIES  # here: the families package imports this one
-
-        family = _choice(d, "family", "dense", tuple(FAMILIES))
+        family = _choice(d, "family", "dense", FAMILY_NAMES)
         runtime = _choice(d, "runtime", "torch", RUNTIMES)
         pooling = _choice(d, "pooling", "mean", POOLINGS)
         profiles = {

@@ -19,36 +19,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from ..catalog import ModelSpec
 from ..runtimes import Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import dumps
 from ..wire.values import Array
-from .base import Family, ItemT, Prepared
+from .base import Family, Prepared
 from .extract import parse_extract
+from .zero_shot_embed import EmbeddingMethod
+from .zero_shot_method import Method
+from .zero_shot_nli import NliMethod
 
 METHODS = ("nli", "embedding")
-StateT = TypeVar("StateT")  # a method's own state for one request
 # an item of either method: token ids (embedding), or ids and token type ids (nli)
 ZeroShotItem = list[int] | tuple[list[int], list[int]]
-
-
-class Method(Protocol[ItemT, StateT]):
-    """How one zero-shot method turns texts and labels into items and scores."""
-
-    def load(self) -> None: ...
-
-    def prepare(self, texts: list[str], labels: list[str]) -> Prepared[ItemT, StateT]:
-        """Items for every text and label; ``options`` is the method's own state."""
-        ...
-
-    def forward(self, items: Sequence[ItemT]) -> Sequence[Array]: ...
-
-    def scores(self, state: StateT, outputs: list[Array], multi_label: bool) -> Array:
-        """``[texts, labels]`` probabilities."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +43,6 @@ class _Options:
     multi_label: bool
     threshold: float | None
     state: object  # the method's
-
-
-def check_template(model: str, template: str) -> str:
-    if template.format("x") == template:
-        raise ValueError(f"model {model}: hypothesis_template needs a {{}} for the label")
-    return template
 
 
 class ZeroShotFamily(Family[ZeroShotItem, _Options, Array]):
@@ -75,12 +55,8 @@ class ZeroShotFamily(Family[ZeroShotItem, _Options, Array]):
         method = str(spec.options.get("method", "nli"))
         self.method: Method[Any, Any]  # picked by the spec
         if method == "nli":
-            from .zero_shot_nli import NliMethod
-
             self.method = NliMethod(spec, runtime, path)
         elif method == "embedding":
-            from .zero_shot_embed import EmbeddingMethod
-
             self.method = EmbeddingMethod(spec, runtime, path)
         else:
             raise ValueError(f"model {spec.id}: method must be one of {', '.join(METHODS)}")

@@ -29,7 +29,7 @@ from ..runtimes import Head, Output, Runtime
 from ..wire.values import Array
 from .base import Prepared, pad_batch, rows
 from .tokenize import TextTokenizer
-from .zero_shot import Method, check_template
+from .zero_shot_method import Method, check_template
 
 DEFAULT_TEMPLATE = "This text is about {}."
 

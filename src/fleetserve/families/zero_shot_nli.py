@@ -25,7 +25,7 @@ from ..runtimes import Head, Output, Runtime
 from ..wire.values import Array
 from .base import Prepared, pad_batch, rows
 from .extract import fast_tokenizer
-from .zero_shot import Method, check_template
+from .zero_shot_method import Method, check_template
 
 DEFAULT_TEMPLATE = "This example is {}."
 NliItem = tuple[list[int], list[int]]  # a (text, hypothesis) pair's ids and token type ids

@@ -1,5 +1,6 @@
 """Measure memory: this process's resident set and peak, what it may use, free device
-memory, the default budget, and the activation peak of one full batch.
+memory and the default budget. The activation peak of one full batch is measured
+through a family and a workload, so it lives above the worker, in `tune/activation.py`.
 
 Light at import: torch is imported only inside the CUDA functions.
 """
@@ -9,21 +10,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import logging
 import math
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from ..catalog.hardware import memory_limit, memory_source
-
-if TYPE_CHECKING:
-    from ..catalog import ModelSpec
-    from ..families import AnyFamily
-
-log = logging.getLogger(__name__)
 
 DEFAULT_FRACTION = 0.7
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -178,70 +171,10 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def measure_activation_peak(
-    adapter: AnyFamily,
-    spec: ModelSpec,
-    path: Path,
-    max_batch_tokens: int,
-    max_batch_size: int,
-) -> int:
-    """The memory one batch at the full budget takes above the loaded weights: the
-    longest prepared items of the family's mixed workload, as many as fit
-    ``max_batch_tokens`` (longest times count) and ``max_batch_size``. Resident-set peak on
-    CPU, allocator peak on CUDA. 0 for generation and external runtimes, and whenever
-    it cannot be measured: a failed measurement never fails a load."""
-    try:
-        if spec.family == "generate" or "external" in (spec.runtime, adapter.runtime.name):
-            return 0
-        return _measure(adapter, spec, path, max_batch_tokens, max_batch_size)
-    except Exception as exc:  # measuring is best effort
-        log.debug("activation peak of %s not measured: %s", spec.id, exc, exc_info=True)
-        return 0
-
-
-def _measure(
-    adapter: AnyFamily,
-    spec: ModelSpec,
-    path: Path,
-    max_batch_tokens: int,
-    max_batch_size: int,
-) -> int:
-    from ..tune.costfit import item_pool
-    from ..tune.workload import requests
-
-    size = max(1, max_batch_size)
-    per_request = 32
-    n = max(2, math.ceil(2 * size / (per_request - 1)))
-    pool = item_pool(adapter, spec.id, requests(spec, path, "mix", per_request, n))
-    if not pool:
-        return 0
-    ranked = sorted(pool, key=lambda x: x[1], reverse=True)
-    width = max(1, ranked[0][1])
-    count = max(1, min(size, max_batch_tokens // width))
-    batch: list[Any] = [ranked[i % len(ranked)][0] for i in range(count)]
-    device = getattr(adapter.runtime, "device", "cpu")
-    if device.startswith("cuda"):
-        import torch
-
-        dev = torch.device(device)
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        before = torch.cuda.memory_allocated(dev)
-        adapter.forward(batch)
-        torch.cuda.synchronize(dev)
-        return max(0, int(torch.cuda.max_memory_allocated(dev)) - before)
-    trim()  # heap held free would hide the batch's own growth
-    reset_peak()
-    before = rss_bytes()
-    adapter.forward(batch)
-    return max(0, peak_bytes() - before)
-
-
 __all__ = [
     "DEFAULT_FRACTION",
     "cuda_free_bytes",
     "default_budget",
-    "measure_activation_peak",
     "mib",
     "parse_limit",
     "parse_size",

@@ -191,9 +191,14 @@ class Gateway:
                 await respond(send, 200, _TEXT, self.metrics.render())
             elif method == "GET" and path == "/openapi.json":  # with keys: any valid key
                 self.auth.authenticate(scope)
-                from .openapi import CACHE  # on first use: it imports every family's types
+                from .openapi import CACHE, operations  # on first use: every family's types
 
-                await respond(send, 200, [(b"content-type", b"application/json")], CACHE.get(self))
+                ops = operations(
+                    adapters=self.adapters is not None,
+                    finetune=self.finetune is not None,
+                    views=[(v.prefix, v.name) for v in self.dashboard.views],
+                )
+                await respond(send, 200, [(b"content-type", b"application/json")], CACHE.get(ops))
             elif self.dashboard.handles(path):  # the page, its events and /v1/tuning/
                 await self.dashboard(scope, receive, send)
             else:

@@ -10,7 +10,7 @@ left out, and each dashboard view contributes its own routes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -27,9 +27,6 @@ from .openapi_routes import (
     view_ops,
 )
 from .openapi_types import ErrorBody
-
-if TYPE_CHECKING:
-    from .app import Gateway
 
 REF = "#/components/schemas/{name}"
 KEYED = frozenset({"/metrics", "/openapi.json"})  # outside /v1/, but keyed like it
@@ -67,15 +64,6 @@ def operations(
     return ops
 
 
-def for_gateway(gateway: Gateway) -> list[Op]:
-    """The routes ``gateway`` serves now."""
-    return operations(
-        adapters=gateway.adapters is not None,
-        finetune=gateway.finetune is not None,
-        views=[(v.prefix, v.name) for v in gateway.dashboard.views],
-    )
-
-
 def document(ops: Sequence[Op]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``ops``."""
     types = _types(ops)
@@ -110,8 +98,8 @@ class Cache:
     def __init__(self) -> None:
         self._docs: dict[tuple[Any, ...], bytes] = {}
 
-    def get(self, gateway: Gateway) -> bytes:
-        ops = for_gateway(gateway)
+    def get(self, ops: Sequence[Op]) -> bytes:
+        """The document of ``ops`` (``operations``: the routes a gateway serves now)."""
         key = tuple((op.method, op.path) for op in ops)
         if key not in self._docs:
             self._docs[key] = msgspec.json.encode(document(ops))

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from ..catalog import Catalog
+from ..catalog.weights import weights_path
+from ..settings import Settings
 from ..wire import InvalidInput, ModelNotFound
 from .shapes import linear_shapes
-
-if TYPE_CHECKING:
-    from ..catalog import Catalog
-    from ..settings import Settings
 
 # the families whose runners host mixed-adapter batches
 ADAPTER_FAMILIES = frozenset({"dense", "sparse", "multivector", "cross_encoder", "ner", "generate"})
@@ -77,8 +76,6 @@ class CatalogBases:
         return self._shapes[model]
 
     def _read(self, model: str) -> Shapes:
-        from ..assembly import weights_path
-
         try:
             path = weights_path(self.catalog.get(model), self.settings)
         except ModelNotFound as exc:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..catalog import ModelSpec
 from ..catalog.adapter_specs import AdapterDecl
+from ..catalog.weights import resolve_sources
 from ..wire import (
     PUBLIC_TENANT,
     AdapterNotFound,
@@ -91,8 +92,6 @@ async def _same(registry: AdapterRegistry, name: str, sha: str) -> tuple[Adapter
 
 
 def _resolve(decl: AdapterDecl, settings: Any) -> Path:
-    from ..assembly import resolve_sources  # here: assembly imports the worker side
-
     return resolve_sources(decl.name, (decl.source,), settings)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..catalog.names import RUNTIMES
 from .base import (
     Autocasting,
     BatchGeneratingRuntime,
@@ -18,6 +19,7 @@ from .base import (
     Runtime,
     SamplingParams,
 )
+from .cache import DEFAULT_CACHE
 
 if TYPE_CHECKING:  # each implementation serves its protocols (checked, never imported here)
     from .external import ExternalRuntime
@@ -30,11 +32,6 @@ if TYPE_CHECKING:  # each implementation serves its protocols (checked, never im
     _openvino: type[Runtime] = OpenVinoRuntime
     _external: type[Runtime] = ExternalRuntime
     _external_generates: type[BatchGeneratingRuntime] = ExternalRuntime
-
-DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
-
-
-RUNTIMES = ("torch", "torch_compile", "onnx", "openvino", "external")
 
 
 def create_runtime(
@@ -78,7 +75,6 @@ def create_runtime(
 
 
 __all__ = [
-    "RUNTIMES",
     "Autocasting",
     "BatchGeneratingRuntime",
     "GeneratingRuntime",

@@ -1,6 +1,6 @@
-"""Cache entries built atomically: made in a temporary directory beside the entry and
-renamed into place, so that no reader ever sees half an entry (ONNX exports,
-OpenVINO conversions)."""
+"""The runtimes' cache directory, and its entries built atomically: made in a temporary
+directory beside the entry and renamed into place, so that no reader ever sees half an
+entry (ONNX exports, OpenVINO conversions)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("fleetserve.runtimes")
+DEFAULT_CACHE = Path("~/.cache/fleetserve").expanduser()
 
 
 def build_entry(
@@ -39,4 +40,4 @@ def build_entry(
     return entry
 
 
-__all__ = ["build_entry"]
+__all__ = ["DEFAULT_CACHE", "build_entry"]

@@ -9,10 +9,8 @@ releases the GIL during the forward pass.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,18 +25,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from rich.console import Console
 
 from ..wire.values import Array
-from . import DEFAULT_CACHE
 from .base import Head, Output
+from .cache import DEFAULT_CACHE
 from .engines import OrtSession, Provider
+from .onnx_guard import DEFAULT_MIN_COSINE, session
 
 if TYPE_CHECKING:
     from .onnx_export import Export
 
 log = logging.getLogger("fleetserve.runtimes.onnx")
 
-DEFAULT_MIN_COSINE = 0.999
 PRECISIONS = ("fp32", "int8")
-Feed = dict[str, Array]
 
 
 class OnnxRuntime:
@@ -135,19 +132,6 @@ def _is_ort_error(exc: Exception) -> bool:
     return type(exc).__module__.startswith("onnxruntime")
 
 
-def session(
-    file: Path, providers: Sequence[Provider] = ("CPUExecutionProvider",), threads: int = 0
-) -> OrtSession:
-    """An ONNX Runtime session with all graph optimizations on."""
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
-    if threads > 0:
-        opts.intra_op_num_threads = threads
-    sess: OrtSession = ort.InferenceSession(str(file), opts, providers=list(providers))
-    return sess
-
-
 def _resolve(device: str) -> str:
     if device == "auto":
         return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
@@ -163,117 +147,3 @@ def _providers(device: str) -> list[Provider]:
         )
     index = int(device.partition(":")[2] or 0)
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
-
-
-# -- the int8 guard's calibration set and comparison ---------------------------------------
-def calibration_feeds(path: Path, head: Head, inputs: set[str]) -> list[Feed]:
-    """The calibration set in padded batches of 8, tokenized with the model's
-    tokenizer.json (sentence pairs for sequence classification); seeded random ids
-    when the model has no tokenizer.json."""
-    texts = list(CALIBRATION)
-    file = path / "tokenizer.json"
-    if file.is_file():
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(file))
-        tok.no_padding()
-        tok.enable_truncation(max_length=min(128, _max_positions(path)))
-        if head is Head.SEQUENCE_CLASSIFICATION:
-            pairs = [(t, texts[(i + 1) % len(texts)]) for i, t in enumerate(texts)]
-            encs = tok.encode_batch(pairs)
-        else:
-            encs = tok.encode_batch(texts)
-        rows = [(e.ids, e.type_ids) for e in encs]
-    else:
-        rng = np.random.default_rng(0)
-        vocab = int(json.loads((path / "config.json").read_text()).get("vocab_size", 1000))
-        sizes = [8 + i % 24 for i in range(len(texts))]
-        rows = [(list(rng.integers(min(5, vocab - 1), vocab, n)), [0] * n) for n in sizes]
-    feeds = []
-    for k in range(0, len(rows), 8):
-        chunk = rows[k : k + 8]
-        width = max(len(ids) for ids, _ in chunk)
-        feed: Feed = {
-            n: np.zeros((len(chunk), width), np.int64)
-            for n in ("input_ids", "attention_mask", "token_type_ids")
-        }
-        for i, (ids, types) in enumerate(chunk):
-            feed["input_ids"][i, : len(ids)] = ids
-            feed["attention_mask"][i, : len(ids)] = 1
-            feed["token_type_ids"][i, : len(ids)] = types
-        feeds.append({n: a for n, a in feed.items() if n in inputs})
-    return feeds
-
-
-def compare(fp32: OrtSession, int8: OrtSession, feeds: list[Feed]) -> dict[str, list[float]]:
-    """Cosines between the two graphs' outputs: per item (real tokens only for per-token
-    outputs); narrow outputs (classifier logits) as one vector over all items, centred
-    on the fp32 mean so that a shared offset cannot hide a change in ranking. Keyed by
-    output name."""
-    names = [o.name for o in fp32.get_outputs()]
-    got: dict[str, tuple[list[Array], list[Array]]] = {n: ([], []) for n in names}
-    for feed in feeds:
-        mask = feed["attention_mask"].astype(bool)
-        for n, a, b in zip(names, fp32.run(names, feed), int8.run(names, feed), strict=True):
-            for i in range(len(a)):
-                keep = mask[i] if a.ndim == 3 else slice(None)
-                got[n][0].append(a[i][keep])
-                got[n][1].append(b[i][keep])
-    out: dict[str, list[float]] = {}
-    for n, (a_items, b_items) in got.items():
-        if a_items[0].size < 16:
-            a, b = np.stack(a_items), np.stack(b_items)
-            mu = a.mean(0)
-            out[n] = [_cosine(a - mu, b - mu)]
-        else:
-            out[n] = [_cosine(x, y) for x, y in zip(a_items, b_items, strict=True)]
-    return out
-
-
-def _cosine(a: Array, b: Array) -> float:
-    x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx < 1e-12 or ny < 1e-12:
-        return 1.0 if max(nx, ny) < 1e-12 else 0.0
-    return float(x @ y) / (nx * ny)
-
-
-def _max_positions(path: Path) -> int:
-    cfg = json.loads((path / "config.json").read_text())
-    return int(cfg.get("max_position_embeddings", 512)) - 2
-
-
-CALIBRATION = (
-    "The quick brown fox jumps over the lazy dog.",
-    "How do I reset my password?",
-    "Stock markets fell sharply on Monday after the central bank raised interest rates.",
-    "Photosynthesis converts light energy into chemical energy stored in glucose.",
-    "Je pense, donc je suis.",
-    "SELECT name, email FROM users WHERE id = 42;",
-    "I loved this movie, the acting was superb!",
-    "Terrible service. We waited an hour and the food was cold.",
-    "What is the capital of Australia?",
-    "def add(a, b):\n    return a + b",
-    "The patient was prescribed 500 mg of amoxicillin three times a day.",
-    "Barack Obama was born in Honolulu, Hawaii, on August 4, 1961.",
-    "river bank",
-    "money bank",
-    "Shipping is free for orders over $50 within the continental US.",
-    "The mitochondria is the powerhouse of the cell.",
-    "Please find attached the invoice for March; payment is due in 30 days.",
-    "A cat sat on the mat.",
-    "Neural networks learn representations by gradient descent on a loss function.",
-    "Der schnelle braune Fuchs springt über den faulen Hund.",
-    "Can vector search replace keyword search for e-commerce queries?",
-    "ERROR 2024-05-01T12:00:03Z connection refused (retrying in 5s)",
-    "The court ruled that the contract was void because it lacked consideration.",
-    "Add two cups of flour, a pinch of salt, and stir until smooth.",
-    "Who won the FIFA World Cup in 2018?",
-    "Our quarterly revenue grew 12% year over year, driven by cloud subscriptions.",
-    "yes",
-    "The Eiffel Tower is 330 metres tall and was completed in 1889.",
-    "Hello!! 😀 how r u doing today???",
-    "Quantum entanglement links the states of two particles regardless of distance.",
-    "Reboot the router, then check whether the status light turns green.",
-    "In 1492 Columbus sailed the ocean blue, reaching the Bahamas in October.",
-)

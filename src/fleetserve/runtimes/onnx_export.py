@@ -24,11 +24,10 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from . import DEFAULT_CACHE
 from .base import Head, Output
-from .cache import build_entry
+from .cache import DEFAULT_CACHE, build_entry
 from .head_graph import OUTPUTS, head_graph, per_token, weights_fingerprint
-from .onnx import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
+from .onnx_guard import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
 
 log = logging.getLogger("fleetserve.runtimes.onnx")
 

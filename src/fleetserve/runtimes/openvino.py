@@ -33,8 +33,8 @@ import numpy as np
 from rich.console import Console
 
 from ..wire.values import Array
-from . import DEFAULT_CACHE
 from .base import Head, Output
+from .cache import DEFAULT_CACHE
 from .engines import OvCompiledModel, OvCore, OvInferRequest
 
 try:

@@ -4,51 +4,20 @@ the results of consecutive runs join into the one result a single request return
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import numpy as np
 
 from ..wire import Encoding
 from ..wire.codec import array_from_wire, dumps
-from ._chunks import Span, catalog_id, estimate_tokens, item_bytes
-from ._common import Call
+from ._chunks import catalog_id, estimate_tokens, item_bytes
+from ._common import Call, Job
 from .results import Quantized, RerankResult, SparseVector
 
 T = TypeVar("T")
 Opts = dict[str, Any]
-Merge = Callable[[list[T], list[int]], T]  # the runs' results in order, and their starts
-
-
-@dataclass(frozen=True)
-class Job(Generic[T]):
-    """One call whose list of items may go as several requests."""
-
-    model: str  # whose limits apply
-    inputs: Any  # a list that may be split, or one item (sent whole)
-    field: str  # the items' body field, as the server's errors name it
-    make: Callable[[Any], Call[T]]  # the request for a run of the items
-    merge: Merge[T]
-    extra_tokens: int = 0  # what every item brings along (the query, for scoring)
-
-    @property
-    def items(self) -> list[Any] | None:
-        return self.inputs if isinstance(self.inputs, list) else None
-
-    @property
-    def count(self) -> int:
-        return len(self.inputs) if isinstance(self.inputs, list) else 1
-
-    def whole(self) -> Call[T]:
-        return self.make(self.inputs)
-
-    def chunk(self, span: Span) -> Call[T]:
-        return self.make(self.inputs[span[0] : span[1]])
-
-    def base_bytes(self) -> int:
-        """The body's bytes without its items."""
-        return len(self.make([]).body)
 
 
 def _call(path: str, body: dict[str, Any], decode: Callable[[Any], T]) -> Call[T]:

@@ -1,5 +1,6 @@
 """What the sync and async clients share: their settings, request headers, decoding,
-retry policy, and the chunk plan of a long call."""
+retry policy, one request (``Call``), a call that may go as several (``Job``), and the
+chunk plan of a long call."""
 
 from __future__ import annotations
 
@@ -28,8 +29,6 @@ from ._chunks import Limits, Span, limits_by_model, plan
 
 if TYPE_CHECKING:
     from rich.progress import Progress
-
-    from ._calls import Job
 
 MSGPACK = Encoding.MSGPACK.value
 T = TypeVar("T")
@@ -127,6 +126,39 @@ class Call(Generic[T]):
     def result(self, resp: httpx.Response) -> T:
         raise_for_error(resp)
         return self.decode(loads(resp.content, Encoding.MSGPACK))
+
+
+Merge = Callable[[list[T], list[int]], T]  # the runs' results in order, and their starts
+
+
+@dataclass(frozen=True)
+class Job(Generic[T]):
+    """One call whose list of items may go as several requests."""
+
+    model: str  # whose limits apply
+    inputs: Any  # a list that may be split, or one item (sent whole)
+    field: str  # the items' body field, as the server's errors name it
+    make: Callable[[Any], Call[T]]  # the request for a run of the items
+    merge: Merge[T]
+    extra_tokens: int = 0  # what every item brings along (the query, for scoring)
+
+    @property
+    def items(self) -> list[Any] | None:
+        return self.inputs if isinstance(self.inputs, list) else None
+
+    @property
+    def count(self) -> int:
+        return len(self.inputs) if isinstance(self.inputs, list) else 1
+
+    def whole(self) -> Call[T]:
+        return self.make(self.inputs)
+
+    def chunk(self, span: Span) -> Call[T]:
+        return self.make(self.inputs[span[0] : span[1]])
+
+    def base_bytes(self) -> int:
+        """The body's bytes without its items."""
+        return len(self.make([]).body)
 
 
 def raise_for_error(resp: httpx.Response) -> None:

@@ -13,9 +13,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ..wire import FleetError
-from ._calls import Job
 from ._chunks import Span, shifted
-from ._common import Call
+from ._common import Call, Job
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID

@@ -259,7 +259,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
 
     async def _job(
         self,
-        job: k.Job[T],
+        job: c.Job[T],
         timeout: float | None,
         priority: str | None,
         progress: bool | Progress | None,

@@ -305,7 +305,7 @@ class Client(FineTuneMethods, c.BaseClient):
 
     def _job(
         self,
-        job: k.Job[T],
+        job: c.Job[T],
         timeout: float | None,
         priority: str | None,
         progress: bool | Progress | None,

@@ -21,7 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import NULL_SPAN, RequestTrace, Scope, Send, Span, Tracer
+from .hooks import NULL_SPAN, RequestTrace, Scope, Send, Span, Tracer
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -16,6 +16,7 @@ from ..catalog import Catalog
 from ..catalog.hardware import detect, judged_features
 from ..catalog.profiles import ProfileError, Profiles
 from ..catalog.rules import class_precision, fallback_chain
+from ..catalog.weights import weights_path
 from ..settings import Settings
 from ..wire import FleetError
 from .runs import RunStore
@@ -73,7 +74,6 @@ ARGS |= {"run_id"}
 
 
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
-    from ..assembly import weights_path  # here: the server imports this package
 
     extra = (Path(settings.catalog),) if settings.catalog else ()
     catalog = Catalog.load(extra)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..catalog import Catalog
 from ..catalog.profiles import Choice, Profiles
+from ..catalog.weights import weights_path
 from ..settings import Settings
 
 log = logging.getLogger("fleetserve.tune")
@@ -67,8 +68,6 @@ class ServerHost:
         return self.parts.fleet.used(), self.parts.fleet.budget
 
     def weights(self, model: str) -> Path:
-        from ..assembly import weights_path
-
         return weights_path(self.parts.catalog.get(model), self.parts.settings)
 
     def keep(self, model: str, choice: Choice) -> None:

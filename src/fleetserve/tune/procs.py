@@ -13,18 +13,41 @@ import asyncio
 import json
 import sys
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from ..catalog import ModelSpec
+from ..worker.cores import core_share, usable_cores
 from .candidates import Candidate
 from .harness import Measure
-
-if TYPE_CHECKING:
-    from .search import Search
+from .options import Options
 
 CHILD = "fleetserve.tune.child"
 
 
-def job(s: Search, cand: Candidate, cores: list[int]) -> dict[str, object]:
+class Searched(Protocol):
+    """What the children's job reads of the search (a ``Search``, which calls here)."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def catalog_dirs(self) -> tuple[Path, ...]: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def cls(self) -> str: ...
+
+    @property
+    def opts(self) -> Options: ...
+
+    @property
+    def warmup_s(self) -> float: ...
+
+
+def job(s: Searched, cand: Candidate, cores: list[int]) -> dict[str, object]:
     """What a child needs, as JSON: the model, where its weights are, the candidate."""
     return {
         "model": s.spec.id,
@@ -42,9 +65,7 @@ def job(s: Search, cand: Candidate, cores: list[int]) -> dict[str, object]:
     }
 
 
-async def measure_processes(s: Search, cand: Candidate) -> Measure:
-    from ..worker.device_child import core_share, usable_cores  # (it imports the server)
-
+async def measure_processes(s: Searched, cand: Candidate) -> Measure:
     cores = usable_cores()
     procs = []
     try:

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from ..catalog import Catalog, ModelSpec
 from ..catalog.profiles import Choice, Profiles
+from ..catalog.weights import weights_path
 from ..settings import Settings
 from .runs import RunStore
 from .search import Options
@@ -84,7 +85,6 @@ async def quick_tune(
 def _tuner(
     settings: Settings, spec: ModelSpec, profiles: Profiles, budget: float, console: Console
 ) -> Tuner:
-    from ..assembly import weights_path  # (the server imports this module)
     from .tuner import Tuner
 
     tune_dir = Path(settings.tune_dir).expanduser()

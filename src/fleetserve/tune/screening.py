@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..catalog.evidence import runs_natively
-from ..runtimes.onnx import CALIBRATION
+from ..runtimes.onnx_guard import CALIBRATION
 from . import candidates as cands
 from .candidates import Candidate
 from .harness import Stack
 from .options import TuneError
 from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
 from .quality import calibration, compare, replies
+from .search import Search
 from .slow import SLOW_X, SLOWER, WINDOW, TooLong, too_slow, within
 from .workload import requests, token_counter
 
-if TYPE_CHECKING:
-    from .search import Search
-
 
 async def screen(s: Search) -> None:
-    """Gate and measure each engine, nearest first (``Search.screen``)."""
+    """Gate and measure each engine, nearest first: the search's first step."""
     first = Candidate("torch", "fp32", s.hw.cores, 1, *s._default_batch())
     pick = s.opts.start or (s.base.runtime or s.spec.runtime, s.base.precision)
     engines = cands.nearest_first(
@@ -55,7 +52,7 @@ async def screen(s: Search) -> None:
         if s.reference and not s.clock.fits(s._measure_cost_s()):
             p.status, p.reason = "skipped", "the time budget ran out"
             continue
-        await s._gate_and_measure(p)
+        await gate_and_measure(s, p)
     measured = [q for q in s.points if q.status == "measured"]
     if not measured:
         raise TuneError("no candidate was measured within the budget")
@@ -79,7 +76,7 @@ def emulated(s: Search, engine: tuple[str, str], pick: tuple[str, str]) -> bool:
 
 
 async def gate_and_measure(s: Search, p: Point) -> None:
-    """``p``'s load, quality set and window (``Search._gate_and_measure``)."""
+    """``p``'s load, quality set and window."""
     c = p.cand
     p.status = "measuring"
     s._changed()

@@ -28,12 +28,12 @@ from ..families import AnyFamily, create_family
 from ..runtimes import create_runtime
 from . import candidates as cands
 from . import pauses as pauses_mod
-from . import screening
 from . import steal as steal_mod
 from .candidates import Candidate
 from .harness import Measure, Request, Stack, saturate
 from .options import MIN_BUDGET_S, Clock, Options, TuneError
 from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
+from .procs import measure_processes
 from .slow import gate_limit
 
 T = TypeVar("T")
@@ -181,13 +181,7 @@ class Search:
         load = max((p.load_s for p in self.points), default=5.0)
         return self.opts.measure_s + self.warmup_s + load + 1.0
 
-    # -- 1. quality gate and screening (tune/screening.py) -------------------------------
-    async def screen(self) -> None:
-        await screening.screen(self)
-
-    async def _gate_and_measure(self, p: Point) -> None:
-        await screening.gate_and_measure(self, p)
-
+    # -- 1. quality gate and screening: tune/screening.py, over this search -------------
     def _gate_limit(self, c: Candidate) -> float | None:
         return gate_limit(self.kind, c.runtime, self.reference_s)
 
@@ -249,8 +243,6 @@ class Search:
         t0 = time.monotonic()
         try:
             if q.cand.processes > 1:
-                from .procs import measure_processes
-
                 q.status = "measuring"
                 self._changed()
                 before = steal_mod.read()  # (includes the children's loads: an upper bound)

@@ -20,7 +20,7 @@ from .. import __version__
 from ..catalog import CostModel, ModelSpec, Profile
 from ..catalog.hardware import Hardware
 from ..catalog.profiles import profile_path, write_profile_file
-from . import duel, noise, report, steps
+from . import duel, noise, report, screening, steps
 from .runs import RunStore, new_run_id, now_iso
 from .search import Options, Search, TuneError
 from .stale import model_digest
@@ -126,7 +126,7 @@ class Tuner:
         try:
             s.requests = requests(self.spec, s.path, self.opts.workload, self.opts.batch)
             s.notes = doc["notes"]  # (one list: the search's notes are the run's)
-            await s.screen()
+            await screening.screen(s)
             await steps.compile_probe(s)
             await noise.measure(s)
             await s.batches()

@@ -28,6 +28,7 @@ from ..queue.local import LocalQueueClient
 from ..settings import Settings
 from ..tracing import open_tracer
 from ..wire import FleetError
+from .cores import core_share, usable_cores
 from .health import HealthApp
 from .loop import Worker
 from .process import ack_wait_for
@@ -36,19 +37,6 @@ from .process import ack_wait_for
 def runtime_device(device: str) -> str:
     """``cpu:N`` runs on torch's one CPU device (the cores are split instead)."""
     return "cpu" if device.split(":", 1)[0] == "cpu" else device
-
-
-def usable_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def core_share(index: int, n: int, cores: list[int]) -> list[int]:
-    """The ``index``-th of ``n`` even slices of ``cores`` (one core each if too few)."""
-    if n > len(cores):
-        return [cores[index % len(cores)]]
-    return cores[index * len(cores) // n : (index + 1) * len(cores) // n]
 
 
 class DeviceProcess(Service):

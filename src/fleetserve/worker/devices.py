@@ -49,7 +49,8 @@ from ..metrics import Metrics
 from ..queue.factory import open_distributed, watch_broker
 from ..queue.local import LocalQueueServer
 from ..settings import Settings
-from .device_child import runtime_device, usable_cores
+from .cores import usable_cores
+from .device_child import runtime_device
 from .health import HealthApp
 from .process import ack_wait_for
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from ..catalog import ModelSpec, Profile
     from ..lora.mixed import LoraBank
     from .batcher import Job
-    from .runner import Runner
 
 log = logging.getLogger("fleetserve.worker")
 
@@ -356,6 +355,20 @@ class Hosting:
             self._hosting[1].forget(self.spec.id)
 
 
+class Heats(Protocol):
+    """What ``submit_when_hot`` needs of a runner (every ``Runner`` has it): a protocol
+    here, so that this module, a base of the runners, does not import them."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    def takes(self, key: str) -> None: ...
+
+    async def heat(self, key: str) -> None: ...
+
+    def submit(self, job: Job) -> None: ...
+
+
 class Heating(Protocol):
     """The worker's ledger, as a job whose adapter loads sees it."""
 
@@ -364,7 +377,7 @@ class Heating(Protocol):
     async def fail(self, job: Job, err: FleetError) -> None: ...
 
 
-async def submit_when_hot(runner: Runner, job: Job, key: str, ledger: Heating) -> None:
+async def submit_when_hot(runner: Heats, job: Job, key: str, ledger: Heating) -> None:
     """Submit ``job`` once its adapter is hot; a failure (a 400 for a family that
     takes none, a 404 for a deleted adapter) answers this request only. The ledger
     hears when it no longer waits here (its tokens count in the pull budget till then)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from .cli_common import ints, json_default
 from .costs import COST_MODELS, from_catalog
 from .params import DEFAULT_MIX, DEFAULT_MODEL, HOMOGENEOUS, LAGS, MIXED_FLEET, POLICIES, Params
 from .plot import plot
@@ -32,10 +32,6 @@ from .report import (
     target_verdict,
 )
 from .search import Point, default_slo_ms, isolated_latency, plan, sweep
-
-
-def ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
 
 
 def _fleet(s: str) -> tuple[tuple[str, float, float], ...]:
@@ -276,9 +272,3 @@ def _cost_entry(p: Params) -> dict[str, object]:
         "interactive_batch_tokens": p.interactive_batch_tokens,
         "slo_ms": p.slo_ms,
     }
-
-
-def json_default(o: object) -> None:
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    raise TypeError(f"not serializable: {type(o).__name__}")

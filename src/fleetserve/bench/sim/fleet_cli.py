@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from .cli import ints, json_default
+from .cli_common import ints, json_default
 from .fleet_report import fleet_findings, fleet_plot, fleet_rows, fleet_table
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from fleetserve.catalog import gguf as convert
 from fleetserve.catalog.sources import locate, resolve
-from fleetserve.families.generate import convert
 from fleetserve.wire import ModelNotFound
 
 
