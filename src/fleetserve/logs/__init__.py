@@ -209,7 +209,7 @@ def setup_logging(
     level = settings.log_level.strip().lower()
     if level not in LEVELS:
         raise ValueError(f"log_level must be one of {', '.join(LEVELS)}, not {level!r}")
-    fmt = str(getattr(settings, "log_format", "text")).strip().lower()
+    fmt = settings.log_format.strip().lower()
     if fmt not in FORMATS:
         raise ValueError(f"log_format must be text or json, not {fmt!r}")
     redact = Redactor.from_settings(settings)

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..settings import Settings
 from ..storage import PayloadMissing, PayloadStore, check_key, open_store
 from ..storage.outage import kind_of, unreachable
 
@@ -270,7 +271,7 @@ def _embedded_default(cache_dir: str) -> str:
     return (Path(cache_dir).expanduser().absolute() / "adapter-store").as_uri()
 
 
-async def open_adapter_store(settings: Any, *, nats: Any = None) -> AdapterStore:
+async def open_adapter_store(settings: Settings, *, nats: Any = None) -> AdapterStore:
     """The adapter store Settings name: ``adapter_store``, else ``nats://fleetserve-
     adapters`` given a NATS connection (distributed mode), else a directory under
     ``cache_dir``. It must not be the payload store, whose sweeper deletes old objects."""

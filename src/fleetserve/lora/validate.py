@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..settings import Settings
 from ..wire import InvalidInput
 from .manifest import AdapterManifest, LoraModule
 from .safetensors_header import check_filename, parse_header, read_file_header
@@ -56,7 +57,7 @@ class Limits:
     max_header_bytes: int = 4 * 1024 * 1024  # the weights' safetensors JSON header
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Limits:
+    def from_settings(cls, settings: Settings) -> Limits:
         return cls(
             max_rank=int(settings.max_adapter_rank),
             max_bytes=int(settings.max_adapter_bytes),

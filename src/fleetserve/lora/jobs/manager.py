@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...settings import Settings
 from ...wire import Conflict, Forbidden, InvalidInput, Overloaded, Principal, Scope, Unavailable
 from ...wire.finetune import (
     FileInfo,
@@ -50,7 +51,7 @@ class TrainLimits:
     validation_fraction: float = 0.2
 
     @classmethod
-    def from_settings(cls, settings: Any) -> TrainLimits:
+    def from_settings(cls, settings: Settings) -> TrainLimits:
         return cls(
             min_pairs=int(settings.train_min_pairs),
             max_chars=int(settings.train_max_chars),

@@ -34,8 +34,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from ... import wire
-from ...wire import Cancelled, FleetError
+from ...wire import ERROR_TYPES, Cancelled, FleetError
 from .trainer import CheckpointMismatch, TrainResult, TrainSpec, train
 
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -286,7 +285,7 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     return {
         "type": type(exc).__name__,
         "message": message,
-        "field": getattr(exc, "field", None),
+        "field": exc.field if isinstance(exc, FleetError) else None,
         "fleet": isinstance(exc, FleetError),
     }
 
@@ -318,6 +317,11 @@ def limit_text(memory_limit: int) -> str:
     return f"limit {size}, train_memory_limit"
 
 
+# the fleet errors by class name (what crosses the pipe): wire's, and their base
+_KINDS: list[type[FleetError]] = [FleetError, *ERROR_TYPES.values()]
+_FLEET_ERRORS = {cls.__name__: cls for cls in _KINDS}
+
+
 def rebuild_error(d: dict[str, Any], memory_limit: int = 0) -> Exception:
     """The parent's side of :func:`describe_error`."""
     if d["type"] == OutOfMemory.__name__:
@@ -325,7 +329,7 @@ def rebuild_error(d: dict[str, Any], memory_limit: int = 0) -> Exception:
                            f": {d['message']}")  # fmt: skip
     if d["type"] == CheckpointMismatch.__name__:
         return CheckpointMismatch(d["message"])
-    kind = getattr(wire, d["type"], None) if d.get("fleet") else None
-    if isinstance(kind, type) and issubclass(kind, FleetError):
+    kind = _FLEET_ERRORS.get(d["type"]) if d.get("fleet") else None
+    if kind is not None:
         return kind(d["message"], field=d.get("field"))
     return RuntimeError(f"{d['type']}: {d['message']}" if d["message"] else d["type"])
