@@ -17,7 +17,7 @@ from ._common import Call
 from .results import Quantized, RerankResult, SparseVector
 
 T = TypeVar("T")
-Opts = dict[str, Any]
+Opts = dict[str, object]
 Merge = Callable[[list[T], list[int]], T]  # the runs' results in order, and their starts
 
 
@@ -51,7 +51,7 @@ class Job(Generic[T]):
         return len(self.make([]).body)
 
 
-def _call(path: str, body: dict[str, Any], decode: Callable[[Any], T]) -> Call[T]:
+def _call(path: str, body: dict[str, object], decode: Callable[[Any], T]) -> Call[T]:
     clean = {k: v for k, v in body.items() if v is not None}
     return Call(path, dumps(clean, Encoding.MSGPACK), decode)
 
@@ -74,7 +74,7 @@ def _stack(parts: list[Any], starts: list[int]) -> Any:
     return Quantized(first.dtype, values, scales, first.dimensions)
 
 
-def _encode_body(inputs: Any, output_dtype: str, options: Opts) -> dict[str, Any]:
+def _encode_body(inputs: object, output_dtype: str, options: Opts) -> dict[str, object]:
     body = {"inputs": inputs, **options}
     if output_dtype != "float32":
         body["output_dtype"] = output_dtype

@@ -70,7 +70,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     async def encode(
@@ -84,7 +84,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     async def encode(
@@ -98,7 +98,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Quantized: ...
     @overload
     async def encode(
@@ -112,7 +112,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized: ...
     async def encode(
         self,
@@ -125,7 +125,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized:
         """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
         result: Array | Quantized
@@ -146,7 +146,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
         opts = {"is_query": is_query, "max_tokens": max_tokens, "adapter": adapter, **options}
@@ -162,7 +162,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[SparseVector]:
         """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
         job = k.sparse_job(model, texts, {**options, "adapter": adapter})
@@ -211,7 +211,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Entities or labels, one result per input."""
         job = k.extract_job(model, inputs, labels, threshold, {**options, "adapter": adapter})

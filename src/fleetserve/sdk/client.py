@@ -116,7 +116,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     def encode(
@@ -130,7 +130,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     def encode(
@@ -144,7 +144,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Quantized: ...
     @overload
     def encode(
@@ -158,7 +158,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized: ...
     def encode(
         self,
@@ -171,7 +171,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized:
         """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
         result: Array | Quantized
@@ -192,7 +192,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
         opts = {"is_query": is_query, "max_tokens": max_tokens, "adapter": adapter, **options}
@@ -208,7 +208,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[SparseVector]:
         """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
         job = k.sparse_job(model, texts, {**options, "adapter": adapter})
@@ -257,7 +257,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Entities or labels, one result per input."""
         job = k.extract_job(model, inputs, labels, threshold, {**options, "adapter": adapter})
