@@ -25,13 +25,17 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from ...wire import InvalidInput
 from ...wire.finetune import Hyperparameters, Pair
 from ..validate import CONFIG, WEIGHTS
 from .ireval import INSTALL, Scores, build_eval_set, evaluate
 from .mining import columns_wanted, given, negatives_for
+
+if TYPE_CHECKING:
+    import torch  # optional: annotations only
 
 Report = Callable[[str, dict[str, Any]], None]
 POOLINGS = ("mean", "cls")  # fleetserve's spellings, which are sentence-transformers' too
@@ -154,7 +158,7 @@ def _check(spec: TrainSpec) -> None:
         raise FileNotFoundError(f"base model directory {spec.base_path} does not exist")
 
 
-def _imports() -> Any:
+def _imports() -> ModuleType:
     """torch, once sentence-transformers, PEFT and datasets are known to be there."""
     try:
         importlib.import_module("datasets")
@@ -357,7 +361,7 @@ def spec_fingerprint(spec: TrainSpec) -> str:
     return digest.hexdigest()
 
 
-def write_checkpoint(state: dict[str, Any], epoch: int, fingerprint: str) -> bytes:
+def write_checkpoint(state: dict[str, torch.Tensor], epoch: int, fingerprint: str) -> bytes:
     """safetensors bytes of a LoRA state dict, with the epoch and fingerprint."""
     from safetensors.torch import save
 
@@ -366,7 +370,7 @@ def write_checkpoint(state: dict[str, Any], epoch: int, fingerprint: str) -> byt
     return save(tensors, metadata=meta)
 
 
-def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, Any]]:
+def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, torch.Tensor]]:
     """The epoch and state dict of a checkpoint of the spec with ``fingerprint``;
     :class:`CheckpointMismatch` for anything else. The metadata is checked before
     any tensor is read."""
@@ -387,7 +391,7 @@ def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, Any]]
     return epoch, load(blob)
 
 
-def load_lora(lora: Any, state: dict[str, Any]) -> None:
+def load_lora(lora: Any, state: dict[str, torch.Tensor]) -> None:
     from peft import set_peft_model_state_dict
 
     result = set_peft_model_state_dict(lora, state)
