@@ -21,7 +21,7 @@ The server is ``--url``, else ``http://<host>:<port>`` from Settings; the key is
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
@@ -132,7 +132,7 @@ def _size(n: object) -> str:
     return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
-def print_table(console: Console, adapters: list[dict[str, Any]], url: str) -> None:
+def print_table(console: Console, adapters: list[dict[str, object]], url: str) -> None:
     """One row per adapter version, within 80 columns (long ids fold)."""
     table = Table(title=f"adapters ({url})", box=box.SIMPLE_HEAD, width=min(console.width, 80))
     table.add_column("adapter", overflow="fold", ratio=1)

@@ -41,7 +41,7 @@ class FineTuningParts:
 
 
 async def open_finetuning(
-    settings: Settings, catalog: Catalog, registry: AdapterRegistry, *, nats: Any = None
+    settings: Settings, catalog: Catalog, registry: AdapterRegistry, *, nats: object = None
 ) -> FineTuningParts:
     """The job store beside the adapters, and the job queue: in memory, or on
     JetStream given a NATS connection."""

@@ -97,8 +97,8 @@ def worker_state(
     *,
     ready: bool,
     device: str,
-    tuning: Callable[[str], Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
+    tuning: Callable[[str], Mapping[str, object]] | None = None,
+) -> dict[str, object]:
     """A worker as the fleet view shows it (the shape of a normalized heartbeat);
     ``tuning``: each model's background tuning state (``--tune auto``)."""
     beat = {
@@ -155,7 +155,7 @@ def normalize(beat: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tuning(raw: Any) -> dict[str, Any] | None:
+def _tuning(raw: object) -> dict[str, object] | None:
     """A model's background tuning state, as the fleet view shows it."""
     if not isinstance(raw, Mapping):
         return None
@@ -194,7 +194,7 @@ def memory_lanes(queue: MemoryQueue) -> list[dict[str, Any]]:
     return out
 
 
-def _mapping(v: object) -> Mapping[str, Any]:
+def _mapping(v: object) -> Mapping[str, object]:
     return v if isinstance(v, Mapping) else {}
 
 

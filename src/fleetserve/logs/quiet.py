@@ -84,7 +84,7 @@ class _Loader(importlib.abc.Loader):
         self.inner.exec_module(module)
         configure(self.name)
 
-    def __getattr__(self, attr: str) -> Any:  # get_resource_reader, is_package, ...
+    def __getattr__(self, attr: str) -> object:  # get_resource_reader, is_package, ...
         return getattr(self.inner, attr)
 
 

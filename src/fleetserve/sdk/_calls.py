@@ -33,7 +33,7 @@ class Job(Generic[T]):
     extra_tokens: int = 0  # what every item brings along (the query, for scoring)
 
     @property
-    def items(self) -> list[Any] | None:
+    def items(self) -> list[object] | None:
         return self.inputs if isinstance(self.inputs, list) else None
 
     @property
@@ -88,7 +88,7 @@ def encode_job(
         scales = reply.get("scales")
         return _vectors(reply, array_from_wire(reply["embeddings"]), scales, dequantize)
 
-    def make(inputs: Any) -> Call[Any]:
+    def make(inputs: object) -> Call[object]:
         body = _encode_body(inputs, output_dtype, options)
         return _call(_model_path("encode", model), body, decode)
 
@@ -97,13 +97,13 @@ def encode_job(
 
 def multivector_job(
     model: str, texts: str | list[str], output_dtype: str, dequantize: bool, options: Opts
-) -> Job[list[Any]]:
+) -> Job[list[object]]:
     def decode(reply: Any) -> list[Any]:
         mats = [array_from_wire(m) for m in reply["embeddings"]]
         scales = reply.get("scales") or [None] * len(mats)
         return [_vectors(reply, m, s, dequantize) for m, s in zip(mats, scales, strict=True)]
 
-    def make(inputs: Any) -> Call[list[Any]]:
+    def make(inputs: object) -> Call[list[object]]:
         body = _encode_body(inputs, output_dtype, options)
         return _call(_model_path("encode", model), body, decode)
 
@@ -132,7 +132,7 @@ def sparse_job(model: str, texts: str | list[str], options: Opts) -> Job[list[Sp
             for e in reply["embeddings"]
         ]
 
-    def make(inputs: Any) -> Call[list[SparseVector]]:
+    def make(inputs: object) -> Call[list[SparseVector]]:
         return _call(_model_path("encode", model), {"inputs": inputs, **options}, decode)
 
     return Job(catalog_id(model), texts, "inputs", make, _concat)
@@ -145,7 +145,7 @@ def _query_tokens(query: str) -> int:
 def score_job(
     model: str, query: str, items: list[str], truncate: bool, adapter: str | None = None
 ) -> Job[list[float]]:
-    def make(run: Any) -> Call[list[float]]:
+    def make(run: object) -> Call[list[float]]:
         body = {"query": query, "items": run, "truncate": truncate, "adapter": adapter}
         path = _model_path("score", model)
         return _call(path, body, lambda r: [float(s) for s in r["scores"]])
@@ -166,7 +166,7 @@ def rerank_job(
             for r in reply["results"]
         ]
 
-    def make(run: Any) -> Call[list[RerankResult]]:
+    def make(run: object) -> Call[list[RerankResult]]:
         body = {
             "model": model,
             "query": query,
@@ -196,8 +196,8 @@ def extract_job(
     labels: list[str] | None,
     threshold: float | None,
     options: Opts,
-) -> Job[list[Any]]:
-    def make(run: Any) -> Call[list[Any]]:
+) -> Job[list[object]]:
+    def make(run: object) -> Call[list[object]]:
         body = {"inputs": run, "labels": labels, "threshold": threshold, **options}
         return _call(_model_path("extract", model), body, lambda r: list(r["results"]))
 

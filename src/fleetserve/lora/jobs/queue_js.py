@@ -74,7 +74,7 @@ class JetStreamJobQueue:
         self.retry_after = retry_after
         self._ack_wait = ack_wait
         self._lock = asyncio.Lock()  # one pull request at a time on the subscription
-        self._fetching: asyncio.Future[Any] | None = None
+        self._fetching: asyncio.Future[object] | None = None
         self._closed = False
 
     @classmethod
@@ -168,7 +168,7 @@ class JetStreamJobQueue:
             await self._sub.unsubscribe()
 
     # -- internals ----------------------------------------------------------------
-    async def _fetch(self, timeout: float) -> Any:
+    async def _fetch(self, timeout: float) -> object:
         """One message within ``timeout`` seconds, or ``None``."""
         nats = _nats()
         self._fetching = fetch = asyncio.ensure_future(self._sub.fetch(1, timeout=timeout))

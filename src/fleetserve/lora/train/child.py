@@ -112,7 +112,7 @@ async def _shutdown(
 
 
 async def _relay(
-    queue: asyncio.Queue[tuple[Any, ...]],
+    queue: asyncio.Queue[tuple[object, ...]],
     on_event: OnEvent,
     cancel: asyncio.Event | None,
     proc: BaseProcess,
@@ -240,7 +240,7 @@ def child_main(spec: TrainSpec, send: Connection, memory_limit: int = 0) -> None
     os.nice(NICE)
     parent = os.getppid()
 
-    def report(kind: str, data: dict[str, Any]) -> None:
+    def report(kind: str, data: dict[str, object]) -> None:
         if os.getppid() != parent:  # the server is gone: nobody will read the result
             os._exit(1)
         send.send(("event", kind, data))
@@ -275,7 +275,7 @@ def _quiet() -> None:
     datasets.disable_progress_bars()
 
 
-def describe_error(exc: BaseException) -> dict[str, Any]:
+def describe_error(exc: BaseException) -> dict[str, object]:
     """What crosses the pipe of an exception: its type's name, message and field (of
     one that is running out of memory: ``OutOfMemory`` and the first line of it)."""
     message = exc.message if isinstance(exc, FleetError) else str(exc)

@@ -170,7 +170,7 @@ def _imports() -> ModuleType:
     return torch
 
 
-def build_model(spec: TrainSpec) -> Any:
+def build_model(spec: TrainSpec) -> object:
     """A SentenceTransformer of the base at fp32: Transformer (truncating at the
     spec's ``max_seq_len``), the spec's pooling, then Normalize if it normalizes. The
     directory's own ``modules.json``, if any, is not used: the spec decides."""
@@ -229,7 +229,7 @@ def _encode(model: Any, texts: list[str]) -> Any:
 def _fit(
     spec: TrainSpec,
     model: Any,
-    lora: Any,
+    lora: object,
     negatives: list[list[str]],
     epochs: int,
     start: int,
@@ -254,7 +254,7 @@ def _fit(
         columns[f"negative_{c + 1}"] = [row[c] for row in negatives]
 
     class Trainer(SentenceTransformerTrainer):
-        def add_model_card_callback(self, default_args_dict: dict[str, Any]) -> None:
+        def add_model_card_callback(self, default_args_dict: dict[str, object]) -> None:
             """No model card: it is not published, and its dataset statistics cost time."""
 
     hp = spec.hyperparameters
@@ -391,7 +391,7 @@ def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, torch
     return epoch, load(blob)
 
 
-def load_lora(lora: Any, state: dict[str, torch.Tensor]) -> None:
+def load_lora(lora: object, state: dict[str, torch.Tensor]) -> None:
     from peft import set_peft_model_state_dict
 
     result = set_peft_model_state_dict(lora, state)
