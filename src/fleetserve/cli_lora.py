@@ -41,7 +41,7 @@ from .wire import FleetError
 
 if TYPE_CHECKING:
     from .sdk import Client
-    from .sdk.records import FileObject, FineTuningEvent, FineTuningJob
+    from .sdk.records import AdapterInfo, FileObject, FineTuningEvent, FineTuningJob
     from .wire.values import JSON, JSONObject
 
 # the argparse dests of this command that are not Settings fields
@@ -132,7 +132,7 @@ def _size(n: object) -> str:
     return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
-def print_table(console: Console, adapters: list[dict[str, object]], url: str) -> None:
+def print_table(console: Console, adapters: list[AdapterInfo], url: str) -> None:
     """One row per adapter version, within 80 columns (long ids fold)."""
     table = Table(title=f"adapters ({url})", box=box.SIMPLE_HEAD, width=min(console.width, 80))
     table.add_column("adapter", overflow="fold", ratio=1)

@@ -13,11 +13,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..wire.heartbeat import Heartbeat, ModelBeat, decode_heartbeat, encode_heartbeat
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
 
 log = logging.getLogger("fleetserve.presence")
 EVERY = 2.0
@@ -28,7 +32,7 @@ def subject(prefix: str) -> str:
 
 
 async def announce_forever(
-    nc: Any, prefix: str, describe: Callable[[], Heartbeat], every: float = EVERY
+    nc: NATS, prefix: str, describe: Callable[[], Heartbeat], every: float = EVERY
 ) -> None:
     """The worker side: publish ``describe()`` now and then every ``every`` seconds."""
     while True:
@@ -64,10 +68,10 @@ class Registry:
         self.every = every
         self._seen: dict[str, tuple[float, Heartbeat]] = {}
 
-    async def listen(self, nc: Any, prefix: str) -> None:
+    async def listen(self, nc: NATS, prefix: str) -> None:
         await nc.subscribe(subject(prefix), cb=self._on_beat)
 
-    async def _on_beat(self, msg: Any) -> None:
+    async def _on_beat(self, msg: Msg) -> None:
         try:
             beat = decode_heartbeat(msg.data)
         except msgspec.DecodeError:

@@ -20,6 +20,7 @@ from . import _common as c
 from ._chunks import sizes_if_large
 from ._finetune import AsyncFineTuneMethods
 from ._pipeline import Bar, in_tasks
+from .records import AdapterInfo
 from .results import Quantized, RerankResult, SparseVector
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         version: int | None = None,
         pinned: bool = False,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdapterInfo:
         """Upload the PEFT LoRA at ``path`` (its directory, or its safetensors file) as
         ``name`` (``name`` or ``tenant/name``); returns the adapter with its ``id``
         (``tenant/name@version``) and ``sha256``."""
@@ -235,11 +236,11 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
 
     async def list_adapters(
         self, base: str | None = None, *, timeout: float | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[AdapterInfo]:
         """The adapters this key sees (of ``base`` only, if given)."""
         return await self._send(a.listing(base), timeout)
 
-    async def get_adapter(self, adapter: str, *, timeout: float | None = None) -> dict[str, Any]:
+    async def get_adapter(self, adapter: str, *, timeout: float | None = None) -> AdapterInfo:
         """One adapter: ``tenant/name`` (the newest version) or ``tenant/name@N``."""
         return await self._send(a.get(adapter), timeout)
 

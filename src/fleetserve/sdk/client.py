@@ -66,6 +66,7 @@ from ._chunks import sizes_if_large
 from ._finetune import FineTuneMethods
 from ._pipeline import Bar, in_threads
 from .async_client import AsyncClient
+from .records import AdapterInfo
 from .results import Quantized, RerankResult, SparseVector
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ class Client(FineTuneMethods, c.BaseClient):
         version: int | None = None,
         pinned: bool = False,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdapterInfo:
         """Upload the PEFT LoRA at ``path`` (its directory, or its safetensors file) as
         ``name`` (``name`` or ``tenant/name``); returns the adapter with its ``id``
         (``tenant/name@version``) and ``sha256``."""
@@ -281,11 +282,11 @@ class Client(FineTuneMethods, c.BaseClient):
 
     def list_adapters(
         self, base: str | None = None, *, timeout: float | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[AdapterInfo]:
         """The adapters this key sees (of ``base`` only, if given)."""
         return self._send(a.listing(base), timeout)
 
-    def get_adapter(self, adapter: str, *, timeout: float | None = None) -> dict[str, Any]:
+    def get_adapter(self, adapter: str, *, timeout: float | None = None) -> AdapterInfo:
         """One adapter: ``tenant/name`` (the newest version) or ``tenant/name@N``."""
         return self._send(a.get(adapter), timeout)
 

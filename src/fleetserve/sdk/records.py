@@ -1,11 +1,33 @@
-"""The shapes of the fine-tuning records the SDK returns: decoded JSON objects, typed
-for the reader (the server writes them: ``wire.finetune``'s ``to_dict``s)."""
+"""The shapes of the records the SDK returns: decoded JSON objects, typed for the
+reader (the server writes them: ``wire.finetune``'s ``to_dict``s for fine-tuning,
+``lora.manifest.AdapterRecord.to_dict`` for adapters)."""
 
 from __future__ import annotations
 
 from typing import Any, TypedDict, cast
 
 from ..wire.values import JSON, JSONObject
+
+
+class AdapterInfo(TypedDict):
+    """An adapter version (``/v1/adapters``); call it as ``model``."""
+
+    object: str  # "adapter"
+    id: str  # tenant/name@version
+    tenant: str
+    name: str
+    version: int | None
+    base: str
+    model: str  # base:tenant/name@version
+    rank: int
+    alpha: float
+    scaling: float
+    target_modules: list[str]
+    dtype: str  # F32, F16 or BF16
+    sha256: str
+    bytes: int
+    created: float  # epoch seconds
+    pinned: bool
 
 
 class FileObject(TypedDict):
@@ -65,6 +87,14 @@ class FineTuningEvent(TypedDict):
 
 
 # the decoders of replies: the server's word for their shape (nothing is checked)
+def adapter(reply: Any) -> AdapterInfo:
+    return cast(AdapterInfo, dict(reply))
+
+
+def adapter_list(reply: Any) -> list[AdapterInfo]:
+    return cast(list[AdapterInfo], list(reply["data"]))
+
+
 def file_object(reply: Any) -> FileObject:
     return cast(FileObject, dict(reply))
 
@@ -77,4 +107,14 @@ def job(reply: Any) -> FineTuningJob:
     return cast(FineTuningJob, dict(reply))
 
 
-__all__ = ["FileObject", "FineTuningEvent", "FineTuningJob", "file_list", "file_object", "job"]
+__all__ = [
+    "AdapterInfo",
+    "FileObject",
+    "FineTuningEvent",
+    "FineTuningJob",
+    "adapter",
+    "adapter_list",
+    "file_list",
+    "file_object",
+    "job",
+]
