@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from types import ModuleType
 from typing import Any
 
 from ...wire import ERROR_TYPES, Cancelled, FleetError
@@ -266,8 +267,8 @@ def _quiet() -> None:
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # for the child's lifetime
     warnings.simplefilter("ignore")
     try:
-        datasets: Any = importlib.import_module("datasets")
-        logs: Any = importlib.import_module("transformers.utils.logging")
+        datasets: ModuleType = importlib.import_module("datasets")
+        logs: ModuleType = importlib.import_module("transformers.utils.logging")
     except ImportError:
         return  # train() says what is missing
     logs.set_verbosity_error()
