@@ -23,7 +23,7 @@ async def start_http(
     Parsing and connections are bounded by ``settings``' HTTP limits (the defaults if
     None; see ``http_limits``); with all of them 0, by nothing (plain httptools)."""
     limits = settings or Settings()
-    http: Any = "httptools"
+    http: str | type[asyncio.Protocol] = "httptools"  # uvicorn's name, or a class
     if http_limits.enabled(limits):
         http = http_limits.protocol_class(limits, limits.retry_after)
     config = uvicorn.Config(
