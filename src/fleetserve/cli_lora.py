@@ -42,7 +42,7 @@ from .wire import FleetError
 if TYPE_CHECKING:
     from .sdk import Client
     from .sdk.records import AdapterInfo, FileObject, FineTuningEvent, FineTuningJob
-    from .wire.values import JSON, JSONObject
+    from .wire.json_value import JSON, JSONObject
 
 # the argparse dests of this command that are not Settings fields
 ARGS = frozenset(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict, cast
 
-from ..wire.values import JSON, JSONObject
+from ..wire.json_value import JSON, JSONObject
 
 
 class AdapterInfo(TypedDict):
