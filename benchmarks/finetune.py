@@ -108,9 +108,9 @@ def run_language(c: Client, lang: str, folder: Path, probe: Probe, hp: dict[str,
     probe.phase = "after"
     row: dict[str, Any] = {"lang": lang, "pairs_train": n_train, "pairs_heldout": n_held,
                            "status": status, "job": job, "wall_s": t_done - t_created}  # fmt: skip
-    if status != "succeeded" or not job.get("fine_tuned_model"):
+    name = job.get("fine_tuned_model")
+    if status != "succeeded" or not name:
         return row
-    name = job["fine_tuned_model"]
     t0 = time.monotonic()
     c.encode(name, ["first call of the new adapter"])
     row["first_call_s"] = time.monotonic() - t0  # after the job said it succeeded

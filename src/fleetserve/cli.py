@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -241,7 +240,7 @@ def _catalog_command(settings: Settings, args: argparse.Namespace, console: Cons
     return list_models(settings)
 
 
-async def _until_signal(main: Coroutine[Any, Any, Any]) -> Any:
+async def _until_signal(main: Coroutine[object, None, int | None]) -> int | None:
     """Ctrl-C and SIGTERM cancel ``main``, so its ``finally`` blocks stop it cleanly."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -262,7 +261,7 @@ async def _until_signal(main: Coroutine[Any, Any, Any]) -> Any:
         return 0
 
 
-def _run(main: Coroutine[Any, Any, Any], console: Console) -> int:
+def _run(main: Coroutine[object, None, int | None], console: Console) -> int:
     import uvloop
 
     try:

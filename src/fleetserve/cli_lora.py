@@ -21,7 +21,7 @@ The server is ``--url``, else ``http://<host>:<port>`` from Settings; the key is
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
@@ -42,6 +42,8 @@ from .wire import FleetError
 
 if TYPE_CHECKING:
     from .sdk import Client
+    from .sdk.records import AdapterInfo, FileObject, FineTuningEvent, FineTuningJob
+    from .wire.json_value import JSON, JSONObject
 
 # the argparse dests of this command that are not Settings fields
 ARGS = frozenset(
@@ -123,13 +125,13 @@ def run(args: argparse.Namespace, settings: Settings, console: Console | None = 
     return 0
 
 
-def _size(n: Any) -> str:
+def _size(n: object) -> str:
     if not isinstance(n, int):
         return "?"
     return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
-def print_table(console: Console, adapters: list[dict[str, Any]], url: str) -> None:
+def print_table(console: Console, adapters: list[AdapterInfo], url: str) -> None:
     """One row per adapter version, within 80 columns (long ids fold)."""
     table = Table(title=f"adapters ({url})", box=box.SIMPLE_HEAD, width=min(console.width, 80))
     table.add_column("adapter", overflow="fold", ratio=1)
@@ -228,7 +230,7 @@ def train(client: Client, args: argparse.Namespace, console: Console) -> int:
     return 0 if job["status"] == "succeeded" else 1
 
 
-def _create(client: Client, args: argparse.Namespace, console: Console) -> dict[str, Any]:
+def _create(client: Client, args: argparse.Namespace, console: Console) -> FineTuningJob:
     cut = bool(args.lora_truncate)
     pairs = client.upload_file(args.lora_pairs, truncate=cut, timeout=UPLOAD_TIMEOUT)
     _said_file(console, pairs)
@@ -247,7 +249,9 @@ def _create(client: Client, args: argparse.Namespace, console: Console) -> dict[
         margin=args.lora_margin,
     )  # fmt: skip
     hp = ", ".join(
-        f"{SHORT.get(k, k)} {v:g}" for k, v in job["hyperparameters"].items() if k != "n_epochs"
+        f"{SHORT.get(k, k)} {v:g}"
+        for k, v in job["hyperparameters"].items()
+        if k != "n_epochs" and isinstance(v, int | float)
     )
     _line(console, f"created job {job['id']} on {job['model']}, suffix {job['suffix']}")
     _line(console, f"  {hp}")
@@ -258,7 +262,7 @@ def _line(console: Console, text: str) -> None:
     console.print(escape(text), highlight=False)
 
 
-def _said_file(console: Console, f: dict[str, Any]) -> None:
+def _said_file(console: Console, f: FileObject) -> None:
     merged = f" ({f['duplicates']} repeats merged)" if f.get("duplicates") else ""
     _line(console, f"uploaded {f['filename']} as {f['id']}: {f['rows']} pairs{merged}")
     warnings = list(f.get("warnings") or ())
@@ -268,7 +272,7 @@ def _said_file(console: Console, f: dict[str, Any]) -> None:
         console.print(f"[yellow]... and {len(warnings) - 3} more warnings[/]")
 
 
-def follow(client: Client, job_id: str, console: Console) -> dict[str, Any]:
+def follow(client: Client, job_id: str, console: Console) -> FineTuningJob:
     """Wait for the job: its training steps on a bar, its other events as lines."""
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
@@ -276,15 +280,17 @@ def follow(client: Client, job_id: str, console: Console) -> dict[str, Any]:
     )  # fmt: skip
     task: TaskID | None = None
 
-    def on_event(event: dict[str, Any]) -> None:
+    def on_event(event: FineTuningEvent) -> None:
         nonlocal task
         data = event.get("data") or {}
-        if event.get("type") == "metrics" and "step" in data:
+        step = data.get("step")
+        if event.get("type") == "metrics" and "step" in data and isinstance(step, int | float):
             info = _progress_info(data)
             total = data.get("total_steps")
+            total = total if isinstance(total, int | float) else None
             if task is None:
                 task = progress.add_task("training", total=total, info=info)
-            progress.update(task, completed=data["step"], total=total, info=info)
+            progress.update(task, completed=step, total=total, info=info)
             return
         color = {"error": "red", "warn": "yellow"}.get(str(event.get("level")), "")
         text = escape(str(event.get("message", "")))
@@ -294,22 +300,26 @@ def follow(client: Client, job_id: str, console: Console) -> dict[str, Any]:
         return client.wait_fine_tuning_job(job_id, poll=POLL, on_event=on_event)
 
 
-def _progress_info(data: dict[str, Any]) -> str:
+def _progress_info(data: JSONObject) -> str:
     epoch, loss = data.get("epoch"), data.get("train_loss")
     out = f"epoch {epoch:g}" if isinstance(epoch, int | float) else ""
     return out + (f" loss {loss:.4f}" if isinstance(loss, int | float) else "")
 
 
-def _figure(v: Any, signed: bool = False) -> str:
+def _figure(v: JSON, signed: bool = False) -> str:
     if not isinstance(v, int | float):
         return "-"
     return f"{v:+.4f}" if signed else f"{v:.4f}"
 
 
-def print_result(console: Console, job: dict[str, Any]) -> None:
+def _object(v: JSON) -> JSONObject:
+    return v if isinstance(v, dict) else {}
+
+
+def print_result(console: Console, job: FineTuningJob) -> None:
     """Base against adapter, the verdict and the model to call, within 80 columns."""
     result = job.get("result") or {}
-    base, adapter = result.get("base") or {}, result.get("adapter") or {}
+    base, adapter = _object(result.get("base")), _object(result.get("adapter"))
     if base or adapter:
         table = Table(box=box.SIMPLE_HEAD, width=min(console.width, 52))
         for name in ("", "base", "adapter", "gain"):

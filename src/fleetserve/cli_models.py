@@ -67,7 +67,9 @@ def _address(settings: Settings) -> str:
     return f"[{host}]:{settings.port}" if ":" in host else f"{host}:{settings.port}"
 
 
-def fetch_live(settings: Settings, timeout: float = 1.0) -> tuple[list[dict[str, Any]] | None, str]:
+def fetch_live(
+    settings: Settings, timeout: float = 1.0
+) -> tuple[list[dict[str, object]] | None, str]:
     """``GET /v1/models`` of the running server: its entries, or None and why not."""
     import httpx
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog
 from .catalog.weights import weights_path
@@ -31,6 +31,9 @@ from .lora.train import TrainResult, TrainSpec, train_in_child
 from .settings import Settings
 from .wire import InvalidInput, ModelNotFound
 
+if TYPE_CHECKING:  # nats-py is optional (the nats extra)
+    from nats.aio.client import Client as NATS
+
 log = logging.getLogger("fleetserve.train")
 
 
@@ -42,7 +45,7 @@ class FineTuningParts:
 
 
 async def open_finetuning(
-    settings: Settings, catalog: Catalog, registry: AdapterRegistry, *, nats: Any = None
+    settings: Settings, catalog: Catalog, registry: AdapterRegistry, *, nats: NATS | None = None
 ) -> FineTuningParts:
     """The job store beside the adapters, and the job queue: in memory, or on
     JetStream given a NATS connection."""

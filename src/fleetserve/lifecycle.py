@@ -23,7 +23,7 @@ async def start_http(
     Parsing and connections are bounded by ``settings``' HTTP limits (the defaults if
     None; see ``http_limits``); with all of them 0, by nothing (plain httptools)."""
     limits = settings or Settings()
-    http: Any = "httptools"
+    http: str | type[asyncio.Protocol] = "httptools"  # uvicorn's name, or a class
     if http_limits.enabled(limits):
         http = http_limits.protocol_class(limits, limits.retry_after)
     config = uvicorn.Config(
@@ -48,7 +48,7 @@ async def start_http(
     return server, task, int(sock.getsockname()[1])
 
 
-async def shutdown(http: uvicorn.Server | None, tasks: list[asyncio.Task[Any]]) -> None:
+async def shutdown(http: uvicorn.Server | None, tasks: list[asyncio.Task[object]]) -> None:
     """Stop the HTTP server (``tasks[0]``) gracefully and cancel the other tasks."""
     if http is not None:
         http.should_exit = True
@@ -83,11 +83,11 @@ class Service:
     settings: Settings  # each process sets its own before it serves
 
     def __init__(self) -> None:
-        self.tasks: dict[str, asyncio.Task[Any]] = {}
+        self.tasks: dict[str, asyncio.Task[object]] = {}
         self.essential: set[str] = set()
         self._http: uvicorn.Server | None = None
 
-    async def serve_http(self, app: Any, host: str, port: int, *, essential: bool = True) -> int:
+    async def serve_http(self, app: object, host: str, port: int, *, essential: bool = True) -> int:
         """Start the HTTP server as the task "http"; returns the bound port. Its HTTP
         limits are those of the process's ``settings`` (every Service has them)."""
         self._claim("http", essential)
@@ -96,7 +96,7 @@ class Service:
 
     def spawn(
         self, name: str, coro: Coroutine[Any, Any, Any], *, essential: bool = False
-    ) -> asyncio.Task[Any]:
+    ) -> asyncio.Task[object]:
         """Run ``coro`` as the task ``name`` (one name, one task)."""
         try:
             self._claim(name, essential)

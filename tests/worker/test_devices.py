@@ -32,6 +32,7 @@ from fleetserve.cluster import NatsServer
 from fleetserve.cluster.natsd import die_with_parent
 from fleetserve.gateway.process import GatewayProcess
 from fleetserve.settings import Settings
+from fleetserve.wire.heartbeat import Heartbeat
 from fleetserve.worker.cores import core_share
 from fleetserve.worker.device_child import runtime_device
 
@@ -87,7 +88,7 @@ class GatewayThread:
     def beat(self, worker_id: str) -> dict[str, Any] | None:
         assert self.proc is not None and self.loop is not None
         fut = asyncio.run_coroutine_threadsafe(_workers(self.proc), self.loop)
-        return next((b for b in fut.result(5) if b["id"] == worker_id), None)
+        return next((b.as_dict() for b in fut.result(5) if b.id == worker_id), None)
 
     def stop(self) -> None:
         if self.loop is not None and self._stop is not None:
@@ -95,7 +96,7 @@ class GatewayThread:
         self._thread.join(30)
 
 
-async def _workers(proc: GatewayProcess) -> list[dict[str, Any]]:
+async def _workers(proc: GatewayProcess) -> list[Heartbeat]:
     return proc.registry.workers()
 
 

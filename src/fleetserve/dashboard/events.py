@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from ..gateway.http import Receive, Send
 
@@ -28,7 +27,7 @@ HEADERS = [
 ]
 
 
-def event(name: str, data: Any) -> bytes:
+def event(name: str, data: object) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 

@@ -47,9 +47,9 @@ class FleetView:
         self.recent = recent or Recent()
         self.refresh_s = refresh_s
         self.source: FleetSource | None = None
-        self._snap: tuple[float, dict[str, Any], str] = (-1e9, {}, "")
+        self._snap: tuple[float, dict[str, object], str] = (-1e9, {}, "")
         self._lock = asyncio.Lock()
-        self._registered: tuple[float, dict[str, list[dict[str, Any]]]] = (-1e9, {})
+        self._registered: tuple[float, dict[str, list[dict[str, object]]]] = (-1e9, {})
         self.adapters_every = ADAPTERS_EVERY
 
     def attach(self, source: FleetSource) -> None:
@@ -63,12 +63,12 @@ class FleetView:
             log.exception("fleet view: snapshot failed")
             return self._snap[2]
 
-    async def data(self, subpath: str) -> Any:
+    async def data(self, subpath: str) -> object:
         if subpath in ("", "/"):  # fresh: a GET sees what just happened
             return (await self.snapshot())[0]
         raise NotFound(f"no route for GET {self.prefix}{subpath}", field="path")
 
-    async def snapshot(self, max_age: float = 0.0) -> tuple[dict[str, Any], str]:
+    async def snapshot(self, max_age: float = 0.0) -> tuple[dict[str, object], str]:
         """A snapshot at most ``max_age`` seconds old, and its version (a digest of
         everything but the time it was taken)."""
         async with self._lock:
@@ -82,7 +82,7 @@ class FleetView:
                 self._snap = (now, snap, version)
             return snap, version
 
-    async def _build(self) -> dict[str, Any]:
+    async def _build(self) -> dict[str, object]:
         if self.source is None:
             return _assemble("none", Gathered([], [], None, []), [], {}, {}, {},
                              (self.recent.window_s, self.recent.rate_s))  # fmt: skip
@@ -95,7 +95,7 @@ class FleetView:
             registered, (self.recent.window_s, self.recent.rate_s),
         )  # fmt: skip
 
-    async def _adapters(self) -> dict[str, list[dict[str, Any]]]:
+    async def _adapters(self) -> dict[str, list[dict[str, object]]]:
         """The registered adapters per base, listed at most every ``adapters_every`` s."""
         at, cached = self._registered
         adapters = self.source.adapters if self.source is not None else None
@@ -106,7 +106,7 @@ class FleetView:
         except Exception as exc:  # the store is unreachable now: the last listing
             log.debug("fleet view: adapters not listed: %s", exc)
             return cached
-        out: dict[str, list[dict[str, Any]]] = {}
+        out: dict[str, list[dict[str, object]]] = {}
         for info in infos:
             out.setdefault(info.base, []).append(
                 {"id": str(info.id), "rank": info.rank, "pinned": info.pinned}
@@ -121,9 +121,9 @@ def _assemble(
     catalog: list[tuple[str, str]],
     recent: dict[str, dict[str, Any]],
     errors: dict[str, int],
-    registered: dict[str, list[dict[str, Any]]],
+    registered: dict[str, list[dict[str, object]]],
     windows: tuple[float, float],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     known = dict(catalog)
     for lane in g.lanes:  # a lane of a model this gateway does not list: still shown
         known.setdefault(lane["model"], "")
@@ -185,7 +185,7 @@ def _assemble(
 
 def _adapters(
     registered: dict[str, list[dict[str, Any]]], models: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Per base model: its registered adapters, and the workers each is hot on."""
     hot = {m["id"]: m["adapters"]["hot"] for m in models}
     bases = sorted(set(registered) | {b for b, h in hot.items() if h})

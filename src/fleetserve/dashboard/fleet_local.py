@@ -13,9 +13,10 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..wire import Priority
+from ..worker.lora_hosting import host_of
 
 if TYPE_CHECKING:
     from ..fleet.manager import Fleet
@@ -57,18 +58,23 @@ def errors_by_model(metrics: Metrics) -> dict[str, int]:
 
 def hot_adapters(runner: Runner) -> list[str]:
     """The adapters hot on ``runner``'s model (in its LoRA bank), least recent first."""
-    from ..worker.lora_hosting import _host_of  # what holds the bank: the family or runtime
-
     try:
-        host = _host_of(getattr(runner, "host_family", None))
+        host = host_of(runner.host_family)  # what holds the bank: the family or runtime
         return list(host.lora_bank().keys()) if host is not None else []
     except Exception:  # a model between loads: nothing hot
         return []
 
 
+class Figures(TypedDict):
+    """A worker's counters and hot adapters (heartbeat fields of the same names)."""
+
+    counters: dict[str, dict[str, int]]
+    adapters: dict[str, list[str]]
+
+
 def worker_figures(
     runners: Mapping[str, Runner], stats: QueueStats | None, metrics: Metrics
-) -> dict[str, Any]:
+) -> Figures:
     """The fleet view's extra heartbeat fields: ``counters`` (put-backs, redeliveries,
     dead letters and evictions per model, running counts) and ``adapters`` (the hot
     adapters per model)."""
@@ -79,7 +85,7 @@ def worker_figures(
         "evictions": by_label(metrics.evictions),
     }
     adapters = {m: hot for m, r in runners.items() if (hot := hot_adapters(r))}
-    return {"counters": counters, "adapters": adapters}
+    return Figures(counters=counters, adapters=adapters)
 
 
 def worker_state(
@@ -91,8 +97,8 @@ def worker_state(
     *,
     ready: bool,
     device: str,
-    tuning: Callable[[str], Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
+    tuning: Callable[[str], Mapping[str, object]] | None = None,
+) -> dict[str, object]:
     """A worker as the fleet view shows it (the shape of a normalized heartbeat);
     ``tuning``: each model's background tuning state (``--tune auto``)."""
     beat = {
@@ -149,7 +155,7 @@ def normalize(beat: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tuning(raw: Any) -> dict[str, Any] | None:
+def _tuning(raw: object) -> dict[str, object] | None:
     """A model's background tuning state, as the fleet view shows it."""
     if not isinstance(raw, Mapping):
         return None
@@ -188,7 +194,7 @@ def memory_lanes(queue: MemoryQueue) -> list[dict[str, Any]]:
     return out
 
 
-def _mapping(v: object) -> Mapping[str, Any]:
+def _mapping(v: object) -> Mapping[str, object]:
     return v if isinstance(v, Mapping) else {}
 
 
@@ -198,6 +204,7 @@ def _int(v: object) -> int:
 
 __all__ = [
     "COUNTERS",
+    "Figures",
     "by_label",
     "errors_by_model",
     "hot_adapters",

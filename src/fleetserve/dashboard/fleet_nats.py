@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..wire import Priority
 from ..wire import headers as H
@@ -53,9 +53,9 @@ class JetStreamLanes:
 
     def __init__(self, queue: JetStreamQueue) -> None:
         self.queue = queue
-        self._last: tuple[list[dict[str, Any]], dict[str, int]] = ([], {})
+        self._last: tuple[list[dict[str, object]], dict[str, int]] = ([], {})
 
-    async def read(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    async def read(self) -> tuple[list[dict[str, object]], dict[str, int]]:
         """``(lanes, dead letters per model)``; the last figures while NATS is down."""
         if not self.queue.healthy or self.queue.js is None:
             return self._last
@@ -66,7 +66,7 @@ class JetStreamLanes:
             log.debug("fleet view: JetStream not readable now: %s", exc)
         return self._last
 
-    async def _lanes(self) -> list[dict[str, Any]]:
+    async def _lanes(self) -> list[dict[str, object]]:
         js, o = self.queue.js, self.queue.options
         info = await js.stream_info(o.stream, subjects_filter=f"{o.prefix}.work.>")
         out = []

@@ -155,7 +155,9 @@ class ClusterFleet:
         return self._adapters()
 
     async def gather(self) -> Gathered:
-        workers = sorted((normalize(b) for b in self.registry.workers()), key=lambda w: w["id"])
+        workers = sorted(
+            (normalize(b.as_dict()) for b in self.registry.workers()), key=lambda w: w["id"]
+        )
         lanes, dead = await self.lanes.read()
         notes = [] if workers else ["No worker has announced itself yet (heartbeats every 2 s)."]
         return Gathered(workers, lanes, dead, notes)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
 
 from ..tune.runs import RunStore, summary
 from ..wire import NotFound
@@ -33,12 +32,12 @@ class TuningView:
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
-        self._cache: dict[str, tuple[_Stat, dict[str, Any]]] = {}
+        self._cache: dict[str, tuple[_Stat, dict[str, object]]] = {}
 
     async def version(self) -> str:
         return await asyncio.to_thread(self.version_now)
 
-    async def data(self, subpath: str) -> Any:
+    async def data(self, subpath: str) -> object:
         if subpath == "runs":
             return {"object": "list", "data": await asyncio.to_thread(self.summaries)}
         if subpath.startswith("runs/"):
@@ -55,7 +54,7 @@ class TuningView:
         newest = max((st[0] for st in files.values()), default=0)
         return f"{len(files)}-{newest}-{sum(st[1] for st in files.values())}"
 
-    def summaries(self) -> list[dict[str, Any]]:
+    def summaries(self) -> list[dict[str, object]]:
         """A summary of every readable run, newest first."""
         files = self._files()
         for gone in self._cache.keys() - files.keys():
@@ -65,7 +64,7 @@ class TuningView:
         out.sort(key=lambda r: (str(r.get("started_at") or ""), str(r["id"])), reverse=True)
         return out
 
-    def run(self, run_id: str) -> dict[str, Any]:
+    def run(self, run_id: str) -> dict[str, object]:
         """The whole document of ``run_id``, or ``NotFound`` naming it."""
         try:
             st = os.stat(self.store.path(run_id))
@@ -95,7 +94,7 @@ class TuningView:
             return {}
         return out
 
-    def _load(self, run_id: str, st: _Stat) -> dict[str, Any] | None:
+    def _load(self, run_id: str, st: _Stat) -> dict[str, object] | None:
         cached = self._cache.get(run_id)
         if cached is not None and cached[0] == st:
             return cached[1]
@@ -111,7 +110,7 @@ class TuningView:
         return doc
 
 
-def _summary(doc: dict[str, Any]) -> dict[str, Any]:
+def _summary(doc: dict[str, object]) -> dict[str, object]:
     """``tune.runs.summary``, safe with a malformed ``candidates`` field."""
     if not isinstance(doc.get("candidates"), list | None):
         doc = {**doc, "candidates": []}

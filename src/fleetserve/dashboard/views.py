@@ -16,7 +16,7 @@ Adding a view is a new module here with a class like
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..settings import Settings
 from ..tune.runs import RunStore
@@ -40,7 +40,7 @@ class View(Protocol):
         raise."""
         ...
 
-    async def data(self, subpath: str) -> Any:
+    async def data(self, subpath: str) -> object:
         """The JSON body for ``prefix + subpath`` (a GET). Raises a ``FleetError``
         (``NotFound`` naming what is missing) when there is nothing to show."""
         ...

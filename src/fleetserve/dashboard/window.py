@@ -18,7 +18,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 WINDOW_S = 30.0
 RATE_S = 10.0
@@ -62,13 +61,13 @@ class Recent:
             d.append((now, seconds))
             self._total[model] = self._total.get(model, 0) + 1
 
-    def summary(self) -> dict[str, dict[str, Any]]:
+    def summary(self) -> dict[str, dict[str, object]]:
         """``{model: {requests, total, rps, p50_ms, p99_ms}}`` for every model seen;
         ``requests`` (and the percentiles) are those in the window, ``rps`` the rate
         over the last ``rate_s`` seconds, ``total`` all since start."""
         now = self.clock()
         cutoff = now - self.window_s
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, object]] = {}
         with self._lock:
             for model, d in self._seen.items():
                 while d and d[0][0] < cutoff:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from ..lora.registry import AdapterRegistry
@@ -100,7 +99,7 @@ class AdapterRoutes:
             return
         await respond(send, *body_response(status, body, accept))
 
-    async def _list(self, scope: AsgiScope, principal: Principal) -> dict[str, Any]:
+    async def _list(self, scope: AsgiScope, principal: Principal) -> dict[str, object]:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         base = query.get("base", [None])[-1] or None
         infos = await self.registry.list(principal, base=base)
@@ -108,7 +107,7 @@ class AdapterRoutes:
 
     async def _create(
         self, scope: AsgiScope, receive: Receive, principal: Principal, content_type: str
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         if not principal.can(Scope.ADAPTERS_WRITE):
             raise Forbidden("uploading adapters needs the adapters:write scope", field="scope")
         with self.uploads.slot(principal.tenant):
@@ -153,7 +152,7 @@ class _Form:
 
     def __init__(self, uploads: Uploads, max_weights: int) -> None:
         self.uploads, self.max_weights = uploads, max_weights
-        self.fields: dict[str, Any] = {}
+        self.fields: dict[str, object] = {}
         self.config: bytes | None = None
         self.weights: Spool | None = None
         self.names: list[str] = []
@@ -217,7 +216,7 @@ class _Form:
             self.fields[self._part] = self._buf.decode("utf-8", "replace")
         self._buf = bytearray()
 
-    def result(self) -> tuple[dict[str, Any], bytes, WeightsFile, list[str]]:
+    def result(self) -> tuple[dict[str, object], bytes, WeightsFile, list[str]]:
         """(form fields, config bytes, the spooled weights, uploaded file names)."""
         if self.config is None:
             raise InvalidInput(f"the upload has no {CONFIG}", field="config")
@@ -231,7 +230,7 @@ class _Form:
             self.weights.discard()
 
 
-def parse_body(body: Any) -> tuple[dict[str, Any], bytes, bytes]:
+def parse_body(body: object) -> tuple[dict[str, object], bytes, bytes]:
     """(fields, config bytes, weights bytes) of a msgpack or JSON upload."""
     if not isinstance(body, dict):
         raise InvalidInput("the upload body must be an object", field="body")
@@ -258,7 +257,7 @@ def parse_body(body: Any) -> tuple[dict[str, Any], bytes, bytes]:
     return {k: body[k] for k in FORM_FIELDS if k in body}, config, weights
 
 
-def _text(fields: dict[str, Any], key: str, *, required: bool = False) -> str | None:
+def _text(fields: dict[str, object], key: str, *, required: bool = False) -> str | None:
     v = fields.get(key)
     if v is None or v == "":
         if required:
@@ -269,7 +268,7 @@ def _text(fields: dict[str, Any], key: str, *, required: bool = False) -> str | 
     return v
 
 
-def _version(v: Any) -> int | None:
+def _version(v: object) -> int | None:
     if v is None or v == "":
         return None
     if isinstance(v, str) and v.strip().isdigit():
@@ -279,7 +278,7 @@ def _version(v: Any) -> int | None:
     return v
 
 
-def _flag(v: Any) -> bool:
+def _flag(v: object) -> bool:
     if v is None or isinstance(v, bool):
         return bool(v)
     if isinstance(v, str) and v.lower() in ("true", "1", "yes", "false", "0", "no", ""):

@@ -118,7 +118,7 @@ class KeyEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as a keys file holds it (scopes in a stable order)."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "sha256": self.sha256,
             "tenant": self.tenant,
             "scopes": [s.value for s in Scope if s in self.scopes],

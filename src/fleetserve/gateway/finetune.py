@@ -80,7 +80,7 @@ class FineTuneRoutes:
             return
         await respond(send, *body_response(status, body, accept))
 
-    async def _route(self, scope: AsgiScope, receive: Receive, principal: Principal) -> Any:
+    async def _route(self, scope: AsgiScope, receive: Receive, principal: Principal) -> object:
         path: str = scope["path"]
         method: str = scope["method"]
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -150,7 +150,7 @@ class FineTuneRoutes:
             finally:
                 spool.discard()
 
-    async def _jobs(self, principal: Principal, query: dict[str, list[str]]) -> dict[str, Any]:
+    async def _jobs(self, principal: Principal, query: dict[str, list[str]]) -> dict[str, object]:
         rows = [j.to_dict() for j in reversed(await self.manager.jobs(principal))]
         after, limit = _text(query, "after"), _limit(query)
         if after is not None:
@@ -235,7 +235,7 @@ def _flag(value: str | None, name: str) -> bool:
     return said in ("true", "1", "yes")
 
 
-async def _body(scope: AsgiScope, receive: Receive) -> Any:
+async def _body(scope: AsgiScope, receive: Receive) -> object:
     encoding = encoding_of(header(scope, b"content-type"))
     return loads(await read_body(scope, receive, JOB_BODY_BYTES), encoding)
 

@@ -10,7 +10,6 @@ left out, and each dashboard view contributes its own routes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import msgspec
 
@@ -64,14 +63,14 @@ def operations(
     return ops
 
 
-def document(ops: Sequence[Op]) -> dict[str, Any]:
+def document(ops: Sequence[Op]) -> dict[str, object]:
     """The OpenAPI 3.1 document of ``ops``."""
     types = _types(ops)
     refs, components = msgspec.json.schema_components(
         types, ref_template=REF, schema_hook=_schema_hook
     )
     schema_of = dict(zip(types, refs, strict=True))
-    paths: dict[str, dict[str, Any]] = {}
+    paths: dict[str, dict[str, object]] = {}
     for op in ops:
         paths.setdefault(op.path, {})[op.method] = _operation(op, schema_of)
     return {
@@ -96,7 +95,7 @@ class Cache:
     optional parts come up at start)."""
 
     def __init__(self) -> None:
-        self._docs: dict[tuple[Any, ...], bytes] = {}
+        self._docs: dict[tuple[tuple[str, str], ...], bytes] = {}
 
     def get(self, ops: Sequence[Op]) -> bytes:
         """The document of ``ops`` (``operations``: the routes a gateway serves now)."""
@@ -109,14 +108,14 @@ class Cache:
 # -- pieces ------------------------------------------------------------------------------
 
 
-def _schema_hook(typ: type) -> dict[str, Any]:
+def _schema_hook(typ: type) -> dict[str, object]:
     if typ is object:  # e.g. a JSON Schema inside response_format: any value
         return {"description": "any JSON value"}
     raise NotImplementedError
 
 
-def _types(ops: Sequence[Op]) -> list[Any]:
-    seen: list[Any] = [ErrorBody]
+def _types(ops: Sequence[Op]) -> list[object]:
+    seen: list[object] = [ErrorBody]
     for op in ops:
         bodies: list[Bodies] = [op.reply, *op.extra.values()]
         if op.request is not None:
@@ -129,25 +128,25 @@ def _types(ops: Sequence[Op]) -> list[Any]:
     return seen
 
 
-def _schema(typ: Any, schema_of: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+def _schema(typ: object, schema_of: dict[object, dict[str, object]]) -> dict[str, object]:
     if isinstance(typ, tuple):
         return {"anyOf": [schema_of[one] for one in typ]}
     return schema_of[typ]
 
 
-def _content(body: Bodies, schema_of: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+def _content(body: Bodies, schema_of: dict[object, dict[str, object]]) -> dict[str, object]:
     return {media: {"schema": _schema(typ, schema_of)} for media, typ in body.items()}
 
 
-def _operation(op: Op, schema_of: dict[Any, dict[str, Any]]) -> dict[str, Any]:
-    responses: dict[str, Any] = {
+def _operation(op: Op, schema_of: dict[object, dict[str, object]]) -> dict[str, object]:
+    responses: dict[str, object] = {
         str(op.status): {
             "description": REASONS[op.status],
             "content": _content(op.reply, schema_of),
         }
     }
     for status, body in op.extra.items():
-        entry: dict[str, Any] = {"description": REASONS[status]}
+        entry: dict[str, object] = {"description": REASONS[status]}
         if body:
             entry["content"] = _content(body, schema_of)
         responses[str(status)] = entry
@@ -156,7 +155,7 @@ def _operation(op: Op, schema_of: dict[Any, dict[str, Any]]) -> dict[str, Any]:
             "description": REASONS[status],
             "content": {m: {"schema": _error_schema(status, schema_of)} for m in _ERROR_MEDIA},
         }
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "operationId": op.op_id,
         "summary": op.summary,
         "tags": [op.tag],
@@ -180,7 +179,7 @@ def _operation(op: Op, schema_of: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _error_schema(status: int, schema_of: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+def _error_schema(status: int, schema_of: dict[object, dict[str, object]]) -> dict[str, object]:
     """The error body, with the codes that map to ``status`` (gateway.errors.STATUS)."""
     codes = sorted(code for code, s in STATUS.items() if s == status)
     if status == 500 or not codes:  # unknown codes map to 500 as well

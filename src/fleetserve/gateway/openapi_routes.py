@@ -53,7 +53,7 @@ class Op:
     extra: dict[int, Bodies] = field(default_factory=dict)  # other non-error statuses
 
 
-def _same(typ: Any, media: tuple[str, ...] = BOTH) -> Bodies:
+def _same(typ: object, media: tuple[str, ...] = BOTH) -> Bodies:
     return {m: typ for m in media}
 
 

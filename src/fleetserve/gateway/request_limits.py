@@ -108,11 +108,11 @@ class RequestLimits:
         decoder = _DECODERS.get(task)
         if decoder is None:
             return
-        head = decoder.decode(body, encoding)
+        head = msgspec.structs.asdict(decoder.decode(body, encoding))  # its fields by name
         for name in LISTS.get(task, ()):
-            self._list(name, getattr(head, name), encoding, task)
+            self._list(name, head[name], encoding, task)
         for name in SINGLES.get(task, ()):
-            self._item(name, getattr(head, name), encoding, task)
+            self._item(name, head[name], encoding, task)
 
     def _list(self, name: str, field: msgspec.Raw, encoding: Encoding, task: Task) -> None:
         if not field:

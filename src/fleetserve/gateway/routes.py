@@ -4,7 +4,6 @@ event: the gateway's pure helpers, kept apart from its request handling."""
 from __future__ import annotations
 
 import json
-from typing import Any
 from urllib.parse import unquote
 
 from ..wire import Task
@@ -40,7 +39,7 @@ def is_adapters(path: str) -> bool:
     return path == "/v1/adapters" or path.startswith("/v1/adapters/")
 
 
-def sse_error(error: dict[str, Any]) -> bytes:
+def sse_error(error: dict[str, object]) -> bytes:
     """An error after the stream started: one SSE ``error`` event (OpenAI's shape)."""
     return b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
 

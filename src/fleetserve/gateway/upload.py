@@ -21,8 +21,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+from ..settings import Settings
 from ..wire import Overloaded, PayloadTooLarge, Unavailable
 
 FLUSH = 1 << 20  # bytes gathered before one write to the spool file
@@ -100,7 +100,7 @@ class Uploads:
         self._by_tenant: dict[str, int] = {}
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Uploads:
+    def from_settings(cls, settings: Settings) -> Uploads:
         uploads = cls(
             Path(settings.cache_dir).expanduser() / "uploads",
             total=int(settings.max_uploads),

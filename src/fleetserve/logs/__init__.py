@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
-from typing import Any, TextIO
+from typing import TextIO
 from urllib.parse import urlsplit
 
 from ..settings import Settings
@@ -54,7 +54,7 @@ _SHORT = {"W": "WARN", "C": "CRIT"}
 _COLORS = {"DEBUG": "2", "INFO": "32", "WARN": "33", "ERROR": "31", "CRIT": "31;1"}
 
 
-def kv(**values: Any) -> dict[str, Any]:
+def kv(**values: object) -> dict[str, object]:
     """``extra=`` for a log call: ``log.info("loaded %s", m, extra=kv(ms=12))``."""
     return {FIELDS: values}
 
@@ -122,7 +122,7 @@ def clip(s: str, limit: int = FIELD_MAX) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "\u2026"
 
 
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3g}"
     s = clip(str(v))
@@ -165,7 +165,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ms = int(record.msecs)
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{ms:03d}Z"
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "ts": ts,
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -209,7 +209,7 @@ def setup_logging(
     level = settings.log_level.strip().lower()
     if level not in LEVELS:
         raise ValueError(f"log_level must be one of {', '.join(LEVELS)}, not {level!r}")
-    fmt = str(getattr(settings, "log_format", "text")).strip().lower()
+    fmt = settings.log_format.strip().lower()
     if fmt not in FORMATS:
         raise ValueError(f"log_format must be text or json, not {fmt!r}")
     redact = Redactor.from_settings(settings)

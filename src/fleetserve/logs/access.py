@@ -70,7 +70,7 @@ class Access:
     given_id: bool = False  # ``request_id`` is the client's (``x-request-id``)
 
     @classmethod
-    def of(cls, scope: Mapping[str, Any]) -> Access:
+    def of(cls, scope: Mapping[str, object]) -> Access:
         """The record of an ASGI HTTP request: its id (the client's if sane), declared
         size and whether it says it is fleetserve's own polling."""
         given = _header(scope, b"x-request-id")

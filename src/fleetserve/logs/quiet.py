@@ -24,27 +24,26 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
 
 log = logging.getLogger("fleetserve.logs")
 
 
 def _huggingface_hub() -> None:
-    hub: Any = importlib.import_module("huggingface_hub.utils")
+    hub: ModuleType = importlib.import_module("huggingface_hub.utils")
     hub.disable_progress_bars()
 
 
 def _transformers() -> None:
     _huggingface_hub()  # transformers reads it for its own bars at import, too
-    tlog: Any = importlib.import_module("transformers.utils.logging")
+    tlog: ModuleType = importlib.import_module("transformers.utils.logging")
     tlog.disable_progress_bar()
     tlog.disable_default_handler()
     tlog.enable_propagation()
 
 
 def _datasets() -> None:
-    datasets: Any = importlib.import_module("datasets")
-    dlog: Any = importlib.import_module("datasets.utils.logging")
+    datasets: ModuleType = importlib.import_module("datasets")
+    dlog: ModuleType = importlib.import_module("datasets.utils.logging")
     datasets.disable_progress_bars()
     dlog.enable_propagation()
 
@@ -84,7 +83,7 @@ class _Loader(importlib.abc.Loader):
         self.inner.exec_module(module)
         configure(self.name)
 
-    def __getattr__(self, attr: str) -> Any:  # get_resource_reader, is_package, ...
+    def __getattr__(self, attr: str) -> object:  # get_resource_reader, is_package, ...
         return getattr(self.inner, attr)
 
 

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Protocol
 
 log = logging.getLogger("fleetserve.fleet")
 SHORT = 3  # models named in the line itself, at most
 
 
-def ready_summary(runners: Mapping[str, Any], devices: str | Iterable[str]) -> str:
+class Loads(Protocol):
+    """A model's runner, as far as the summary reads it."""
+
+    @property
+    def loaded(self) -> bool: ...
+
+
+def ready_summary(runners: Mapping[str, Loads], devices: str | Iterable[str]) -> str:
     """``3 loaded, 14 on demand, device cpu`` (``sentence-transformers/x loaded, device
     cpu`` for one or a few models); each model's state at debug level."""
-    loaded = [m for m, r in runners.items() if getattr(r, "loaded", False)]
+    loaded = [m for m, r in runners.items() if r.loaded]
     later = [m for m in runners if m not in set(loaded)]
     where = devices if isinstance(devices, str) else ", ".join(devices)
     label = "devices" if "," in where else "device"

@@ -14,11 +14,11 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from ..catalog import ModelSpec
 from ..catalog.adapter_specs import AdapterDecl
 from ..catalog.weights import resolve_sources
+from ..settings import Settings
 from ..wire import (
     PUBLIC_TENANT,
     AdapterNotFound,
@@ -39,7 +39,7 @@ ATTEMPTS = 5
 
 
 async def register_declared(
-    registry: AdapterRegistry, catalog: Iterable[ModelSpec], settings: Any
+    registry: AdapterRegistry, catalog: Iterable[ModelSpec], settings: Settings
 ) -> list[AdapterRecord]:
     """Register every adapter the catalog's specs declare; returns those registered
     or kept (failures are logged, not raised)."""
@@ -55,7 +55,7 @@ async def register_declared(
 
 
 async def register_one(
-    registry: AdapterRegistry, base: str, decl: AdapterDecl, settings: Any
+    registry: AdapterRegistry, base: str, decl: AdapterDecl, settings: Settings
 ) -> AdapterRecord:
     """One declaration: the existing version with the same content, else a new one."""
     path = await asyncio.to_thread(_resolve, decl, settings)
@@ -91,7 +91,7 @@ async def _same(registry: AdapterRegistry, name: str, sha: str) -> tuple[Adapter
     return same, versions[-1].version
 
 
-def _resolve(decl: AdapterDecl, settings: Any) -> Path:
+def _resolve(decl: AdapterDecl, settings: Settings) -> Path:
     return resolve_sources(decl.name, (decl.source,), settings)
 
 

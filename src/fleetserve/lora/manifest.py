@@ -46,7 +46,7 @@ class AdapterManifest:
         out.update({m.b: m.module for m in self.modules})
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -113,7 +113,7 @@ class AdapterRecord:
         assert self.id.version is not None
         return self.id.version
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The API's view (``GET /v1/adapters/{id}``)."""
         return {
             "object": "adapter",

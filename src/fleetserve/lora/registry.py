@@ -31,7 +31,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ..storage import PayloadMissing, PayloadStore
 from ..wire import (
@@ -183,7 +182,7 @@ class AdapterRegistry:
             field="name",
         )
 
-    def _base(self, config: dict[str, Any], base: str | None) -> str:
+    def _base(self, config: dict[str, object], base: str | None) -> str:
         if base is not None:
             family = self.bases.family(base)
             if family is None:

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..settings import Settings
 from ..storage import PayloadMissing, PayloadStore, check_key, open_store
 from ..storage.outage import kind_of, unreachable
 
@@ -116,7 +117,7 @@ class AdapterStore:
         created it, False if the key existed (atomically, across processes)."""
         check_key(key)
         if self._kind == "memory":
-            objects: dict[str, Any] = self.store._objects  # type: ignore[attr-defined]
+            objects: dict[str, object] = self.store._objects  # type: ignore[attr-defined]
             if key in objects:
                 return False
             await self.store.put(key, data)
@@ -270,7 +271,7 @@ def _embedded_default(cache_dir: str) -> str:
     return (Path(cache_dir).expanduser().absolute() / "adapter-store").as_uri()
 
 
-async def open_adapter_store(settings: Any, *, nats: Any = None) -> AdapterStore:
+async def open_adapter_store(settings: Settings, *, nats: object = None) -> AdapterStore:
     """The adapter store Settings name: ``adapter_store``, else ``nats://fleetserve-
     adapters`` given a NATS connection (distributed mode), else a directory under
     ``cache_dir``. It must not be the payload store, whose sweeper deletes old objects."""

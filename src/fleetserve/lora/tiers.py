@@ -26,8 +26,8 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from ..settings import Settings
 from ..wire import AdapterId, AdapterNotFound, InternalError, parse_adapter_id
 from .manifest import AdapterRecord
 from .registry import AdapterRegistry
@@ -71,7 +71,7 @@ class AdapterCache:
 
     @classmethod
     def from_settings(
-        cls, registry: AdapterRegistry, settings: Any, node: str = ""
+        cls, registry: AdapterRegistry, settings: Settings, node: str = ""
     ) -> AdapterCache:
         """``<cache_dir>/adapters[/<node>]`` within ``adapter_cache_bytes`` (a size or a
         percent of that file system). Processes sharing a cache directory (workers of

@@ -17,8 +17,8 @@ import re
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from ..settings import Settings
 from ..wire import InvalidInput
 from .manifest import AdapterManifest, LoraModule
 from .safetensors_header import check_filename, parse_header, read_file_header
@@ -56,7 +56,7 @@ class Limits:
     max_header_bytes: int = 4 * 1024 * 1024  # the weights' safetensors JSON header
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Limits:
+    def from_settings(cls, settings: Settings) -> Limits:
         return cls(
             max_rank=int(settings.max_adapter_rank),
             max_bytes=int(settings.max_adapter_bytes),
@@ -85,7 +85,7 @@ def content_hash(config_sha256: str, weights_sha256: str) -> str:
     return sha256_hex(f"{CONFIG}:{config_sha256}\n{WEIGHTS}:{weights_sha256}\n".encode())
 
 
-def read_config(config_bytes: bytes) -> dict[str, Any]:
+def read_config(config_bytes: bytes) -> dict[str, object]:
     try:
         config = json.loads(config_bytes)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -97,12 +97,12 @@ def read_config(config_bytes: bytes) -> dict[str, Any]:
     return config
 
 
-def config_base(config: Mapping[str, Any]) -> str | None:
+def config_base(config: Mapping[str, object]) -> str | None:
     name = config.get("base_model_name_or_path")
     return name.strip() or None if isinstance(name, str) else None
 
 
-def check_base(config: Mapping[str, Any], base: str, known: Container[str]) -> None:
+def check_base(config: Mapping[str, object], base: str, known: Container[str]) -> None:
     """A config naming another served model is for that one; a local path or a name
     this server does not know is taken to be ``base`` (the uploader said so)."""
     named = config_base(config)
@@ -110,7 +110,7 @@ def check_base(config: Mapping[str, Any], base: str, known: Container[str]) -> N
         raise InvalidInput(f"adapter is for {named}, not {base}", field="base")
 
 
-def _config_checks(config: Mapping[str, Any], limits: Limits) -> tuple[int, float, bool]:
+def _config_checks(config: Mapping[str, object], limits: Limits) -> tuple[int, float, bool]:
     peft_type = config.get("peft_type")
     if peft_type != "LORA":
         raise InvalidInput(

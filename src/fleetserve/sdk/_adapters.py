@@ -13,6 +13,7 @@ import httpx
 from ..wire import Encoding
 from ..wire.codec import loads
 from ._common import MSGPACK, raise_for_error
+from .records import AdapterInfo, adapter, adapter_list
 
 T = TypeVar("T")
 CONFIG = "adapter_config.json"
@@ -34,7 +35,7 @@ class Request(Generic[T]):
     content: bytes | None = None  # a raw body, of ``content_type``
     content_type: str = MSGPACK
 
-    def kwargs(self, timeout: float) -> dict[str, Any]:
+    def kwargs(self, timeout: float) -> dict[str, Any]:  # httpx's keyword arguments
         out: dict[str, Any] = {"headers": {"accept": MSGPACK}, "timeout": timeout + 1}
         if self.content is not None:
             out["content"] = self.content
@@ -80,7 +81,7 @@ def adapter_files(path: str | Path) -> list[FileField]:
 
 def upload(
     path: str | Path, name: str, base: str | None, version: int | None, pinned: bool
-) -> Request[dict[str, Any]]:
+) -> Request[AdapterInfo]:
     data = {"name": name}
     if base:
         data["base"] = base
@@ -88,16 +89,16 @@ def upload(
         data["version"] = str(version)
     if pinned:
         data["pinned"] = "true"
-    return Request("POST", "/v1/adapters", dict, files=adapter_files(path), data=data)
+    return Request("POST", "/v1/adapters", adapter, files=adapter_files(path), data=data)
 
 
-def listing(base: str | None) -> Request[list[dict[str, Any]]]:
+def listing(base: str | None) -> Request[list[AdapterInfo]]:
     params = {"base": base} if base else {}
-    return Request("GET", "/v1/adapters", lambda r: list(r["data"]), params=params)
+    return Request("GET", "/v1/adapters", adapter_list, params=params)
 
 
-def get(adapter: str) -> Request[dict[str, Any]]:
-    return Request("GET", adapter_path(adapter), dict)
+def get(name: str) -> Request[AdapterInfo]:
+    return Request("GET", adapter_path(name), adapter)
 
 
 def delete(adapter: str) -> Request[list[str]]:

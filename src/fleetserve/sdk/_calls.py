@@ -17,10 +17,10 @@ from ._common import Call, Job
 from .results import Quantized, RerankResult, SparseVector
 
 T = TypeVar("T")
-Opts = dict[str, Any]
+Opts = dict[str, object]
 
 
-def _call(path: str, body: dict[str, Any], decode: Callable[[Any], T]) -> Call[T]:
+def _call(path: str, body: dict[str, object], decode: Callable[[Any], T]) -> Call[T]:
     clean = {k: v for k, v in body.items() if v is not None}
     return Call(path, dumps(clean, Encoding.MSGPACK), decode)
 
@@ -43,7 +43,7 @@ def _stack(parts: list[Any], starts: list[int]) -> Any:
     return Quantized(first.dtype, values, scales, first.dimensions)
 
 
-def _encode_body(inputs: Any, output_dtype: str, options: Opts) -> dict[str, Any]:
+def _encode_body(inputs: object, output_dtype: str, options: Opts) -> dict[str, object]:
     body = {"inputs": inputs, **options}
     if output_dtype != "float32":
         body["output_dtype"] = output_dtype
@@ -57,7 +57,7 @@ def encode_job(
         scales = reply.get("scales")
         return _vectors(reply, array_from_wire(reply["embeddings"]), scales, dequantize)
 
-    def make(inputs: Any) -> Call[Any]:
+    def make(inputs: object) -> Call[object]:
         body = _encode_body(inputs, output_dtype, options)
         return _call(_model_path("encode", model), body, decode)
 
@@ -66,13 +66,13 @@ def encode_job(
 
 def multivector_job(
     model: str, texts: str | list[str], output_dtype: str, dequantize: bool, options: Opts
-) -> Job[list[Any]]:
+) -> Job[list[object]]:
     def decode(reply: Any) -> list[Any]:
         mats = [array_from_wire(m) for m in reply["embeddings"]]
         scales = reply.get("scales") or [None] * len(mats)
         return [_vectors(reply, m, s, dequantize) for m, s in zip(mats, scales, strict=True)]
 
-    def make(inputs: Any) -> Call[list[Any]]:
+    def make(inputs: object) -> Call[list[object]]:
         body = _encode_body(inputs, output_dtype, options)
         return _call(_model_path("encode", model), body, decode)
 
@@ -101,7 +101,7 @@ def sparse_job(model: str, texts: str | list[str], options: Opts) -> Job[list[Sp
             for e in reply["embeddings"]
         ]
 
-    def make(inputs: Any) -> Call[list[SparseVector]]:
+    def make(inputs: object) -> Call[list[SparseVector]]:
         return _call(_model_path("encode", model), {"inputs": inputs, **options}, decode)
 
     return Job(catalog_id(model), texts, "inputs", make, _concat)
@@ -114,7 +114,7 @@ def _query_tokens(query: str) -> int:
 def score_job(
     model: str, query: str, items: list[str], truncate: bool, adapter: str | None = None
 ) -> Job[list[float]]:
-    def make(run: Any) -> Call[list[float]]:
+    def make(run: object) -> Call[list[float]]:
         body = {"query": query, "items": run, "truncate": truncate, "adapter": adapter}
         path = _model_path("score", model)
         return _call(path, body, lambda r: [float(s) for s in r["scores"]])
@@ -135,7 +135,7 @@ def rerank_job(
             for r in reply["results"]
         ]
 
-    def make(run: Any) -> Call[list[RerankResult]]:
+    def make(run: object) -> Call[list[RerankResult]]:
         body = {
             "model": model,
             "query": query,
@@ -165,8 +165,8 @@ def extract_job(
     labels: list[str] | None,
     threshold: float | None,
     options: Opts,
-) -> Job[list[Any]]:
-    def make(run: Any) -> Call[list[Any]]:
+) -> Job[list[object]]:
+    def make(run: object) -> Call[list[object]]:
         body = {"inputs": run, "labels": labels, "threshold": threshold, **options}
         return _call(_model_path("extract", model), body, lambda r: list(r["results"]))
 

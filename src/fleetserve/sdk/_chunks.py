@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
 
 from ..wire import Encoding, FleetError
 from ..wire.codec import dumps
@@ -40,7 +39,7 @@ class Limits:
     max_items: int = 2048
 
     @classmethod
-    def from_info(cls, info: Any) -> Limits:
+    def from_info(cls, info: object) -> Limits:
         """Read one entry's ``limits``; a missing or unusable figure keeps its default."""
         if not isinstance(info, dict):
             return cls()
@@ -52,7 +51,7 @@ class Limits:
         return cls(**known)
 
 
-def limits_by_model(models: Any) -> dict[str, Limits]:
+def limits_by_model(models: object) -> dict[str, Limits]:
     """The limits of each model in a ``GET /v1/models`` body (``{"data": [...]}``)."""
     data = models.get("data") if isinstance(models, dict) else None
     if not isinstance(data, list):
@@ -69,7 +68,7 @@ def catalog_id(model: str) -> str:
     return model.partition(":")[0]
 
 
-def item_bytes(item: Any) -> int:
+def item_bytes(item: object) -> int:
     """The bytes one item adds to a msgpack body (its header at most 5)."""
     if isinstance(item, str):
         return len(item.encode("utf-8")) + 5
@@ -78,7 +77,7 @@ def item_bytes(item: Any) -> int:
     return len(dumps(item, Encoding.MSGPACK))
 
 
-def sizes_if_large(items: Sequence[Any] | None) -> list[int] | None:
+def sizes_if_large(items: Sequence[object] | None) -> list[int] | None:
     """Each item's bytes when the list may need splitting; None when it goes whole."""
     if items is None:
         return None

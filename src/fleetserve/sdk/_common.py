@@ -143,7 +143,7 @@ class Job(Generic[T]):
     extra_tokens: int = 0  # what every item brings along (the query, for scoring)
 
     @property
-    def items(self) -> list[Any] | None:
+    def items(self) -> list[object] | None:
         return self.inputs if isinstance(self.inputs, list) else None
 
     @property

@@ -29,11 +29,13 @@ from ..wire import DeadlineExceeded, Encoding
 from ..wire.codec import dumps
 from ..wire.finetune import PURPOSE, JobStatus
 from ._adapters import Request
+from .records import FileObject, FineTuningEvent, FineTuningJob, file_list, file_object, job
 
 T = TypeVar("T")
-Pairs = str | Path | bytes | Sequence[Mapping[str, Any]]
-OnEvent = Callable[[dict[str, Any]], object]
-Page = tuple[list[dict[str, Any]], bool]
+R = TypeVar("R")
+Pairs = str | Path | bytes | Sequence[Mapping[str, object]]
+OnEvent = Callable[[FineTuningEvent], object]
+Page = tuple[list[R], bool]  # one page of a listing, and whether more follow
 FILES = "/v1/files"
 JOBS = "/v1/fine_tuning/jobs"
 PAGE = 100  # events and jobs read per request while following or listing
@@ -50,53 +52,49 @@ def _read(file: Pairs, filename: str | None) -> tuple[bytes, str]:
     return rows, filename or "pairs.jsonl"
 
 
-def upload(file: Pairs, filename: str | None, truncate: bool = False) -> Request[dict[str, Any]]:
+def upload(file: Pairs, filename: str | None, truncate: bool = False) -> Request[FileObject]:
     data, name = _read(file, filename)
     params = {"filename": name, "purpose": PURPOSE}
     if truncate:  # texts over the server's train_max_chars are cut, not a 400
         params["truncate"] = "true"
     return Request(
-        "POST", FILES, dict, params=params, content=data, content_type="application/jsonl"
+        "POST", FILES, file_object, params=params, content=data, content_type="application/jsonl"
     )
 
 
-def _page(r: Any) -> Page:
+def _page(r: Any) -> Page[Any]:
     return list(r["data"]), bool(r.get("has_more"))
-
-
-def _one(path: str) -> Request[dict[str, Any]]:
-    return Request("GET", path, dict)
 
 
 def _id(ident: str) -> str:
     return quote(ident, safe="")
 
 
-def job_body(model: str, training_file: str, **fields: Any) -> dict[str, Any]:
+def job_body(model: str, training_file: str, **fields: object) -> dict[str, object]:
     """The job's fields, without those left unset (the server's defaults apply)."""
-    body = {"model": model, "training_file": training_file}
+    body: dict[str, object] = {"model": model, "training_file": training_file}
     return body | {k: v for k, v in fields.items() if v is not None}
 
 
-def create(body: dict[str, Any]) -> Request[dict[str, Any]]:
-    return Request("POST", JOBS, dict, content=dumps(body, Encoding.MSGPACK))
+def create(body: dict[str, object]) -> Request[FineTuningJob]:
+    return Request("POST", JOBS, job, content=dumps(body, Encoding.MSGPACK))
 
 
-def events_page(job_id: str, after: str | None, limit: int) -> Request[Page]:
+def events_page(job_id: str, after: str | None, limit: int) -> Request[Page[FineTuningEvent]]:
     params = {"limit": str(limit)} | ({"after": after} if after else {})
     return Request("GET", f"{JOBS}/{_id(job_id)}/events", _page, params=params)
 
 
-def jobs_page(after: str | None) -> Request[Page]:
+def jobs_page(after: str | None) -> Request[Page[FineTuningJob]]:
     params = {"limit": str(PAGE)} | ({"after": after} if after else {})
     return Request("GET", JOBS, _page, params=params)
 
 
-def finished(job: Mapping[str, Any]) -> bool:
-    return JobStatus(job["status"]).finished
+def finished(record: FineTuningJob) -> bool:
+    return JobStatus(record["status"]).finished
 
 
-def _seq(event: Mapping[str, Any]) -> int:
+def _seq(event: FineTuningEvent) -> int:
     return int(str(event["id"]).rsplit("-", 1)[-1])
 
 
@@ -107,10 +105,10 @@ class Follower:
     def __init__(self, on_event: OnEvent | None) -> None:
         self.on_event = on_event
         self.last = 0  # the newest event handed on
-        self.newest: dict[str, Any] | None = None
-        self._fresh: list[dict[str, Any]] = []
+        self.newest: FineTuningEvent | None = None
+        self._fresh: list[FineTuningEvent] = []
 
-    def take(self, page: Page) -> str | None:
+    def take(self, page: Page[FineTuningEvent]) -> str | None:
         """Keep a page's new events; the ``after`` of the next page to read, or None."""
         rows, more = page
         new = [r for r in rows if _seq(r) > self.last]
@@ -124,7 +122,7 @@ class Follower:
             self.last, self.newest = _seq(fresh[0]), fresh[0]
         return [self.on_event(e) for e in reversed(fresh)] if self.on_event else []
 
-    def ended(self, job: Mapping[str, Any]) -> bool:
+    def ended(self, job: FineTuningJob) -> bool:
         """The finished job's last status line has been seen (it follows the record)."""
         n = self.newest
         return (
@@ -156,16 +154,16 @@ class FineTuneMethods:
         filename: str | None = None,
         truncate: bool = False,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> FileObject:
         """Upload a JSONL of pairs; the file (``id``, ``rows``, ``warnings``...). A text
         over the server's ``train_max_chars`` is a 400, or with ``truncate`` cut to it."""
         return self._send(upload(file, filename, truncate), timeout)
 
-    def list_files(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
-        return self._send(Request("GET", FILES, lambda r: list(r["data"])), timeout)
+    def list_files(self, *, timeout: float | None = None) -> list[FileObject]:
+        return self._send(Request("GET", FILES, file_list), timeout)
 
-    def get_file(self, file_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        return self._send(_one(f"{FILES}/{_id(file_id)}"), timeout)
+    def get_file(self, file_id: str, *, timeout: float | None = None) -> FileObject:
+        return self._send(Request("GET", f"{FILES}/{_id(file_id)}", file_object), timeout)
 
     def create_fine_tuning_job(
         self,
@@ -173,13 +171,13 @@ class FineTuneMethods:
         training_file: str,
         *,
         validation_file: str | None = None,
-        hyperparameters: dict[str, Any] | None = None,
+        hyperparameters: Mapping[str, object] | None = None,
         suffix: str | None = None,
         validation_fraction: float | None = None,
         margin: float | None = None,
         seed: int | None = None,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> FineTuningJob:
         """Queue a job training a LoRA of ``model`` on a file's pairs; the job."""
         body = job_body(
             model, training_file, validation_file=validation_file,
@@ -188,12 +186,12 @@ class FineTuneMethods:
         )  # fmt: skip
         return self._send(create(body), timeout)
 
-    def get_fine_tuning_job(self, job_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        return self._send(_one(f"{JOBS}/{_id(job_id)}"), timeout)
+    def get_fine_tuning_job(self, job_id: str, *, timeout: float | None = None) -> FineTuningJob:
+        return self._send(Request("GET", f"{JOBS}/{_id(job_id)}", job), timeout)
 
-    def list_fine_tuning_jobs(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+    def list_fine_tuning_jobs(self, *, timeout: float | None = None) -> list[FineTuningJob]:
         """Every job of this key's tenant, newest first."""
-        out: list[dict[str, Any]] = []
+        out: list[FineTuningJob] = []
         after = None
         while True:
             rows, more = self._send(jobs_page(after), timeout)
@@ -209,14 +207,12 @@ class FineTuneMethods:
         after: str | None = None,
         limit: int = 20,
         timeout: float | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[FineTuningEvent]:
         """One page of the job's events, newest first (``after``: an event id)."""
         return self._send(events_page(job_id, after, limit), timeout)[0]
 
-    def cancel_fine_tuning_job(
-        self, job_id: str, *, timeout: float | None = None
-    ) -> dict[str, Any]:
-        return self._send(Request("POST", f"{JOBS}/{_id(job_id)}/cancel", dict), timeout)
+    def cancel_fine_tuning_job(self, job_id: str, *, timeout: float | None = None) -> FineTuningJob:
+        return self._send(Request("POST", f"{JOBS}/{_id(job_id)}/cancel", job), timeout)
 
     def wait_fine_tuning_job(
         self,
@@ -225,7 +221,7 @@ class FineTuneMethods:
         poll: float = 0.5,
         timeout: float | None = None,
         on_event: OnEvent | None = None,
-    ) -> dict[str, Any]:
+    ) -> FineTuningJob:
         """Poll until the job ends (``DeadlineExceeded`` after ``timeout`` s); the job."""
         follow, deadline, grace = Follower(on_event), deadline_of(timeout), 0
         while True:
@@ -250,11 +246,11 @@ class FineTuneMethods:
         *,
         eval: Pairs | None = None,
         suffix: str | None = None,
-        hyperparameters: dict[str, Any] | None = None,
+        hyperparameters: Mapping[str, object] | None = None,
         wait: bool = True,
         on_event: OnEvent | None = None,
         **job_kwargs: Any,
-    ) -> dict[str, Any]:
+    ) -> FineTuningJob:
         """Upload ``pairs`` (and ``eval``), create the job, and wait for it (``wait``)."""
         training = self.upload_file(pairs)["id"]
         validation = None if eval is None else self.upload_file(eval)["id"]
@@ -279,14 +275,14 @@ class AsyncFineTuneMethods:
         filename: str | None = None,
         truncate: bool = False,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> FileObject:
         return await self._send(upload(file, filename, truncate), timeout)
 
-    async def list_files(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
-        return await self._send(Request("GET", FILES, lambda r: list(r["data"])), timeout)
+    async def list_files(self, *, timeout: float | None = None) -> list[FileObject]:
+        return await self._send(Request("GET", FILES, file_list), timeout)
 
-    async def get_file(self, file_id: str, *, timeout: float | None = None) -> dict[str, Any]:
-        return await self._send(_one(f"{FILES}/{_id(file_id)}"), timeout)
+    async def get_file(self, file_id: str, *, timeout: float | None = None) -> FileObject:
+        return await self._send(Request("GET", f"{FILES}/{_id(file_id)}", file_object), timeout)
 
     async def create_fine_tuning_job(
         self,
@@ -294,13 +290,13 @@ class AsyncFineTuneMethods:
         training_file: str,
         *,
         validation_file: str | None = None,
-        hyperparameters: dict[str, Any] | None = None,
+        hyperparameters: Mapping[str, object] | None = None,
         suffix: str | None = None,
         validation_fraction: float | None = None,
         margin: float | None = None,
         seed: int | None = None,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> FineTuningJob:
         body = job_body(
             model, training_file, validation_file=validation_file,
             hyperparameters=hyperparameters, suffix=suffix,
@@ -310,11 +306,11 @@ class AsyncFineTuneMethods:
 
     async def get_fine_tuning_job(
         self, job_id: str, *, timeout: float | None = None
-    ) -> dict[str, Any]:
-        return await self._send(_one(f"{JOBS}/{_id(job_id)}"), timeout)
+    ) -> FineTuningJob:
+        return await self._send(Request("GET", f"{JOBS}/{_id(job_id)}", job), timeout)
 
-    async def list_fine_tuning_jobs(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    async def list_fine_tuning_jobs(self, *, timeout: float | None = None) -> list[FineTuningJob]:
+        out: list[FineTuningJob] = []
         after = None
         while True:
             rows, more = await self._send(jobs_page(after), timeout)
@@ -330,13 +326,13 @@ class AsyncFineTuneMethods:
         after: str | None = None,
         limit: int = 20,
         timeout: float | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[FineTuningEvent]:
         return (await self._send(events_page(job_id, after, limit), timeout))[0]
 
     async def cancel_fine_tuning_job(
         self, job_id: str, *, timeout: float | None = None
-    ) -> dict[str, Any]:
-        return await self._send(Request("POST", f"{JOBS}/{_id(job_id)}/cancel", dict), timeout)
+    ) -> FineTuningJob:
+        return await self._send(Request("POST", f"{JOBS}/{_id(job_id)}/cancel", job), timeout)
 
     async def wait_fine_tuning_job(
         self,
@@ -345,7 +341,7 @@ class AsyncFineTuneMethods:
         poll: float = 0.5,
         timeout: float | None = None,
         on_event: OnEvent | None = None,
-    ) -> dict[str, Any]:
+    ) -> FineTuningJob:
         follow, deadline, grace = Follower(on_event), deadline_of(timeout), 0
         while True:
             job = await self.get_fine_tuning_job(job_id)
@@ -371,11 +367,11 @@ class AsyncFineTuneMethods:
         *,
         eval: Pairs | None = None,
         suffix: str | None = None,
-        hyperparameters: dict[str, Any] | None = None,
+        hyperparameters: Mapping[str, object] | None = None,
         wait: bool = True,
         on_event: OnEvent | None = None,
         **job_kwargs: Any,
-    ) -> dict[str, Any]:
+    ) -> FineTuningJob:
         training = (await self.upload_file(pairs))["id"]
         validation = None if eval is None else (await self.upload_file(eval))["id"]
         job = await self.create_fine_tuning_job(

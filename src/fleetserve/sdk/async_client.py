@@ -20,6 +20,7 @@ from . import _common as c
 from ._chunks import sizes_if_large
 from ._finetune import AsyncFineTuneMethods
 from ._pipeline import Bar, in_tasks
+from .records import AdapterInfo
 from .results import Quantized, RerankResult, SparseVector
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     async def encode(
@@ -84,7 +85,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     async def encode(
@@ -98,7 +99,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Quantized: ...
     @overload
     async def encode(
@@ -112,7 +113,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized: ...
     async def encode(
         self,
@@ -125,7 +126,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized:
         """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
         result: Array | Quantized
@@ -146,7 +147,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
         opts = {"is_query": is_query, "max_tokens": max_tokens, "adapter": adapter, **options}
@@ -162,7 +163,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[SparseVector]:
         """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
         job = k.sparse_job(model, texts, {**options, "adapter": adapter})
@@ -211,7 +212,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Entities or labels, one result per input."""
         job = k.extract_job(model, inputs, labels, threshold, {**options, "adapter": adapter})
@@ -227,7 +228,7 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
         version: int | None = None,
         pinned: bool = False,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdapterInfo:
         """Upload the PEFT LoRA at ``path`` (its directory, or its safetensors file) as
         ``name`` (``name`` or ``tenant/name``); returns the adapter with its ``id``
         (``tenant/name@version``) and ``sha256``."""
@@ -235,11 +236,11 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
 
     async def list_adapters(
         self, base: str | None = None, *, timeout: float | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[AdapterInfo]:
         """The adapters this key sees (of ``base`` only, if given)."""
         return await self._send(a.listing(base), timeout)
 
-    async def get_adapter(self, adapter: str, *, timeout: float | None = None) -> dict[str, Any]:
+    async def get_adapter(self, adapter: str, *, timeout: float | None = None) -> AdapterInfo:
         """One adapter: ``tenant/name`` (the newest version) or ``tenant/name@N``."""
         return await self._send(a.get(adapter), timeout)
 

@@ -66,6 +66,7 @@ from ._chunks import sizes_if_large
 from ._finetune import FineTuneMethods
 from ._pipeline import Bar, in_threads
 from .async_client import AsyncClient
+from .records import AdapterInfo
 from .results import Quantized, RerankResult, SparseVector
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     def encode(
@@ -130,7 +131,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array: ...
     @overload
     def encode(
@@ -144,7 +145,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Quantized: ...
     @overload
     def encode(
@@ -158,7 +159,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = ...,
         progress: bool | Progress | None = ...,
         timeout: float | None = ...,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized: ...
     def encode(
         self,
@@ -171,7 +172,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> Array | Quantized:
         """Dense embeddings, ``[n, dim]`` (see the module docstring for the dtypes)."""
         result: Array | Quantized
@@ -192,7 +193,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Token vectors: one ``[tokens, dim]`` array (or :class:`Quantized`) per input."""
         opts = {"is_query": is_query, "max_tokens": max_tokens, "adapter": adapter, **options}
@@ -208,7 +209,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[SparseVector]:
         """Sparse embeddings (options: ``top_k``, ``return_tokens``, ``truncate``)."""
         job = k.sparse_job(model, texts, {**options, "adapter": adapter})
@@ -257,7 +258,7 @@ class Client(FineTuneMethods, c.BaseClient):
         priority: str | None = None,
         progress: bool | Progress | None = None,
         timeout: float | None = None,
-        **options: Any,
+        **options: object,
     ) -> list[Any]:
         """Entities or labels, one result per input."""
         job = k.extract_job(model, inputs, labels, threshold, {**options, "adapter": adapter})
@@ -273,7 +274,7 @@ class Client(FineTuneMethods, c.BaseClient):
         version: int | None = None,
         pinned: bool = False,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdapterInfo:
         """Upload the PEFT LoRA at ``path`` (its directory, or its safetensors file) as
         ``name`` (``name`` or ``tenant/name``); returns the adapter with its ``id``
         (``tenant/name@version``) and ``sha256``."""
@@ -281,11 +282,11 @@ class Client(FineTuneMethods, c.BaseClient):
 
     def list_adapters(
         self, base: str | None = None, *, timeout: float | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[AdapterInfo]:
         """The adapters this key sees (of ``base`` only, if given)."""
         return self._send(a.listing(base), timeout)
 
-    def get_adapter(self, adapter: str, *, timeout: float | None = None) -> dict[str, Any]:
+    def get_adapter(self, adapter: str, *, timeout: float | None = None) -> AdapterInfo:
         """One adapter: ``tenant/name`` (the newest version) or ``tenant/name@N``."""
         return self._send(a.get(adapter), timeout)
 

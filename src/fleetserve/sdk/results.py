@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+from numpy.typing import NDArray
 
 
-def unpack_bits(
-    packed: np.ndarray[Any, Any], dimensions: int | None = None
-) -> np.ndarray[Any, Any]:
+def unpack_bits(packed: npt.ArrayLike, dimensions: int | None = None) -> NDArray[np.uint8]:
     """Packed sign bits (``output_dtype="binary"``) back to one 0/1 uint8 per dimension.
 
     Bits are big-endian within each byte (``numpy.packbits(..., bitorder="big")``): bit 7
@@ -31,18 +30,18 @@ class Quantized:
     """
 
     dtype: str
-    values: np.ndarray[Any, Any]
-    scales: np.ndarray[Any, Any] | None
+    values: NDArray[np.int8] | NDArray[np.uint8]
+    scales: NDArray[np.float32] | None
     dimensions: int
 
-    def dequantize(self) -> np.ndarray[Any, Any]:
+    def dequantize(self) -> NDArray[np.float32]:
         """float32 ``[n, d]``: ``values * scales`` for int8, +1/-1 per bit for binary."""
         if self.dtype == "int8":
             assert self.scales is not None
             return self.values.astype(np.float32) * self.scales.astype(np.float32)[..., None]
         return self.unpack().astype(np.float32) * 2.0 - 1.0
 
-    def unpack(self) -> np.ndarray[Any, Any]:
+    def unpack(self) -> NDArray[np.uint8]:
         """Binary only: the 0/1 bits, uint8 ``[n, d]``."""
         if self.dtype != "binary":
             raise ValueError("unpack() is for output_dtype='binary'; use dequantize() for int8")
@@ -56,14 +55,14 @@ class Quantized:
 class SparseVector:
     """One sparse (SPLADE) embedding: ascending vocabulary ids and their weights."""
 
-    indices: np.ndarray[Any, Any]  # uint32
-    values: np.ndarray[Any, Any]  # float32
+    indices: NDArray[np.uint32]
+    values: NDArray[np.float32]
     tokens: list[str] | None = None  # with return_tokens=True
 
     def to_dict(self) -> dict[int, float]:
         return {int(i): float(v) for i, v in zip(self.indices, self.values, strict=True)}
 
-    def dense(self, size: int) -> np.ndarray[Any, Any]:
+    def dense(self, size: int) -> NDArray[np.float32]:
         """The full ``[size]`` float32 vector (``size``: the vocabulary size)."""
         out = np.zeros(size, dtype=np.float32)
         out[self.indices.astype(np.int64)] = self.values

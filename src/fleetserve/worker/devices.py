@@ -49,6 +49,7 @@ from ..metrics import Metrics
 from ..queue.factory import open_distributed, watch_broker
 from ..queue.local import LocalQueueServer
 from ..settings import Settings
+from ..wire.heartbeat import DeviceBeat, Heartbeat, ModelBeat
 from .cores import usable_cores
 from .device_child import runtime_device
 from .health import HealthApp
@@ -141,33 +142,33 @@ class DevicePool(Service):
     def alive(self) -> bool:
         return self.failed_stage() is None  # the supervisor, above all
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Heartbeat:
         live = {info.get("index"): info for info in self._live()}
         devices = []
         for c in self.children:
             info = live.get(c.index, {})
             devices.append(
-                {
-                    "device": c.device,
-                    "pid": c.proc.pid if c.proc is not None else None,
-                    "ready": bool(info.get("ready")),
-                    "url": info.get("url"),
-                }
+                DeviceBeat(
+                    device=c.device,
+                    pid=c.proc.pid if c.proc is not None else None,
+                    ready=bool(info.get("ready")),
+                    url=info.get("url"),
+                )
             )
-        any_ready = any(d["ready"] for d in devices)
-        return {
-            "id": self.node,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "ready": self.ready,
-            "url": f"http://{self.settings.host}:{self.port}",
-            "device": ",".join(self.devices),
-            "devices": devices,
-            "models": {
-                m: {"loaded": any_ready, "precision": p.precision, "hardware": p.hardware}
+        any_ready = any(d.ready for d in devices)
+        return Heartbeat(
+            id=self.node,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            ready=self.ready,
+            url=f"http://{self.settings.host}:{self.port}",
+            device=",".join(self.devices),
+            devices=devices,
+            models={
+                m: ModelBeat(loaded=any_ready, precision=p.precision, hardware=p.hardware)
                 for m, p in self.profiles.items()
             },
-        }
+        )
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:

@@ -76,7 +76,7 @@ class AdapterHost(Protocol):
     def lora_bank(self) -> LoraBank: ...
 
 
-def _host_of(adapter: AnyFamily | None) -> AdapterHost | None:
+def host_of(adapter: AnyFamily | None) -> AdapterHost | None:
     """What holds ``adapter``'s LoRA bank: the family (generation runs its own model)
     or its runtime (torch); None on a runtime that cannot take adapters."""
     if isinstance(adapter, AdapterHost):
@@ -179,14 +179,14 @@ class Hosting:
         return self._hosting is not None and self._hosting[0].alive(key)
 
     def hot(self, key: str) -> bool:
-        host = _host_of(self.host_family)
+        host = host_of(self.host_family)
         return host is not None and key in host.lora_bank()
 
     @property
     def host_family(self) -> AnyFamily | None:
         """The family that runs batches with adapter rows: the served one where
         its runtime takes adapters, else its torch copy (None until there is one)."""
-        if _host_of(self._family) is not None:
+        if host_of(self._family) is not None:
             return self._family
         return self._copy
 
@@ -196,7 +196,7 @@ class Hosting:
         if self._hosting is None or host is None:
             return {}
         rt = host.runtime
-        bank = _host_of(host)
+        bank = host_of(host)
         hot = len(bank.lora_bank()) if bank is not None else 0
         return {"runtime": rt.name, "precision": rt.precision, "hot": hot}
 
@@ -275,14 +275,14 @@ class Hosting:
         assert self._hosting is not None
         source, tier = self._hosting
         source.forget(key)
-        host = _host_of(self.host_family)
+        host = host_of(self.host_family)
         if host is not None and key in host.lora_bank():
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._forward, host.lora_bank().remove, key)
         tier.forget(self.spec.id, [key])
 
     def adapter_runtime(self) -> AdapterHost:
-        host = _host_of(self.host_family)
+        host = host_of(self.host_family)
         if host is None:
             raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
         return host
@@ -295,7 +295,7 @@ class Hosting:
             current = self._family
             if current is None:
                 raise RuntimeError(f"model {self.spec.id} is not loaded")
-            if _host_of(current) is not None or self._copy is not None:
+            if host_of(current) is not None or self._copy is not None:
                 return
             factory = self.torch_factory
             if factory is None:
@@ -335,7 +335,7 @@ class Hosting:
             return contextlib.nullcontext()
         from ..lora.mixed import segments_of
 
-        bank = self.adapter_runtime() if host is None else _host_of(host)
+        bank = self.adapter_runtime() if host is None else host_of(host)
         if bank is None:
             raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
         return bank.lora_bank().plan(segments_of(keys), len(keys))
@@ -345,7 +345,7 @@ class Hosting:
         ``old``'s own (torch), or the new one takes adapters itself and a torch copy is
         no longer needed, the hot adapters are forgotten: they heat again on next use.
         A torch copy beside runtimes that take none stays, with its hot adapters."""
-        if _host_of(old) is not None or _host_of(self._family) is not None:
+        if host_of(old) is not None or host_of(self._family) is not None:
             self.unhost()
 
     def unhost(self) -> None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from msgspec import UNSET
 from rich.console import Console
 
 from ..assembly import (
@@ -37,6 +38,7 @@ from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats, watch_broker
 from ..settings import Settings
 from ..tracing import open_tracer
+from ..wire.heartbeat import Heartbeat, Memory, ModelBeat
 from .affinity import Affinity
 from .health import HealthApp
 from .loop import Worker
@@ -102,7 +104,7 @@ class WorkerProcess(Service):
     def _peer_holds(self, model: str) -> bool:
         """Another live worker has ``model`` resident or loading (from heartbeats)."""
         return any(
-            h["id"] != self.node and h.get("state") in ("resident", "loading")
+            h.id != self.node and h.model.state in ("resident", "loading")
             for h in self.peers.holders(model)
         )
 
@@ -117,25 +119,25 @@ class WorkerProcess(Service):
     def alive(self) -> bool:
         return (self.worker is None or self.worker.failed is None) and self.failed_stage() is None
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "id": self.node,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "ready": self.ready,
-            "url": f"http://{self.settings.host}:{self.port}",
-            "device": self.settings.device,
-            "memory": {"budget": self.fleet.budget, "used": self.fleet.used()},
-            "idle": self.worker is not None and self.worker.idle,
-            "models": {
-                m: {"loaded": r.loaded, **self.fleet.info(m), "precision": r.profile.precision,
-                    "hardware": r.profile.hardware, "profile": self.choices[m].describe(),
-                    **({"tuning": self.background.info(m)} if self.background else {})}
+    def describe(self) -> Heartbeat:
+        return Heartbeat(
+            id=self.node,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            ready=self.ready,
+            url=f"http://{self.settings.host}:{self.port}",
+            device=self.settings.device,
+            memory=Memory(budget=self.fleet.budget, used=self.fleet.used()),
+            idle=self.worker is not None and self.worker.idle,
+            models={
+                m: ModelBeat(loaded=r.loaded, **self.fleet.info(m), precision=r.profile.precision,
+                    hardware=r.profile.hardware, profile=self.choices[m].describe(),
+                    tuning=self.background.info(m) if self.background else UNSET)
                 for m, r in self.runners.items()
             },
             # the fleet view's: counters per model and the hot adapters (dashboard/fleet_local)
             **worker_figures(self.runners, self.js.stats if self.js else None, self.metrics),
-        }  # fmt: skip
+        )  # fmt: skip
 
     async def start(self) -> None:
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)

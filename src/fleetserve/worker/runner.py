@@ -126,6 +126,11 @@ class Runner(Member, Protocol):
 
     def hosting_info(self) -> dict[str, object]: ...
 
+    @property
+    def host_family(self) -> AnyFamily | None:
+        """The family whose LoRA bank (or its runtime's) holds this model's adapters."""
+        ...
+
     def takes(self, key: str) -> None:
         """Raise a 400 if this model cannot serve adapter ``key``."""
         ...

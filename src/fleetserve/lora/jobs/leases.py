@@ -121,7 +121,7 @@ class StoreLeases:
                 log.warning("fine-tuning job %s: lease not released: %s", ref.job_id, exc)
         self.held.clear()
 
-    def _record(self, epoch: int) -> dict[str, Any]:
+    def _record(self, epoch: int) -> dict[str, object]:
         return {"owner": self.token, "at": self.clock(), "epoch": epoch, "where": self.where}
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...settings import Settings
 from ...wire import Conflict, Forbidden, InvalidInput, Overloaded, Principal, Scope, Unavailable
 from ...wire.finetune import (
     FileInfo,
@@ -50,7 +51,7 @@ class TrainLimits:
     validation_fraction: float = 0.2
 
     @classmethod
-    def from_settings(cls, settings: Any) -> TrainLimits:
+    def from_settings(cls, settings: Settings) -> TrainLimits:
         return cls(
             min_pairs=int(settings.train_min_pairs),
             max_chars=int(settings.train_max_chars),
@@ -90,7 +91,7 @@ class FineTuning:
         and keep its pairs; a text over ``max_chars`` is a 400 naming its line, or with
         ``truncate`` cut to ``max_chars`` (in the warnings)."""
         _can_write(principal)
-        limits: dict[str, Any] = {
+        limits: dict[str, object] = {
             "min_pairs": self.limits.min_pairs, "max_chars": self.limits.max_chars,
             "truncate": truncate, "max_line_bytes": self.limits.max_line_bytes,
         }  # fmt: skip
@@ -129,7 +130,7 @@ class FineTuning:
         return await self.store.file(await self._tenant_of(principal, "files", file_id), file_id)
 
     # -- jobs ---------------------------------------------------------------------------
-    async def create_job(self, principal: Principal, body: Any) -> Job:
+    async def create_job(self, principal: Principal, body: object) -> Job:
         """Check everything, then queue: a 400 or 404 starts nothing."""
         _can_write(principal)
         if not isinstance(body, dict):
@@ -219,7 +220,7 @@ class FineTuning:
 
     async def events(
         self, principal: Principal, job_id: str, *, after: str | None = None, limit: int = 20
-    ) -> tuple[list[dict[str, Any]], bool]:
+    ) -> tuple[list[dict[str, object]], bool]:
         """Newest first, as OpenAI's feed: the ``limit`` events older than ``after`` (an
         event id from an earlier page), and whether there are more."""
         job = await self.job(principal, job_id)
@@ -263,7 +264,7 @@ def _can_write(principal: Principal) -> None:
         raise Forbidden("fine-tuning needs a key with the adapters:write scope", field="scope")
 
 
-def _file_id(value: Any, name: str, *, required: bool = False) -> str | None:
+def _file_id(value: object, name: str, *, required: bool = False) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
@@ -271,7 +272,7 @@ def _file_id(value: Any, name: str, *, required: bool = False) -> str | None:
     return value
 
 
-def _fraction(value: Any, default: float) -> float:
+def _fraction(value: object, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.01 <= value <= 0.5:
@@ -282,7 +283,7 @@ def _fraction(value: Any, default: float) -> float:
     return float(value)
 
 
-def _margin(value: Any, default: float) -> float:
+def _margin(value: object, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not -1 <= value <= 1:

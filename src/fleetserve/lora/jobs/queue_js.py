@@ -20,10 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ...wire import Overloaded, Unavailable
 from .queue import JobRef, Lease
+
+if TYPE_CHECKING:  # nats-py is optional (the nats extra): annotations only
+    from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
+    from nats.js.client import JetStreamContext
 
 log = logging.getLogger("fleetserve.lora.jobs")
 CONSUMER = "trainers"
@@ -33,7 +40,7 @@ NAK = b"-NAK"
 MIN_FETCH = 0.05  # seconds: the shortest pull request sent, even for take(0)
 
 
-def _nats() -> Any:
+def _nats() -> ModuleType:
     try:
         import nats
         import nats.js.api
@@ -56,8 +63,8 @@ class JetStreamJobQueue:
 
     def __init__(
         self,
-        nc: Any,
-        sub: Any,
+        nc: NATS,
+        sub: JetStreamContext.PullSubscription,
         *,
         prefix: str,
         ack_wait: float,
@@ -74,13 +81,13 @@ class JetStreamJobQueue:
         self.retry_after = retry_after
         self._ack_wait = ack_wait
         self._lock = asyncio.Lock()  # one pull request at a time on the subscription
-        self._fetching: asyncio.Future[Any] | None = None
+        self._fetching: asyncio.Future[list[Msg]] | None = None
         self._closed = False
 
     @classmethod
     async def open(
         cls,
-        nc: Any,
+        nc: NATS,
         *,
         prefix: str,
         ack_wait: float = 30.0,
@@ -168,7 +175,7 @@ class JetStreamJobQueue:
             await self._sub.unsubscribe()
 
     # -- internals ----------------------------------------------------------------
-    async def _fetch(self, timeout: float) -> Any:
+    async def _fetch(self, timeout: float) -> Msg | None:
         """One message within ``timeout`` seconds, or ``None``."""
         nats = _nats()
         self._fetching = fetch = asyncio.ensure_future(self._sub.fetch(1, timeout=timeout))
@@ -209,7 +216,7 @@ class JetStreamJobQueue:
             log.debug("could not restore the fine-tuning stream: %s", exc)
         await asyncio.sleep(max(0.0, end - loop.time()))
 
-    async def _lease(self, raw: Any) -> Lease | None:
+    async def _lease(self, raw: Msg) -> Lease | None:
         try:
             ref = JobRef.decode(raw.data)
         except ValueError as exc:
@@ -221,7 +228,7 @@ class JetStreamJobQueue:
 
 
 async def _ensure(
-    js: Any,
+    js: JetStreamContext,
     prefix: str,
     *,
     ack_wait: float,
@@ -273,7 +280,7 @@ async def _ensure(
 class _JetStreamLease:
     __slots__ = ("_deliveries", "_nc", "_raw", "_ref", "_settled")
 
-    def __init__(self, nc: Any, raw: Any, ref: JobRef, deliveries: int) -> None:
+    def __init__(self, nc: NATS, raw: Msg, ref: JobRef, deliveries: int) -> None:
         self._nc = nc
         self._raw = raw
         self._ref = ref
@@ -308,7 +315,7 @@ class _JetStreamLease:
         return f"<lease {self._ref.tenant}/{self._ref.job_id} delivery {self._deliveries}>"
 
 
-async def _quietly(coro: Any, what: str) -> None:
+async def _quietly(coro: Awaitable[object], what: str) -> None:
     """Settle without raising: a lost ack, nak or in-progress ack ends, at worst, in a
     redelivery after ``ack_wait``, which the runner handles (the store has the state)."""
     try:

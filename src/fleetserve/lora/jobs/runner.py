@@ -273,7 +273,7 @@ class JobRunner:
     async def _gate(self, job: Job, spec: TrainSpec, r: TrainResult, took: float) -> None:
         gain = r.adapter.ndcg_at_10 - r.base.ndcg_at_10
         passed = gain >= job.margin
-        result: dict[str, Any] = {
+        result: dict[str, object] = {
             "base": r.base.to_dict(),
             "adapter": r.adapter.to_dict(),
             "gain": round(gain, 6),
@@ -343,7 +343,7 @@ class _Feed:
     def __init__(self, store: JobStore, job: Job) -> None:
         self.store = store
         self.job = job
-        self.pending: list[tuple[str, str, dict[str, Any] | None]] = []
+        self.pending: list[tuple[str, str, dict[str, object] | None]] = []
         self.checkpoint: bytes | None = None
         self._lock = asyncio.Lock()
 

@@ -152,7 +152,7 @@ class JobStore:
         raw = await self._get(self._job_key(tenant, job_id, "lease"))
         return None if raw is None else dict(json.loads(raw))
 
-    async def put_lease(self, tenant: str, job_id: str, record: dict[str, Any]) -> None:
+    async def put_lease(self, tenant: str, job_id: str, record: dict[str, object]) -> None:
         await self.store.put(self._job_key(tenant, job_id, "lease"), _dump(record))
 
     async def claim_lease(
@@ -163,7 +163,7 @@ class JobStore:
             self._job_key(tenant, job_id, f"claim-{epoch}"), _dump(record)
         )
 
-    async def claim(self, tenant: str, job_id: str, epoch: int) -> dict[str, Any] | None:
+    async def claim(self, tenant: str, job_id: str, epoch: int) -> dict[str, object] | None:
         raw = await self._get(self._job_key(tenant, job_id, f"claim-{epoch}"))
         return None if raw is None else dict(json.loads(raw))
 
@@ -196,11 +196,11 @@ def _safe(ident: str) -> str:
     return ident
 
 
-def _dump(d: dict[str, Any]) -> bytes:
+def _dump(d: dict[str, object]) -> bytes:
     return json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _event_dict(e: JobEvent) -> dict[str, Any]:
+def _event_dict(e: JobEvent) -> dict[str, object]:
     return {"seq": e.seq, "t": e.created_at, "m": e.message, "l": e.level, "k": e.type,
             "d": e.data}  # fmt: skip
 

@@ -32,10 +32,10 @@ import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from types import ModuleType
 from typing import Any
 
-from ... import wire
-from ...wire import Cancelled, FleetError
+from ...wire import ERROR_TYPES, Cancelled, FleetError
 from .trainer import CheckpointMismatch, TrainResult, TrainSpec, train
 
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -113,7 +113,7 @@ async def _shutdown(
 
 
 async def _relay(
-    queue: asyncio.Queue[tuple[Any, ...]],
+    queue: asyncio.Queue[tuple[object, ...]],
     on_event: OnEvent,
     cancel: asyncio.Event | None,
     proc: BaseProcess,
@@ -241,7 +241,7 @@ def child_main(spec: TrainSpec, send: Connection, memory_limit: int = 0) -> None
     os.nice(NICE)
     parent = os.getppid()
 
-    def report(kind: str, data: dict[str, Any]) -> None:
+    def report(kind: str, data: dict[str, object]) -> None:
         if os.getppid() != parent:  # the server is gone: nobody will read the result
             os._exit(1)
         send.send(("event", kind, data))
@@ -267,8 +267,8 @@ def _quiet() -> None:
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # for the child's lifetime
     warnings.simplefilter("ignore")
     try:
-        datasets: Any = importlib.import_module("datasets")
-        logs: Any = importlib.import_module("transformers.utils.logging")
+        datasets: ModuleType = importlib.import_module("datasets")
+        logs: ModuleType = importlib.import_module("transformers.utils.logging")
     except ImportError:
         return  # train() says what is missing
     logs.set_verbosity_error()
@@ -276,7 +276,7 @@ def _quiet() -> None:
     datasets.disable_progress_bars()
 
 
-def describe_error(exc: BaseException) -> dict[str, Any]:
+def describe_error(exc: BaseException) -> dict[str, object]:
     """What crosses the pipe of an exception: its type's name, message and field (of
     one that is running out of memory: ``OutOfMemory`` and the first line of it)."""
     message = exc.message if isinstance(exc, FleetError) else str(exc)
@@ -286,7 +286,7 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     return {
         "type": type(exc).__name__,
         "message": message,
-        "field": getattr(exc, "field", None),
+        "field": exc.field if isinstance(exc, FleetError) else None,
         "fleet": isinstance(exc, FleetError),
     }
 
@@ -318,6 +318,11 @@ def limit_text(memory_limit: int) -> str:
     return f"limit {size}, train_memory_limit"
 
 
+# the fleet errors by class name (what crosses the pipe): wire's, and their base
+_KINDS: list[type[FleetError]] = [FleetError, *ERROR_TYPES.values()]
+_FLEET_ERRORS = {cls.__name__: cls for cls in _KINDS}
+
+
 def rebuild_error(d: dict[str, Any], memory_limit: int = 0) -> Exception:
     """The parent's side of :func:`describe_error`."""
     if d["type"] == OutOfMemory.__name__:
@@ -325,7 +330,7 @@ def rebuild_error(d: dict[str, Any], memory_limit: int = 0) -> Exception:
                            f": {d['message']}")  # fmt: skip
     if d["type"] == CheckpointMismatch.__name__:
         return CheckpointMismatch(d["message"])
-    kind = getattr(wire, d["type"], None) if d.get("fleet") else None
-    if isinstance(kind, type) and issubclass(kind, FleetError):
+    kind = _FLEET_ERRORS.get(d["type"]) if d.get("fleet") else None
+    if kind is not None:
         return kind(d["message"], field=d.get("field"))
     return RuntimeError(f"{d['type']}: {d['message']}" if d["message"] else d["type"])

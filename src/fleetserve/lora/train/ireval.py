@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+from numpy.typing import NDArray
 
 from ...wire.finetune import Pair
 
@@ -60,26 +61,26 @@ def build_eval_set(train: Sequence[Pair], validation: Sequence[Pair]) -> EvalSet
     return EvalSet(list(relevant), list(passages), list(relevant.values()))
 
 
-def unit_rows(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def unit_rows(x: npt.ArrayLike) -> NDArray[np.float32]:
     """Rows scaled to length 1 (a zero row stays zero), as float32."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    out: np.ndarray[Any, Any] = x / np.maximum(norms, 1e-12)
+    rows = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    out: NDArray[np.float32] = rows / np.maximum(norms, 1e-12)
     return out
 
 
-def top_k(scores: np.ndarray[Any, Any], k: int) -> np.ndarray[Any, Any]:
+def top_k(scores: NDArray[np.float32], k: int) -> NDArray[np.intp]:
     """Column indices of each row's ``k`` highest scores, best first."""
     k = min(k, scores.shape[1])
     part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-    out: np.ndarray[Any, Any] = np.take_along_axis(part, order, axis=1)
+    out: NDArray[np.intp] = np.take_along_axis(part, order, axis=1)
     return out
 
 
 def evaluate(
-    queries: np.ndarray[Any, Any],
-    passages: np.ndarray[Any, Any],
+    queries: NDArray[np.float32],
+    passages: NDArray[np.float32],
     relevant: Sequence[set[int]],
     k: int = 100,
 ) -> Scores:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ...wire.finetune import Pair
 from .ireval import top_k, unit_rows
@@ -30,8 +30,8 @@ def same_text(text: str) -> str:
 
 
 def mine(
-    queries: np.ndarray[Any, Any],
-    corpus: np.ndarray[Any, Any],
+    queries: NDArray[np.float32],
+    corpus: NDArray[np.float32],
     positives: Sequence[Collection[int]],
     k: int,
     *,
@@ -77,7 +77,7 @@ def mine(
 
 
 def _pick(
-    row: np.ndarray[Any, Any],
+    row: NDArray[np.float32],
     banned: set[int],
     k: int,
     keys: list[str] | None,
@@ -134,9 +134,9 @@ def negatives_for(
     pairs: Sequence[Pair],
     k: int,
     corpus: Sequence[str],
-    corpus_vectors: np.ndarray[Any, Any] | None,
+    corpus_vectors: NDArray[np.float32] | None,
     queries: Sequence[str] = (),
-    query_vectors: np.ndarray[Any, Any] | None = None,
+    query_vectors: NDArray[np.float32] | None = None,
     ratio: float | None = FALSE_NEGATIVE_RATIO,
 ) -> Negatives:
     """The negative columns for ``pairs``: each pair's own negatives first, then mined

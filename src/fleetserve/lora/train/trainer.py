@@ -25,13 +25,21 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from ...wire import InvalidInput
 from ...wire.finetune import Hyperparameters, Pair
 from ..validate import CONFIG, WEIGHTS
 from .ireval import INSTALL, Scores, build_eval_set, evaluate
 from .mining import columns_wanted, given, negatives_for
+
+if TYPE_CHECKING:  # optional: annotations only
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
 
 Report = Callable[[str, dict[str, Any]], None]
 POOLINGS = ("mean", "cls")  # fleetserve's spellings, which are sentence-transformers' too
@@ -154,7 +162,7 @@ def _check(spec: TrainSpec) -> None:
         raise FileNotFoundError(f"base model directory {spec.base_path} does not exist")
 
 
-def _imports() -> Any:
+def _imports() -> ModuleType:
     """torch, once sentence-transformers, PEFT and datasets are known to be there."""
     try:
         importlib.import_module("datasets")
@@ -166,7 +174,7 @@ def _imports() -> Any:
     return torch
 
 
-def build_model(spec: TrainSpec) -> Any:
+def build_model(spec: TrainSpec) -> SentenceTransformer:
     """A SentenceTransformer of the base at fp32: Transformer (truncating at the
     spec's ``max_seq_len``), the spec's pooling, then Normalize if it normalizes. The
     directory's own ``modules.json``, if any, is not used: the spec decides."""
@@ -183,7 +191,7 @@ def build_model(spec: TrainSpec) -> Any:
     return SentenceTransformer(modules=modules, device="cpu")
 
 
-def lora_targets(hf_model: Any) -> tuple[list[str] | str, list[str]]:
+def lora_targets(hf_model: torch.nn.Module) -> tuple[list[str] | str, list[str]]:
     """BERT's attention and feed-forward Linear layers by name when it has them, else
     PEFT's ``all-linear``; and the Linear layers of a pooler to leave out (its output
     is not the served embedding, so they would get no gradient)."""
@@ -195,12 +203,15 @@ def lora_targets(hf_model: Any) -> tuple[list[str] | str, list[str]]:
     return (list(BERT_TARGETS) if set(BERT_TARGETS) <= leaves else "all-linear"), exclude
 
 
-def add_lora(model: Any, hp: Hyperparameters) -> Any:
+def add_lora(model: SentenceTransformer, hp: Hyperparameters) -> PeftModel:
     """Wrap ``model``'s transformer (``model[0].model``) in a PEFT LoRA and return the
     PEFT model. (sentence-transformers' own ``add_adapter`` needs a newer PEFT.)"""
+    import torch
     from peft import LoraConfig, get_peft_model
 
-    targets, exclude = lora_targets(model[0].model)
+    hf_model = model[0].model
+    assert isinstance(hf_model, torch.nn.Module)  # the Transformer module's model
+    targets, exclude = lora_targets(hf_model)
     alpha: Any = int(hp.alpha) if hp.alpha.is_integer() else hp.alpha  # PEFT types it int
     config = LoraConfig(
         r=hp.rank,
@@ -211,12 +222,12 @@ def add_lora(model: Any, hp: Hyperparameters) -> Any:
     )
     with warnings.catch_warnings():  # PEFT calls a transformers API deprecated in v5
         warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-        lora = get_peft_model(model[0].model, config)
+        lora = get_peft_model(hf_model, config)
     model[0].model = lora
     return lora
 
 
-def _encode(model: Any, texts: list[str]) -> Any:
+def _encode(model: SentenceTransformer, texts: list[str]) -> NDArray[np.float32]:
     return model.encode(
         texts, batch_size=ENCODE_BATCH, convert_to_numpy=True, show_progress_bar=False
     )
@@ -224,8 +235,8 @@ def _encode(model: Any, texts: list[str]) -> Any:
 
 def _fit(
     spec: TrainSpec,
-    model: Any,
-    lora: Any,
+    model: SentenceTransformer,
+    lora: PeftModel,
     negatives: list[list[str]],
     epochs: int,
     start: int,
@@ -250,7 +261,7 @@ def _fit(
         columns[f"negative_{c + 1}"] = [row[c] for row in negatives]
 
     class Trainer(SentenceTransformerTrainer):
-        def add_model_card_callback(self, default_args_dict: dict[str, Any]) -> None:
+        def add_model_card_callback(self, default_args_dict: dict[str, object]) -> None:
             """No model card: it is not published, and its dataset statistics cost time."""
 
     hp = spec.hyperparameters
@@ -282,7 +293,9 @@ def _fit(
         return int(trainer.state.global_step)
 
 
-def progress_callback(report: Report, lora: Any, start: int, epochs: int, fingerprint: str) -> Any:
+def progress_callback(
+    report: Report, lora: PeftModel, start: int, epochs: int, fingerprint: str
+) -> Any:
     """A TrainerCallback reporting each logged step (the trainer logs every step) and a
     checkpoint at each epoch's end; steps and epochs count from the job's start, so a
     resumed run goes on where the last one stopped."""
@@ -320,7 +333,7 @@ def progress_callback(report: Report, lora: Any, start: int, epochs: int, finger
     return Progress()
 
 
-def save_files(lora: Any) -> tuple[bytes, bytes]:
+def save_files(lora: PeftModel) -> tuple[bytes, bytes]:
     """``adapter_config.json`` and ``adapter_model.safetensors`` exactly as PEFT's
     ``save_pretrained`` writes them."""
     with tempfile.TemporaryDirectory(prefix="fleetserve-adapter-") as out:
@@ -357,7 +370,7 @@ def spec_fingerprint(spec: TrainSpec) -> str:
     return digest.hexdigest()
 
 
-def write_checkpoint(state: dict[str, Any], epoch: int, fingerprint: str) -> bytes:
+def write_checkpoint(state: dict[str, torch.Tensor], epoch: int, fingerprint: str) -> bytes:
     """safetensors bytes of a LoRA state dict, with the epoch and fingerprint."""
     from safetensors.torch import save
 
@@ -366,7 +379,7 @@ def write_checkpoint(state: dict[str, Any], epoch: int, fingerprint: str) -> byt
     return save(tensors, metadata=meta)
 
 
-def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, Any]]:
+def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, torch.Tensor]]:
     """The epoch and state dict of a checkpoint of the spec with ``fingerprint``;
     :class:`CheckpointMismatch` for anything else. The metadata is checked before
     any tensor is read."""
@@ -387,7 +400,7 @@ def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, Any]]
     return epoch, load(blob)
 
 
-def load_lora(lora: Any, state: dict[str, Any]) -> None:
+def load_lora(lora: PeftModel, state: dict[str, torch.Tensor]) -> None:
     from peft import set_peft_model_state_dict
 
     result = set_peft_model_state_dict(lora, state)
