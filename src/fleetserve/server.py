@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,14 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from .assembly import (
-    build_catalog,
-    build_fleet,
-    build_profiles,
-    build_runner,
-    load_or_report,
-    log_choices,
-)
+from .assembly import build_catalog, load_or_report, log_choices
 from .catalog import Catalog
 
 if TYPE_CHECKING:
@@ -33,6 +25,7 @@ from .logs.summary import ready_summary
 from .metrics import Metrics
 from .queue import MemoryQueue
 from .settings import Settings
+from .stack import Stack, build_stack, build_worker, rebuild, until_running
 from .tracing import open_tracer
 from .tune.quick import wanted as quick_wanted
 from .worker import Worker
@@ -62,14 +55,9 @@ class EmbeddedServer(Service):
         self.queue = MemoryQueue(
             settings.max_queue_depth, settings.retry_after, age_limit=settings.batch_age_limit
         )
-        self.profiles = build_profiles(settings)
-        self.choices = {s.id: self.profiles.choose(s) for s in self.catalog}
-        self.runners = {
-            s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
-        }
+        self._take(build_stack(settings, self.catalog, self.metrics, self.console))
         self.tuning = quick_wanted(settings, self.catalog, self.choices)  # --tune quick
         self.background = self._background(env)  # --tune auto
-        self.fleet = build_fleet(settings, self.runners, self.metrics, self.console)
         self.worker = self._new_worker()
         self.gateway = Gateway(
             settings,
@@ -159,9 +147,8 @@ class EmbeddedServer(Service):
 
             await prepare_hosts(self.settings, self.runners)
         await self.queue.start()
-        self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
-        while not self.worker.running and not self.ended("worker"):
-            await asyncio.sleep(0.001)
+        task = self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
+        await until_running(self.worker, task)
         await self._start_training()
         if self.background is not None:  # after the start: the server is ready at once
             self.spawn("tuner", self.background.run())
@@ -208,15 +195,14 @@ class EmbeddedServer(Service):
         self.spawn("train-leases", keep_leases(self.finetuning))  # one owner per job
         self.gateway.finetune = routes(self.settings, self.finetuning, self.adapters.routes.uploads)
 
+    def _take(self, stack: Stack) -> None:
+        """Serve with ``stack`` (built at first, rebuilt after a quick tune)."""
+        self.stack = stack
+        self.profiles, self.choices = stack.profiles, stack.choices
+        self.runners, self.fleet = stack.runners, stack.fleet
+
     def _new_worker(self) -> Worker:
-        return Worker(
-            self.queue,
-            self.runners,
-            self.metrics,
-            max_deliver=self.settings.max_deliver,
-            fleet=self.fleet,
-            tracer=self.tracer,
-        )
+        return build_worker(self.stack, self.queue, self.metrics, self.settings, self.tracer)
 
     async def _quick_tune(self) -> None:
         """Tune the untuned pinned models briefly, then serve them with what won."""
@@ -226,15 +212,10 @@ class EmbeddedServer(Service):
             self.settings, self.catalog, self.profiles, self.tuning, self.console
         )
         if tuned:
-            self.profiles = build_profiles(self.settings)
-            for model in tuned:
-                spec = self.catalog.get(model)
-                self.choices[model] = self.profiles.choose(spec)
-                self.runners[model] = build_runner(
-                    spec, self.settings, self.metrics, self.choices[model]
-                )
             self.worker.close()  # never ran: only its CPU thread to release
-            self.fleet = build_fleet(self.settings, self.runners, self.metrics, self.console)
+            self._take(
+                rebuild(self.stack, tuned, self.settings, self.catalog, self.metrics, self.console)
+            )
             self.worker = self._new_worker()
             log_choices(
                 {m: self.choices[m] for m in tuned}, self.catalog.restrict(tuned), self.console

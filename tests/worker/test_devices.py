@@ -32,7 +32,7 @@ from fleetserve.cluster import NatsServer
 from fleetserve.cluster.natsd import die_with_parent
 from fleetserve.gateway.process import GatewayProcess
 from fleetserve.settings import Settings
-from fleetserve.worker.device_child import core_share, runtime_device
+from fleetserve.worker.cores import core_share, runtime_device
 
 from ..conftest import TINY, ServerThread, tiny_settings
 

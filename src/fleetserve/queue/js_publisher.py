@@ -70,7 +70,7 @@ class JsPublisher(JsLink):
         self._pending[envelope.request_id] = pending
         headers = H.envelope_headers(envelope, self._reply_subject, payload)
         try:
-            await self._context().publish(
+            await self.context().publish(
                 self.options.subject(envelope.model, envelope.priority),
                 body,
                 headers=headers,

@@ -93,7 +93,8 @@ class JsLink:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _context(self) -> JetStreamContext:
+    def context(self) -> JetStreamContext:
+        """The JetStream context, once started (the role classes and the tuner's KV)."""
         if self.js is None:
             raise RuntimeError("the queue is not started")
         return self.js
@@ -121,7 +122,7 @@ class JsLink:
             max_age=o.max_age,
             duplicate_window=min(120.0, o.max_age),
         )
-        js = self._context()
+        js = self.context()
         try:
             await js.add_stream(config)
         except Exception as exc:

@@ -43,7 +43,7 @@ def job(s: Search, cand: Candidate, cores: list[int]) -> dict[str, Any]:
 
 
 async def measure_processes(s: Search, cand: Candidate) -> Measure:
-    from ..worker.device_child import core_share, usable_cores  # (it imports the server)
+    from ..worker.cores import core_share, usable_cores  # (the worker package is heavy)
 
     cores = usable_cores()
     procs = []

@@ -84,6 +84,7 @@ class Worker(Settling):
         self.tracer = tracer or NULL_TRACER  # spans per request (fleetserve.tracing)
         self.failed: BaseException | None = None
         self.running = False
+        self.started = asyncio.Event()  # set once it runs (what its starter awaits)
         self._jobs: set[Job] = set()
         self._loading: dict[int, Message] = {}  # waiting for their model to load
         self._awaiting_adapter: dict[int, Message] = {}  # jobs waiting for their adapter to load
@@ -130,6 +131,7 @@ class Worker(Settling):
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 self.running = True
+                self.started.set()
                 self.metrics.worker_up.set(1)
                 for r in self.runners.values():
                     tg.create_task(
