@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog
 from .lora.jobs.leases import LeasedJobQueue, StoreLeases, requeue
@@ -29,6 +29,10 @@ from .lora.registry import AdapterRegistry
 from .lora.train import TrainResult, TrainSpec, train_in_child
 from .settings import Settings
 from .wire import InvalidInput, ModelNotFound
+
+if TYPE_CHECKING:
+    from .gateway.finetune import FineTuneRoutes
+    from .gateway.upload import Uploads
 
 log = logging.getLogger("fleetserve.train")
 
@@ -69,7 +73,9 @@ async def open_finetuning(
     return FineTuningParts(manager, store, queue)
 
 
-def routes(settings: Settings, parts: FineTuningParts, uploads: Any = None) -> Any:
+def routes(
+    settings: Settings, parts: FineTuningParts, uploads: Uploads | None = None
+) -> FineTuneRoutes:
     """The /v1/files and /v1/fine_tuning/ routes; ``uploads`` (the adapter routes'
     :class:`~.gateway.upload.Uploads`) makes one bound for every upload."""
     from .gateway.finetune import FineTuneRoutes

@@ -15,11 +15,14 @@ from .catalog import Catalog
 if TYPE_CHECKING:
     from .adapters_setup import Adapters
     from .finetune_setup import FineTuningParts
+    from .gateway.finetune import FineTuneRoutes
     from .tune.background import BackgroundTuner
 from .catalog.sources import is_present
 from .gateway import Gateway
 from .gateway.auth import Authenticator
 from .gateway.request_limits import RequestLimits
+from .gateway.wiring import Hooks, Routes
+from .gateway_setup import build_dashboard
 from .lifecycle import Service, run_process
 from .logs.summary import ready_summary
 from .metrics import Metrics
@@ -59,25 +62,14 @@ class EmbeddedServer(Service):
         self.tuning = quick_wanted(settings, self.catalog, self.choices)  # --tune quick
         self.background = self._background(env)  # --tune auto
         self.worker = self._new_worker()
-        self.gateway = Gateway(
-            settings,
-            self.catalog,
-            self.queue,
-            self.metrics,
-            ready=lambda: self.worker.ready and not self.tuning,
-            models_info=self.models_info,
-            alive=self.alive,
-            authenticator=self.auth,
-            interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
-            tracer=self.tracer,
-            release_keep_alive=self._release_keep_alive,
-        )
+        self.dashboard = build_dashboard(settings, self.auth)
+        self.gateway: Gateway | None = None  # at start: with the adapters and fine-tuning
         self.port = 0
         self.adapters: Adapters | None = None
         self.finetuning: FineTuningParts | None = None
         from .dashboard.fleet_sources import EmbeddedFleet
 
-        self.gateway.dashboard.attach_fleet(EmbeddedFleet(self))  # the fleet view's data
+        self.dashboard.attach_fleet(EmbeddedFleet(self))  # the fleet view's data
 
     async def _release_keep_alive(self, model: str) -> float:
         """An admin ends ``model``'s keep-alive (the fleet now: quick tuning rebuilds it)."""
@@ -131,6 +123,7 @@ class EmbeddedServer(Service):
 
     async def start(self) -> None:
         await self._open_adapters()
+        self.gateway = self._new_gateway(await self._open_training())
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         log.info("API listening on http://%s:%d", self.settings.host, self.port)
         log.info("hardware %s", self.profiles.hw.summary())
@@ -173,27 +166,45 @@ class EmbeddedServer(Service):
         from .adapters_setup import open_registry
 
         self.adapters = await open_registry(self.settings, self.catalog)
-        self.gateway.adapters = self.adapters.routes
-        self.gateway.calls = self.adapters.calls
+
+    async def _open_training(self) -> FineTuneRoutes:
+        """The fine-tuning job store and its routes (the jobs start with the worker)."""
+        from .finetune_setup import open_finetuning, routes
+
+        assert self.adapters is not None
+        self.finetuning = await open_finetuning(self.settings, self.catalog, self.adapters.registry)
+        return routes(self.settings, self.finetuning, self.adapters.routes.uploads)
+
+    def _new_gateway(self, finetune: FineTuneRoutes) -> Gateway:
+        assert self.adapters is not None
+        return Gateway(
+            self.settings,
+            self.catalog,
+            self.queue,
+            self.metrics,
+            hooks=Hooks(
+                ready=lambda: self.worker.ready and not self.tuning,
+                alive=self.alive,
+                models_info=self.models_info,
+                interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
+                release_keep_alive=self._release_keep_alive,
+            ),
+            routes=Routes(self.adapters.routes, self.adapters.calls, finetune),
+            dashboard=self.dashboard,
+            authenticator=self.auth,
+            tracer=self.tracer,
+        )
 
     async def _start_training(self) -> None:
         """Fine-tuning jobs: trained here, one at a time, each in a child process."""
-        from .finetune_setup import (
-            job_runner,
-            keep_leases,
-            open_finetuning,
-            requeue_unfinished,
-            routes,
-        )
+        from .finetune_setup import job_runner, keep_leases, requeue_unfinished
 
-        assert self.adapters is not None
+        assert self.adapters is not None and self.finetuning is not None
         registry = self.adapters.registry
-        self.finetuning = await open_finetuning(self.settings, self.catalog, registry)
         await requeue_unfinished(self.finetuning)
         runner = job_runner(self.settings, self.catalog, self.finetuning, registry)
         self.spawn("trainer", runner.run())
         self.spawn("train-leases", keep_leases(self.finetuning))  # one owner per job
-        self.gateway.finetune = routes(self.settings, self.finetuning, self.adapters.routes.uploads)
 
     def _take(self, stack: Stack) -> None:
         """Serve with ``stack`` (built at first, rebuilt after a quick tune)."""
@@ -236,7 +247,7 @@ class EmbeddedServer(Service):
         self.fleet.check_budget()  # now with what the pinned models measured
 
     async def stop(self) -> None:
-        self.gateway.dashboard.close()  # end open event streams, or uvicorn waits for them
+        self.dashboard.close()  # end open event streams, or uvicorn waits for them
         await self.stop_tasks()
         await self.queue.close()
         self.worker.close()

@@ -72,7 +72,7 @@ def for_gateway(gateway: Gateway) -> list[Op]:
     return operations(
         adapters=gateway.adapters is not None,
         finetune=gateway.finetune is not None,
-        views=[(v.prefix, v.name) for v in gateway.dashboard.views],
+        views=[(v.prefix, v.name) for v in (gateway.dashboard.views if gateway.dashboard else ())],
     )
 
 
