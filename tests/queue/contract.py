@@ -25,8 +25,6 @@ from fleetserve.queue import (
     Publisher,
     StreamOptions,
 )
-from fleetserve.queue.js_consumer import JsConsumer
-from fleetserve.queue.js_publisher import JsPublisher
 from fleetserve.queue.offload import OffloadingPublisher
 from fleetserve.queue.offload_consumer import OffloadingConsumer
 from fleetserve.storage import MemoryStore, Offload
@@ -65,21 +63,13 @@ def _jetstream(request: pytest.FixtureRequest, max_depth: int, retry_after: floa
     return _both(JetStreamQueue(server.url, _options(max_depth), retry_after=retry_after))
 
 
-def _js_apart(request: pytest.FixtureRequest, max_depth: int, retry_after: float) -> Sides:
-    """Each side alone, on a connection of its own, as a gateway and a worker hold them."""
-    server = request.getfixturevalue("nats_server")
-    options = _options(max_depth)
-    return Sides(
-        JsPublisher(server.url, options, retry_after=retry_after),
-        JsConsumer(server.url, options, retry_after=retry_after),
-    )
-
-
 def _offloaded(request: pytest.FixtureRequest, max_depth: int, retry_after: float) -> Sides:
-    """JetStream with every non-empty body and result sent through a payload store."""
-    apart = _js_apart(request, max_depth, retry_after)
+    """JetStream with every non-empty body and result sent through a payload store: each
+    side wrapped on its own, over one connection."""
+    server = request.getfixturevalue("nats_server")
+    js = JetStreamQueue(server.url, _options(max_depth), retry_after=retry_after)
     offload = Offload(MemoryStore(), threshold=0)
-    return Sides(OffloadingPublisher(apart.pub, offload), OffloadingConsumer(apart.con, offload))
+    return Sides(OffloadingPublisher(js, offload), OffloadingConsumer(js, offload))
 
 
 def _local(request: pytest.FixtureRequest, max_depth: int, retry_after: float) -> Sides:
@@ -97,7 +87,6 @@ def _local_js(request: pytest.FixtureRequest, max_depth: int, retry_after: float
 IMPLS = {
     "memory": _memory,
     "jetstream": _jetstream,
-    "jetstream-apart": _js_apart,
     "jetstream+offload": _offloaded,
     "local": _local,
     "local+jetstream": _local_js,
@@ -106,13 +95,12 @@ IMPLS = {
 
 @pytest.fixture(params=sorted(IMPLS))
 async def make_sides(request: pytest.FixtureRequest) -> AsyncIterator[MakeSides]:
-    made: list[Publisher | Consumer] = []
+    made: list[Consumer] = []
 
     async def make(max_depth: int = 100, retry_after: float = 1.5) -> Sides:
         sides = IMPLS[request.param](request, max_depth, retry_after)
-        for q in dict.fromkeys([sides.pub, sides.con]):  # one object when it plays both
-            await q.start()
-            made.append(q)
+        await sides.con.start()  # where the sides share a queue, it starts (and closes) once
+        made.append(sides.con)
         return sides
 
     yield make
