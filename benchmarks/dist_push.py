@@ -162,6 +162,7 @@ async def serve_router(settings: Settings, prefixes: Sequence[str], policy: str)
     """The gateway's HTTP API over a PushQueue: one JetStream queue per worker prefix."""
     from fleetserve.assembly import build_catalog
     from fleetserve.gateway import Gateway
+    from fleetserve.gateway.wiring import Hooks
     from fleetserve.lifecycle import start_http
     from fleetserve.metrics import Metrics
     from fleetserve.queue.factory import open_distributed
@@ -180,7 +181,11 @@ async def serve_router(settings: Settings, prefixes: Sequence[str], policy: str)
             queues.append(queue)
         push = PushQueue(queues, policy)
         gateway = Gateway(
-            settings, build_catalog(settings), push, Metrics(), ready=lambda: push.healthy
+            settings,
+            build_catalog(settings),
+            push,
+            Metrics(),
+            hooks=Hooks(ready=lambda: push.healthy),
         )
         http, task, port = await start_http(gateway, settings.host, settings.port)
         print(f"push router ({POLICIES[policy]}) on http://{settings.host}:{port}", flush=True)

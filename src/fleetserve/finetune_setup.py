@@ -34,6 +34,9 @@ from .wire import InvalidInput, ModelNotFound
 if TYPE_CHECKING:  # nats-py is optional (the nats extra)
     from nats.aio.client import Client as NATS
 
+    from .gateway.finetune import FineTuneRoutes
+    from .gateway.upload import Uploads
+
 log = logging.getLogger("fleetserve.train")
 
 
@@ -73,7 +76,9 @@ async def open_finetuning(
     return FineTuningParts(manager, store, queue)
 
 
-def routes(settings: Settings, parts: FineTuningParts, uploads: Any = None) -> Any:
+def routes(
+    settings: Settings, parts: FineTuningParts, uploads: Uploads | None = None
+) -> FineTuneRoutes:
     """The /v1/files and /v1/fine_tuning/ routes; ``uploads`` (the adapter routes'
     :class:`~.gateway.upload.Uploads`) makes one bound for every upload."""
     from .gateway.finetune import FineTuneRoutes

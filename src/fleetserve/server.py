@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,29 +9,26 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from .assembly import (
-    build_catalog,
-    build_fleet,
-    build_profiles,
-    build_runner,
-    load_or_report,
-    log_choices,
-)
+from .assembly import build_catalog, load_or_report, log_choices
 from .catalog import Catalog
 
 if TYPE_CHECKING:
     from .adapters_setup import Adapters
     from .finetune_setup import FineTuningParts
+    from .gateway.finetune import FineTuneRoutes
     from .tune.background import BackgroundTuner
 from .catalog.sources import is_present
 from .gateway import Gateway
 from .gateway.auth import Authenticator
 from .gateway.request_limits import RequestLimits
+from .gateway.wiring import Hooks, Routes
+from .gateway_setup import build_dashboard
 from .lifecycle import Service, run_process
 from .logs.summary import ready_summary
 from .metrics import Metrics
 from .queue import MemoryQueue
 from .settings import Settings
+from .stack import Stack, build_stack, build_worker, rebuild, until_running
 from .tracing import open_tracer
 from .tune.quick import wanted as quick_wanted
 from .worker import Worker
@@ -62,34 +58,18 @@ class EmbeddedServer(Service):
         self.queue = MemoryQueue(
             settings.max_queue_depth, settings.retry_after, age_limit=settings.batch_age_limit
         )
-        self.profiles = build_profiles(settings)
-        self.choices = {s.id: self.profiles.choose(s) for s in self.catalog}
-        self.runners = {
-            s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
-        }
+        self._take(build_stack(settings, self.catalog, self.metrics, self.console))
         self.tuning = quick_wanted(settings, self.catalog, self.choices)  # --tune quick
         self.background = self._background(env)  # --tune auto
-        self.fleet = build_fleet(settings, self.runners, self.metrics, self.console)
         self.worker = self._new_worker()
-        self.gateway = Gateway(
-            settings,
-            self.catalog,
-            self.queue,
-            self.metrics,
-            ready=lambda: self.worker.ready and not self.tuning,
-            models_info=self.models_info,
-            alive=self.alive,
-            authenticator=self.auth,
-            interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
-            tracer=self.tracer,
-            release_keep_alive=self._release_keep_alive,
-        )
+        self.dashboard = build_dashboard(settings, self.auth)
+        self.gateway: Gateway | None = None  # at start: with the adapters and fine-tuning
         self.port = 0
         self.adapters: Adapters | None = None
         self.finetuning: FineTuningParts | None = None
         from .dashboard.fleet_sources import EmbeddedFleet
 
-        self.gateway.dashboard.attach_fleet(EmbeddedFleet(self))  # the fleet view's data
+        self.dashboard.attach_fleet(EmbeddedFleet(self))  # the fleet view's data
 
     async def _release_keep_alive(self, model: str) -> float:
         """An admin ends ``model``'s keep-alive (the fleet now: quick tuning rebuilds it)."""
@@ -143,6 +123,7 @@ class EmbeddedServer(Service):
 
     async def start(self) -> None:
         await self._open_adapters()
+        self.gateway = self._new_gateway(await self._open_training())
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         log.info("API listening on http://%s:%d", self.settings.host, self.port)
         log.info("hardware %s", self.profiles.hw.summary())
@@ -159,9 +140,8 @@ class EmbeddedServer(Service):
 
             await prepare_hosts(self.settings, self.runners)
         await self.queue.start()
-        self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
-        while not self.worker.running and not self.ended("worker"):
-            await asyncio.sleep(0.001)
+        task = self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
+        await until_running(self.worker, task)
         await self._start_training()
         if self.background is not None:  # after the start: the server is ready at once
             self.spawn("tuner", self.background.run())
@@ -186,37 +166,54 @@ class EmbeddedServer(Service):
         from .adapters_setup import open_registry
 
         self.adapters = await open_registry(self.settings, self.catalog)
-        self.gateway.adapters = self.adapters.routes
-        self.gateway.calls = self.adapters.calls
+
+    async def _open_training(self) -> FineTuneRoutes:
+        """The fine-tuning job store and its routes (the jobs start with the worker)."""
+        from .finetune_setup import open_finetuning, routes
+
+        assert self.adapters is not None
+        self.finetuning = await open_finetuning(self.settings, self.catalog, self.adapters.registry)
+        return routes(self.settings, self.finetuning, self.adapters.routes.uploads)
+
+    def _new_gateway(self, finetune: FineTuneRoutes) -> Gateway:
+        assert self.adapters is not None
+        return Gateway(
+            self.settings,
+            self.catalog,
+            self.queue,
+            self.metrics,
+            hooks=Hooks(
+                ready=lambda: self.worker.ready and not self.tuning,
+                alive=self.alive,
+                models_info=self.models_info,
+                interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
+                release_keep_alive=self._release_keep_alive,
+            ),
+            routes=Routes(self.adapters.routes, self.adapters.calls, finetune),
+            dashboard=self.dashboard,
+            authenticator=self.auth,
+            tracer=self.tracer,
+        )
 
     async def _start_training(self) -> None:
         """Fine-tuning jobs: trained here, one at a time, each in a child process."""
-        from .finetune_setup import (
-            job_runner,
-            keep_leases,
-            open_finetuning,
-            requeue_unfinished,
-            routes,
-        )
+        from .finetune_setup import job_runner, keep_leases, requeue_unfinished
 
-        assert self.adapters is not None
+        assert self.adapters is not None and self.finetuning is not None
         registry = self.adapters.registry
-        self.finetuning = await open_finetuning(self.settings, self.catalog, registry)
         await requeue_unfinished(self.finetuning)
         runner = job_runner(self.settings, self.catalog, self.finetuning, registry)
         self.spawn("trainer", runner.run())
         self.spawn("train-leases", keep_leases(self.finetuning))  # one owner per job
-        self.gateway.finetune = routes(self.settings, self.finetuning, self.adapters.routes.uploads)
+
+    def _take(self, stack: Stack) -> None:
+        """Serve with ``stack`` (built at first, rebuilt after a quick tune)."""
+        self.stack = stack
+        self.profiles, self.choices = stack.profiles, stack.choices
+        self.runners, self.fleet = stack.runners, stack.fleet
 
     def _new_worker(self) -> Worker:
-        return Worker(
-            self.queue,
-            self.runners,
-            self.metrics,
-            max_deliver=self.settings.max_deliver,
-            fleet=self.fleet,
-            tracer=self.tracer,
-        )
+        return build_worker(self.stack, self.queue, self.metrics, self.settings, self.tracer)
 
     async def _quick_tune(self) -> None:
         """Tune the untuned pinned models briefly, then serve them with what won."""
@@ -226,15 +223,10 @@ class EmbeddedServer(Service):
             self.settings, self.catalog, self.profiles, self.tuning, self.console
         )
         if tuned:
-            self.profiles = build_profiles(self.settings)
-            for model in tuned:
-                spec = self.catalog.get(model)
-                self.choices[model] = self.profiles.choose(spec)
-                self.runners[model] = build_runner(
-                    spec, self.settings, self.metrics, self.choices[model]
-                )
             self.worker.close()  # never ran: only its CPU thread to release
-            self.fleet = build_fleet(self.settings, self.runners, self.metrics, self.console)
+            self._take(
+                rebuild(self.stack, tuned, self.settings, self.catalog, self.metrics, self.console)
+            )
             self.worker = self._new_worker()
             log_choices(
                 {m: self.choices[m] for m in tuned}, self.catalog.restrict(tuned), self.console
@@ -255,7 +247,7 @@ class EmbeddedServer(Service):
         self.fleet.check_budget()  # now with what the pinned models measured
 
     async def stop(self) -> None:
-        self.gateway.dashboard.close()  # end open event streams, or uvicorn waits for them
+        self.dashboard.close()  # end open event streams, or uvicorn waits for them
         await self.stop_tasks()
         await self.queue.close()
         self.worker.close()

@@ -18,6 +18,7 @@ from fleetserve.catalog import Catalog
 from fleetserve.gateway import Gateway
 from fleetserve.gateway.auth import Authenticator, KeyEntry, hash_key
 from fleetserve.gateway.finetune import FineTuneRoutes
+from fleetserve.gateway.wiring import Hooks, Routes
 from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.lora.jobs.manager import FineTuning, TrainLimits, add_event
 from fleetserve.lora.jobs.queue import MemoryJobQueue
@@ -66,9 +67,9 @@ def gateway(ft: FineTuning, tune_dir: Path) -> Gateway:
         Catalog(),
         None,  # type: ignore[arg-type]  # no inference here
         Metrics(),
-        ready=lambda: True,
+        hooks=Hooks(ready=lambda: True),
+        routes=Routes(finetune=FineTuneRoutes(ft, max_file_bytes=MAX_FILE_BYTES)),
         authenticator=Authenticator.from_entries(ENTRIES),
-        finetune=FineTuneRoutes(ft, max_file_bytes=MAX_FILE_BYTES),
     )
 
 

@@ -20,6 +20,7 @@ from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.cluster import NatsServer
 from fleetserve.gateway import Gateway
 from fleetserve.gateway.process import GatewayProcess
+from fleetserve.gateway.wiring import Hooks
 from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.metrics import Metrics
 from fleetserve.queue import MemoryQueue
@@ -67,7 +68,7 @@ async def stub() -> AsyncIterator[Stub]:
     settings = Settings.load(overrides={"port": 0})
     queue, metrics = MemoryQueue(16, 1.0), Metrics()
     await queue.start()
-    gw = Gateway(settings, Catalog([spec]), queue, metrics, ready=lambda: True)
+    gw = Gateway(settings, Catalog([spec]), queue, metrics, hooks=Hooks(ready=lambda: True))
     server, task, port = await start_http(gw, "127.0.0.1", 0)
     yield Stub(f"http://127.0.0.1:{port}", queue, metrics)
     await shutdown(server, [task])

@@ -27,6 +27,8 @@ from fleetserve.gateway.auth import (
     read_keys_file,
     require,
 )
+from fleetserve.gateway.wiring import Hooks, Routes
+from fleetserve.gateway_setup import build_dashboard
 from fleetserve.metrics import Metrics
 from fleetserve.settings import Settings
 from fleetserve.wire import (
@@ -255,7 +257,7 @@ def test_settings_repr_redacts_keys_and_api_key() -> None:
 def test_a_gateway_with_a_bad_auth_setting_does_not_build(tmp_path: Path) -> None:
     for bad in (settings(auth="keys"), settings(auth="nope", tune_dir=str(tmp_path))):
         with pytest.raises(ValueError):
-            Gateway(bad, Catalog(), RecordingQueue(), Metrics(), ready=lambda: True)
+            Gateway(bad, Catalog(), RecordingQueue(), Metrics(), hooks=Hooks(ready=lambda: True))
 
 
 # -- fleetserve keys add ----------------------------------------------------------------
@@ -415,14 +417,16 @@ def gateway(
     tmp_path: Path, catalog: Catalog, auth: Authenticator, adapters: AdaptersApp | None = None
 ) -> tuple[Gateway, RecordingQueue]:
     queue = RecordingQueue()
+    s = settings(tune_dir=str(tmp_path / "tune"))
     app = Gateway(
-        settings(tune_dir=str(tmp_path / "tune")),
+        s,
         catalog,
         queue,  # type: ignore[arg-type]
         Metrics(),
-        ready=lambda: True,
+        hooks=Hooks(ready=lambda: True),
+        routes=Routes(adapters=adapters),
+        dashboard=build_dashboard(s, auth),
         authenticator=auth,
-        adapters=adapters,
     )
     return app, queue
 

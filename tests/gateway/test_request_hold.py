@@ -12,6 +12,7 @@ import pytest
 
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.gateway import Gateway
+from fleetserve.gateway.wiring import Hooks
 from fleetserve.metrics import Metrics
 from fleetserve.queue import MemoryQueue
 from fleetserve.settings import Settings
@@ -62,7 +63,7 @@ class Call:
 def gateway(queue: MemoryQueue, **overrides: Any) -> Gateway:
     spec = ModelSpec(id=MODEL, family="dense", runtime="torch", sources=("/nowhere",))
     settings = Settings.load(overrides={"port": 0, **overrides})
-    return Gateway(settings, Catalog([spec]), queue, Metrics(), ready=lambda: True)
+    return Gateway(settings, Catalog([spec]), queue, Metrics(), hooks=Hooks(ready=lambda: True))
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.gateway import Gateway
+from fleetserve.gateway.wiring import Hooks
 from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.metrics import Metrics
 from fleetserve.queue import MemoryQueue
@@ -42,7 +43,7 @@ async def gateway() -> AsyncIterator[tuple[str, MemoryQueue]]:
     settings = Settings.load(overrides={"port": 0})
     queue = MemoryQueue(16, 1.0)
     await queue.start()
-    gw = Gateway(settings, Catalog([spec]), queue, Metrics(), ready=lambda: True)
+    gw = Gateway(settings, Catalog([spec]), queue, Metrics(), hooks=Hooks(ready=lambda: True))
     server, task, port = await start_http(gw, "127.0.0.1", 0)
     yield f"http://127.0.0.1:{port}", queue
     await shutdown(server, [task])

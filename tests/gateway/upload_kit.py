@@ -200,6 +200,7 @@ async def _serve(root: Path) -> None:
     from fleetserve.gateway.auth import Authenticator, KeyEntry, hash_key
     from fleetserve.gateway.finetune import FineTuneRoutes
     from fleetserve.gateway.upload import Uploads
+    from fleetserve.gateway.wiring import Hooks, Routes
     from fleetserve.lifecycle import start_http
     from fleetserve.lora.bases import StaticBases
     from fleetserve.lora.jobs.manager import FineTuning, TrainLimits
@@ -227,10 +228,12 @@ async def _serve(root: Path) -> None:
         Catalog(),
         None,  # type: ignore[arg-type]  # no inference here
         Metrics(),
-        ready=lambda: True,
+        hooks=Hooks(ready=lambda: True),
+        routes=Routes(
+            adapters=AdapterRoutes(registry, uploads=uploads),
+            finetune=FineTuneRoutes(manager, max_file_bytes=MAX_FILE_BYTES, uploads=uploads),
+        ),
         authenticator=Authenticator.from_entries(entries),
-        adapters=AdapterRoutes(registry, uploads=uploads),
-        finetune=FineTuneRoutes(manager, max_file_bytes=MAX_FILE_BYTES, uploads=uploads),
     )
     _http, _task, port = await start_http(app, "127.0.0.1", 0)
     print(port, flush=True)

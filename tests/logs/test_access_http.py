@@ -21,6 +21,7 @@ import pytest
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.gateway import Gateway
 from fleetserve.gateway.adapter_routes import AdapterRoutes
+from fleetserve.gateway.wiring import Hooks, Routes
 from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.logs import FIELDS, JsonFormatter
 from fleetserve.metrics import Metrics
@@ -68,6 +69,7 @@ async def serve() -> AsyncIterator[Serve]:
         stack.callback(hold.set)
 
         async def start(**kw: Any) -> str:
+            kw.setdefault("hooks", Hooks(ready=lambda: True))
             spec = ModelSpec(id=MODEL, family="generate", runtime="torch", sources=("/x",))
             queue = MemoryQueue(16, 1.0)
             await queue.start()
@@ -77,7 +79,6 @@ async def serve() -> AsyncIterator[Serve]:
                 Catalog([spec]),
                 queue,
                 Metrics(),
-                ready=lambda: True,
                 **kw,
             )
             server, task, port = await start_http(gw, "127.0.0.1", 0)
@@ -148,7 +149,7 @@ async def test_a_handler_that_raises_gets_a_500_with_its_headers(
     def broken() -> list[dict[str, Any]]:
         raise RuntimeError("models_info failed")
 
-    url = await serve(models_info=broken)
+    url = await serve(hooks=Hooks(ready=lambda: True, models_info=broken))
     async with httpx.AsyncClient(base_url=url) as c:
         r = await c.get("/v1/models", headers={"x-request-id": "boom-1"})
         assert r.status_code == 500
@@ -170,7 +171,14 @@ async def test_a_handler_that_raises_after_it_started_is_a_500_on_the_line(
         raise RuntimeError("half way")
 
     queue = MemoryQueue(4, 1.0)
-    gw = Gateway(Settings(), Catalog([]), queue, Metrics(), ready=lambda: True, adapters=half)
+    gw = Gateway(
+        Settings(),
+        Catalog([]),
+        queue,
+        Metrics(),
+        hooks=Hooks(ready=lambda: True),
+        routes=Routes(adapters=half),
+    )
     sent: list[dict[str, Any]] = []
 
     async def send(m: dict[str, Any]) -> None:
@@ -219,7 +227,7 @@ async def test_errors_of_handlers_that_answer_themselves_have_code_and_tenant(
     serve: Serve, access: Find, tmp_path: Path
 ) -> None:
     registry = cast(Any, SimpleNamespace(limits=SimpleNamespace(max_bytes=0)))
-    url = await serve(adapters=AdapterRoutes(registry))
+    url = await serve(routes=Routes(adapters=AdapterRoutes(registry)))
     async with httpx.AsyncClient(base_url=url) as c:
         h = {"x-request-id": "ad-1", "x-tenant": "acme", "accept": "application/msgpack"}
         r = await c.request("PATCH", "/v1/adapters", headers=h)

@@ -1,4 +1,4 @@
-"""Cancels, against every WorkQueue of the contract: a cancel reaches the workers'
+"""Cancels, against every queue of the contracts (``contract.py``): a cancel reaches the workers'
 listeners; a waiting message of the request is removed at once where the queue can
 (counted once, in ``dropped``), or is still delivered after its cancel was heard (a
 worker then terminates it); slices of the request go with it."""
@@ -9,16 +9,16 @@ import asyncio
 import dataclasses
 import time
 
-from fleetserve.queue import MemoryQueue, WorkQueue
+from fleetserve.queue import Consumer, MemoryQueue
 from fleetserve.queue.cancels import Cancel, Listeners
 from fleetserve.queue.local_buffer import Entry
 from fleetserve.wire import Part
 
+from .contract import Sides, make_sides, sides  # the fixtures: every queue
 from .envelopes import env
-from .test_contract import make_queue, queue  # the fixtures: every queue
 from .test_local import LocalStack
 
-__all__ = ["make_queue", "queue"]
+__all__ = ["make_sides", "sides"]
 
 
 async def heard(cancels: list[Cancel], n: int = 1) -> list[Cancel]:
@@ -28,44 +28,44 @@ async def heard(cancels: list[Cancel], n: int = 1) -> list[Cancel]:
     return cancels
 
 
-async def test_a_cancel_reaches_the_listeners(queue: WorkQueue) -> None:
+async def test_a_cancel_reaches_the_listeners(sides: Sides) -> None:
     got: list[Cancel] = []
-    remove = queue.on_cancel(got.append)
+    remove = sides.con.on_cancel(got.append)
     until = time.time() + 30
-    await queue.cancel("gone-1", until)
+    await sides.pub.cancel("gone-1", until)
     (c,) = await heard(got)
     assert c.request_id == "gone-1" and abs(c.until - until) < 1e-3
     remove()
-    await queue.cancel("gone-2", until)
-    await queue.cancel("gone-3", until)
+    await sides.pub.cancel("gone-2", until)
+    await sides.pub.cancel("gone-3", until)
     others: list[Cancel] = []
-    queue.on_cancel(others.append)
-    await queue.cancel("gone-4", until)
+    sides.con.on_cancel(others.append)
+    await sides.pub.cancel("gone-4", until)
     await heard(others)
     assert [c.request_id for c in got] == ["gone-1"]  # removed: it hears no more
 
 
-async def test_a_waiting_message_is_removed_or_its_cancel_comes_first(queue: WorkQueue) -> None:
+async def test_a_waiting_message_is_removed_or_its_cancel_comes_first(sides: Sides) -> None:
     got: list[Cancel] = []
-    queue.on_cancel(got.append)
+    sides.con.on_cancel(got.append)
     e = env(rid="gone-5")
-    pending = await queue.publish(e, b"x")
-    kept = await queue.publish(env(), b"y")
-    await queue.cancel("gone-5", e.deadline)
+    pending = await sides.pub.publish(e, b"x")
+    kept = await sides.pub.publish(env(), b"y")
+    await sides.pub.cancel("gone-5", e.deadline)
     (c,) = await heard(got)
-    msgs = await queue.pull(["m/a"], budget=100, timeout=1)
+    msgs = await sides.con.pull(["m/a"], budget=100, timeout=1)
     ids = [m.envelope.request_id for m in msgs]
     assert kept is not None and len(ids) == len(set(ids))
     if c.dropped:  # removed at once: nobody pulls it
         assert c.dropped == ("m/a",) and "gone-5" not in ids
     else:  # delivered after the cancel was heard: the worker terminates it
-        assert "gone-5" in ids or await _later(queue, "gone-5")
+        assert "gone-5" in ids or await _later(sides.con, "gone-5")
     for m in msgs:
-        await queue.ack(m)
+        await sides.con.ack(m)
     pending.cancel()
 
 
-async def _later(queue: WorkQueue, rid: str) -> bool:
+async def _later(queue: Consumer, rid: str) -> bool:
     for m in await queue.pull(["m/a"], budget=100, timeout=1):
         await queue.ack(m)
         if m.envelope.request_id == rid:
@@ -73,16 +73,16 @@ async def _later(queue: WorkQueue, rid: str) -> bool:
     return False
 
 
-async def test_slices_of_a_cancelled_request_go_with_it(queue: WorkQueue) -> None:
+async def test_slices_of_a_cancelled_request_go_with_it(sides: Sides) -> None:
     got: list[Cancel] = []
-    queue.on_cancel(got.append)
+    sides.con.on_cancel(got.append)
     part = dataclasses.replace(env(rid="parent-1/0-4"), part=Part("parent-1", 0, 4))
-    await queue.publish(part, b"slice")
-    await queue.cancel("parent-1", part.deadline)
+    await sides.pub.publish(part, b"slice")
+    await sides.pub.cancel("parent-1", part.deadline)
     (c,) = await heard(got)
-    msgs = await queue.pull(["m/a"], budget=100, timeout=0.3 if c.dropped else 1)
+    msgs = await sides.con.pull(["m/a"], budget=100, timeout=0.3 if c.dropped else 1)
     for m in msgs:
-        await queue.ack(m)
+        await sides.con.ack(m)
     if c.dropped:  # removed with its parent
         assert c.dropped == ("m/a",) and msgs == []
     else:

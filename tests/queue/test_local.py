@@ -1,7 +1,7 @@
 """The machine-local queue: rebalancing, device crashes, and settling upstream once.
 
 ``LocalStack`` (a client with its own server and in-memory upstream) also runs the
-whole WorkQueue contract in ``test_contract.py``.
+publisher and consumer contracts (``contract.py``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from fleetserve.cluster import NatsServer
 from fleetserve.queue import JetStreamQueue, StreamOptions
 from fleetserve.queue.base import Message
 from fleetserve.queue.offload import OffloadingQueue
+from fleetserve.queue.offload_consumer import OffloadingConsumer
 from fleetserve.storage import FileStore, MemoryStore, Offload
 from fleetserve.wire import Encoding, Envelope, Reply, Task
 
@@ -72,11 +73,11 @@ async def test_a_missing_payload_is_dead_lettered_with_a_reason(
     pair: tuple[OffloadingQueue, MemoryStore],
 ) -> None:
     q, _ = pair
-    pending = await q.inner.publish(env(), b"", payload="req/never-stored-in")
+    pending = await q.publisher.publish(env(), b"", payload="req/never-stored-in")
     assert await q.pull(["m/a"], budget=10, timeout=0.3) == []
     reply = await pending.wait(5)
     assert reply.error is not None and reply.error["error"]["field"] == "payload"
-    js = q.inner
+    js = q.consumer
     assert isinstance(js, JetStreamQueue) and js.dlq is not None
     [entry] = await js.dlq.list_entries()
     assert entry.reason.startswith("payload missing") and "never-stored" in entry.reason
@@ -114,7 +115,7 @@ async def test_one_store_outage_puts_the_rest_of_the_pull_back_untried(tmp_path:
     store.get = away  # type: ignore[method-assign]
     inline = Message(env(), b"inline", 99)
     inner = _Inner([*_offloaded(3), inline])
-    q = OffloadingQueue(inner, Offload(store, threshold=0))  # type: ignore[arg-type]
+    q = OffloadingConsumer(inner, Offload(store, threshold=0))  # type: ignore[arg-type]
     assert await q.pull(["m/a"], budget=10, timeout=0) == [inline]
     assert len(tried) == 1 and len(inner.naked) == 3
 
@@ -129,7 +130,7 @@ async def test_a_bug_reading_a_body_raises_and_puts_the_pull_back(tmp_path: Path
     store.get = broken  # type: ignore[method-assign]
     inline = Message(env(), b"inline", 99)
     inner = _Inner([inline, *_offloaded(2)])
-    q = OffloadingQueue(inner, Offload(store, threshold=0))  # type: ignore[arg-type]
+    q = OffloadingConsumer(inner, Offload(store, threshold=0))  # type: ignore[arg-type]
     with pytest.raises(KeyError):
         await q.pull(["m/a"], budget=10, timeout=0)
     assert len(inner.naked) == 3  # the inline one taken before it, too

@@ -37,7 +37,7 @@ def test_an_embedded_request_is_one_trace(tiny_catalog: Path) -> None:
 
     def build() -> list[Any]:
         srv = EmbeddedServer(tiny_settings(tiny_catalog), console=Console(quiet=True))
-        srv.gateway.tracer = srv.worker.tracer = tracer
+        srv.tracer = srv.worker.tracer = tracer  # the gateway is built with it at start
         servers.append(srv)
         return [srv]
 

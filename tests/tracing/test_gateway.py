@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from fleetserve.catalog import Catalog, ModelSpec
 from fleetserve.gateway import Gateway
+from fleetserve.gateway.wiring import Hooks
 from fleetserve.lifecycle import shutdown, start_http
 from fleetserve.metrics import Metrics
 from fleetserve.queue import MemoryQueue
@@ -54,7 +55,7 @@ async def stack() -> AsyncIterator[tuple[str, InMemorySpanExporter]]:
         Catalog([spec]),
         queue,
         Metrics(),
-        ready=lambda: True,
+        hooks=Hooks(ready=lambda: True),
         tracer=tracer,
     )
     server, task, port = await start_http(gw, "127.0.0.1", 0)

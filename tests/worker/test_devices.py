@@ -33,8 +33,7 @@ from fleetserve.cluster.natsd import die_with_parent
 from fleetserve.gateway.process import GatewayProcess
 from fleetserve.settings import Settings
 from fleetserve.wire.heartbeat import Heartbeat
-from fleetserve.worker.cores import core_share
-from fleetserve.worker.device_child import runtime_device
+from fleetserve.worker.cores import core_share, runtime_device
 
 from ..conftest import TINY, ServerThread, tiny_settings
 

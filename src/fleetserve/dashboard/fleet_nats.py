@@ -67,9 +67,9 @@ class JetStreamLanes:
         return self._last
 
     async def _lanes(self) -> list[dict[str, object]]:
-        js, o = self.queue.js, self.queue.options
+        js, o = self.queue.context(), self.queue.options
         info = await js.stream_info(o.stream, subjects_filter=f"{o.prefix}.work.>")
-        out = []
+        out: list[dict[str, object]] = []
         for subject, stored in sorted((info.state.subjects or {}).items()):
             lane = lane_of(subject, o.prefix)
             if lane is None or not stored:
@@ -92,7 +92,7 @@ class JetStreamLanes:
     async def _age(self, subject: str, after: int) -> float:
         """Seconds the first message of ``subject`` past ``after`` has waited."""
         try:
-            raw = await self.queue.js.get_msg(
+            raw = await self.queue.context().get_msg(
                 self.queue.options.stream, seq=after + 1, subject=subject, next=True
             )
             at = float((raw.headers or {}).get(H.ENQUEUED_AT) or 0.0)
@@ -105,7 +105,7 @@ class JetStreamLanes:
 
         o = self.queue.options
         try:
-            info = await self.queue.js.stream_info(
+            info = await self.queue.context().stream_info(
                 dlq_stream(o), subjects_filter=f"{o.prefix}.dlq.>"
             )
         except Exception:  # no dead-letter stream (yet)

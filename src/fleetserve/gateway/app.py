@@ -1,4 +1,4 @@
-"""The gateway: a thin raw-ASGI app in front of the WorkQueue.
+"""The gateway: a thin raw-ASGI app in front of the queue's Publisher.
 
 For inference routes it reads the route, headers and body size, attaches an
 envelope and publishes the raw body. When the reply arrives in the client's
@@ -11,16 +11,14 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..catalog import Catalog
-from ..catalog.spec import Profile
 from ..logs import kv
 from ..logs.access import Access, request_id
 from ..logs.context import for_request
 from ..metrics import Metrics
-from ..queue import WorkQueue
+from ..queue import Publisher
 from ..settings import Settings
 from ..tracing import NULL_REQUEST, NULL_TRACER, RequestTrace, Tracer
 from ..wire import (
@@ -38,8 +36,7 @@ from ..wire import (
 from ..wire import Scope as KeyScope
 from ..wire.codec import accept_of, encoding_of
 from . import envelope as env_mod
-from .auth import Authenticator, PrincipalApp, require
-from .calls import AdapterCalls
+from .auth import Authenticator, require
 from .disconnect import Watched
 from .errors import body_response, crashed, error_response, stamped
 from .http import Receive, Scope, Send, declared_length, header, read_body, respond
@@ -50,13 +47,10 @@ from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests
 from .routes import PATH_MODEL_ROUTES as _PATH_MODEL_ROUTES  # noqa: F401
 from .routes import inference_route, is_adapters
 from .streaming import relay
-
-if TYPE_CHECKING:
-    from .finetune import FineTuneRoutes
+from .wiring import NO_ROUTES, Hooks, Pages, Routes
 
 log = logging.getLogger("fleetserve.gateway")
 
-Hook = Callable[[], Awaitable[None]]
 _TEXT = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 
 
@@ -65,51 +59,41 @@ class Gateway:
         self,
         settings: Settings,
         catalog: Catalog,
-        queue: WorkQueue,
+        queue: Publisher,
         metrics: Metrics,
         *,
-        ready: Callable[[], bool],
-        models_info: Callable[[], list[dict[str, Any]]] | None = None,
-        alive: Callable[[], bool] | None = None,
-        on_startup: Hook | None = None,
-        on_shutdown: Hook | None = None,
+        hooks: Hooks,
+        routes: Routes = NO_ROUTES,
+        dashboard: Pages | None = None,
         authenticator: Authenticator | None = None,
-        adapters: PrincipalApp | None = None,
-        calls: AdapterCalls | None = None,
-        interactive_cost: Callable[[str], int] | None = None,
-        finetune: FineTuneRoutes | None = None,
         tracer: Tracer | None = None,
-        release_keep_alive: Callable[[str], Awaitable[float]] | None = None,
     ) -> None:
+        """``dashboard``: the process's (``gateway_setup.build_dashboard``); None: none."""
         # the key ring first: a bad auth setting refuses to start (ValueError), never opens
         self.auth = (
             authenticator if authenticator is not None else Authenticator.from_settings(settings)
         )
-        self.adapters = adapters  # /v1/adapters[/...]: it checks scopes itself
-        self.finetune = finetune  # /v1/files, /v1/fine_tuning/: it checks scopes itself
+        self.adapters = routes.adapters  # /v1/adapters[/...]: it checks scopes itself
+        self.finetune = routes.finetune  # /v1/files, /v1/fine_tuning/: it checks scopes itself
         self.tracer = tracer or NULL_TRACER  # spans per request (fleetserve.tracing)
-        self.calls = calls  # resolves the adapter a request calls (None: no adapters here)
+        self.calls = routes.calls  # resolves the adapter a request calls (None: no adapters)
         # a model's interactive threshold (its profile's), in predicted tokens
-        self.interactive_cost = interactive_cost or (lambda _model: Profile.interactive_cost)
+        self.interactive_cost = hooks.interactive_cost
         self.settings = settings
         self.access_log = settings.access_log  # a line per request
         self.catalog = catalog
         self.queue = queue
         self.metrics = metrics
-        self.ready = ready
-        self.alive = alive or (lambda: True)  # False: a stage crashed, /healthz says 503
-        self.models_info = models_info or self._catalog_info
+        self.ready = hooks.ready
+        self.alive = hooks.alive  # False: a stage crashed, /healthz says 503
+        self.models_info = hooks.models_info or self._catalog_info
         # X-Keep-Alive's caps; ends a model's keep-alive where it lives (None: not here)
         self.keep_alives = KeepAlives(settings.max_keep_alive, settings.max_kept_alive_per_tenant)
-        self.release_keep_alive = release_keep_alive
-        self._startup = on_startup
-        self._shutdown = on_shutdown
-        # imported here: the dashboard reuses this package's HTTP helpers
-        from ..dashboard import Dashboard
-
+        self.release_keep_alive = hooks.release_keep_alive
+        self._startup = hooks.on_startup
+        self._shutdown = hooks.on_shutdown
         log.info(self.auth.describe())
-        auth = None if self.auth.is_open else self._authorize
-        self.dashboard = Dashboard.from_settings(settings, authorize=auth)
+        self.dashboard = dashboard
         # inference bodies: nesting, items and request memory, before anything decodes them
         self.request_limits = RequestLimits.from_settings(settings)
         self.request_memory = RequestMemory.from_settings(settings)
@@ -193,13 +177,14 @@ class Gateway:
                 self.auth.authenticate(scope)
                 from .openapi import CACHE, operations  # on first use: every family's types
 
+                views = self.dashboard.views if self.dashboard is not None else ()
                 ops = operations(
                     adapters=self.adapters is not None,
                     finetune=self.finetune is not None,
-                    views=[(v.prefix, v.name) for v in self.dashboard.views],
+                    views=[(v.prefix, v.name) for v in views],
                 )
                 await respond(send, 200, [(b"content-type", b"application/json")], CACHE.get(ops))
-            elif self.dashboard.handles(path):  # the page, its events and /v1/tuning/
+            elif self.dashboard is not None and self.dashboard.handles(path):  # its events too
                 await self.dashboard(scope, receive, send)
             else:
                 raise NotFound(f"no route for {method} {path}", field="path")
@@ -342,7 +327,8 @@ class Gateway:
             return
         total = time.perf_counter() - t0
         self.metrics.stage_latency.labels(model, "total").observe(total)
-        self.dashboard.observe(model, total)  # the fleet view's throughput and latency
+        if self.dashboard is not None:  # the fleet view's throughput and latency
+            self.dashboard.observe(model, total)
         self._count(route, model, "ok")
         headers = [
             (b"content-type", reply.content_type.value.encode()),
@@ -359,12 +345,8 @@ class Gateway:
         """A stream ended with ``code``: counted, and its latency observed."""
         self._count(route, model, code)
         self.metrics.stage_latency.labels(model, "total").observe(time.perf_counter() - t0)
-        if code == "ok":
+        if code == "ok" and self.dashboard is not None:
             self.dashboard.observe(model, time.perf_counter() - t0)
-
-    def _authorize(self, scope: Scope) -> None:
-        """The dashboard's check (its data and events): a valid key with ``admin``."""
-        self.auth.authorize(scope, KeyScope.ADMIN)
 
     def _count(self, route: str, model: str | None, code: str) -> None:
         # unknown models are counted under one label to keep cardinality bounded

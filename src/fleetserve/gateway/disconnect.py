@@ -6,7 +6,7 @@ once the response is complete; by then nothing here waits on it any more).
 
 :class:`Watched` wraps the queue's handle on a published request. Waiting for the
 reply, and for each chunk of a streamed reply, races the client's hang-up. If the
-client goes first, the work is cancelled (``WorkQueue.cancel``: queued, batched or
+client goes first, the work is cancelled (``Publisher.cancel``: queued, batched or
 generating, here or on any worker) and :class:`~fleetserve.wire.Cancelled` is raised:
 the gateway counts the request as ``cancelled`` (499), and the response it writes
 goes nowhere (uvicorn drops what is sent to a closed connection). A deadline that
@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
-from ..queue import PendingReply, WorkQueue
+from ..queue import PendingReply, Publisher
 from ..wire import Cancelled, DeadlineExceeded, Envelope, Reply
 from .http import Receive
 
@@ -34,7 +34,7 @@ class Watched:
     goes away or the deadline passes."""
 
     def __init__(
-        self, pending: PendingReply, receive: Receive, queue: WorkQueue, envelope: Envelope
+        self, pending: PendingReply, receive: Receive, queue: Publisher, envelope: Envelope
     ) -> None:
         self._inner = pending
         self._receive = receive

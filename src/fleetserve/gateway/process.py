@@ -19,6 +19,7 @@ from ..assembly import build_catalog, build_profiles
 from ..catalog import Catalog
 from ..catalog.spec import Profile
 from ..cluster.presence import Registry
+from ..gateway_setup import build_dashboard
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats, watch_broker
@@ -29,10 +30,12 @@ from ..wire import Unavailable
 from .app import Gateway
 from .auth import Authenticator
 from .request_limits import RequestLimits
+from .wiring import Hooks, Routes
 
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
     from ..lora.jobs.queue import JobQueue
+    from ..queue import JetStreamQueue
 
 log = logging.getLogger("fleetserve.gateway")
 
@@ -53,7 +56,8 @@ class GatewayProcess(Service):
         self.metrics = Metrics().without_worker_gauges()
         self.tracer = open_tracer(settings, "gateway")  # the null one unless --tracing
         self.registry = Registry()
-        self.js: Any = None
+        self.js: JetStreamQueue | None = None
+        self.dashboard = build_dashboard(settings, self.auth)
         self.gateway: Gateway | None = None
         self.adapters: Adapters | None = None
         self.jobs: JobQueue | None = None
@@ -93,7 +97,7 @@ class GatewayProcess(Service):
         from ..queue.js_release import release_everywhere
 
         nc = self.js.nc if self.js is not None else None
-        if nc is None or not self.js.connected:
+        if nc is None or self.js is None or not self.js.connected:
             raise Unavailable(
                 "cannot release keep-alives: not connected to the queue; retry",
                 retry_after=self.settings.retry_after,
@@ -116,39 +120,44 @@ class GatewayProcess(Service):
         return lambda model: costs.get(model, Profile.interactive_cost)
 
     async def start(self) -> None:
-        self.js, queue, store = await open_distributed(self.settings, self.node)
-        watch_broker(self.js, self.metrics)
-        await self.registry.listen(self.js.nc, self.settings.queue_prefix)
+        js, queue, store = await open_distributed(self.settings, self.node)
+        self.js = js
+        watch_broker(js, self.metrics)
+        nc = js.connection()
+        await self.registry.listen(nc, self.settings.queue_prefix)
         from ..adapters_setup import open_registry  # the NATS object store by default
 
-        self.adapters = await open_registry(self.settings, self.catalog, nats=self.js.nc)
+        self.adapters = await open_registry(self.settings, self.catalog, nats=nc)
         from ..finetune_setup import open_finetuning, routes  # jobs go to --train workers
 
-        tuning = await open_finetuning(
-            self.settings, self.catalog, self.adapters.registry, nats=self.js.nc
-        )
+        tuning = await open_finetuning(self.settings, self.catalog, self.adapters.registry, nats=nc)
         self.jobs = tuning.queue
         self.gateway = Gateway(
             self.settings,
             self.catalog,
             queue,
             self.metrics,
-            # connected: a request then gets the queue's own 503 (storage full, say);
-            # /readyz also asks queue.healthy, false while JetStream refuses writes
-            ready=lambda: bool(self.js is not None and self.js.connected),
-            models_info=self.models_info,
-            alive=lambda: self.failed_stage() is None,
+            hooks=Hooks(
+                # connected: a request then gets the queue's own 503 (storage full, say);
+                # /readyz also asks queue.healthy, false while JetStream refuses writes
+                ready=lambda: bool(self.js is not None and self.js.connected),
+                alive=lambda: self.failed_stage() is None,
+                models_info=self.models_info,
+                interactive_cost=self._interactive_cost(),
+                release_keep_alive=self._release_keep_alive,
+            ),
+            routes=Routes(
+                adapters=self.adapters.routes,
+                calls=self.adapters.calls,
+                finetune=routes(self.settings, tuning, self.adapters.routes.uploads),
+            ),
+            dashboard=self.dashboard,
             authenticator=self.auth,
-            adapters=self.adapters.routes,
-            calls=self.adapters.calls,
-            interactive_cost=self._interactive_cost(),
             tracer=self.tracer,
-            release_keep_alive=self._release_keep_alive,
         )
-        self.gateway.finetune = routes(self.settings, tuning, self.adapters.routes.uploads)
         from ..dashboard.fleet_sources import ClusterFleet
 
-        self.gateway.dashboard.attach_fleet(ClusterFleet.of(self))  # heartbeats, JetStream
+        self.dashboard.attach_fleet(ClusterFleet.of(self))  # heartbeats, JetStream
         self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
         ttl = self.settings.payload_ttl
         sweeper = sweep_forever(store, ttl, every=max(1.0, ttl / 4))
@@ -156,8 +165,7 @@ class GatewayProcess(Service):
         log.info("API listening on http://%s:%d", self.settings.host, self.port)
 
     async def stop(self) -> None:
-        if self.gateway is not None:
-            self.gateway.dashboard.close()  # end open event streams, or uvicorn waits
+        self.dashboard.close()  # end open event streams, or uvicorn waits
         await self.stop_tasks()
         if self.jobs is not None:
             await self.jobs.close()

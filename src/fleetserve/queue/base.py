@@ -1,4 +1,8 @@
-"""The WorkQueue protocol: the seam between gateways and pulling workers.
+"""The queue's two roles: the seam between gateways and pulling workers.
+
+A :class:`Publisher` is the gateway's side, a :class:`Consumer` the worker's; a
+:class:`WorkQueue` plays both (the in-process queues, and a worker that publishes
+the slices of a large request back to the queue it pulls from).
 
 Gateways ``publish`` an envelope and a raw body and get a :class:`PendingReply`.
 Workers ``pull`` messages for the models they serve, within a cost budget, then
@@ -68,13 +72,12 @@ class PendingReply(Protocol):
 
 
 @runtime_checkable
-class WorkQueue(Protocol):
+class Publisher(Protocol):
+    """The gateway's side: publish, await the reply (or its stream), cancel."""
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
-
-    @property
-    def stats(self) -> QueueStats: ...
 
     async def publish(
         self, envelope: Envelope, body: bytes, payload: str | None = None
@@ -84,6 +87,28 @@ class WorkQueue(Protocol):
         ``payload`` is a payload-store key that stands in for an offloaded body.
         """
         ...
+
+    async def cancel(self, request_id: str, until: float) -> None:
+        """The client of ``request_id`` is gone, or its deadline passed: its work (and
+        its slices') stops wherever it is, waiting here or in any worker. ``until`` is
+        its deadline, after which none of it would run anyway."""
+        ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """The worker's side: pull, reply, then ack; nak (give back), touch, term,
+    dead-letter; hear of cancels; read the depth."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def stats(self) -> QueueStats: ...
 
     async def pull(
         self,
@@ -124,15 +149,9 @@ class WorkQueue(Protocol):
         """Send the reply to the gateway that published ``msg``."""
         ...
 
-    async def cancel(self, request_id: str, until: float) -> None:
-        """The client of ``request_id`` is gone, or its deadline passed: its work (and
-        its slices') stops wherever it is, waiting here or in any worker. ``until`` is
-        its deadline, after which none of it would run anyway."""
-        ...
-
     def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
-        """Call ``listener`` for each cancel this queue hears of (the workers' side);
-        returns the call that removes it."""
+        """Call ``listener`` for each cancel this queue hears of; returns the call that
+        removes it."""
         ...
 
     def depth(self, model: str) -> int:
@@ -145,3 +164,9 @@ class WorkQueue(Protocol):
 
     @property
     def healthy(self) -> bool: ...
+
+
+@runtime_checkable
+class WorkQueue(Publisher, Consumer, Protocol):
+    """Both roles in one: the in-process queues, and what a worker that publishes
+    slices (``worker.parts``) or a device parent's local queue pulls from."""

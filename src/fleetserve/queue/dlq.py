@@ -24,7 +24,10 @@ from ..wire import headers as H
 from .base import QueueStats
 
 if TYPE_CHECKING:
-    from .jetstream import StreamOptions
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
+
+    from .js_options import StreamOptions
 
 log = logging.getLogger("fleetserve.dlq")
 
@@ -47,7 +50,9 @@ class Entry:
 
 
 class DeadLetters:
-    def __init__(self, nc: Any, js: Any, options: StreamOptions, stats: QueueStats) -> None:
+    def __init__(
+        self, nc: Client, js: JetStreamContext, options: StreamOptions, stats: QueueStats
+    ) -> None:
         self.nc = nc
         self.js = js
         self.options = options

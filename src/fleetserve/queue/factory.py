@@ -72,7 +72,7 @@ async def open_distributed(
         s3_region=settings.s3_region or None,
         s3_endpoint=settings.s3_endpoint or None,
     )
-    limit = int(js.nc.max_payload) - HEADROOM
+    limit = int(js.connection().max_payload) - HEADROOM
     threshold = max(0, min(settings.offload_threshold, limit))
     return (
         js,

@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..wire import headers as H
 from .cancels import Cancel, CancelListener, Listeners
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
 
 log = logging.getLogger("fleetserve.queue")
 DEFAULT_TTL = 600.0  # a cancel that carries no deadline is kept this long
@@ -24,9 +27,9 @@ class CancelChannel:
     def __init__(self, prefix: str) -> None:
         self.subject = f"{prefix}.cancel"
         self.listeners = Listeners()
-        self._nc: Any = None
+        self._nc: Client | None = None
 
-    async def start(self, nc: Any) -> None:
+    async def start(self, nc: Client) -> None:
         """Subscribe (nats-py subscribes again by itself after a reconnect)."""
         self._nc = nc
         await nc.subscribe(self.subject, cb=self._on_msg)

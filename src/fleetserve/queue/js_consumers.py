@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..wire import Priority
 from ..wire import headers as H
 from .js_health import Backoff
 
 if TYPE_CHECKING:
-    from .jetstream import StreamOptions
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
+
+    from .js_options import StreamOptions
 
 Lane = tuple[str, Priority]  # a model and a class: one subject, one consumer
 CALL_TIMEOUT = 2.0  # seconds for a JetStream API call (nats-py's default is 5)
@@ -39,7 +42,7 @@ class Consumers:
     """The lanes whose consumer this connection has made sure of."""
 
     def __init__(
-        self, nc: Any, js: Any, options: StreamOptions, ack_waits: dict[str, float]
+        self, nc: Client, js: JetStreamContext, options: StreamOptions, ack_waits: dict[str, float]
     ) -> None:
         self.nc, self.js, self.options = nc, js, options
         self.ack_waits = ack_waits  # per model, sized from its profile (shared, updated)

@@ -18,10 +18,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .jetstream import StreamOptions
+    from nats.js import JetStreamContext
+
+    from .js_options import StreamOptions
 
 log = logging.getLogger("fleetserve.queue")
 FULL = 10077  # JetStream: a stream limit (e.g. maximum messages per subject) exceeded
@@ -90,7 +92,7 @@ def probe_subject(options: StreamOptions) -> str:
     return f"{options.prefix}.probe"
 
 
-async def probe(js: Any, options: StreamOptions, timeout: float) -> None:
+async def probe(js: JetStreamContext, options: StreamOptions, timeout: float) -> None:
     """One write to the work stream, then its removal; raises what the publish raised."""
     subject = probe_subject(options)
     try:
@@ -104,7 +106,7 @@ async def probe(js: Any, options: StreamOptions, timeout: float) -> None:
 
 async def probe_forever(
     writes: Writes,
-    js: Any,
+    js: JetStreamContext,
     options: StreamOptions,
     interval: float,
     connected: Callable[[], bool],

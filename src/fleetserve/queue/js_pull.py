@@ -32,8 +32,11 @@ from .js_consumers import Consumers, Lane, durable
 from .sizing import CostWindow, choose, pull_batch
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
+
     from .dlq import DeadLetters
-    from .jetstream import StreamOptions
+    from .js_options import StreamOptions
 
 log = logging.getLogger("fleetserve.queue")
 _CLASS_TOKEN = {Priority.INTERACTIVE: "i", Priority.BATCH: "b"}
@@ -49,8 +52,8 @@ class _Request:
 class Puller:
     def __init__(
         self,
-        nc: Any,
-        js: Any,
+        nc: Client,
+        js: JetStreamContext,
         options: StreamOptions,
         stats: QueueStats,
         dlq: DeadLetters,

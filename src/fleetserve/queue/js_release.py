@@ -19,9 +19,12 @@ import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .local_proto import Release, Released
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
 
 log = logging.getLogger("fleetserve.queue")
 WAIT = 1.0  # seconds a gateway waits for the workers' answers
@@ -66,7 +69,7 @@ def subject(prefix: str) -> str:
 
 
 async def serve_releases(
-    nc: Any, prefix: str, release: Callable[[str], float | Awaitable[float | None] | None]
+    nc: Client, prefix: str, release: Callable[[str], float | Awaitable[float | None] | None]
 ) -> None:
     """A worker: answer each release with ``release(model)``'s seconds (``None``: it
     does not serve the model, and stays silent). ``release`` may be a coroutine
@@ -85,7 +88,7 @@ async def serve_releases(
     await nc.subscribe(subject(prefix), cb=on_msg)
 
 
-async def release_everywhere(nc: Any, prefix: str, model: str, workers: int) -> float:
+async def release_everywhere(nc: Client, prefix: str, model: str, workers: int) -> float:
     """A gateway: release ``model`` on every worker; the most seconds any had left.
     Waits for ``workers`` answers (those its heartbeats know serve it), at most ``WAIT``."""
     answers: list[float] = []

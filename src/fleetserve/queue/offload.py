@@ -1,4 +1,4 @@
-"""Payload offload as a WorkQueue wrapper: large bodies and results travel by reference.
+"""Payload offload as queue wrappers: large bodies and results travel by reference.
 
 - The gateway's body over the threshold goes to the payload store; the message carries
   its key (``Fleetserve-Payload``) and an empty body.
@@ -7,19 +7,22 @@
 - A result over the threshold goes the same way; the gateway reads it, then deletes
   both objects when the request completes or times out. The TTL sweeper
   (``storage.sweep_forever``) removes what a crashed process left behind.
+
+:class:`OffloadingPublisher` wraps the gateway's side, :class:`OffloadingConsumer`
+(``offload_consumer.py``) the worker's; :class:`OffloadingQueue` both, for a worker
+that also publishes (the slices of a large request).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator
 
-from ..storage import Offload, PayloadMissing
-from ..wire import Envelope, InternalError, Reply, Unavailable
-from .base import Message, PendingReply, QueueStats, WorkQueue
-from .cancels import CancelListener
+from ..storage import Offload
+from ..wire import Envelope, Reply
+from .base import PendingReply, Publisher, WorkQueue
+from .offload_consumer import OffloadingConsumer
 
 log = logging.getLogger("fleetserve.offload")
 
@@ -63,26 +66,22 @@ class _Pending:
         self._inner.cancel()
 
 
-class OffloadingQueue:
-    """Wraps any WorkQueue; everything but payloads passes straight through."""
+class OffloadingPublisher:
+    """Wraps a Publisher: a large body goes to the store, a large result comes from it."""
 
-    def __init__(self, inner: WorkQueue, offload: Offload) -> None:
-        self.inner = inner
+    def __init__(self, publisher: Publisher, offload: Offload) -> None:
+        self.publisher = publisher
         self.offload = offload
 
     @property
-    def stats(self) -> QueueStats:
-        return self.inner.stats
-
-    @property
     def healthy(self) -> bool:
-        return self.inner.healthy
+        return self.publisher.healthy
 
     async def start(self) -> None:
-        await self.inner.start()
+        await self.publisher.start()
 
     async def close(self) -> None:
-        await self.inner.close()
+        await self.publisher.close()
 
     async def publish(
         self, envelope: Envelope, body: bytes, payload: str | None = None
@@ -90,88 +89,22 @@ class OffloadingQueue:
         key = await self.offload.stash(envelope.request_id, "in", body)
         try:
             if key is None:
-                pending = await self.inner.publish(envelope, body, payload)
+                pending = await self.publisher.publish(envelope, body, payload)
             else:
-                pending = await self.inner.publish(envelope, b"", key)
+                pending = await self.publisher.publish(envelope, b"", key)
         except BaseException:
             await self.offload.discard(envelope.request_id)
             raise
         return _Pending(pending, self.offload, envelope)
 
-    async def pull(
-        self,
-        models: Sequence[str],
-        budget: int,
-        timeout: float,
-        *,
-        interactive_only: bool = False,
-    ) -> list[Message]:
-        out: list[Message] = []
-        got = await self.inner.pull(models, budget, timeout, interactive_only=interactive_only)
-        away = False  # the store failed once in this pull: the rest are not tried
-        for i, msg in enumerate(got):
-            if msg.payload is None or time.time() > msg.envelope.deadline:
-                out.append(msg)  # expired work is dropped unread by the worker
-                continue
-            if away:  # each would wait out its own timeout on a store that hangs
-                await self.inner.nak(msg, 1.0)
-                continue
-            try:
-                msg.body = await self.offload.load(msg.payload)
-            except PayloadMissing as exc:
-                err = InternalError("the request's offloaded body is missing", field="payload")
-                reply = Reply(content_type=msg.envelope.accept, error=err.to_body())
-                await self.inner.reply(msg, reply)
-                await self.inner.dead_letter(msg, f"payload missing: {exc}")
-                continue
-            except Unavailable:  # an outage (storage/outage.py, logged there): again later
-                away = True
-                log.warning(
-                    "could not read %s's body: the payload store is away; "
-                    "put back with the rest of the pull",
-                    msg.envelope.request_id,
-                )
-                await self.inner.nak(msg, 1.0)
-                continue
-            except Exception:  # a bug, not an outage: it raises; the pull goes back first
-                for m in [*out, *got[i:]]:
-                    with contextlib.suppress(Exception):
-                        await self.inner.nak(m)
-                raise
-            out.append(msg)
-        return out
-
-    async def reply(self, msg: Message, reply: Reply) -> None:
-        if reply.error is None and reply.final:
-            key = await self.offload.stash(msg.envelope.request_id, "out", reply.body)
-            if key is not None:
-                reply = Reply(b"", reply.content_type, timings=reply.timings, payload=key)
-        await self.inner.reply(msg, reply)
-
-    async def ack(self, msg: Message) -> None:
-        await self.inner.ack(msg)
-
-    async def nak(self, msg: Message, delay: float = 0.0) -> None:
-        await self.inner.nak(msg, delay)
-
-    async def touch(self, msg: Message) -> None:
-        await self.inner.touch(msg)
-
-    async def term(self, msg: Message) -> None:
-        await self.inner.term(msg)
-
-    async def dead_letter(self, msg: Message, reason: str) -> None:
-        await self.inner.dead_letter(msg, reason)
-
-    def depth(self, model: str) -> int:
-        return self.inner.depth(model)
-
-    async def refresh(self, models: Sequence[str]) -> None:
-        await self.inner.refresh(models)
-
     async def cancel(self, request_id: str, until: float) -> None:
         """Its payloads stay for the sweeper: a worker may be reading the body now."""
-        await self.inner.cancel(request_id, until)
+        await self.publisher.cancel(request_id, until)
 
-    def on_cancel(self, listener: CancelListener) -> Callable[[], None]:
-        return self.inner.on_cancel(listener)
+
+class OffloadingQueue(OffloadingPublisher, OffloadingConsumer):
+    """Wraps both sides of one queue (started and closed once, through the publisher)."""
+
+    def __init__(self, inner: WorkQueue, offload: Offload) -> None:
+        OffloadingPublisher.__init__(self, inner, offload)
+        OffloadingConsumer.__init__(self, inner, offload)

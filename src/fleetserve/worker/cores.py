@@ -1,10 +1,17 @@
-"""The cores this process may run on, and one device process's even share of them:
-used by ``fleetserve worker --devices`` and by the tuner's processes per device, which
-imports these and not the device process itself."""
+"""Where a device process runs: its runtime device and its share of the CPU cores.
+
+Read by the device parent (``devices.py``), each device child (``device_child.py``)
+and the tuner's process candidates (``tune.procs``); it imports nothing of theirs.
+"""
 
 from __future__ import annotations
 
 import os
+
+
+def runtime_device(device: str) -> str:
+    """``cpu:N`` runs on torch's one CPU device (the cores are split instead)."""
+    return "cpu" if device.split(":", 1)[0] == "cpu" else device
 
 
 def usable_cores() -> list[int]:

@@ -17,26 +17,26 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from ..assembly import build_catalog, build_fleet, build_profiles, build_runner, load_or_report
+from ..assembly import build_catalog, load_or_report
 from ..lifecycle import Service
 from ..metrics import Metrics
 from ..queue.local import LocalQueueClient
 from ..settings import Settings
+from ..stack import ack_waits, build_stack, build_worker, until_running
 from ..tracing import open_tracer
 from ..wire import FleetError
 from .cores import core_share, usable_cores
 from .health import HealthApp
 from .loop import Worker
-from .process import ack_wait_for
 
+if TYPE_CHECKING:
+    from nats.aio.client import Client
 
-def runtime_device(device: str) -> str:
-    """``cpu:N`` runs on torch's one CPU device (the cores are split instead)."""
-    return "cpu" if device.split(":", 1)[0] == "cpu" else device
+    from ..adapters_setup import Adapters
 
 
 class DeviceProcess(Service):
@@ -55,14 +55,11 @@ class DeviceProcess(Service):
         self.metrics = Metrics()
         self.tracer = open_tracer(settings, "worker")  # the null one unless --tracing
         self.catalog = catalog = build_catalog(settings)
-        self.adapters: Any = None
-        self._nats: Any = None
-        self.profiles = profiles = build_profiles(settings)
-        self.choices = {s.id: profiles.choose(s) for s in catalog}
-        self.runners = {
-            s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in catalog
-        }
-        self.fleet = build_fleet(settings, self.runners, self.metrics, console)
+        self.adapters: Adapters | None = None
+        self._nats: Client | None = None
+        self.stack = stack = build_stack(settings, catalog, self.metrics, console)
+        self.profiles, self.choices = stack.profiles, stack.choices
+        self.runners, self.fleet = stack.runners, stack.fleet
         self.queue = LocalQueueClient(path)
         self.queue.on_release = self._release_keep_alive  # a gateway's, via the parent
         self.worker: Worker | None = None
@@ -127,20 +124,18 @@ class DeviceProcess(Service):
                 await load_or_report(self.fleet, r, self.console)  # the fleet logs the load
             await self._host_adapters()
             await self.queue.start()
-            waits = [ack_wait_for(r.profile, self.settings) for r in self.runners.values()]
-            self.worker = Worker(
+            waits = ack_waits(self.runners, self.settings).values()
+            self.worker = build_worker(
+                self.stack,
                 self.queue,
-                self.runners,
                 self.metrics,
-                max_deliver=self.settings.max_deliver,
+                self.settings,
+                self.tracer,
                 keepalive=min(waits, default=5.0) / 3,
                 shared_queue=True,  # the other devices take what it holds if it fails
-                fleet=self.fleet,
-                tracer=self.tracer,
             )
-            self.spawn("worker", self.worker.run(), essential=True)
-            while not self.worker.running and not self.ended("worker"):
-                await asyncio.sleep(0.001)
+            task = self.spawn("worker", self.worker.run(), essential=True)
+            await until_running(self.worker, task)
             self.queue.announce(
                 {
                     "index": self.index,

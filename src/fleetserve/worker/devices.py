@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 from rich.console import Console
@@ -47,13 +47,16 @@ from ..fleet.memory import budget_limit, default_budget, parse_size
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, watch_broker
+from ..queue.js_release import serve_releases
 from ..queue.local import LocalQueueServer
 from ..settings import Settings
+from ..stack import ack_wait_for
 from ..wire.heartbeat import DeviceBeat, Heartbeat, ModelBeat
-from .cores import usable_cores
-from .device_child import runtime_device
+from .cores import runtime_device, usable_cores
 from .health import HealthApp
-from .process import ack_wait_for
+
+if TYPE_CHECKING:
+    from ..queue import JetStreamQueue
 
 log = logging.getLogger("fleetserve.devices")
 MAX_BACKOFF = 30.0
@@ -121,7 +124,7 @@ class DevicePool(Service):
         for c in self.children:
             held.labels(c.device).set_function(functools.partial(self._holding, c.index))
         self.server: LocalQueueServer | None = None
-        self.js: Any = None
+        self.js: JetStreamQueue | None = None
         self.port = 0
         self._dir = ""
         self._announced = False
@@ -175,8 +178,9 @@ class DevicePool(Service):
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
         self.port = await self.serve_http(app, self.settings.host, self.settings.worker_port)
         waits = {m: ack_wait_for(p, self.settings) for m, p in self.profiles.items()}
-        self.js, queue, _ = await open_distributed(self.settings, self.node, waits)
-        watch_broker(self.js, self.metrics)
+        js, queue, _ = await open_distributed(self.settings, self.node, waits)
+        self.js = js
+        watch_broker(js, self.metrics)
         self._dir = tempfile.mkdtemp(prefix="fleetserve-devices-")
         self.server = LocalQueueServer(
             queue,
@@ -188,9 +192,8 @@ class DevicePool(Service):
             on_lost=self._on_lost,
         )
         await self.server.start()
-        from ..queue.js_release import serve_releases  # an admin's keep-alive releases
-
-        await serve_releases(self.js.nc, self.settings.queue_prefix, self._release_keep_alive)
+        # an admin's keep-alive releases
+        await serve_releases(js.connection(), self.settings.queue_prefix, self._release_keep_alive)
         log.info(
             "worker %s: local queue on %s; starting %d device processes (%s)",
             self.node, self.server.path, len(self.children), ", ".join(self.devices),
@@ -198,7 +201,7 @@ class DevicePool(Service):
         for c in self.children:
             self._spawn(c)
         self.spawn("supervise", self._supervise(), essential=True)
-        beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
+        beat = announce_forever(js.connection(), self.settings.queue_prefix, self.describe)
         self.spawn("heartbeat", beat)
         self.spawn("metrics", self._refresh_metrics())
 

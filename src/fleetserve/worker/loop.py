@@ -77,6 +77,7 @@ class Worker:
         self.affinity = affinity  # a shared queue: pull for the models held here first
         self.failed: BaseException | None = None
         self.running = False
+        self.started = asyncio.Event()  # set once it runs (what its starter awaits)
         self._parts = Parts(queue, self._spawner)
         self.ledger = Ledger(  # every message held here, from pull to its ending
             queue,
@@ -129,6 +130,7 @@ class Worker:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 self.running = True
+                self.started.set()
                 self.metrics.worker_up.set(1)
                 for r in self.runners.values():
                     tg.create_task(r.run(self.ledger))

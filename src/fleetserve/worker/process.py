@@ -16,53 +16,36 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from msgspec import UNSET
 from rich.console import Console
 
-from ..assembly import (
-    build_catalog,
-    build_fleet,
-    build_profiles,
-    build_runner,
-    load_or_report,
-    log_choices,
-)
-from ..catalog import Catalog, Profile
+from ..assembly import build_catalog, build_profiles, load_or_report, log_choices
+from ..catalog import Catalog
 from ..cluster.presence import Registry, announce_forever
 from ..dashboard.fleet_local import worker_figures
 from ..lifecycle import Service, run_process
 from ..logs.summary import ready_summary
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats, watch_broker
+from ..queue.js_release import serve_releases
 from ..settings import Settings
+from ..stack import ack_waits, build_stack, build_worker, until_running
 from ..tracing import open_tracer
 from ..wire.heartbeat import Heartbeat, Memory, ModelBeat
 from .affinity import Affinity
+from .devices import run_devices
 from .health import HealthApp
 from .loop import Worker
 
 log = logging.getLogger("fleetserve.worker")
 
 
-def ack_wait_for(profile: Profile, settings: Settings) -> float:
-    """Seconds before unacked work is redelivered: 10 full batches, at least 2 s.
-
-    In-progress acks every third of it keep work that waits in the worker alive.
-    """
-    if settings.ack_wait > 0:
-        return settings.ack_wait
-    p = profile
-    full = p.cost.predict_ms(
-        p.max_batch_tokens, max(1, p.max_batch_tokens // p.max_batch_size), p.max_batch_size
-    )
-    return max(2.0, 10 * full / 1e3)
-
-
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
     from ..lora.jobs.queue import JobQueue
+    from ..queue import JetStreamQueue
     from ..tune.background import BackgroundTuner
 
 
@@ -86,17 +69,14 @@ class WorkerProcess(Service):
         self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.metrics = Metrics()
         self.tracer = open_tracer(settings, "worker")  # the null one unless --tracing
-        self.profiles = profiles = build_profiles(settings)
-        self.choices = {s.id: profiles.choose(s) for s in self.catalog}
-        self.runners = {
-            s.id: build_runner(s, settings, self.metrics, self.choices[s.id]) for s in self.catalog
-        }
-        self.fleet = build_fleet(settings, self.runners, self.metrics, self.console)
+        self.stack = stack = build_stack(settings, self.catalog, self.metrics, self.console)
+        self.profiles, self.choices = stack.profiles, stack.choices
+        self.runners, self.fleet = stack.runners, stack.fleet
         self.peers = Registry()  # the other workers' heartbeats: what they hold
         self.worker: Worker | None = None
         self.adapters: Adapters | None = None
         self.jobs: JobQueue | None = None
-        self.js: Any = None
+        self.js: JetStreamQueue | None = None
         self.port = 0
         self._busy = {m: (time.monotonic(), 0.0) for m in self.runners}
         self.background: BackgroundTuner | None = None  # --tune auto, once connected
@@ -150,59 +130,56 @@ class WorkerProcess(Service):
             with self.console.status(f"Loading {m} ({r.profile.precision}, {r.profile.hardware})…"):
                 await load_or_report(self.fleet, r, self.console)
         self.fleet.check_budget()  # now with what the pinned models measured
-        waits = {m: ack_wait_for(r.profile, self.settings) for m, r in self.runners.items()}
-        self.js, queue, self.store = await open_distributed(self.settings, self.node, waits)
-        watch_broker(self.js, self.metrics)
+        waits = ack_waits(self.runners, self.settings)
+        js, queue, self.store = await open_distributed(self.settings, self.node, waits)
+        self.js = js
+        watch_broker(js, self.metrics)
         keepalive = min(waits.values(), default=5.0) / 3
-        await self.peers.listen(self.js.nc, self.settings.queue_prefix)
-        from ..queue.js_release import serve_releases  # an admin's keep-alive releases
-
-        await serve_releases(self.js.nc, self.settings.queue_prefix, self._release_keep_alive)
+        nc = js.connection()
+        await self.peers.listen(nc, self.settings.queue_prefix)
+        # an admin's keep-alive releases
+        await serve_releases(nc, self.settings.queue_prefix, self._release_keep_alive)
         from ..adapters_setup import host_adapters, open_registry, prepare_hosts
 
         # adapters uploaded through any gateway: from the NATS object store by default
-        self.adapters = await open_registry(
-            self.settings, self.catalog, nats=self.js.nc, declared=False
-        )
+        self.adapters = await open_registry(self.settings, self.catalog, nats=nc, declared=False)
         registry = self.adapters.registry
         host_adapters(self.settings, registry, self.runners, self.fleet, node=self.node)
         await prepare_hosts(self.settings, self.runners)
-        self.worker = Worker(
+        self.worker = worker = build_worker(
+            self.stack,
             queue,
-            self.runners,
             self.metrics,
-            max_deliver=self.settings.max_deliver,
+            self.settings,
+            self.tracer,
             keepalive=keepalive,
             shared_queue=True,
-            fleet=self.fleet,
             affinity=Affinity(
                 self.fleet,
                 self.settings.affinity_wait,
                 self._peer_holds,
-                self.js.oldest_wait,  # JetStream's, refreshed every second
+                js.oldest_wait,  # JetStream's, refreshed every second
             ),
-            tracer=self.tracer,
         )
-        self.spawn("worker", self.worker.run(), essential=True)
+        task = self.spawn("worker", worker.run(), essential=True)
         if self.settings.train:  # fine-tuning jobs, from their own JetStream stream
             from ..finetune_setup import job_runner, open_finetuning
 
-            tuning = await open_finetuning(self.settings, self.catalog, registry, nats=self.js.nc)
+            tuning = await open_finetuning(self.settings, self.catalog, registry, nats=nc)
             self.jobs = tuning.queue
             runner = job_runner(self.settings, self.catalog, tuning, registry, self.node)
             self.spawn("trainer", runner.run())  # a broken job fails alone
-        await self._tune_in_background()
-        beat = announce_forever(self.js.nc, self.settings.queue_prefix, self.describe)
+        await self._tune_in_background(js)
+        beat = announce_forever(nc, self.settings.queue_prefix, self.describe)
         self.spawn("heartbeat", beat)
         self.spawn("metrics", self._refresh_metrics())
-        while not self.worker.running and not self.ended("worker"):
-            await asyncio.sleep(0.001)
+        await until_running(worker, task)
         log.info(
             "worker %s ready: %s; health on :%d",
             self.node, ready_summary(self.runners, self.settings.device), self.port,
         )  # fmt: skip
 
-    async def _tune_in_background(self) -> None:
+    async def _tune_in_background(self, js: JetStreamQueue) -> None:
         """``--tune auto``: tune what runs untuned, one worker per class and model,
         sharing the profiles through JetStream (``tune.fleetwide``)."""
         from ..tune.host import ServerHost, publish_load, tuning_class
@@ -215,7 +192,7 @@ class WorkerProcess(Service):
         from ..tune.fleetwide import FleetTuning
 
         shared = FleetTuning(
-            self.js.js, self.settings.queue_prefix, cls, self.node, self.settings.tune_lease
+            js.context(), self.settings.queue_prefix, cls, self.node, self.settings.tune_lease
         )
         try:
             await shared.open()
@@ -283,8 +260,6 @@ async def run_worker(settings: Settings, env: Mapping[str, str] | None = None) -
         settings = dataclasses.replace(settings, devices=",".join(f"cpu:{i}" for i in range(n)))
     devices = settings.device_list()
     if len(devices) > 1:  # one puller, one process per device
-        from .devices import run_devices
-
         return await run_devices(settings)
     if devices:  # one device: this process is its worker
         settings = dataclasses.replace(settings, device=devices[0].replace("cpu:0", "cpu"))
