@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .gateway.finetune import FineTuneRoutes
     from .tune.background import BackgroundTuner
 from .catalog.sources import is_present
+from .families.base import AnyFamily, Embeds
 from .gateway import Gateway
 from .gateway.auth import Authenticator
 from .gateway.request_limits import RequestLimits
@@ -106,7 +107,7 @@ class EmbeddedServer(Service):
                         spec.sources, hf_cache, Path(self.settings.cache_dir).expanduser()
                     ),
                     "tasks": sorted(t.value for t in r.tasks),
-                    "dimensions": getattr(r.family_or_none, "dim", None) or spec.dimensions,
+                    "dimensions": _dim(r.family_or_none) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,
                     "adapters": r.hosting_info(),
                     "limits": {  # what the SDK sizes the chunks of a long call from
@@ -260,3 +261,8 @@ class EmbeddedServer(Service):
 
 async def serve(settings: Settings, env: Mapping[str, str] | None = None) -> None:
     await run_process(EmbeddedServer(settings, env=env), settings)
+
+
+def _dim(family: AnyFamily | None) -> int | None:
+    """The width of a loaded embedding family's vectors (None: not loaded, or none)."""
+    return family.dim if isinstance(family, Embeds) else None

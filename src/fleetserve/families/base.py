@@ -85,6 +85,14 @@ class AnyFamily(Family[Any, Any, Any], Protocol):
     """A family of any types, as the worker holds it."""
 
 
+@runtime_checkable
+class Embeds(Protocol):
+    """A family whose rows are vectors of ``dim`` numbers (dense, multivector, image;
+    ``dim`` is known once the model loaded)."""
+
+    dim: int
+
+
 def rows(batch: Array) -> Sequence[Array]:
     """A batch-first array as the sequence of its rows (the array itself: no copy)."""
     return cast(Sequence[Array], batch)

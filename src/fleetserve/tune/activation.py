@@ -60,7 +60,7 @@ def _measure(
     width = max(1, ranked[0][1])
     count = max(1, min(size, max_batch_tokens // width))
     batch: list[Any] = [ranked[i % len(ranked)][0] for i in range(count)]
-    device = getattr(adapter.runtime, "device", "cpu")
+    device = adapter.runtime.device
     if device.startswith("cuda"):
         import torch
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from ..fleet.manager import Fleet
 from ..fleet.policy import GDSF
 from ..metrics import Metrics
@@ -355,4 +357,4 @@ class Worker:
 
 def _values(outputs: list[Any]) -> int:
     """Roughly how many numbers the outputs hold (decides inline or thread postprocess)."""
-    return sum(int(getattr(o, "size", 1)) for o in outputs)
+    return sum(o.size if isinstance(o, np.ndarray) else 1 for o in outputs)
