@@ -16,7 +16,8 @@ import pytest
 from fleetserve.sdk import AsyncClient
 
 from ..conftest import TINY
-from .conftest import POISON, RunningCluster, start_cluster, wait_for
+from ..waiting import wait_for
+from .conftest import POISON, RunningCluster, start_cluster
 
 
 def reference(model_dir: Path, texts: list[str]) -> np.ndarray[Any, Any]:

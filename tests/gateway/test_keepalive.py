@@ -24,9 +24,9 @@ from fleetserve.gateway.process import GatewayProcess
 from fleetserve.worker.process import WorkerProcess
 
 from ..conftest import ServerThread, tiny_settings
-from ..hangup import wait_for
 from ..services import Services
 from ..tinymodels import build_bert, write_spec
+from ..waiting import wait_for
 
 ACME, BETA, ADMIN = "fs-acme-infer-key", "fs-beta-infer-key", "fs-ops-admin-key"
 A, B, C = "ka/a", "ka/b", "ka/c"  # ids with a '/'; C's spec caps keep-alive at 20 s

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from fleetserve.settings import Settings
 from fleetserve.worker.device_child import core_share, runtime_device
 
 from ..conftest import TINY, ServerThread, tiny_settings
+from ..waiting import wait_for
 
 _prefixes = itertools.count()
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "river", "bank"]
@@ -96,16 +97,6 @@ class GatewayThread:
 
 async def _workers(proc: GatewayProcess) -> list[dict[str, Any]]:
     return proc.registry.workers()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def gone(pid: int) -> bool:
