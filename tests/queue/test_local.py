@@ -22,6 +22,7 @@ from fleetserve.queue import MemoryQueue, Message, WorkQueue
 from fleetserve.queue.local import LocalQueueClient, LocalQueueServer
 from fleetserve.wire import Reply
 
+from ..waiting import async_wait_for
 from .envelopes import env
 
 _ids = itertools.count()
@@ -122,8 +123,8 @@ async def test_work_pulled_too_early_goes_to_whoever_asks(stack: LocalStack) -> 
     b = await stack.client()
     pending = await stack.publish(env(), b"x")
     assert await stack.pull(["m/a"], budget=10, timeout=0.05) == []
-    await asyncio.sleep(0.3)
-    assert stack.server.buffered == 1 and stack.server.depth("m/a") == 1
+    await async_wait_for(lambda: stack.server.buffered == 1, 5, "the late answer buffered")
+    assert stack.server.depth("m/a") == 1
     [msg] = await b.pull(["m/a"], budget=10, timeout=1)
     assert msg.body == b"x" and msg.attempts == 1
     assert up.total("nak") == 0 and not up.stats.redeliveries  # it never went back upstream
@@ -231,8 +232,9 @@ async def test_buffered_work_is_kept_alive_upstream() -> None:
     try:
         await stack.publish(env(), b"x")
         assert await stack.pull(["m/a"], budget=1, timeout=0.02) == []
-        await asyncio.sleep(0.3)
-        assert stack.server.buffered == 1 and up.total("touch") >= 3
+        await async_wait_for(
+            lambda: stack.server.buffered == 1 and up.total("touch") >= 3, 5, "three touches"
+        )
         [m] = await stack.pull(["m/a"], budget=1, timeout=1)
         await stack.touch(m)  # a device's own touch is passed on
         await stack.ack(m)
