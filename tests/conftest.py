@@ -5,6 +5,7 @@ import dataclasses
 import os
 import tempfile
 import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,17 +34,26 @@ os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subpro
 # session on the machine tunes beside it)
 os.environ.setdefault(
     Settings.env_name("tune_lock"),
-    os.path.join(tempfile.gettempdir(), f"fleetserve-tests-{os.getpid()}.lock"),
+    # xdist's workers share their run's id: one lock for the whole run
+    os.path.join(
+        tempfile.gettempdir(),
+        f"fleetserve-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}.lock",
+    ),
 )
 
 
-# what `make test-unit` leaves out: tests that start a server, a broker or a browser
-# (through these fixtures, or by living in these folders), besides the slow ones
+# what `make test-fast` leaves out: tests that start a server, a broker or a browser
+# (through these fixtures, by living in these folders, or by starting a ServerThread or
+# Services themselves or through a helper or fixture of theirs), besides the slow ones
 SERVICE_FIXTURES = frozenset(
     {"tiny_server", "real_server", "fleet_server", "nats_server", "dash_server",
      "keyed_dash_server"}
 )  # fmt: skip
 SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "tune", "benchmarks", "bench")
+SERVICE_STARTERS = frozenset({"ServerThread", "Services"})
+# the session's shared servers: each xdist worker would start its own, so the tests that
+# use one run on one worker (`--dist loadgroup`)
+SHARED_SERVERS = ("fleet_server", "real_server")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,8 +61,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = item.path.relative_to(root).parts[0]
         names = set(item.fixturenames) if isinstance(item, pytest.Function) else set()
-        if folder in SERVICE_FOLDERS or names & SERVICE_FIXTURES:
+        if folder in SERVICE_FOLDERS or names & SERVICE_FIXTURES or _starts_services(item):
             item.add_marker(pytest.mark.services)
+        shared = [s for s in SHARED_SERVERS if s in names]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
+def _starts_services(item: pytest.Item) -> bool:
+    """Whether the test's code, or a test module's function or fixture it calls, names a
+    ServerThread or Services (a test that starts one in its body has no fixture to tell)."""
+    if not isinstance(item, pytest.Function):
+        return False
+    codes = [item.function.__code__]
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        codes += [d.func.__code__ for d in defs if hasattr(d.func, "__code__")]
+    seen: set[types.CodeType] = set()
+    while codes:
+        code = codes.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        if SERVICE_STARTERS & {*code.co_names, *code.co_varnames}:
+            return True
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        for name in code.co_names:  # the test modules' own helpers
+            fn = item.module.__dict__.get(name) if item.module else None
+            if isinstance(fn, types.FunctionType) and fn.__module__.startswith("tests."):
+                codes.append(fn.__code__)
+    return False
 
 
 class ServerThread:
