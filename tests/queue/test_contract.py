@@ -176,7 +176,7 @@ async def test_pull_times_out_empty(queue: WorkQueue) -> None:
 
 async def test_pull_wakes_when_work_arrives(queue: WorkQueue) -> None:
     task = asyncio.create_task(queue.pull(["m/a"], budget=10, timeout=5))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # a window in which a pull that did not wait would return
     assert not task.done()
     t0 = time.monotonic()
     await queue.publish(env(), b"late")
@@ -218,7 +218,7 @@ async def test_nak_wakes_a_waiting_puller(queue: WorkQueue) -> None:
     pending = await queue.publish(env(), b"x")
     [msg] = await queue.pull(["m/a"], budget=1, timeout=1)
     other = asyncio.create_task(queue.pull(["m/a"], budget=1, timeout=5))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # a window in which a pull that did not wait would return
     assert not other.done()
     await queue.nak(msg)
     [got] = await asyncio.wait_for(other, 2)
@@ -298,7 +298,7 @@ async def test_depth_counts_waiting_not_in_flight(queue: WorkQueue) -> None:
 
 async def test_close_releases_pullers_and_marks_unhealthy(queue: WorkQueue) -> None:
     task = asyncio.create_task(queue.pull(["m/a"], budget=1, timeout=10))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # the pull is under way (the close must release it, either way)
     await queue.close()
     assert await asyncio.wait_for(task, 2) == []
     assert not queue.healthy

@@ -308,7 +308,7 @@ def test_the_server_is_ready_at_once_tunes_and_the_next_start_does_not(
     try:
         again = info(srv.url)
         assert again["profile"]["how"] == "tuned" and again["tuning"]["state"] == "tuned"
-        time.sleep(1.0)  # two looks for work
+        time.sleep(1.0)  # the point: two looks for work, in which no tune may start
         assert len(RunStore(tmp_path / "runs").list()) == runs  # not tuned again
     finally:
         srv.stop()

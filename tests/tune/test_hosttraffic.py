@@ -117,7 +117,7 @@ async def test_a_process_that_does_not_tune_publishes_its_load(tmp_path: Path) -
     busy = False
     task = asyncio.create_task(publish_forever(lambda: busy, str(lock)))
     try:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a window in which an idle process's load would show
         assert not look.others()
         busy = True
         await async_wait_for(look.others, timeout=0.5)
