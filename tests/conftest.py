@@ -43,14 +43,15 @@ os.environ.setdefault(
 
 
 # what `make test-fast` leaves out: tests that start a server, a broker or a browser
-# (through these fixtures, by living in these folders, or by starting a ServerThread or
-# Services themselves or through a helper or fixture of theirs), besides the slow ones
+# (through these fixtures, by living in these folders, or by starting a ServerThread,
+# Services or EmbeddedServer themselves or through a helper or fixture of theirs),
+# besides the slow ones
 SERVICE_FIXTURES = frozenset(
     {"tiny_server", "real_server", "fleet_server", "nats_server", "dash_server",
      "keyed_dash_server"}
 )  # fmt: skip
 SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "tune", "benchmarks", "bench")
-SERVICE_STARTERS = frozenset({"ServerThread", "Services"})
+SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
 # the session's shared servers: each xdist worker would start its own, so the tests that
 # use one run on one worker (`--dist loadgroup`)
 SHARED_SERVERS = ("fleet_server", "real_server")

@@ -137,7 +137,7 @@ async def test_work_pulled_too_early_goes_to_whoever_asks(stack: LocalStack) -> 
 async def test_concurrent_askers_share_one_upstream_pull(stack: LocalStack) -> None:
     b = await stack.client()
     asks = [asyncio.create_task(c.pull(["m/a"], budget=1, timeout=2)) for c in (stack, b)]
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # both ask before there is work (the case under test)
     for body in (b"1", b"2"):
         await stack.publish(env(), body)
     got = await asyncio.gather(*asks)
@@ -251,7 +251,7 @@ async def test_announce_and_a_parent_that_goes_away(stack: LocalStack) -> None:
     assert seen == [{"device": "cpu:1", "ready": True}]
     assert {"device": "cpu:1", "ready": True} in stack.server.clients
     waiting = asyncio.create_task(c.pull(["m/a"], budget=1, timeout=5))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # the pull is under way (the close must end it, either way)
     await stack.server.close()
     assert await asyncio.wait_for(waiting, 2) == []
     await asyncio.wait_for(c.lost.wait(), 2)
