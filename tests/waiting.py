@@ -24,7 +24,7 @@ INTERVAL_S = 0.05
 
 def wait_for(
     check: Callable[[], T],
-    timeout: float = 10.0,
+    timeout: float = 15.0,
     what: str | Callable[[], object] = "",
     *,
     interval: float = INTERVAL_S,
@@ -42,7 +42,7 @@ def wait_for(
 
 async def async_wait_for(
     check: Callable[[], T | Awaitable[T]],
-    timeout: float = 10.0,
+    timeout: float = 15.0,
     what: str | Callable[[], object] = "",
     *,
     interval: float = INTERVAL_S,
