@@ -50,13 +50,17 @@ def block_forward(srv: ServerThread) -> threading.Event:
     return gate
 
 
+def pulled(srv: ServerThread) -> int:
+    """Requests for the tiny model its worker has pulled (each is timed through the queue
+    stage as it is pulled)."""
+    return int(metric(srv.url, "fleetserve_stage_latency_seconds_count", model=TINY, stage="queue"))
+
+
 def held(srv: ServerThread) -> int:
-    """Requests for the tiny model the server holds: pulled by its worker (each is timed
-    through the queue stage as it is pulled) or still waiting in its queue."""
+    """Requests for the tiny model the server holds: pulled, or still in its queue."""
     assert srv.server is not None
     queue = srv.server.queue
-    pulled = metric(srv.url, "fleetserve_stage_latency_seconds_count", model=TINY, stage="queue")
-    return int(pulled) + int(srv.call(lambda: queue.depth(TINY)))
+    return pulled(srv) + int(srv.call(lambda: queue.depth(TINY)))
 
 
 def test_full_queue_is_429_with_retry_after(small_server: ServerThread) -> None:
@@ -84,10 +88,14 @@ def test_deadline_is_504_and_worker_skips_expired_work(small_server: ServerThrea
     gate = block_forward(small_server)
     # the first is taken into a batch behind the blocked forward; the rest wait in
     # the batch former and are skipped, not computed, once their deadline has passed
+    short = {"x-request-timeout": "0.3"}
     with ThreadPoolExecutor(3) as pool:
-        rs = list(
-            pool.map(lambda _: encode(small_server, **{"x-request-timeout": "0.3"}), range(3))
-        )
+        first = pool.submit(encode, small_server, **short)
+        # taken before the other two come, so they find room in the queue (all three at
+        # once met a full queue, 429, when the worker was slow to pull under load)
+        wait_for(lambda: first.done() or pulled(small_server) >= 1, 10, "the first taken")
+        others = [pool.submit(encode, small_server, **short) for _ in range(2)]
+        rs = [f.result() for f in (first, *others)]
     for r in rs:
         assert r.status_code == 504
         assert r.json()["error"]["code"] == "deadline_exceeded"
