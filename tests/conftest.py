@@ -70,27 +70,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _starts_services(item: pytest.Item) -> bool:
-    """Whether the test's code, or a test module's function or fixture it calls, names a
-    ServerThread or Services (a test that starts one in its body has no fixture to tell)."""
+    """Whether the test's code, or a function of the test modules that it or a fixture
+    of it calls (kit.shared too), names a ServerThread, Services or EmbeddedServer: a
+    test that starts one in its body has no fixture to tell."""
     if not isinstance(item, pytest.Function):
         return False
-    codes = [item.function.__code__]
+    todo = [(item.function.__code__, item.module.__dict__ if item.module else {})]
     for defs in item._fixtureinfo.name2fixturedefs.values():
-        codes += [d.func.__code__ for d in defs if hasattr(d.func, "__code__")]
+        todo += [(d.func.__code__, d.func.__globals__) for d in defs if _ours(d.func)]
     seen: set[types.CodeType] = set()
-    while codes:
-        code = codes.pop()
+    while todo:
+        code, names = todo.pop()
         if code in seen:
             continue
         seen.add(code)
         if SERVICE_STARTERS & {*code.co_names, *code.co_varnames}:
             return True
-        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-        for name in code.co_names:  # the test modules' own helpers
-            fn = item.module.__dict__.get(name) if item.module else None
-            if isinstance(fn, types.FunctionType) and fn.__module__.startswith("tests."):
-                codes.append(fn.__code__)
+        todo += [(c, names) for c in code.co_consts if isinstance(c, types.CodeType)]
+        kits = [m for m in names.values() if isinstance(m, types.ModuleType) and _ours(m)]
+        for name in code.co_names:
+            for fn in (names.get(name), *(getattr(m, name, None) for m in kits)):
+                if isinstance(fn, types.FunctionType) and _ours(fn):
+                    todo.append((fn.__code__, fn.__globals__))
     return False
+
+
+def _ours(obj: object) -> bool:
+    """A function or module of the tests (not of a library)."""
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "")
+    return isinstance(name, str) and name.startswith("tests.")
 
 
 class ServerThread:

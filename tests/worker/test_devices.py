@@ -118,6 +118,7 @@ def spawn_device(path: str, settings: Settings) -> subprocess.Popen[bytes]:
     return child
 
 
+@pytest.mark.services  # a device process: a worker's child that serves
 async def test_a_device_process_stops_when_its_parent_goes_away(tiny_catalog: Path) -> None:
     from fleetserve.queue import MemoryQueue
     from fleetserve.queue.local import LocalQueueServer
@@ -322,6 +323,7 @@ def test_a_multi_device_host_releases_its_devices_keep_alives_at_once(
     assert 0 < r.json()["left_s"] <= 60 and time.monotonic() - start < 0.9
 
 
+@pytest.mark.services  # a device process: a worker's child that serves
 async def test_a_device_process_tunes_in_the_background(tmp_path: Path) -> None:
     """``--tune auto`` reaches the devices of a multi-device worker: a device process
     runs the background tune, and stops it with itself (the run says cancelled)."""
