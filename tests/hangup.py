@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -105,13 +103,3 @@ def _labels(key: str) -> list[tuple[str, str]]:
         k, _, v = part.partition("=")
         out.append((k, v.strip('"')))
     return out
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 15.0) -> bool:
-    """Poll ``pred`` until it holds (True) or ``timeout`` passes (False)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()

@@ -24,6 +24,8 @@ from fleetserve.settings import Settings
 
 from .http_limits_child import app
 
+pytestmark = pytest.mark.services  # each test serves from a child process
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
 

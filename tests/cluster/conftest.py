@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from fleetserve.settings import Settings
 
 from ..conftest import NO_USER_PROFILES, TINY, TINY_CLASS
 from ..tinymodels import build_bert, write_spec
+from ..waiting import wait_for
 
 POISON = "tiny/poison-bert"  # its spec allows 64 tokens, its weights only 16 positions
 _prefixes = itertools.count()
@@ -98,15 +98,6 @@ def running(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
     rc.cluster.stop()
 
 
-def wait_for(pred: Any, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def free_port() -> int:
     import socket
 
@@ -153,9 +144,12 @@ class ClusterCommand:
             cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
         threading.Thread(target=self._read, daemon=True).start()
-        if self.wait and not self.wait_line("Ctrl-C stops everything", 120):
-            self.__exit__(None, None, None)
-            raise RuntimeError("the cluster did not become ready:\n" + self.output())
+        if self.wait:
+            try:
+                self.wait_line("Ctrl-C stops everything", 120)
+            except AssertionError:
+                self.__exit__(None, None, None)
+                raise
         return self
 
     def _read(self) -> None:
@@ -168,8 +162,8 @@ class ClusterCommand:
         with self._lock:
             return "\n".join(self._lines)
 
-    def wait_line(self, text: str, timeout: float = 15.0) -> bool:
-        return wait_for(lambda: text in self.output(), timeout)
+    def wait_line(self, text: str, timeout: float = 15.0) -> None:
+        wait_for(lambda: text in self.output(), timeout, lambda: f"{text!r} in:\n{self.output()}")
 
     def pids_of(self, child: str) -> list[int]:
         """Every pid ``child`` has had, in order (``worker-0 pid 1234`` lines)."""

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from ..tinymodels import build_bert, write_spec
-from .conftest import start_cluster, wait_for
+from ..waiting import wait_for
+from .conftest import start_cluster
 
 MODELS = ("aff/a", "aff/b")
 
@@ -49,7 +50,7 @@ def test_workers_keep_the_models_they_hold_and_do_not_thrash(
                 where["aff/b"]
             )
 
-        assert wait_for(settled, 10), httpx.get(rc.api + "/v1/models").json()
+        wait_for(settled, 10, lambda: httpx.get(rc.api + "/v1/models").json())
         loads = rc.worker_metric('fleetserve_model_loads_total{model="aff/a",outcome="ok"}')
         loads += rc.worker_metric('fleetserve_model_loads_total{model="aff/b",outcome="ok"}')
         # each model loaded once, and a few times more while heartbeats spread (9 seen

@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from ..conftest import TINY
-from .conftest import RunningCluster, start_cluster, wait_for
+from ..waiting import wait_for
+from .conftest import RunningCluster, start_cluster
 
 OUTAGE = 6.0  # seconds nats-server stays down: past nats-py's 5 s request timeout
 DEADLINE = 20.0  # a request lost in the fault would be answered 504 after this
@@ -194,7 +195,7 @@ def test_a_5s_broker_outage_loses_no_worker_and_no_request(
         time.sleep(max(0.0, OUTAGE - (time.monotonic() - killed)))  # the outage itself
         rc.cluster.nats.start()
         back = time.monotonic()
-        assert wait_for(lambda: _ready(rc.api) == 200, 15), "the gateway stayed not ready"
+        wait_for(lambda: _ready(rc.api) == 200, 15, "the gateway to be ready")
         assert wait_for(lambda: all(_ready(w) == 200 for w in workers), 15)
         ready_in = time.monotonic() - back
         served_from = back + 5.0
@@ -233,14 +234,14 @@ def test_a_full_jetstream_disk_is_a_503_that_says_so_and_readiness_follows(
     with Load(rc.api, every=0.1) as load:
         assert wait_for(lambda: load.count() >= 10, 30)
         ballast = _fill(store)
-        assert wait_for(lambda: _ready(rc.api) == 503, 15), "the gateway stayed ready"
+        wait_for(lambda: _ready(rc.api) == 503, 15, "the gateway to be not ready")
         assert wait_for(lambda: all(_ready(w) == 503 for w in workers), 15)
         assert wait_for(lambda: any("queue storage full" in t for *_, t in load.answers), 10)
         _alive(rc)
         with _supervised(rc):
             before = rc.cluster.nats.pid
             ballast.unlink()
-            assert wait_for(lambda: _ready(rc.api) == 200, 30), "the gateway stayed not ready"
+            wait_for(lambda: _ready(rc.api) == 200, 30, "the gateway to be ready")
             assert wait_for(lambda: all(_ready(w) == 200 for w in workers), 20)
             assert rc.cluster.nats.pid != before  # the supervisor reopened the store
             back = time.monotonic()

@@ -16,7 +16,8 @@ import pytest
 from fleetserve.sdk import AsyncClient
 
 from ..conftest import TINY
-from .conftest import POISON, RunningCluster, start_cluster, wait_for
+from ..waiting import async_wait_for, wait_for
+from .conftest import POISON, RunningCluster, start_cluster
 
 
 def reference(model_dir: Path, texts: list[str]) -> np.ndarray[Any, Any]:
@@ -38,16 +39,21 @@ def reference(model_dir: Path, texts: list[str]) -> np.ndarray[Any, Any]:
     return np.concatenate(out)
 
 
-async def _encode_all(api: str, texts: list[str], **client: Any) -> list[Any]:
+async def _encode_all(
+    api: str, texts: list[str], answered: list[Any] | None = None, **client: Any
+) -> list[Any]:
+    """Every text's embedding (or its error); each is appended to ``answered`` too."""
+    answered = [] if answered is None else answered
     async with AsyncClient(api, timeout=60, **client) as c:
         sem = asyncio.Semaphore(600)
 
         async def one(t: str) -> Any:
             async with sem:
                 try:
-                    return (await c.encode(TINY, [t]))[0]
+                    answered.append((await c.encode(TINY, [t]))[0])
                 except Exception as exc:
-                    return exc
+                    answered.append(exc)
+                return answered[-1]
 
         return await asyncio.gather(*(one(t) for t in texts))
 
@@ -67,9 +73,11 @@ def test_kill_a_worker_mid_load_loses_nothing(
     texts = [f"sentence number {i} about {i % 7} things" for i in range(600)]
 
     async def scenario() -> list[Any]:
-        task = asyncio.create_task(_encode_all(running.api, texts))
-        await asyncio.sleep(0.3)  # hundreds are in flight
+        answered: list[Any] = []
+        task = asyncio.create_task(_encode_all(running.api, texts, answered))
+        await async_wait_for(lambda: len(answered) >= 20, 30, "the load to flow")
         running.kill_worker(0)
+        assert len(answered) < len(texts), "the worker was not killed mid-load"
         return await task
 
     t0 = time.monotonic()
@@ -84,10 +92,17 @@ def test_restart_nats_under_load_recovers(cluster_catalog: Path, tmp_path: Path)
         texts = [f"restart case {i}" for i in range(300)]
 
         async def scenario() -> list[Any]:
-            task = asyncio.create_task(_encode_all(rc.api, texts, max_retries=20))
-            await asyncio.sleep(0.3)
+            answered: list[Any] = []
+            task = asyncio.create_task(_encode_all(rc.api, texts, answered, max_retries=20))
+            await async_wait_for(lambda: len(answered) >= 20, 30, "the load to flow")
             rc.cluster.nats.kill()
-            await asyncio.sleep(0.5)
+            assert len(answered) < len(texts), "the broker was not killed mid-load"
+            async with httpx.AsyncClient() as http:  # the gateway sees the broker gone
+
+                async def unready() -> bool:
+                    return (await http.get(rc.api + "/readyz")).status_code == 503
+
+                await async_wait_for(unready, 10, "the gateway to see the broker gone")
             rc.cluster.nats.start()  # same port, same store
             return await task
 

@@ -15,7 +15,8 @@ from fleetserve import Client
 from ..conftest import TINY
 from ..lora.jobs.test_embedded import pairs_file
 from ..tinymodels import build_bert, write_spec
-from .conftest import start_cluster, wait_for
+from ..waiting import wait_for
+from .conftest import start_cluster
 
 pytest.importorskip("sentence_transformers", reason="the train extra is not installed")
 

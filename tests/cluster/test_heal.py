@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from ..conftest import TINY
-from .conftest import ClusterCommand, wait_for
+from ..waiting import wait_for
+from .conftest import ClusterCommand
 from .test_failures import reference
 
 # the gateway's 503s while NATS is down: nothing was published, so retrying is safe
@@ -110,7 +111,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(
         results, _ = asyncio.run(_embed_all(cc.api, TEXTS, during=kill))
         assert killed_at, "the worker was not killed mid-load"
         _check(results, want)
-        assert cc.wait_line("worker-1 exited (-9, killed); restarting in 0.5s (restart 1)")
+        cc.wait_line("worker-1 exited (-9, killed); restarting in 0.5s (restart 1)")
 
         def back() -> bool:
             pids = cc.pids_of("worker-1")
@@ -118,7 +119,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(
             return len(pids) == 2 and url is not None and url != old_url
 
         # back within ~15 s of the kill (20 s: the 2 cores are shared with the load)
-        assert wait_for(back, 20 - (time.monotonic() - killed_at[0])), cc.output()
+        wait_for(back, 20 - (time.monotonic() - killed_at[0]), cc.output)
         new_pid = cc.pids_of("worker-1")[-1]
         assert new_pid != old_pid and _alive(new_pid)
         assert _alive(cc.pid_of("worker-0"))  # the other one kept serving
@@ -141,7 +142,7 @@ def test_nats_server_killed_mid_load_comes_back_and_loses_nothing(
         msgs = {r.json()["error"]["message"] for r in refused}
         assert all("retry-after" in r.headers for r in refused)
         assert all(m.startswith(REFUSED_BEFORE_PUBLISH) for m in msgs), msgs
-        assert cc.wait_line("nats-server exited (-9, killed); restarting in 0.5s (restart 1)")
+        cc.wait_line("nats-server exited (-9, killed); restarting in 0.5s (restart 1)")
         assert len(cc.pids_of("nats-server")) == 2
         assert wait_for(lambda: httpx.get(cc.api + "/readyz").status_code == 200, 15)
         # the gateway and workers reconnected: nothing else was restarted
@@ -158,7 +159,7 @@ def test_sigterm_stops_everything_cleanly(cluster_catalog: Path, tmp_path: Path)
         cc.proc.send_signal(signal.SIGTERM)
         assert cc.proc.wait(30) == 0
         for pid in children:
-            assert wait_for(lambda pid=pid: not _alive(pid), 10), f"child {pid} outlived it"
+            wait_for(lambda pid=pid: not _alive(pid), 10, f"child {pid} to exit with it")
         assert "stopping the cluster" in cc.output()
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ..conftest import TINY
-from .conftest import RunningCluster, start_cluster, wait_for
+from ..waiting import wait_for
+from .conftest import RunningCluster, start_cluster
 from .test_failures import reference
 
 TEXTS = [f"sentence number {i} about {'many ' * (i % 5)}things" for i in range(3000)]

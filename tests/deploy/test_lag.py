@@ -17,7 +17,6 @@ created the consumers, fleetserve counts the stored messages and KEDA finds no c
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -28,7 +27,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from fleetserve.queue import JetStreamQueue, StreamOptions
 from fleetserve.wire import Priority, Unavailable
 
 from ..queue.envelopes import env
+from ..waiting import async_wait_for
 
 pytest.importorskip("nats", reason="install the extra: pip install 'fleetserve[nats]'")
 A, B = "org/model-a", "BAAI/bge-small-en-v1.5"
@@ -119,13 +119,6 @@ async def fleetserve_depth(q: JetStreamQueue, model: str) -> int:
     return q.depth(model)
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < end, "not reached in time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def queue(nats: MonitoredNats) -> AsyncIterator[JetStreamQueue]:
     opts = StreamOptions(prefix=f"lag{next(_prefixes)}", storage="memory", ack_wait=30)
@@ -191,7 +184,7 @@ async def test_put_back_work_counts_in_both(nats: MonitoredNats, queue: JetStrea
     async def agree() -> bool:
         return await fleetserve_depth(queue, A) == keda_model_lag(nats, queue, A) == 3
 
-    await eventually(agree)
+    await async_wait_for(agree, 5.0, "the depth and KEDA's lag to agree at 3")
     again = await queue.pull([A], budget=3, timeout=2)  # the NAKed one comes back too
     assert len(again) == 3 and max(m.attempts for m in again) == 2
     for m in again:
@@ -200,4 +193,4 @@ async def test_put_back_work_counts_in_both(nats: MonitoredNats, queue: JetStrea
     async def drained() -> bool:
         return await fleetserve_depth(queue, A) == keda_model_lag(nats, queue, A) == 0
 
-    await eventually(drained)
+    await async_wait_for(drained, 5.0, "the depth and KEDA's lag to agree at 0")

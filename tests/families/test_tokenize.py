@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.families.tokenize import TextTokenizer
+from fleetserve.families.tokenize import CHARS_PER_TOKEN, TextTokenizer
 
 from ..tinymodels import build_bert
 
@@ -64,7 +64,10 @@ def test_cross_encoder_pairs_are_the_same_with_long_texts_cut(
     tok = cross_encoder.PairTokenizer(build_bert(tmp_path / "tiny"), 128, 64)
     rnd = random.Random(1)
     docs = [" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(1, 2000))) for _ in range(20)]
-    query = " ".join(rnd.choice(WORDS) for _ in range(800))
+    # ~6,000 characters, several first cuts (128 * 8) long: an 800-word query took 15-40 s
+    # here, in the uncut tokenizer's pair truncation, for the same comparison
+    query = " ".join(rnd.choice(WORDS) for _ in range(200))
+    assert len(query) > 4 * 128 * CHARS_PER_TOKEN
     cases = [(q, truncate) for q in ("a short query", query) for truncate in (True, False)]
     got = [tok.encode(q, docs, truncate=t) for q, t in cases]
     monkeypatch.setattr(cross_encoder, "cut_long", lambda texts, *_: texts)

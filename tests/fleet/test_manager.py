@@ -235,7 +235,7 @@ async def test_a_load_waits_for_busy_work_to_finish_within_room_wait() -> None:
     f.room_wait = 5.0
     await f.acquire("a", timeout=10.0)
     waiting = asyncio.create_task(f.acquire("b", timeout=10.0))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # a window in which a load that did not wait would finish
     assert not waiting.done()
     f.release("a")
     await asyncio.wait_for(waiting, 2)

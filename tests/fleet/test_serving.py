@@ -23,6 +23,8 @@ from ..cluster.conftest import free_port
 from ..conftest import NO_USER_PROFILES, TINY_CLASS
 from ..tinymodels import build_bert, write_spec
 
+pytestmark = pytest.mark.services  # each test serves from a `fleetserve serve` process
+
 MIB = 1 << 20
 SHAPES = [(256, 2), (384, 4), (512, 4)]  # hidden, layers: about 4, 19 and 33 MiB of weights
 

@@ -30,10 +30,11 @@ from fleetserve.wire import Encoding, Reply
 from fleetserve.worker.process import WorkerProcess
 
 from ..conftest import NO_USER_PROFILES, TINY_CLASS, ServerThread, tiny_settings
-from ..hangup import AsyncHangup, Hangup, metric, wait_for
+from ..hangup import AsyncHangup, Hangup, metric
 from ..services import Services
 from ..tiny_generate import build_llama
 from ..tinymodels import write_spec
+from ..waiting import wait_for
 
 MODEL = "gen/stub"
 CHAT = "tiny/chat"

@@ -24,9 +24,9 @@ from fleetserve.gateway.process import GatewayProcess
 from fleetserve.worker.process import WorkerProcess
 
 from ..conftest import ServerThread, tiny_settings
-from ..hangup import wait_for
 from ..services import Services
 from ..tinymodels import build_bert, write_spec
+from ..waiting import wait_for
 
 ACME, BETA, ADMIN = "fs-acme-infer-key", "fs-beta-infer-key", "fs-ops-admin-key"
 A, B, C = "ka/a", "ka/b", "ka/c"  # ids with a '/'; C's spec caps keep-alive at 20 s
@@ -124,13 +124,16 @@ def fill_budget(srv: ServerThread, catalog: tuple[Path, Path]) -> None:
 def test_a_day_long_keep_alive_is_cut_to_the_cap_and_the_reply_says_so(
     server: ServerThread,
 ) -> None:
+    t0 = time.monotonic()
     r = embed(server, A, ACME, "24h")
     assert r.status_code == 200, r.text
     assert (r.headers["x-keep-alive-applied"], r.headers["x-keep-alive-max"]) == ("60", "60")
     r = embed(server, C, ACME, "24h")  # its spec caps it lower
     assert (r.headers["x-keep-alive-applied"], r.headers["x-keep-alive-max"]) == ("20", "20")
     left = kept(server)
-    assert 55 < left[A] <= 60 and 15 < left[C] <= 20 and left[B] == 0, left
+    # less only by the time the requests took (5 s was too little on a loaded machine)
+    late = time.monotonic() - t0 + 0.5
+    assert 60 - late < left[A] <= 60 and 20 - late < left[C] <= 20 and left[B] == 0, left
     assert "x-keep-alive-applied" not in embed(server, B, ACME).headers  # asked none
 
 

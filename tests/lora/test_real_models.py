@@ -24,6 +24,7 @@ from tests.lora.test_serving import reference, upload
 from tests.tiny_lora import LLAMA_TARGETS, load_base, make_lora, peft_model
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+pytestmark = pytest.mark.slow  # each test loads a real bundled model (MiniLM or SmolLM2)
 TEXTS = ["How long does a building permit take?", "Do I need a permit for a shed?"]
 
 

@@ -4,7 +4,6 @@ field, mixed in one batch with the base and each other, equal to PEFT alone."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 from tests.conftest import TINY, ServerThread, tiny_settings
 from tests.tiny_lora import make_lora, peft_model
 from tests.tinymodels import build_bert, write_spec
+from tests.waiting import wait_for
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "a b c"]
 
@@ -127,20 +127,19 @@ def queued(srv: ServerThread, items: int, heating: str | None = None) -> None:
     assert srv.server is not None
     runner: Any = srv.server.runners[TINY]
     former = runner.waiting
-    deadline = time.monotonic() + 60  # generous: a loaded 2-core machine is slow to queue
-    while len(former) < items and not (heating and heating in runner._adapter_loads):
-        assert time.monotonic() < deadline, f"only {len(former)} of {items} items queued"
-        threading.Event().wait(0.01)
+    wait_for(
+        lambda: len(former) >= items or (heating and heating in runner._adapter_loads),
+        60,  # generous: a loaded 2-core machine is slow to queue
+        lambda: f"{items} items queued (only {len(former)})",
+        interval=0.01,
+    )
 
 
 def behind_gate(srv: ServerThread) -> None:
     """Wait until a forward pass waits on the held compute thread."""
     assert srv.server is not None
     work = srv.server.runners[TINY]._forward._work_queue  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 20
-    while work.qsize() < 1:
-        assert time.monotonic() < deadline, "no forward pass reached the compute thread"
-        threading.Event().wait(0.01)
+    wait_for(lambda: work.qsize() >= 1, 20, "a forward pass on the compute thread", interval=0.01)
 
 
 def hold_compute(srv: ServerThread) -> threading.Event:

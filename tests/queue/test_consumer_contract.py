@@ -47,7 +47,7 @@ async def test_pull_times_out_empty(sides: Sides) -> None:
 
 async def test_pull_wakes_when_work_arrives(sides: Sides) -> None:
     task = asyncio.create_task(sides.con.pull(["m/a"], budget=10, timeout=5))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # a window in which a pull that did not wait would return
     assert not task.done()
     t0 = time.monotonic()
     await sides.pub.publish(env(), b"late")
@@ -89,7 +89,7 @@ async def test_nak_wakes_a_waiting_puller(sides: Sides) -> None:
     pending = await sides.pub.publish(env(), b"x")
     [msg] = await sides.con.pull(["m/a"], budget=1, timeout=1)
     other = asyncio.create_task(sides.con.pull(["m/a"], budget=1, timeout=5))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # a window in which a pull that did not wait would return
     assert not other.done()
     await sides.con.nak(msg)
     [got] = await asyncio.wait_for(other, 2)
@@ -123,7 +123,7 @@ async def test_depth_counts_waiting_not_in_flight(sides: Sides) -> None:
 
 async def test_close_releases_pullers_and_marks_unhealthy(sides: Sides) -> None:
     task = asyncio.create_task(sides.con.pull(["m/a"], budget=1, timeout=10))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # the pull is under way (the close must release it, either way)
     await sides.con.close()
     assert await asyncio.wait_for(task, 2) == []
     assert not sides.con.healthy

@@ -174,7 +174,7 @@ async def test_oldest_wait_is_the_age_of_the_oldest_request_not_yet_taken(
     model, other = "org/oldest", "org/never-pulled"
     await queue.publish(make_env(model, 1), b"first")
     await queue.publish(make_env(other, 1), b"x")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # the point: these two are 0.3 s old when the second comes
     await queue.publish(make_env(model, 1), b"second")
     await queue.refresh([model, other])
     assert 0.25 <= queue.oldest_wait(model) < 5  # the first, not the second

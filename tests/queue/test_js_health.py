@@ -80,7 +80,7 @@ async def test_no_probe_while_disconnected() -> None:
     task = asyncio.create_task(
         probe_forever(writes, js, StreamOptions(prefix="t"), 0.01, lambda: False, timeout=0.05)
     )
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # ten probe periods, in which no probe may come
     await _stop(task)
     assert not js.probed.is_set() and writes.refused is None
 

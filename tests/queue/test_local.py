@@ -22,6 +22,7 @@ from fleetserve.queue import MemoryQueue, Message, WorkQueue
 from fleetserve.queue.local import LocalQueueClient, LocalQueueServer
 from fleetserve.wire import Reply
 
+from ..waiting import async_wait_for
 from .envelopes import env
 
 _ids = itertools.count()
@@ -122,8 +123,8 @@ async def test_work_pulled_too_early_goes_to_whoever_asks(stack: LocalStack) -> 
     b = await stack.client()
     pending = await stack.publish(env(), b"x")
     assert await stack.pull(["m/a"], budget=10, timeout=0.05) == []
-    await asyncio.sleep(0.3)
-    assert stack.server.buffered == 1 and stack.server.depth("m/a") == 1
+    await async_wait_for(lambda: stack.server.buffered == 1, 5, "the late answer buffered")
+    assert stack.server.depth("m/a") == 1
     [msg] = await b.pull(["m/a"], budget=10, timeout=1)
     assert msg.body == b"x" and msg.attempts == 1
     assert up.total("nak") == 0 and not up.stats.redeliveries  # it never went back upstream
@@ -136,7 +137,7 @@ async def test_work_pulled_too_early_goes_to_whoever_asks(stack: LocalStack) -> 
 async def test_concurrent_askers_share_one_upstream_pull(stack: LocalStack) -> None:
     b = await stack.client()
     asks = [asyncio.create_task(c.pull(["m/a"], budget=1, timeout=2)) for c in (stack, b)]
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # both ask before there is work (the case under test)
     for body in (b"1", b"2"):
         await stack.publish(env(), body)
     got = await asyncio.gather(*asks)
@@ -231,8 +232,9 @@ async def test_buffered_work_is_kept_alive_upstream() -> None:
     try:
         await stack.publish(env(), b"x")
         assert await stack.pull(["m/a"], budget=1, timeout=0.02) == []
-        await asyncio.sleep(0.3)
-        assert stack.server.buffered == 1 and up.total("touch") >= 3
+        await async_wait_for(
+            lambda: stack.server.buffered == 1 and up.total("touch") >= 3, 5, "three touches"
+        )
         [m] = await stack.pull(["m/a"], budget=1, timeout=1)
         await stack.touch(m)  # a device's own touch is passed on
         await stack.ack(m)
@@ -249,7 +251,7 @@ async def test_announce_and_a_parent_that_goes_away(stack: LocalStack) -> None:
     assert seen == [{"device": "cpu:1", "ready": True}]
     assert {"device": "cpu:1", "ready": True} in stack.server.clients
     waiting = asyncio.create_task(c.pull(["m/a"], budget=1, timeout=5))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # the pull is under way (the close must end it, either way)
     await stack.server.close()
     assert await asyncio.wait_for(waiting, 2) == []
     await asyncio.wait_for(c.lost.wait(), 2)

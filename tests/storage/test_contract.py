@@ -154,7 +154,7 @@ async def test_sweep_with_large_max_age_deletes_nothing(store: PayloadStore) -> 
 async def test_sweep_with_zero_max_age_deletes_everything(store: PayloadStore) -> None:
     for i in range(3):
         await store.put(f"req/{i}-in", b"x")
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the point: every object is older than a max age of 0
     assert await store.sweep(0.0) == 3
     for i in range(3):
         with pytest.raises(PayloadMissing):

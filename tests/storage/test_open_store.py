@@ -29,6 +29,7 @@ from fleetserve.storage import (
 from fleetserve.storage.nats import NatsObjectStore, parse_mtime
 from fleetserve.storage.s3 import S3Store, redact_endpoint
 
+from ..waiting import async_wait_for
 from .conftest import S3Server
 
 
@@ -259,7 +260,11 @@ async def test_sweep_forever_sweeps_and_survives_errors(caplog: pytest.LogCaptur
             asyncio.create_task(sweep_forever(good, max_age=0.0, every=0.01)),
             asyncio.create_task(sweep_forever(flaky, max_age=0.0, every=0.01)),
         ]
-        await asyncio.sleep(0.1)
+        await async_wait_for(
+            lambda: len(good) == 0 and flaky.sweeps >= 2 and "deleted 1 objects" in caplog.text,
+            5,
+            "both sweepers to go round twice",
+        )
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

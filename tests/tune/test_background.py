@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from fleetserve.tune.runs import RunStore
 
 from ..conftest import ServerThread
 from ..tinymodels import build_bert, write_spec
+from ..waiting import async_wait_for
 
 MODEL = "tiny/auto-bert"
 BUDGET = 60.0  # a quick search of the tiny model, its knee included (45 s fitted only the
@@ -105,14 +105,6 @@ def tuner(s: Settings, host: Host) -> BackgroundTuner:
     return BackgroundTuner(s, host.catalog, host, detect().hardware_class, os.environ)
 
 
-async def until(cond: Callable[[], bool], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.05)
-
-
 async def cancelled(task: asyncio.Task[None]) -> None:
     """Cancel the tuner's task and wait until it has stopped (its child with it)."""
     task.cancel()
@@ -142,19 +134,19 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
     bt = tuner(s, host)
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: child_pid(bt) is not None)
+        await async_wait_for(lambda: child_pid(bt) is not None, 120)
         pid = child_pid(bt)
         assert pid is not None
-        await until(lambda: bool(RunStore(tmp_path / "runs").list()))  # it measures
+        await async_wait_for(lambda: bool(RunStore(tmp_path / "runs").list()), 120)  # it measures
         (live,) = RunStore(tmp_path / "runs").list()
         assert live["status"] == "running" and bt.states[MODEL].run == live["id"]  # shown live
         host.is_busy = True  # a request came
-        await until(lambda: stopped(pid), timeout=0.5)  # well within a poll or two
+        await async_wait_for(lambda: stopped(pid), timeout=0.5)  # well within a poll or two
         assert bt.states[MODEL].state == "paused"
         await asyncio.sleep(PAUSE_S)  # traffic for a while: none of it in the budget
         host.is_busy = False
-        await until(lambda: not stopped(pid), timeout=2.0)
-        await until(lambda: bt.states[MODEL].state in ("tuned", "failed"), timeout=180)
+        await async_wait_for(lambda: not stopped(pid), timeout=2.0)
+        await async_wait_for(lambda: bt.states[MODEL].state in ("tuned", "failed"), timeout=180)
     finally:
         await cancelled(task)
     st = bt.states[MODEL]
@@ -186,12 +178,14 @@ async def test_a_killed_tune_leaves_the_model_as_it_was_and_nothing_half_written
     bt = tuner(s, host)
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: child_pid(bt) is not None)
-        await until(lambda: bool(RunStore(tmp_path / "runs").list()))  # it is under way
+        await async_wait_for(lambda: child_pid(bt) is not None, 120)
+        await async_wait_for(
+            lambda: bool(RunStore(tmp_path / "runs").list()), 120
+        )  # it is under way
         pid = child_pid(bt)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        await until(lambda: bt.states[MODEL].state == "failed", timeout=30)
+        await async_wait_for(lambda: bt.states[MODEL].state == "failed", timeout=30)
         runs = len(RunStore(tmp_path / "runs").list())
         bt.refresh()  # the next look for work
         assert bt.states[MODEL].state == "failed" and await bt._next() is None  # not retried
@@ -211,7 +205,7 @@ async def test_a_failed_quick_search_goes_on_to_the_full_one(
     bt = tuner(s, host)
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: bt.states[MODEL].state in ("tuned", "failed"), timeout=240)
+        await async_wait_for(lambda: bt.states[MODEL].state in ("tuned", "failed"), timeout=240)
     finally:
         await cancelled(task)
     st = bt.states[MODEL]
@@ -227,13 +221,15 @@ async def test_an_evicted_model_stops_its_tune(tmp_path: Path) -> None:
     bt = tuner(s, host)
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: child_pid(bt) is not None)
+        await async_wait_for(lambda: child_pid(bt) is not None, 120)
         pid = child_pid(bt)
         assert pid is not None
         host.resident = False  # the fleet evicted it
         # the child is reaped a moment before the tuner's await of it returns
-        await until(lambda: bt.states[MODEL].state not in ("tuning", "paused"), timeout=15)
-        await until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5)  # stopped, reaped
+        await async_wait_for(lambda: bt.states[MODEL].state not in ("tuning", "paused"), timeout=15)
+        await async_wait_for(
+            lambda: not Path(f"/proc/{pid}").exists(), timeout=5
+        )  # stopped, reaped
         assert bt.states[MODEL].state == "rules"
         assert "evicted" in bt.states[MODEL].reason
     finally:
@@ -253,7 +249,7 @@ async def test_a_tune_that_outgrows_the_memory_budget_stops_and_serving_keeps_it
     bt = tuner(s, host)
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: bt.states[MODEL].state == "failed", timeout=60)
+        await async_wait_for(lambda: bt.states[MODEL].state == "failed", timeout=60)
         assert child_pid(bt) is None and await bt._next() is None  # not retried
     finally:
         await cancelled(task)
@@ -313,7 +309,7 @@ def test_the_server_is_ready_at_once_tunes_and_the_next_start_does_not(
     try:
         again = info(srv.url)
         assert again["profile"]["how"] == "tuned" and again["tuning"]["state"] == "tuned"
-        time.sleep(1.0)  # two looks for work
+        time.sleep(1.0)  # the point: two looks for work, in which no tune may start
         assert len(RunStore(tmp_path / "runs").list()) == runs  # not tuned again
     finally:
         srv.stop()

@@ -23,7 +23,8 @@ from fleetserve.tune.runs import RunStore
 from fleetserve.worker.process import WorkerProcess
 
 from ..services import Services
-from .test_background import MODEL, Host, cancelled, child_pid, settings, until
+from ..waiting import async_wait_for
+from .test_background import MODEL, Host, cancelled, child_pid, settings
 
 
 @contextlib.asynccontextmanager
@@ -115,9 +116,9 @@ async def test_a_worker_waits_while_another_holds_the_lease_then_takes_over(
             bt = BackgroundTuner(s, host.catalog, host, cls, os.environ, mine)
             task = asyncio.create_task(bt.run())
             try:
-                await until(lambda: "killed tunes it" in bt.states[MODEL].reason, 10)
+                await async_wait_for(lambda: "killed tunes it" in bt.states[MODEL].reason, 10)
                 assert child_pid(bt) is None
-                await until(lambda: child_pid(bt) is not None, 30)  # the lease lapsed
+                await async_wait_for(lambda: child_pid(bt) is not None, 30)  # the lease lapsed
                 assert mine.holds(MODEL)
             finally:
                 await cancelled(task)
@@ -197,7 +198,7 @@ async def test_a_quick_shared_profile_is_adopted_and_refined_by_whoever_gets_the
             bt = BackgroundTuner(s, host.catalog, host, cls, os.environ, mine)
             task = asyncio.create_task(bt.run())
             try:
-                await until(lambda: child_pid(bt) is not None, 30)  # it refines
+                await async_wait_for(lambda: child_pid(bt) is not None, 30)  # it refines
                 assert host.choice(MODEL).how == "tuned"  # adopted meanwhile
                 assert host.choice(MODEL).profile.max_batch_tokens == 512
                 assert bt.states[MODEL].phase == "full"  # no quick search again
@@ -220,7 +221,7 @@ async def test_a_shared_profile_that_does_not_parse_never_stops_the_tuner(
         bt = BackgroundTuner(s, host.catalog, host, cls, os.environ, mine)
         task = asyncio.create_task(bt.run())
         try:
-            await until(lambda: child_pid(bt) is not None, 30)  # it tunes it itself
+            await async_wait_for(lambda: child_pid(bt) is not None, 30)  # it tunes it itself
             assert not task.done() and host.choice(MODEL).how == "rule"
         finally:
             await cancelled(task)

@@ -13,7 +13,8 @@ from fleetserve.catalog.profiles import write_profile_file
 from fleetserve.tune.hostlock import HostLock
 from fleetserve.tune.stale import model_digest
 
-from .test_background import MODEL, Host, cancelled, child_pid, settings, tuner, until
+from ..waiting import async_wait_for
+from .test_background import MODEL, Host, cancelled, child_pid, settings, tuner
 
 HOLD = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n" \
     "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()\n"  # fmt: skip
@@ -58,11 +59,11 @@ async def test_a_tuner_waits_while_another_process_on_the_host_tunes(tmp_path: P
     (lock).write_text("4242\n")  # (what the holder writes: its pid)
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: "waits its turn" in bt.states[MODEL].reason, timeout=30)
+        await async_wait_for(lambda: "waits its turn" in bt.states[MODEL].reason, timeout=30)
         assert "4242" in bt.states[MODEL].reason
         assert child_pid(bt) is None and bt.states[MODEL].state == "waiting"
         other.release()
-        await until(lambda: child_pid(bt) is not None, timeout=30)  # its turn
+        await async_wait_for(lambda: child_pid(bt) is not None, timeout=30)  # its turn
         assert not HostLock(lock).try_acquire()  # held while it tunes
     finally:
         other.release()
@@ -91,7 +92,7 @@ async def test_a_process_that_waited_its_turn_adopts_what_its_neighbour_tuned(
         return bt.states[MODEL].state in ("tuned", "failed")
 
     try:
-        await until(lambda: "waits its turn" in bt.states[MODEL].reason, timeout=30)
+        await async_wait_for(lambda: "waits its turn" in bt.states[MODEL].reason, timeout=30)
         rule = host.choice(MODEL).profile
         spec = host.catalog.get(MODEL)
         provenance = {  # what the neighbour's quick search writes
@@ -102,7 +103,7 @@ async def test_a_process_that_waited_its_turn_adopts_what_its_neighbour_tuned(
         tuned = dataclasses.replace(rule, max_batch_size=rule.max_batch_size // 2)
         write_profile_file(Path(s.profile_dir), MODEL, tuned, provenance)
         neighbour.release()
-        await until(adopted, timeout=30)
+        await async_wait_for(adopted, timeout=30)
     finally:
         neighbour.release()
         await cancelled(task)

@@ -15,7 +15,8 @@ import httpx
 from fleetserve.tune.hosttraffic import HostTraffic, path_for, publish_forever
 
 from ..conftest import TINY, ServerThread, tiny_settings
-from .test_background import MODEL, Host, cancelled, child_pid, settings, stopped, tuner, until
+from ..waiting import async_wait_for
+from .test_background import MODEL, Host, cancelled, child_pid, settings, stopped, tuner
 
 BUSY = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n" \
     "fcntl.flock(fd, fcntl.LOCK_SH)\nprint('busy', flush=True)\nsys.stdin.read()\n"  # fmt: skip
@@ -75,14 +76,14 @@ async def test_a_neighbours_traffic_pauses_the_tune_and_its_end_continues_it(
     neighbour = HostTraffic(path_for(lock))
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: child_pid(bt) is not None)
+        await async_wait_for(lambda: child_pid(bt) is not None, 120)
         pid = child_pid(bt)
         assert pid is not None and not stopped(pid)
         neighbour.publish(True)  # a request came to a co-located worker
-        await until(lambda: stopped(pid), timeout=0.5)
+        await async_wait_for(lambda: stopped(pid), timeout=0.5)
         assert bt.states[MODEL].state == "paused"
         neighbour.publish(False)
-        await until(lambda: not stopped(pid), timeout=2.0)
+        await async_wait_for(lambda: not stopped(pid), timeout=2.0)
         assert bt.states[MODEL].state == "tuning"
     finally:
         neighbour.close()
@@ -98,12 +99,12 @@ async def test_this_process_publishes_its_own_traffic_for_the_others(tmp_path: P
     host.resident = False  # nothing loaded: nothing to tune, but its load is published
     task = asyncio.create_task(bt.run())
     try:
-        await until(lambda: bt.states[MODEL].state == "rules", timeout=10)  # it runs
+        await async_wait_for(lambda: bt.states[MODEL].state == "rules", timeout=10)  # it runs
         assert not look.others()
         host.is_busy = True
-        await until(look.others, timeout=0.5)
+        await async_wait_for(look.others, timeout=0.5)
         host.is_busy = False
-        await until(lambda: not look.others(), timeout=0.5)
+        await async_wait_for(lambda: not look.others(), timeout=0.5)
     finally:
         look.close()
         await cancelled(task)
@@ -116,14 +117,14 @@ async def test_a_process_that_does_not_tune_publishes_its_load(tmp_path: Path) -
     busy = False
     task = asyncio.create_task(publish_forever(lambda: busy, str(lock)))
     try:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a window in which an idle process's load would show
         assert not look.others()
         busy = True
-        await until(look.others, timeout=0.5)
+        await async_wait_for(look.others, timeout=0.5)
         busy = False
-        await until(lambda: not look.others(), timeout=0.5)
+        await async_wait_for(lambda: not look.others(), timeout=0.5)
         busy = True
-        await until(look.others, timeout=0.5)
+        await async_wait_for(look.others, timeout=0.5)
     finally:
         await cancelled(task)
     assert not look.others()  # cancelled: its lock is let go

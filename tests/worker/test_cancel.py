@@ -21,9 +21,10 @@ from fleetserve.wire import DeadlineExceeded, Encoding, Envelope, Part, Task
 from fleetserve.worker.cancel import SKEW, CancelSet
 
 from ..conftest import ServerThread, tiny_settings
-from ..hangup import Hangup, metric, wait_for
+from ..hangup import Hangup, metric
 from ..tiny_generate import build_llama
 from ..tinymodels import build_bert, write_spec
+from ..waiting import wait_for
 
 BERT = "tiny/bert"
 LAZY = "tiny/lazy-bert"

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from fleetserve.wire.heartbeat import Heartbeat
 from fleetserve.worker.cores import core_share, runtime_device
 
 from ..conftest import TINY, ServerThread, tiny_settings
+from ..waiting import wait_for
 
 _prefixes = itertools.count()
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "river", "bank"]
@@ -99,16 +100,6 @@ async def _workers(proc: GatewayProcess) -> list[Heartbeat]:
     return proc.registry.workers()
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -128,6 +119,7 @@ def spawn_device(path: str, settings: Settings) -> subprocess.Popen[bytes]:
     return child
 
 
+@pytest.mark.services  # a device process: a worker's child that serves
 async def test_a_device_process_stops_when_its_parent_goes_away(tiny_catalog: Path) -> None:
     from fleetserve.queue import MemoryQueue
     from fleetserve.queue.local import LocalQueueServer
@@ -332,6 +324,7 @@ def test_a_multi_device_host_releases_its_devices_keep_alives_at_once(
     assert 0 < r.json()["left_s"] <= 60 and time.monotonic() - start < 0.9
 
 
+@pytest.mark.services  # a device process: a worker's child that serves
 async def test_a_device_process_tunes_in_the_background(tmp_path: Path) -> None:
     """``--tune auto`` reaches the devices of a multi-device worker: a device process
     runs the background tune, and stops it with itself (the run says cancelled)."""

@@ -25,6 +25,7 @@ from fleetserve.worker.gen_runner import GenerationRunner
 
 from ..sinks import settle
 from ..tiny_generate import build_llama, chat_body, envelope, load_adapter, stop
+from ..waiting import async_wait_for
 
 _ids = itertools.count(1)
 
@@ -178,9 +179,9 @@ async def test_a_cancelled_request_stops_generating(adapter: Any) -> None:
         job = h.job(chat_body("hello", max_tokens=400, temperature=0, stream=True))
         await h.first_text(job)
         settle(job)  # the worker answered it (a client gone, a failure elsewhere)
-        await asyncio.sleep(0.2)
+        await async_wait_for(lambda: runner._live == {}, 5, "the runner to drop the job")
         n = len(h.chunks[job.msg.envelope.request_id])
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a window in which a step still running would send more
         assert len(h.chunks[job.msg.envelope.request_id]) == n
         assert runner._live == {} and not h.done[job.msg.envelope.request_id].done()
     finally:

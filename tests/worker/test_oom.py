@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +13,8 @@ import numpy as np
 import pytest
 
 from ..conftest import TINY, ServerThread, tiny_settings
+from ..hangup import metric
+from ..waiting import wait_for
 
 TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "again and again"]
 
@@ -71,12 +72,21 @@ def test_an_item_that_never_fits_fails_its_own_request_only(server: ServerThread
     adapter.forward = forward
     gate = threading.Event()
     runner._forward.submit(gate.wait, 30)  # hold the compute thread ...
+    url = server.url
+
+    def pulled() -> float:  # each request is timed through the queue stage as it is pulled
+        return metric(url, "fleetserve_stage_latency_seconds_count", model=TINY, stage="queue")
+
+    def formed(n: int) -> bool:  # ``n`` pulled, and none left waiting for a batch
+        return pulled() == n and server.call(lambda: len(runner.waiting)) == 0
+
+    base = pulled()
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(encode, server, ["first"])  # ... with this batch waiting on it
-        time.sleep(0.3)
+        wait_for(lambda: formed(base + 1), 10, "the first batch to wait on the compute thread")
         short = pool.submit(encode, server, ["a fox"])  # so that these two share the next
         long = pool.submit(encode, server, [" ".join(["the quick brown fox"] * 8)])
-        time.sleep(0.3)
+        wait_for(lambda: pulled() == base + 3, 10, "the two to reach the worker")
         gate.set()
         ok, bad = short.result(), long.result()
         assert first.result().status_code == 200

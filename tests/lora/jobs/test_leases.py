@@ -225,6 +225,8 @@ def status_messages(client: Any, job_id: str) -> list[str]:
     return out
 
 
+@pytest.mark.services  # two `fleetserve serve` processes, one killed -9
+@pytest.mark.timeout(600)  # its own waits (120 s + 1.5 TTL + 60 s) and two starts, loaded
 def test_two_serve_processes_on_one_cache_never_train_one_job(
     tiny_catalog: Path, tmp_path: Path
 ) -> None:

@@ -26,6 +26,7 @@ from fleetserve.storage import MemoryStore
 from fleetserve.wire import OPEN, Cancelled, InvalidInput
 from fleetserve.wire.finetune import Job, JobStatus
 from tests.tinymodels import build_bert
+from tests.waiting import async_wait_for
 
 
 def pairs(n: int = 8) -> bytes:
@@ -60,12 +61,6 @@ async def job(ft: FineTuning) -> Job:
     return await ft.create_job(OPEN, {"model": "m", "training_file": f.id})
 
 
-async def until(pred: object, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await pred():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
-
-
 async def test_a_broken_record_fails_alone_and_the_next_job_runs() -> None:
     ft, queue, runner, bases = setup()
     await queue.submit(JobRef("default", "ftjob-broken"))
@@ -78,7 +73,7 @@ async def test_a_broken_record_fails_alone_and_the_next_job_runs() -> None:
         async def failed() -> bool:
             return (await ft.job(OPEN, good.id)).status is JobStatus.FAILED
 
-        await until(failed)
+        await async_wait_for(failed, 10.0, "the broken job to fail")
         done = await ft.job(OPEN, good.id)
         assert done.error is not None and done.error["field"] == "model"
         assert "no weights for m" in done.error["message"] and not task.done()
