@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from fleetserve.bench.sim.params import DEFAULT_MIX
-from fleetserve.tune.workload import _WORDS
+from fleetserve.bench.tune.workload import _WORDS
 
 ITEM_TOKENS = (8, 512)
 MIX = DEFAULT_MIX  # (weight, fewest items, most items)

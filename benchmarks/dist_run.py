@@ -66,9 +66,9 @@ def start_fleet(
 
 def run(a: argparse.Namespace, env: Mapping[str, str] | None, console: Console) -> dict[str, Any]:
     from fleetserve.assembly import HF_CACHE
+    from fleetserve.bench.tune.workload import sentences
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.sources import resolve
-    from fleetserve.tune.workload import sentences
 
     t_start = time.perf_counter()
     spec = Catalog.load().get(a.model)

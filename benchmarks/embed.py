@@ -74,10 +74,10 @@ def main(argv: Sequence[str] = ()) -> int:
     args = _args(argv)
     console = Console()
     from fleetserve.assembly import HF_CACHE, build_profiles
+    from fleetserve.bench.tune.workload import mix, sentences
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.sources import resolve
     from fleetserve.settings import Settings
-    from fleetserve.tune.workload import mix, sentences
 
     spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(REAL)
     path = resolve(REAL, spec.sources, HF_CACHE)

@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
+from fleetserve.bench.tune.workload import sentences
 from fleetserve.catalog import DEFAULT_MODEL, Catalog, ModelSpec
 from fleetserve.catalog.sources import resolve
-from fleetserve.tune.workload import sentences
 from fleetserve.wire import Encoding, Envelope, Task
 from fleetserve.wire.codec import dumps
 

@@ -2,7 +2,7 @@
 
 Bulk: ``--bulk-clients`` closed-loop clients, each sending requests of ``--bulk-items``
 texts of realistic lengths (the zaragoza-construction-faq mix of questions, answers and
-passages, 8-256 tokens; the word generator of ``fleetserve.tune.workload`` when that
+passages, 8-256 tokens; the word generator of ``fleetserve.bench.tune.workload`` when that
 package is absent). Interactive: one-sentence queries arriving open loop (Poisson) at
 ``--rate`` per second, each timed from its scheduled arrival, so a stalled server is
 not excused by a client that waited for it (no coordinated omission).
@@ -47,7 +47,7 @@ def build_workload(
     tokenizer_dir: Path, max_seq_len: int, items: int, pool: int, seed: int = 0
 ) -> Workload:
     """``pool`` bulk requests of ``items`` texts each, and the interactive queries."""
-    from fleetserve.tune.workload import corpus, mix, sentences
+    from fleetserve.bench.tune.workload import corpus, mix, sentences
 
     rng = random.Random(seed)
     try:
@@ -59,7 +59,7 @@ def build_workload(
         words = mixed.single_token_words(tokenizer_dir)
         texts = mixed.texts([lengths], words, seed)[0]
         queries = sentences(tokenizer_dir, 64, 16, seed)
-        source = "word generator (fleetserve.tune.workload)"
+        source = "word generator (fleetserve.bench.tune.workload)"
     bulk, tokens = [], []
     for _ in range(pool):
         pick = [rng.randrange(len(texts)) for _ in range(items)]

@@ -35,9 +35,9 @@ def main(argv: Sequence[str] = ()) -> int:
     p.add_argument("--out", default=".bench/results/profiles")
     args = p.parse_args(list(argv))
     from fleetserve.assembly import HF_CACHE
+    from fleetserve.bench.tune.workload import mix
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.sources import resolve
-    from fleetserve.tune.workload import mix
 
     console = Console()
     spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(args.model)

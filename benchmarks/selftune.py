@@ -84,9 +84,9 @@ def main(argv: Sequence[str] = ()) -> int:
     args = _args(argv)
     console = Console()
     from fleetserve.assembly import HF_CACHE
+    from fleetserve.bench.tune.workload import mix, sentences
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.sources import resolve
-    from fleetserve.tune.workload import mix, sentences
 
     spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(args.model)
     path = resolve(args.model, spec.sources, HF_CACHE)

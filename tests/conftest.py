@@ -50,7 +50,7 @@ SERVICE_FIXTURES = frozenset(
     {"tiny_server", "real_server", "fleet_server", "nats_server", "dash_server",
      "keyed_dash_server"}
 )  # fmt: skip
-SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "tune", "benchmarks", "bench")
+SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "benchmarks", "bench")
 SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
 # the session's shared servers: each xdist worker would start its own, so the tests that
 # use one run on one worker (`--dist loadgroup`)

@@ -71,7 +71,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.__init__",
             "gateway.app",
             "dashboard",
-            "tune",
             "bench",
         ),
     ),

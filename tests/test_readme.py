@@ -74,7 +74,9 @@ def test_the_hardware_command_runs_as_shown() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "hardware class: " in out.stdout and "fallback chain" in out.stdout
-    assert "tune" in block and "--tune quick" in block  # the other two lines: tested in tests/tune
+    assert (
+        "tune" in block and "--tune quick" in block
+    )  # the other two lines: tested in tests/bench/tune
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .bench.tune.activation import measure_activation_peak
 from .catalog import Catalog, ModelSpec
 from .catalog.hardware import detect
 from .catalog.profiles import Choice, Profiles
@@ -31,7 +32,6 @@ from .fleet.policy import make_policy
 from .metrics import Metrics
 from .runtimes import create_runtime
 from .settings import Settings
-from .tune.activation import measure_activation_peak
 from .wire import FleetError
 from .worker import ModelRunner
 from .worker.gen_runner import GenerationRunner
@@ -103,7 +103,7 @@ def build_runner(
     runtime_name = profile.runtime or spec.runtime
     verify = None
     if choice.how == "rule" and profile.precision != "fp32" and spec.runtime != "external":
-        from .tune.gate import gate_at_load
+        from .bench.tune.gate import gate_at_load
 
         verify = gate_at_load(spec, profile.precision, make_reference)
     eager = spec.pinned or spec.id in settings.model_list()

@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         "quality gates; writes a profile and a report.",
         "MODEL … [options]",
     )
-    from .tune.cli import add_arguments as tune_arguments
+    from .bench.tune.cli import add_arguments as tune_arguments
 
     tune_arguments(tune)
     add_settings(tune, "tune")
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=True)
     extra = {"command", "workers", "store_dir", "action", "seq", "limit", "ids"}
     extra |= {"prepare_runtime", "prepare_precision"}
-    from .tune.cli import ARGS as TUNE_ARGS
+    from .bench.tune.cli import ARGS as TUNE_ARGS
 
     extra |= TUNE_ARGS
     from .cli_keys import ARGS as KEYS_ARGS
@@ -222,11 +222,11 @@ def _error(console: Console, exc: BaseException) -> None:
 
 def _catalog_command(settings: Settings, args: argparse.Namespace, console: Console) -> int:
     if args.command == "tune":
-        from .tune.cli import run_tune
+        from .bench.tune.cli import run_tune
 
         return run_tune(settings, args, console)
     if args.command == "hardware":
-        from .tune.cli import run_hardware
+        from .bench.tune.cli import run_hardware
 
         return run_hardware(settings, Console())  # the answer goes to stdout
     from .cli_models import list_models, prepare_models, release_models

@@ -14,9 +14,10 @@ from .catalog import Catalog
 
 if TYPE_CHECKING:
     from .adapters_setup import Adapters
+    from .bench.tune.background import BackgroundTuner
     from .finetune_setup import FineTuningParts
     from .gateway.finetune import FineTuneRoutes
-    from .tune.background import BackgroundTuner
+from .bench.tune.quick import wanted as quick_wanted
 from .catalog.sources import is_present
 from .families.base import AnyFamily, Embeds
 from .gateway import Gateway
@@ -31,7 +32,6 @@ from .queue import MemoryQueue
 from .settings import Settings
 from .stack import Stack, build_stack, build_worker, rebuild, until_running
 from .tracing import open_tracer
-from .tune.quick import wanted as quick_wanted
 from .worker import Worker
 
 log = logging.getLogger("fleetserve.server")
@@ -147,18 +147,18 @@ class EmbeddedServer(Service):
         if self.background is not None:  # after the start: the server is ready at once
             self.spawn("tuner", self.background.run())
         else:  # it does not tune; a neighbour's tune steps aside for its load
-            from .tune.host import publish_load
+            from .bench.tune.host import publish_load
 
             self.spawn("host-traffic", publish_load(self))
         log.info("ready: %s", ready_summary(self.runners, self.settings.device))
 
     def _background(self, env: Mapping[str, str] | None) -> BackgroundTuner | None:
-        from .tune.host import ServerHost, tuning_class
+        from .bench.tune.host import ServerHost, tuning_class
 
         cls = tuning_class(self.settings, self.profiles)
         if cls is None:
             return None
-        from .tune.background import BackgroundTuner
+        from .bench.tune.background import BackgroundTuner
 
         return BackgroundTuner(self.settings, self.catalog, ServerHost(self), cls, env)
 
@@ -218,7 +218,7 @@ class EmbeddedServer(Service):
 
     async def _quick_tune(self) -> None:
         """Tune the untuned pinned models briefly, then serve them with what won."""
-        from .tune.quick import quick_tune
+        from .bench.tune.quick import quick_tune
 
         tuned = await quick_tune(
             self.settings, self.catalog, self.profiles, self.tuning, self.console

@@ -85,7 +85,7 @@ async def test_a_phase_drives_bulk_closed_loop_and_queries_open_loop() -> None:
 def test_the_workload_reads_the_corpus_or_falls_back_to_the_word_generator(
     tiny_catalog: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fleetserve.tune import workload
+    from fleetserve.bench.tune import workload
 
     model = tiny_catalog.parent / "model"
     w = build_workload(model, max_seq_len=16, items=8, pool=3, seed=2)

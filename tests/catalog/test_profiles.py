@@ -90,7 +90,7 @@ def test_a_bundled_profile_whose_runtime_is_absent_is_passed_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The package's own choice must not break an install without that extra; yours
-    is kept, and then fails to load naming the extra (tests/tune/test_gate.py)."""
+    is kept, and then fails to load naming the extra (tests/bench/tune/test_gate.py)."""
     import fleetserve.catalog.profiles as profiles_mod
 
     monkeypatch.setattr(profiles_mod, "missing_extra", lambda rt: "openvino" * (rt == "openvino"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.tune.runs import RunStore
+from fleetserve.bench.tune.runs import RunStore
 
 from ..conftest import ServerThread, tiny_settings
 from . import rundocs

@@ -1,11 +1,11 @@
-"""Realistic tuning-run documents (fleetserve/tune/runs.py, RUN_VERSION 1) for tests."""
+"""Realistic tuning-run documents (fleetserve/bench/tune/runs.py, RUN_VERSION 1) for tests."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from fleetserve.tune.runs import RunStore
+from fleetserve.bench.tune.runs import RunStore
 
 RUNNING_ID = "20261201T090000-dense-bert-cpu-avx512-a1b2c3"
 OLDER_ID = "20261130T120000-all-minilm-l6-v2-cpu-avx512-d4e5f6"

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetserve.tune.runs import RunStore, summary
+from fleetserve.bench.tune.runs import RunStore, summary
 
 from ..conftest import ServerThread, tiny_settings
 from . import rundocs

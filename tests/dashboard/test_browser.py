@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.tune.runs import RunStore
+from fleetserve.bench.tune.runs import RunStore
 
 from ..browser import Browser, find_chromium
 from ..conftest import TINY, ServerThread

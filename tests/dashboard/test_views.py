@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from fleetserve.bench.tune.runs import RunStore
 from fleetserve.dashboard import Dashboard, default_views
 from fleetserve.dashboard.fleet import FleetView
 from fleetserve.dashboard.tuning import TuningView
 from fleetserve.settings import Settings
-from fleetserve.tune.runs import RunStore
 from fleetserve.wire import NotFound, Unauthorized
 
 from . import rundocs

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from fleetserve.bench.tune.quality import MIN_COSINE
 from fleetserve.catalog import Catalog
 from fleetserve.catalog.sources import resolve
 from fleetserve.lora.load import read_adapter
 from fleetserve.lora.mixed import LoraBank, segments_of
 from fleetserve.lora.shapes import match_modules
 from fleetserve.settings import Settings
-from fleetserve.tune.quality import MIN_COSINE
 from tests.conftest import NO_USER_PROFILES, REAL, ServerThread
 from tests.lora.test_serving import reference, upload
 from tests.tiny_lora import LLAMA_TARGETS, load_base, make_lora, peft_model

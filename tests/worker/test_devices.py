@@ -328,9 +328,9 @@ def test_a_multi_device_host_releases_its_devices_keep_alives_at_once(
 async def test_a_device_process_tunes_in_the_background(tmp_path: Path) -> None:
     """``--tune auto`` reaches the devices of a multi-device worker: a device process
     runs the background tune, and stops it with itself (the run says cancelled)."""
+    from fleetserve.bench.tune.runs import RunStore
     from fleetserve.queue import MemoryQueue
     from fleetserve.queue.local import LocalQueueServer
-    from fleetserve.tune.runs import RunStore
 
     from ..tune.test_background import settings as tune_settings
 

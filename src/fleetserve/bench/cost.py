@@ -23,8 +23,8 @@ def main(argv: Sequence[str] = ()) -> int:
     from ..families import create_family
     from ..runtimes import create_runtime
     from ..settings import Settings
-    from ..tune.costfit import fit_times, item_pool, time_shapes
-    from ..tune.workload import requests
+    from .tune.costfit import fit_times, item_pool, time_shapes
+    from .tune.workload import requests
 
     p = argparse.ArgumentParser(prog="fleetserve bench cost", description=__doc__)
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")

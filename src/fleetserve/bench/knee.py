@@ -141,7 +141,7 @@ def _rates(spec: str) -> list[float] | None:
 
 def _workload(args: argparse.Namespace) -> tuple[list[str], list[int], dict[str, float]]:
     try:
-        from ..tune.workload import length_stats, mix, sentences
+        from .tune.workload import length_stats, mix, sentences
     except ImportError as exc:  # tokenizers: the torch or onnx extra
         raise RuntimeError(f"the workloads need the tokenizers package ({exc})") from None
     tok = Path(args.tokenizer) if args.tokenizer else _tokenizer_dir(args.model, args.catalog)

@@ -20,6 +20,7 @@ from .fleet_local import memory_lanes, normalize, worker_state
 
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
+    from ..bench.tune.background import BackgroundTuner
     from ..catalog import Catalog
     from ..cluster.presence import Registry
     from ..fleet.manager import Fleet
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from ..queue.jetstream import JetStreamQueue
     from ..queue.memory import MemoryQueue
     from ..settings import Settings
-    from ..tune.background import BackgroundTuner
     from ..worker import Worker
     from ..worker.runner import Runner
     from .fleet_nats import JetStreamLanes

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 
-from ..tune.runs import RunStore, summary
+from ..bench.tune.runs import RunStore, summary
 from ..wire import NotFound
 
 log = logging.getLogger("fleetserve.dashboard")

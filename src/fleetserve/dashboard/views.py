@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from ..bench.tune.runs import RunStore
 from ..settings import Settings
-from ..tune.runs import RunStore
 from .fleet import FleetView
 from .tuning import TuningView
 

@@ -101,13 +101,13 @@ class DeviceProcess(Service):
         """``--tune auto``: the devices of a host take turns to tune (``tune.hostlock``)
         within their own core share, step aside for any device's traffic, and adopt
         what a sibling tuned (the profile directory is the host's)."""
-        from ..tune.host import ServerHost, publish_load, tuning_class
+        from ..bench.tune.host import ServerHost, publish_load, tuning_class
 
         cls = tuning_class(self.settings, self.profiles)
         if cls is None:  # a neighbour's tune steps aside for its load all the same
             self.spawn("host-traffic", publish_load(self))
             return
-        from ..tune.background import BackgroundTuner
+        from ..bench.tune.background import BackgroundTuner
 
         env = dict(os.environ)  # (handed on to the tune child, as WorkerProcess does)
         tuner = BackgroundTuner(self.settings, self.catalog, ServerHost(self), cls, env)

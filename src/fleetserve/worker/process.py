@@ -44,9 +44,9 @@ log = logging.getLogger("fleetserve.worker")
 
 if TYPE_CHECKING:
     from ..adapters_setup import Adapters
+    from ..bench.tune.background import BackgroundTuner
     from ..lora.jobs.queue import JobQueue
     from ..queue import JetStreamQueue
-    from ..tune.background import BackgroundTuner
 
 
 class WorkerProcess(Service):
@@ -182,14 +182,14 @@ class WorkerProcess(Service):
     async def _tune_in_background(self, js: JetStreamQueue) -> None:
         """``--tune auto``: tune what runs untuned, one worker per class and model,
         sharing the profiles through JetStream (``tune.fleetwide``)."""
-        from ..tune.host import ServerHost, publish_load, tuning_class
+        from ..bench.tune.host import ServerHost, publish_load, tuning_class
 
         cls = tuning_class(self.settings, self.profiles)
         if cls is None:  # a neighbour's tune steps aside for its load all the same
             self.spawn("host-traffic", publish_load(self))
             return
-        from ..tune.background import BackgroundTuner
-        from ..tune.fleetwide import FleetTuning
+        from ..bench.tune.background import BackgroundTuner
+        from ..bench.tune.fleetwide import FleetTuning
 
         shared = FleetTuning(
             js.context(), self.settings.queue_prefix, cls, self.node, self.settings.tune_lease

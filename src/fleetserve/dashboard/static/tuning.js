@@ -1,7 +1,7 @@
 "use strict";
 // The tuning view: every run of `fleetserve tune`, newest first, and for the selected
 // run its candidates (quality gate, throughput, why each lost), the knee and the chosen
-// profile. Documents follow fleetserve/tune/runs.py; any field may be missing.
+// profile. Documents follow fleetserve/bench/tune/runs.py; any field may be missing.
 (() => {
   const { el, fmt, ago, isNum, charts, link } = window.FS;
   const state = { runs: [], run: null, selected: "", missing: "", root: null };
