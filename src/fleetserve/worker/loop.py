@@ -30,11 +30,11 @@ from ..wire import (
     Task,
     Unavailable,
 )
+from .adapter_wait import submit_when_hot
 from .affinity import Affinity
 from .batcher import Job
 from .cancel import Canceller
 from .ledger import Ledger
-from .lora_hosting import submit_when_hot
 from .parts import Parts, outputs_body, plan, prepared_of
 from .records import Record
 from .runner import Runner

@@ -13,9 +13,10 @@ from ..families import AnyFamily
 from ..fleet.member import Member, is_oom
 from ..metrics import Metrics
 from ..wire import AdapterNotFound, FleetError, InternalError, Task
+from .adapter_wait import as_fleet_error
 from .batcher import BatchFormer, Job, WorkItem
 from .loadable import FamilyFactory, Loadable, Measure, Verify
-from .lora_hosting import AdapterSource, HotTier, as_fleet_error
+from .lora_hosting import AdapterSource, HotTier
 
 __all__ = ["FamilyFactory", "JobSink", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
 

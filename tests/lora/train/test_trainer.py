@@ -10,7 +10,8 @@ import pytest
 
 from fleetserve.lora.shapes import linear_shapes
 from fleetserve.lora.train import CheckpointMismatch, TrainResult, TrainSpec, train
-from fleetserve.lora.train.trainer import build_model, read_checkpoint, spec_fingerprint
+from fleetserve.lora.train.checkpoint import read_checkpoint
+from fleetserve.lora.train.trainer import build_model, spec_fingerprint
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import InvalidInput
 from fleetserve.wire.finetune import Hyperparameters

@@ -9,10 +9,11 @@ sentence-transformers, PEFT, datasets and pytrec_eval are imported only when use
 
 from __future__ import annotations
 
+from .checkpoint import CheckpointMismatch
 from .child import OutOfMemory, train_in_child
 from .ireval import EvalSet, Scores, build_eval_set, evaluate
 from .mining import mine, negatives_for
-from .trainer import CheckpointMismatch, TrainResult, TrainSpec, spec_fingerprint, train
+from .trainer import TrainResult, TrainSpec, spec_fingerprint, train
 
 __all__ = [
     "CheckpointMismatch",

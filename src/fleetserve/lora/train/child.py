@@ -36,7 +36,8 @@ from types import ModuleType
 from typing import Any
 
 from ...wire import ERROR_TYPES, Cancelled, FleetError
-from .trainer import CheckpointMismatch, TrainResult, TrainSpec, train
+from .checkpoint import CheckpointMismatch
+from .trainer import TrainResult, TrainSpec, train
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 NICE = 10  # the child's niceness increment: serving goes first
@@ -66,7 +67,7 @@ async def train_in_child(
     """:func:`~.trainer.train` in a child process. ``on_event(kind, data)`` gets the
     child's reports as they come. When ``cancel`` is set, the child is terminated
     (SIGTERM, SIGKILL after a grace period) and :class:`~fleetserve.wire.Cancelled`
-    raised. A fleetserve error or :class:`~.trainer.CheckpointMismatch` raised in the
+    raised. A fleetserve error or :class:`~.checkpoint.CheckpointMismatch` raised in the
     child is raised again here as the same type; any other failure, or the child
     dying, is a ``RuntimeError`` saying what it was; running out of memory (over
     ``memory_limit`` bytes, 0: none) is :class:`OutOfMemory`."""

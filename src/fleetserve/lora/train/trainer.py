@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import struct
 import tempfile
 import time
 import warnings
@@ -31,6 +30,13 @@ from typing import TYPE_CHECKING, Any
 from ...wire import InvalidInput
 from ...wire.finetune import Hyperparameters, Pair
 from ..validate import CONFIG, WEIGHTS
+from .checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointMismatch,
+    load_lora,
+    read_checkpoint,
+    write_checkpoint,
+)
 from .ireval import INSTALL, Scores, build_eval_set, evaluate
 from .mining import columns_wanted, given, negatives_for
 
@@ -44,13 +50,7 @@ if TYPE_CHECKING:  # optional: annotations only
 Report = Callable[[str, dict[str, Any]], None]
 POOLINGS = ("mean", "cls")  # fleetserve's spellings, which are sentence-transformers' too
 BERT_TARGETS = ("query", "key", "value", "dense")
-CHECKPOINT_FORMAT = "fleetserve.lora-checkpoint/1"
 ENCODE_BATCH = 64
-
-
-class CheckpointMismatch(ValueError):
-    """A resume checkpoint that is not one, or is for another spec (base, pairs,
-    pooling, hyperparameters or seed): start afresh instead."""
 
 
 @dataclass(frozen=True)
@@ -368,42 +368,3 @@ def spec_fingerprint(spec: TrainSpec) -> str:
     }
     digest.update(json.dumps(described, sort_keys=True).encode())
     return digest.hexdigest()
-
-
-def write_checkpoint(state: dict[str, torch.Tensor], epoch: int, fingerprint: str) -> bytes:
-    """safetensors bytes of a LoRA state dict, with the epoch and fingerprint."""
-    from safetensors.torch import save
-
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    meta = {"format": CHECKPOINT_FORMAT, "epoch": str(epoch), "fingerprint": fingerprint}
-    return save(tensors, metadata=meta)
-
-
-def read_checkpoint(blob: bytes, fingerprint: str) -> tuple[int, dict[str, torch.Tensor]]:
-    """The epoch and state dict of a checkpoint of the spec with ``fingerprint``;
-    :class:`CheckpointMismatch` for anything else. The metadata is checked before
-    any tensor is read."""
-    try:
-        (size,) = struct.unpack("<Q", blob[:8])
-        meta = json.loads(blob[8 : 8 + size]).get("__metadata__") or {}
-        epoch = int(meta.get("epoch", ""))
-    except (struct.error, ValueError, AttributeError):
-        raise CheckpointMismatch("the resume blob is not a training checkpoint") from None
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointMismatch(f"the resume blob is not a {CHECKPOINT_FORMAT} checkpoint")
-    if meta.get("fingerprint") != fingerprint:
-        raise CheckpointMismatch(
-            "the checkpoint is for another training spec (base model, pairs or settings)"
-        )
-    from safetensors.torch import load
-
-    return epoch, load(blob)
-
-
-def load_lora(lora: PeftModel, state: dict[str, torch.Tensor]) -> None:
-    from peft import set_peft_model_state_dict
-
-    result = set_peft_model_state_dict(lora, state)
-    unexpected = list(getattr(result, "unexpected_keys", ()))
-    if unexpected:
-        raise CheckpointMismatch(f"checkpoint tensors the model lacks: {unexpected[:3]}")
