@@ -45,13 +45,15 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/fleetserve serve $(ARGS)
 
-# in parallel, one pytest-xdist worker per core (TEST_WORKERS=0: in this process); the
-# tests that share a session's server run on one worker (tests/conftest.py)
+# in parallel, one pytest-xdist worker per core (TEST_WORKERS=0: in this process); each
+# file's tests on one worker, so a module's servers and models start once
 TEST_WORKERS ?= auto
-PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
+# the background tunes after, one at a time: a tune waits for idle cores
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
-	$(BIN)/python -m pytest $(PARALLEL) --durations=40 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) -m "not tunes" --durations=40 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m tunes --durations=10 $(PYTEST_ARGS)
 
 # the inner loop: no real model, server, broker or browser
 test-fast: $(STAMP)

@@ -31,13 +31,16 @@ TINY_CLASS = "cpu-avx2"
 # default) unless a test asks for it: a tune would take the cores from the test
 os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subprocesses
 # one background tune per host: this session's servers are that host (another test
-# session on the machine tunes beside it)
+# session on the machine tunes beside it). Each xdist worker is a host of its own: with
+# one lock for the run, a test's tune waited for another worker's and timed the test out
+# (xdist's groups, which could have kept those tests on one worker, do not hold under
+# pytest 9: xdist 3.8 renames the items' ``_nodeid``, which pytest 9 no longer reads).
 os.environ.setdefault(
     Settings.env_name("tune_lock"),
-    # xdist's workers share their run's id: one lock for the whole run
     os.path.join(
         tempfile.gettempdir(),
-        f"fleetserve-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}.lock",
+        f"fleetserve-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"
+        f"-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.lock",
     ),
 )
 
@@ -52,9 +55,14 @@ SERVICE_FIXTURES = frozenset(
 )  # fmt: skip
 SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "benchmarks", "bench")
 SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
-# the session's shared servers: each xdist worker would start its own, so the tests that
-# use one run on one worker (`--dist loadgroup`)
-SHARED_SERVERS = ("fleet_server", "real_server")
+
+
+# the tests whose servers tune in the background: `make test` runs them after the
+# parallel run, one at a time, since a tune waits for the cores others keep busy
+BACKGROUND_TUNES = frozenset(
+    f"bench/tune/{m}.py"
+    for m in ("test_background", "test_fleetwide", "test_hosttraffic", "test_hostlock")
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,9 +72,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = set(item.fixturenames) if isinstance(item, pytest.Function) else set()
         if folder in SERVICE_FOLDERS or names & SERVICE_FIXTURES or _starts_services(item):
             item.add_marker(pytest.mark.services)
-        shared = [s for s in SHARED_SERVERS if s in names]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        if item.path.relative_to(root).as_posix() in BACKGROUND_TUNES:
+            item.add_marker(pytest.mark.tunes)
 
 
 def _starts_services(item: pytest.Item) -> bool:

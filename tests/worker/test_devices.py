@@ -325,6 +325,7 @@ def test_a_multi_device_host_releases_its_devices_keep_alives_at_once(
 
 
 @pytest.mark.services  # a device process: a worker's child that serves
+@pytest.mark.tunes  # run apart (tests/conftest.py)
 async def test_a_device_process_tunes_in_the_background(tmp_path: Path) -> None:
     """``--tune auto`` reaches the devices of a multi-device worker: a device process
     runs the background tune, and stops it with itself (the run says cancelled)."""
@@ -332,7 +333,7 @@ async def test_a_device_process_tunes_in_the_background(tmp_path: Path) -> None:
     from fleetserve.queue import MemoryQueue
     from fleetserve.queue.local import LocalQueueServer
 
-    from ..tune.test_background import settings as tune_settings
+    from ..bench.tune.test_background import settings as tune_settings
 
     s = tune_settings(tmp_path, tune_lock=str(tmp_path / "tune.lock"), log_level="warning")
     runs = RunStore(tmp_path / "runs")
