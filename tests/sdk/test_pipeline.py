@@ -91,7 +91,8 @@ def test_a_gateway_advertises_what_it_knows(tiny_catalog: Path) -> None:
 
 class Gate(httpx.BaseTransport):
     """The real transport, counting the POSTs in flight; the first ``width`` wait until
-    all ``width`` are in flight at once (``held`` instead: until ``release`` is set)."""
+    all ``width`` are in flight at once (``held`` instead: those with no empty item wait
+    until ``release`` is set)."""
 
     def __init__(self, width: int, held: bool = False) -> None:
         self.inner = httpx.HTTPTransport()
@@ -113,7 +114,7 @@ class Gate(httpx.BaseTransport):
             bad = "" in loads(request.read(), Encoding.MSGPACK)["inputs"]
             if self.held and not bad:
                 self.release.wait(HOLD_S)
-            elif not self.held:
+            else:  # held: the bad one answers once all ``width`` are in flight
                 self.full.wait(HOLD_S)
             return self.inner.handle_request(request)
         finally:
