@@ -20,7 +20,7 @@ from .catalog import Catalog, Profile
 from .catalog.profiles import Choice, Profiles
 from .fleet.manager import Fleet
 from .metrics import Metrics
-from .queue import WorkQueue
+from .queue import Consumer, Publisher
 from .settings import Settings
 from .tracing import Tracer
 from .worker import Worker
@@ -87,21 +87,25 @@ def ack_waits(runners: Mapping[str, Runner], settings: Settings) -> dict[str, fl
 
 def build_worker(
     stack: Stack,
-    queue: WorkQueue,
+    queue: Consumer,
     metrics: Metrics,
     settings: Settings,
     tracer: Tracer,
     *,
+    publisher: Publisher | None = None,
     keepalive: float | None = None,
     shared_queue: bool = False,
     affinity: Affinity | None = None,
 ) -> Worker:
-    """The worker over the stack's runners and fleet. ``shared_queue``: other workers
-    pull from the same queue (they take what it holds if it fails)."""
+    """The worker over the stack's runners and fleet, pulling from ``queue``.
+    ``shared_queue``: other workers pull from the same queue (they take what it holds
+    if it fails), and ``publisher`` (the same queue's other role) takes the parts of a
+    request far larger than a batch."""
     return Worker(
         queue,
         stack.runners,
         metrics,
+        publisher=publisher,
         max_deliver=settings.max_deliver,
         keepalive=keepalive,
         shared_queue=shared_queue,

@@ -8,6 +8,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
+
+from fleetserve.server import EmbeddedServer
+from fleetserve.stack import build_worker
+from fleetserve.worker import Worker
 
 from ..conftest import TINY, ServerThread
 from .test_failures import serving
@@ -27,14 +32,32 @@ def slices(srv: ServerThread) -> float:
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
 
 
-def test_a_large_request_is_served_in_parts_in_order(tiny_catalog: Path) -> None:
+def on_a_shared_queue(s: EmbeddedServer) -> Worker:
+    """The worker on a shared queue, with no publisher for parts."""
+    return build_worker(s.stack, s.queue, s.metrics, s.settings, s.tracer, shared_queue=True)
+
+
+def sharing(s: EmbeddedServer) -> Worker:
+    """The worker as `fleetserve worker` builds it: on a shared queue, publishing parts."""
+    return build_worker(
+        s.stack, s.queue, s.metrics, s.settings, s.tracer, shared_queue=True, publisher=s.queue
+    )
+
+
+def test_a_large_request_is_served_in_parts_in_order(
+    tiny_catalog: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with serving(tiny_catalog) as whole:
         expected = embed(whole, TEXTS)
         assert slices(whole) == 0  # alone on its queue: nothing to share
-    # a budget of 64 tokens: the 60 sentences make several parts
+    # a budget of 64 tokens: the 60 sentences would make several parts
+    monkeypatch.setattr(EmbeddedServer, "_new_worker", on_a_shared_queue)
     with serving(tiny_catalog, max_batch_tokens=64) as srv:
-        assert srv.server is not None
-        srv.server.worker.shared_queue = True  # as `fleetserve worker` runs it
+        np.testing.assert_allclose(embed(srv, TEXTS), expected, rtol=1e-4, atol=1e-5)
+        assert slices(srv) == 0  # no publisher to share them through: served whole
+    monkeypatch.setattr(EmbeddedServer, "_new_worker", sharing)
+    with serving(tiny_catalog, max_batch_tokens=64) as srv:
+        assert srv.server is not None and srv.server.worker.shared_queue
         got = embed(srv, TEXTS)
         assert slices(srv) >= 2
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

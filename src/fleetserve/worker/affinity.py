@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..fleet.manager import Fleet, State
-from ..queue import Message, WorkQueue
+from ..queue import Consumer, Message
 
 HELD = (State.RESIDENT, State.LOADING)
 
@@ -30,7 +30,7 @@ class Affinity:
 
     async def pull(
         self,
-        queue: WorkQueue,
+        queue: Consumer,
         models: Sequence[str],
         budget: int,
         timeout: float,

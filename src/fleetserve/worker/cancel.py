@@ -1,7 +1,7 @@
 """Cancelled work in a worker: wherever it is, it stops and is settled for good.
 
-A gateway whose client hung up (or whose deadline passed) calls ``WorkQueue.cancel``;
-the worker hears of it through ``WorkQueue.on_cancel`` (:meth:`Canceller.heard`) and
+A gateway whose client hung up (or whose deadline passed) calls ``Publisher.cancel``;
+the worker hears of it through ``Consumer.on_cancel`` (:meth:`Canceller.heard`) and
 stops the request, and its slices (``Envelope.part.parent``), wherever they are:
 
 - not pulled yet: the id is kept (:class:`CancelSet`, until the request's deadline,
@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..metrics import Metrics
-from ..queue import Message, WorkQueue
+from ..queue import Consumer, Message
 from ..queue.cancels import Cancel
 from ..wire import Envelope, Task
 from .batcher import Job
@@ -91,7 +91,7 @@ class Canceller:
     concerns, counts it, and has the ledger settle it (``Ledger.cancel``); ``queue``
     terminates what is pulled after its cancel was heard."""
 
-    def __init__(self, queue: WorkQueue, metrics: Metrics, ledger: Ledger) -> None:
+    def __init__(self, queue: Consumer, metrics: Metrics, ledger: Ledger) -> None:
         self.queue = queue
         self.metrics = metrics
         self.ids = CancelSet()

@@ -133,6 +133,7 @@ class DeviceProcess(Service):
                 self.tracer,
                 keepalive=min(waits, default=5.0) / 3,
                 shared_queue=True,  # the other devices take what it holds if it fails
+                publisher=self.queue,  # the parts of a large request, to the others
             )
             task = self.spawn("worker", self.worker.run(), essential=True)
             await until_running(self.worker, task)

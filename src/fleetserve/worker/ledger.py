@@ -73,7 +73,7 @@ class Ledger:
         metrics: Metrics,
         tracer: Tracer,
         uses: Uses,
-        parts: Parts,
+        parts: Parts | None,
         spawn: Callable[[], Spawn],
         postprocess: Postprocess,
         *,
@@ -194,7 +194,8 @@ class Ledger:
 
     def _done(self, job: Job) -> None:
         if self._jobs.pop(id(job), None) is not None:
-            self._parts.forget(job)
+            if self._parts is not None:
+                self._parts.forget(job)
             self._uses.release(job.msg.envelope.model)
 
     async def reply(self, job: Job, body: bytes, timings: dict[str, float], done: float) -> None:

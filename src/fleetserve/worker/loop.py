@@ -19,7 +19,7 @@ import numpy as np
 from ..fleet.manager import Fleet
 from ..fleet.policy import GDSF
 from ..metrics import Metrics
-from ..queue import Message, WorkQueue
+from ..queue import Consumer, Message, Publisher
 from ..tracing import NULL_TRACER, Tracer
 from ..wire import (
     Envelope,
@@ -52,10 +52,11 @@ FULL_POLL = 0.02  # seconds between pulls for interactive work while the formers
 class Worker:
     def __init__(
         self,
-        queue: WorkQueue,
+        queue: Consumer,
         runners: Mapping[str, Runner],
         metrics: Metrics,
         *,
+        publisher: Publisher | None = None,
         pull_timeout: float = 0.25,
         max_deliver: int = 1,
         keepalive: float | None = None,
@@ -80,7 +81,10 @@ class Worker:
         self.failed: BaseException | None = None
         self.running = False
         self.started = asyncio.Event()  # set once it runs (what its starter awaits)
-        self._parts = Parts(queue, self._spawner)
+        # a request far larger than a batch is shared as parts through ``publisher``
+        # (none: it is served whole here)
+        self.publisher = publisher
+        self._parts = Parts(publisher, self._spawner) if publisher is not None else None
         self.ledger = Ledger(  # every message held here, from pull to its ending
             queue,
             metrics,
@@ -291,7 +295,11 @@ class Worker:
         job = self.ledger.open(msg, prepared, pulled_at)
         ranges = plan(job, self.pull_budget) if self._may_share(env) else None
         # shared only while few others wait: behind a backlog parts would wait for it
-        if ranges is not None and self.queue.depth(env.model) < len(ranges):
+        if (
+            ranges is not None
+            and self._parts is not None
+            and self.queue.depth(env.model) < len(ranges)
+        ):
             self.metrics.slices.labels(env.model).inc(len(ranges) - 1)
             job.spans = await self._parts.share(job, ranges, self.ledger, runner.submit)
             if job.settled:  # cancelled while its parts went out
@@ -304,8 +312,13 @@ class Worker:
 
     def _may_share(self, env: Envelope) -> bool:
         """Whether a large request may be sliced: other workers pull from this queue,
-        and its model runs batches (a generation is one sequence)."""
-        return self.shared_queue and env.task not in (Task.GENERATE, Task.CHAT)
+        it has a publisher for the parts, and its model runs batches (a generation is
+        one sequence)."""
+        return (
+            self.shared_queue
+            and self._parts is not None
+            and env.task not in (Task.GENERATE, Task.CHAT)
+        )
 
     # -- completion -------------------------------------------------------------
     def _spawner(self) -> Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..families import Prepared
-from ..queue import PendingReply, WorkQueue
+from ..queue import PendingReply, Publisher
 from ..wire import Encoding, Envelope, FleetError, InvalidInput, Part, error_from_body, items
 from .batcher import Job
 from .chunks import Spawn
@@ -89,7 +89,7 @@ def part_envelope(env: Envelope, start: int, stop: int, cost: int, attempt: str)
 class Parts:
     """The parts in flight, per parent job, and the tasks that wait for them."""
 
-    def __init__(self, queue: WorkQueue, spawn: Callable[[], Spawn]) -> None:
+    def __init__(self, queue: Publisher, spawn: Callable[[], Spawn]) -> None:
         self.queue = queue
         self._spawn = spawn
         self._tasks: dict[int, list[asyncio.Task[None]]] = {}

@@ -154,6 +154,7 @@ class WorkerProcess(Service):
             self.tracer,
             keepalive=keepalive,
             shared_queue=True,
+            publisher=queue,  # the parts of a large request, to the other workers
             affinity=Affinity(
                 self.fleet,
                 self.settings.affinity_wait,
