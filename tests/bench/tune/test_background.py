@@ -156,9 +156,12 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
     assert found.how == "tuned" and found.provenance["quick"] is True
     swaps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("swapped")]
     assert st.before_tokens_s and st.after_tokens_s and st.noise is not None
-    if st.swaps:  # the winner beat the rule's own point in the run beyond the noise
+    if st.swaps:  # the winner beat the rule's own point in the run (verdict.verdict)
         assert host.swapped == [found] and st.reason.startswith("swapped in")
-        assert st.after_tokens_s > st.before_tokens_s * (1 + max(0.02, st.noise))
+        assert st.after_tokens_s >= st.before_tokens_s
+        beyond = st.after_tokens_s > st.before_tokens_s * (1 + max(0.02, st.noise))
+        tie = "a tie goes to the tuned one" in st.reason  # what runs is a rule's profile
+        assert beyond or tie or "(a duel)" in st.reason, st.reason
         (line,) = swaps
         assert f"{st.after_tokens_s:.0f} tokens/s" in line
     else:
