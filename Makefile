@@ -55,7 +55,8 @@ test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
 	$(BIN)/python -m pytest $(PARALLEL) -m "not tunes" --durations=40 $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m tunes --durations=10 $(PYTEST_ARGS)
 
-# the inner loop: no real model, server, broker or browser
+# the inner loop: nothing that takes seconds (`slow`: a real model, a compile, a child
+# process, a CLI run) or starts a server, broker or browser
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(PARALLEL) -m "not slow and not services" $(PYTEST_ARGS)
 

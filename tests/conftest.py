@@ -74,6 +74,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.services)
         if item.path.relative_to(root).as_posix() in BACKGROUND_TUNES:
             item.add_marker(pytest.mark.tunes)
+        if _compiles_openvino(item):
+            item.add_marker(pytest.mark.slow)
+
+
+def _compiles_openvino(item: pytest.Item) -> bool:
+    """A case run on OpenVINO compiles its model (seconds): slow, like a real model."""
+    spec = (
+        item.callspec if isinstance(item, pytest.Function) and hasattr(item, "callspec") else None
+    )
+    return spec is not None and "openvino" in spec.id.split("-")
 
 
 def _starts_services(item: pytest.Item) -> bool:

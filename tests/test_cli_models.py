@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from fleetserve.catalog import Catalog
@@ -17,6 +18,8 @@ from fleetserve.cli_models import list_models
 
 from .conftest import ServerThread, tiny_settings
 from .tinymodels import build_bert, write_spec
+
+pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
 
 
 def run(*args: str, cwd: Path, columns: str = "200") -> subprocess.CompletedProcess[str]:

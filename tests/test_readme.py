@@ -61,6 +61,7 @@ def test_families_example(fleet_server: ServerThread) -> None:
     assert out.getvalue().splitlines() == ["1 8 sports", "['color', 'fruit']"]
 
 
+@pytest.mark.slow
 def test_the_hardware_command_runs_as_shown() -> None:
     (block,) = [b for b in blocks("bash") if "fleetserve hardware" in b]
     cmd = block.splitlines()[0].split("#", 1)[0].strip()

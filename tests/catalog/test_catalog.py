@@ -243,6 +243,7 @@ def assert_one_error_line(r: Any, *needles: str) -> None:
         assert needle in lines[0], lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("text", "file", "what"), BAD_START)
 def test_serve_refuses_a_bad_catalog_at_start(
     tmp_path: Path, text: str, file: str, what: str
@@ -252,6 +253,7 @@ def test_serve_refuses_a_bad_catalog_at_start(
     assert_one_error_line(r, str(tmp_path / file), what)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["models"], ["worker"], ["gateway", "--port", "0"]])
 def test_every_command_refuses_a_bad_catalog_at_start(tmp_path: Path, command: list[str]) -> None:
     (tmp_path / "bad.yaml").write_text("id: mine/bad\nsources: [/w]\nfamly: dense\n")
@@ -374,6 +376,7 @@ def test_every_bundled_spec_names_a_known_family_and_runtime() -> None:
     assert [s.id for s in cat if s.pinned] == ["sentence-transformers/all-MiniLM-L6-v2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("hardware_class", "bge_runs", "bge_size"),
     [  # 33M params: 2 bytes each at bf16, 4 at fp32

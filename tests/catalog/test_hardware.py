@@ -92,6 +92,7 @@ def test_this_machine_has_a_class() -> None:
     assert hw.cores >= 1 and hw.memory_bytes > 0
 
 
+@pytest.mark.slow
 def test_fleetserve_hardware_prints_the_class_and_its_facts_at_80_columns() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "fleetserve", "hardware", "--profile-dir", "/dev/null/none"],
@@ -109,6 +110,7 @@ def test_fleetserve_hardware_prints_the_class_and_its_facts_at_80_columns() -> N
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_fleetserve_hardware_shows_what_a_class_with_nothing_bundled_gets() -> None:
     """``--bundled-profiles false``: the class's own tunes leave the table too, so the
     rule comes from the nearest class, and every model runs on the rule."""

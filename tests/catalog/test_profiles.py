@@ -155,6 +155,7 @@ def test_a_broken_bundled_profile_still_fails(tmp_path: Path) -> None:
         Profiles(AMX, bundled=tmp_path)
 
 
+@pytest.mark.slow
 def test_start_up_serves_past_a_broken_profile_of_yours_with_one_line(
     tmp_path: Path,
 ) -> None:

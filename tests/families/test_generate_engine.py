@@ -53,6 +53,7 @@ def _alone(lm: tuple[Any, Any]) -> list[list[int]]:
     return out
 
 
+@pytest.mark.slow
 def test_one_sequence_matches_transformers_generate(lm: tuple[Any, Any]) -> None:
     import torch
 

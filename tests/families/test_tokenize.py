@@ -25,6 +25,7 @@ def _tokenizers(tmp_path: Path) -> list[TextTokenizer]:
     return toks
 
 
+@pytest.mark.slow
 def test_cut_texts_give_the_same_ids(tmp_path: Path) -> None:
     """Exactness of the cut: whole words are kept, short prefixes grow until they hold
     more than max_len tokens (new)."""
@@ -54,6 +55,7 @@ def test_a_long_text_is_not_tokenized_whole(tmp_path: Path, size: int) -> None:
     assert len(tok.cut([text])[0]) <= 8 * tok.max_len  # one first cut sufficed
 
 
+@pytest.mark.slow
 def test_cross_encoder_pairs_are_the_same_with_long_texts_cut(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

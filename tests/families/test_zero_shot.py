@@ -59,6 +59,7 @@ def assert_same(served: list[dict[str, Any]], ref: list[Any]) -> None:
     np.testing.assert_allclose([r["scores"] for r in served], [r["scores"] for r in ref], atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("multi_label", [False, True])
 def test_nli_equals_the_pipeline(nli: Any, nli_model: Path, multi_label: bool) -> None:
     reply = call(nli, {"inputs": TEXTS, "labels": LABELS, "multi_label": multi_label})

@@ -165,6 +165,7 @@ def serves(r: ModelRunner, chosen: Choice, settings: Settings) -> None:
 
 
 # -- a resident model, under load --------------------------------------------------
+@pytest.mark.slow
 async def test_a_swap_under_four_busy_clients_fails_no_request(setup: Setup) -> None:
     old, new = runner(setup, MODEL, OLD), runner(setup, MODEL, NEW)
     async with Serving({MODEL: old}) as s:
@@ -211,6 +212,7 @@ async def test_a_swap_under_four_busy_clients_fails_no_request(setup: Setup) -> 
         assert first() is None  # the old adapter was let go: only the new one is held
 
 
+@pytest.mark.slow
 async def test_room_beside_is_made_by_the_policy_never_from_a_pinned_model(
     setup: Setup,
 ) -> None:
@@ -263,6 +265,7 @@ async def test_a_model_never_loaded_adopts_without_loading(setup: Setup) -> None
         serves(old, NEW, setup.settings)
 
 
+@pytest.mark.slow
 async def test_an_evicted_model_adopts_and_its_next_load_uses_the_new_profile(
     setup: Setup,
 ) -> None:

@@ -319,6 +319,7 @@ def fleetserve_cli(
     )
 
 
+@pytest.mark.slow
 def test_cli_keys_add_prints_the_key_once(tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
     out = fleetserve_cli(
@@ -343,6 +344,7 @@ def test_cli_keys_add_prints_the_key_once(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_serve_with_a_bad_auth_setting_is_one_line(tmp_path: Path, tiny_catalog: Path) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text("- {sha256: 12, tenant: a, scopes: [infer]}\n")

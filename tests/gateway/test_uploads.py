@@ -306,6 +306,7 @@ def big_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
             proc.wait(10)
 
 
+@pytest.mark.slow
 def test_large_training_file_costs_little_memory(big_server: tuple[int, int, Path]) -> None:
     """A 78 MiB JSONL of 300,000 rows (each tenth a repeat that brings a negative) to
     /v1/files: before, the spooled file was read whole, parsed into pairs held for the

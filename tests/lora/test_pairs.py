@@ -161,6 +161,7 @@ def write(path: Path, rows: int, *, repeat: int = 0, negative: str | None = None
     return path
 
 
+@pytest.mark.slow
 def test_a_file_is_checked_holding_a_few_bytes_a_row(tmp_path: Path) -> None:
     """Before, a file was checked as bytes, every pair held for the deduplication and the
     kept rows built whole (860 KB of 22,000 rows: 8.7 MiB traced at peak). Now it is

@@ -182,6 +182,7 @@ class _AwayPuller:
         return []
 
 
+@pytest.mark.slow
 async def test_failed_pulls_back_off_and_log_once_per_outage(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

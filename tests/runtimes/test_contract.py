@@ -83,6 +83,7 @@ def reference(path: Path, head: Head, output: Output, x: dict[str, Any]) -> np.n
     return (hidden * m).sum(1) / m.sum(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNTIME_NAMES)
 @pytest.mark.parametrize(("head", "output"), CASES, ids=[f"{h}-{o}" for h, o in CASES])
 def test_matches_transformers(

@@ -47,6 +47,7 @@ def forbid(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         monkeypatch.setattr(ox, name, boom)
 
 
+@pytest.mark.slow
 def test_second_load_reuses_the_cache(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -69,6 +70,7 @@ def test_second_load_reuses_the_cache(
     np.testing.assert_array_equal(mean(second, tiny), mean(first, tiny))
 
 
+@pytest.mark.slow
 def test_cached_entry_loads_without_torch(tiny: Path, tmp_path: Path) -> None:
     load(tiny, tmp_path)
     code = (
@@ -97,6 +99,7 @@ def test_key_follows_the_weights(tiny: Path, tmp_path: Path) -> None:
     assert not np.allclose(mean(after, path), mean(before, path), atol=1e-3)
 
 
+@pytest.mark.slow
 def test_int8_kept_when_the_guard_passes(
     tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -147,6 +150,7 @@ def test_guard_catches_a_model_the_quantizer_breaks(
     assert "int8 rejected" in caplog.text
 
 
+@pytest.mark.slow
 def test_corrupt_entries_are_rebuilt(
     tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -255,6 +259,7 @@ def test_splade_tiny_matches_torch(tmp_path: Path) -> None:
     assert ((got > 0) == (want > 0)).mean() > 0.999  # the same terms are active
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "head", [Head.MASKED_LM, Head.SEQUENCE_CLASSIFICATION, Head.TOKEN_CLASSIFICATION]
 )

@@ -23,6 +23,8 @@ from fleetserve.runtimes.openvino import OpenVinoRuntime
 
 from ..tiny_onnx import batch, build_head
 
+pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
+
 TEXTS = ["the quick brown fox", "hello world and the fleet", "a small open model serve"]
 
 

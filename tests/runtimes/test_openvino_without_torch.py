@@ -6,9 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ..tinymodels import build_bert
+
+pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
+
 
 SERVE_WITHOUT_TORCH = r"""
 import asyncio, sys

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from rich.console import Console
 
 from fleetserve.server import EmbeddedServer
@@ -76,6 +77,7 @@ OFF = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_tracing_off_imports_no_opentelemetry(tiny_catalog: Path) -> None:
     """A fresh interpreter serves a request with tracing off (the default): the hooks
     are the null tracer's, and no ``opentelemetry`` module was ever imported."""

@@ -31,6 +31,7 @@ def _value(rnd: random.Random, level: int) -> Any:
     return {f"k[{i}\\": _value(rnd, level + 1) for i in range(rnd.randint(0, 4))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [16, 1 << 18])
 def test_scans_agree_with_the_decoded_structure(
     chunk: int, monkeypatch: pytest.MonkeyPatch

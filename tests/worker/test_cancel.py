@@ -128,6 +128,7 @@ def batches(srv: ServerThread, model: str = BERT) -> tuple[float, float]:
     return count, metric(srv.url, "fleetserve_batch_size_sum", model=model)
 
 
+@pytest.mark.slow
 def test_work_pulled_after_its_cancel_is_terminated_unrun(bert_server: ServerThread) -> None:
     srv = bert_server
     assert srv.server is not None
@@ -166,6 +167,7 @@ def test_a_request_waiting_in_the_batch_former_is_dropped(bert_server: ServerThr
     assert metric(srv.url, "fleetserve_requests_total", code="cancelled") == 1
 
 
+@pytest.mark.slow
 def test_a_request_parked_for_its_models_load_is_dropped(bert_server: ServerThread) -> None:
     srv = bert_server
     gate = block_compute(srv)  # the lazy model's warm-up waits for it

@@ -142,6 +142,7 @@ def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) ->
         assert "Traceback" not in body["message"]
 
 
+@pytest.mark.slow
 def test_model_failure_is_500_without_traceback(tiny_catalog: Path) -> None:
     with serving(tiny_catalog) as srv:
         assert srv.server is not None
@@ -194,6 +195,7 @@ def test_a_poison_request_fails_alone_and_its_batch_mates_succeed(tiny_catalog: 
         assert "cannot take that input" in reason and msg.attempts == 3
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_on_a_shared_queue_gives_its_work_back(tiny_catalog: Path) -> None:
     with serving(tiny_catalog) as srv:
         assert srv.server is not None

@@ -154,6 +154,7 @@ def runner_registry(ft: FineTuning) -> AdapterRegistry:
     return AdapterRegistry(ft.store.store, limits=Limits(), bases=StaticBases({}))
 
 
+@pytest.mark.slow
 async def test_a_job_whose_child_runs_out_of_memory_fails_saying_so(tmp_path: Path) -> None:
     """Today the child has no memory limit and a job that outgrows the machine dies by
     the OOM killer's SIGKILL ("training failed: ... died without a result"). Here the

@@ -21,6 +21,8 @@ from fleetserve.wire import Cancelled, InvalidInput
 from tests.lora.train import Events, tiny_spec
 from tests.tinymodels import build_bert
 
+pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
+
 for _name in ("torch", "sentence_transformers", "peft", "datasets", "pytrec_eval"):
     pytest.importorskip(_name, reason=f"training needs {_name} (the train extra)")
 
