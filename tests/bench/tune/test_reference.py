@@ -18,7 +18,7 @@ from fleetserve.settings import Settings
 
 from ...tiny_extract import build_nli_classifier, build_token_classifier
 from ...tiny_generate import build_llama
-from ...tiny_image import build_clip
+from ...tiny_image import build_clip, build_siglip
 from ...tiny_onnx import build_head
 from ...tiny_rerank import build_cross_encoder
 from ...tinymodels import build_bert
@@ -178,6 +178,10 @@ def test_sparse_passes_against_masked_lm_splade(tmp_path: Path) -> None:
     ok = check_reference(spec("sparse", path, max_seq_len=128), path, settings(tmp_path))
     assert ok.status == PASSED, ok.reason
     assert {c.name for c in ok.checks} == {"score", "encode"}
+    # a random SPLADE's max over tokens saturates within a few tokens: only a limit far
+    # below the model's (128) shows
+    short = check_reference(spec("sparse", path, max_seq_len=8), path, settings(tmp_path))
+    assert short.status == FAILED and "off by" in short.reason, short.reason
 
 
 def test_generate_passes_on_identical_greedy_text(tmp_path: Path) -> None:
@@ -193,6 +197,25 @@ def test_image_passes_against_clip(tmp_path: Path) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer"}))
     ok = check_reference(spec("image", path, max_seq_len=77), path, settings(tmp_path))
     assert ok.status == PASSED, ok.reason
+
+
+def test_image_passes_against_siglip(tmp_path: Path) -> None:
+    path = build_siglip(tmp_path / "m")
+    # as for CLIP above; and like SigLIP's own tokenizer, ids without a mask, and (as
+    # BERT's does not canonicalize) no canonicalization on fleetserve's side either
+    cfg = {"pad_token": "[PAD]", "tokenizer_class": "BertTokenizer"}
+    cfg["model_input_names"] = ["input_ids"]
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    opts = {"text_canonicalize": False}
+    ok = check_reference(spec("image", path, max_seq_len=16, options=opts), path,
+                         settings(tmp_path))  # fmt: skip
+    assert ok.status == PASSED, ok.reason
+    assert {c.name for c in ok.checks} == {"encode"} and ok.calibration_size == 16
+    # canonicalized on fleetserve's side only ("donc je suis." became "donc je suis"):
+    # a text of the texts' request (request 1) fails
+    got = check_reference(spec("image", path, max_seq_len=16), path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("encode: request 1: inputs[")
+    assert "at cosine" in got.reason
 
 
 def test_zero_shot_passes_against_the_pipeline(tmp_path: Path) -> None:
@@ -214,6 +237,20 @@ def test_a_model_fleetserve_cannot_load_fails_in_one_line(tmp_path: Path) -> Non
     got = check_reference(spec("dense", path, max_seq_len=64), path, settings(tmp_path))
     assert got.status == FAILED and got.reason.startswith("fleetserve failed: "), got.reason
     assert "tokenizer.json" in got.reason and "\n" not in got.reason
+
+
+@pytest.mark.slow
+def test_the_bundled_splade_tiny_passes_against_transformers(tmp_path: Path) -> None:
+    pytest.importorskip("cognition")
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import locate
+
+    s = next(s for s in Catalog.load([]) if s.family == "sparse")
+    path = locate(s.sources, tmp_path / "hf")
+    assert path is not None
+    got = check_reference(s, path, settings(tmp_path))
+    assert got.status == PASSED, got.reason
+    assert got.library == "transformers"
 
 
 @pytest.mark.slow

@@ -95,7 +95,7 @@ class ReferenceCheck:
 
 
 def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.6f}"
+    return "-" if v is None else f"{v:.7f}"
 
 
 def _same(v: bool | None) -> str:

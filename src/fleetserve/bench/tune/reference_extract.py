@@ -183,7 +183,8 @@ class ImageModel:
                     pad = "max_length" if self._siglip else True
                     enc = self._tok([x], padding=pad, truncation=True,
                                      max_length=self._text_len, return_tensors="pt")  # fmt: skip
-                    enc = {k: v.to(self.device) for k, v in enc.items()}
+                    keep = ("input_ids", "attention_mask")  # what the tokenizer gives of them
+                    enc = {k: v.to(self.device) for k, v in enc.items() if k in keep}
                     feats = self._model.get_text_features(**enc)
                 feats = getattr(feats, "pooler_output", feats)  # transformers 5: an output
                 rows.append(feats[0].float().cpu().numpy().astype(np.float64))
