@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from fleetserve.bench.tune.reference import FAILED, PASSED, UNCHECKED, check_reference
+from fleetserve.bench.tune.reference_libs import installed
 from fleetserve.catalog import ModelSpec
 from fleetserve.runtimes import Head
 from fleetserve.settings import Settings
 
+from ...tiny_colbert import build_pylate_colbert
 from ...tiny_extract import build_nli_classifier, build_token_classifier
 from ...tiny_generate import build_llama
 from ...tiny_image import build_clip, build_siglip
@@ -226,9 +228,23 @@ def test_zero_shot_passes_against_the_pipeline(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["span_ner", "multivector"])
 def test_a_family_without_its_library_here_is_unchecked(tmp_path: Path, family: str) -> None:
+    if family == "span_ner" and installed("gliner"):
+        pytest.skip("gliner is installed here")
+    # (a multivector directory without modules.json: the HF/stanford-nlp layout)
     got = check_reference(spec(family, tmp_path), tmp_path, settings(tmp_path))
     assert got.status == UNCHECKED and not got.passed
     assert "not installed" in got.reason or "no comparison" in got.reason
+
+
+def test_a_pylate_colbert_passes_against_sentence_transformers(tmp_path: Path) -> None:
+    path = build_pylate_colbert(tmp_path / "m")
+    ok = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    by = {c.name: c for c in ok.checks}
+    assert by["score"].ranking_equal is True and by["encode"].min_cosine is not None
+    raw = spec("multivector", path, max_seq_len=64, normalize=False)  # ColBERT normalizes
+    got = check_reference(raw, path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("score: request "), got.reason
 
 
 def test_a_model_fleetserve_cannot_load_fails_in_one_line(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ family             reference
                    tokenizer: ``get_image_features`` and ``get_text_features``
 ``generate``       ``AutoModelForCausalLM.generate(do_sample=False)``: the greedy text
 ``span_ner``       GLiNER's package: not installed here (it pins transformers<5.17)
-``multivector``    PyLate: not installed here
+``multivector``    (PyLate layout: :mod:`.reference_libs`); the HF/stanford-nlp layout
+                   needs colbert-ai, not installed here
 =================  =================================================================
 """
 
@@ -54,9 +55,11 @@ def extract_library(spec: ModelSpec, weights: Path, device: str) -> Library:
             f"GLiNER's package {why} (pip install gliner, in its own environment: it pins "
             "transformers<5.17): span_ner is unchecked",
         )
-    if fam == "multivector":
+    if fam == "multivector":  # a PyLate checkpoint is read by sentence-transformers
         raise NoReference(
-            "pylate", "PyLate (the ColBERT library) is not installed here: multivector is unchecked"
+            "pylate",
+            "a ColBERT checkpoint in the HF/stanford-nlp layout needs the colbert-ai "
+            "package, not installed here: multivector is unchecked",
         )
     raise NoReference("", f"no reference library for the {fam} family: unchecked")
 

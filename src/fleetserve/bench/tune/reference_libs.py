@@ -11,6 +11,8 @@ family             reference
                    ``log1p(relu(logits))`` (SPLADE, as the family defines it)
 ``cross_encoder``  sentence-transformers' ``CrossEncoder`` (its activation; softmax
                    over several labels)
+``multivector``    sentence-transformers' ``MultiVectorEncoder`` (PyLate checkpoints;
+                   the HF/stanford-nlp layout has no library here)
 ``ner``, others    :mod:`.reference_extract`
 =================  =================================================================
 
@@ -68,6 +70,8 @@ def text_library(spec: ModelSpec, weights: Path, device: str) -> Library | None:
         return Splade(weights, device)
     if fam == "cross_encoder":
         return CrossEncoders(spec, weights, device)
+    if fam == "multivector" and (weights / "modules.json").is_file():
+        return MultiVectors(weights, device)
     return None
 
 
@@ -145,6 +149,38 @@ class Splade:
             idx = np.flatnonzero(v)
             rows.append({"indices": idx.tolist(), "values": v[idx].tolist()})
         return {"embeddings": rows}
+
+
+class MultiVectors:
+    """``multivector``, a PyLate (sentence-transformers layout) checkpoint:
+    sentence-transformers' ``MultiVectorEncoder``, which reads PyLate's settings
+    (markers, query length and expansion, skiplist). Token vectors L2-normalized, as
+    ColBERT and PyLate give them; scores by the model's ``similarity`` (MaxSim)."""
+
+    name = "sentence-transformers"
+
+    def __init__(self, path: Path, device: str) -> None:
+        self.path, self.device = path, device
+        self.version = version("sentence-transformers")
+        self._model: Any = None
+
+    def load(self) -> None:
+        from sentence_transformers.multi_vector_encoder import MultiVectorEncoder
+
+        self._model = MultiVectorEncoder(str(self.path), device=self.device)
+
+    def _encode(self, texts: list[str], query: bool) -> list[Any]:
+        fn = self._model.encode_query if query else self._model.encode_document
+        return list(fn(texts, convert_to_numpy=True, normalize_embeddings=True))
+
+    def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
+        if task is Task.SCORE:
+            q = self._encode([body["query"]], True)
+            d = self._encode(list(body["items"]), False)
+            scores = self._model.similarity(q, d)[0].float().cpu().numpy()
+            return {"scores": [float(s) for s in scores]}
+        mats = self._encode(list(body["inputs"]), bool(body.get("is_query", False)))
+        return {"embeddings": [np.asarray(m, np.float64).tolist() for m in mats]}
 
 
 class CrossEncoders:

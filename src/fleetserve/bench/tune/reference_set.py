@@ -10,6 +10,7 @@ library, the spec itself is on trial, so the set adds:
   shows only there), and one text longer than any model's limit (a ``max_seq_len``
   above the model's own truncates differently: the issue's cosine of 0.977);
 - for ``sparse``: encode requests beside its score requests, and the long text;
+- for ``multivector``: score requests and queries (their marker, length, expansion);
 - for ``image``: texts as well as images (both towers).
 """
 
@@ -42,8 +43,10 @@ def requests(spec: ModelSpec) -> list[Request]:
     base = [(task, body) for task, body in calibration(spec)]
     texts = list(CALIBRATION)
     fam = spec.family
-    if fam == "dense":
+    if fam in ("dense", "multivector"):
         base += [(Task.SCORE, {"query": texts[q], "items": texts[q + 1 : q + 9]}) for q in range(4)]
+    if fam == "multivector":  # queries have their own marker, length and expansion
+        base += [(Task.ENCODE, {"inputs": texts[k : k + 8], "is_query": True}) for k in (0, 8)]
     if fam == "sparse":
         base += [(Task.ENCODE, {"inputs": texts[k : k + 8]}) for k in range(0, len(texts), 8)]
     if fam in ("dense", "sparse"):
