@@ -191,6 +191,11 @@ def test_generate_passes_on_identical_greedy_text(tmp_path: Path) -> None:
     ok = check_reference(spec("generate", path, max_seq_len=256), path, settings(tmp_path))
     assert ok.status == PASSED, ok.reason
     assert ok.checks[0].tokens_equal is True
+    small = spec("generate", path, max_seq_len=8)  # its prompts no longer fit
+    got = check_reference(small, path, settings(tmp_path))
+    assert got.status == FAILED, got.reason
+    assert got.reason.startswith("generate: request 0: fleetserve answered invalid_input: ")
+    assert got.checks[0].tokens_equal is False
 
 
 def test_image_passes_against_clip(tmp_path: Path) -> None:

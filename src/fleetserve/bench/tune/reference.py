@@ -123,21 +123,21 @@ async def check_reference_async(
         lib = library_for(spec, weights, settings.device)
     except NoReference as exc:
         return verdict(exc.library, "", UNCHECKED, str(exc))
+    name, ver = lib.name, lib.version
     loop = asyncio.get_running_loop()
     try:
         ref = await loop.run_in_executor(None, _library_replies, lib, reqs)
     except Exception as exc:  # the library refuses the directory: the spec cannot be checked
-        return verdict(lib.name, lib.version, FAILED, f"{lib.name} failed: {_line(exc)}")
+        return verdict(name, ver, FAILED, f"{name} failed: {_line(exc)}")
+    del lib  # its model: not held while fleetserve loads its own
     try:
         got = await _served(spec, weights, settings, reqs)
     except Exception as exc:  # fleetserve could not load or serve it
-        return verdict(lib.name, lib.version, FAILED, f"fleetserve failed: {_line(exc)}")
+        return verdict(name, ver, FAILED, f"fleetserve failed: {_line(exc)}")
     found = checks(reqs, ref, got)
     failed = next((c for c in found if not c.passed), None)
     status, reason = (FAILED, failed.mismatch) if failed else (PASSED, "")
-    return ReferenceCheck(
-        spec.id, spec.family, lib.name, lib.version, size, status, reason, tuple(found)
-    )
+    return ReferenceCheck(spec.id, spec.family, name, ver, size, status, reason, tuple(found))
 
 
 def library_for(spec: ModelSpec, weights: Path, device: str) -> Library:

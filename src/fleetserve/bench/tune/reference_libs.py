@@ -80,7 +80,11 @@ def installed(module: str) -> bool:
 
 
 class SentenceTransformers:
-    """``dense``: a SentenceTransformer as its files describe it."""
+    """``dense``: a SentenceTransformer as its files describe it. ``encode`` as the
+    library's callers get it (a ``default_prompt_name`` applies there, and fleetserve's
+    encode adds no prefix: such a model fails the check); scores with
+    ``encode_query``, ``encode_document`` and the model's own ``similarity`` (a model
+    scored by dot product without normalization fails against fleetserve's cosine)."""
 
     name = "sentence-transformers"
 
