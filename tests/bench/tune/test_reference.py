@@ -163,6 +163,14 @@ def test_a_one_label_cross_encoder_passes(tmp_path: Path) -> None:
     assert check_reference(wrong, path, settings(tmp_path)).status == FAILED
 
 
+@pytest.mark.parametrize("aggregation", ["first", "average", "max"])
+def test_ner_passes_with_each_word_aggregation(tmp_path: Path, aggregation: str) -> None:
+    path = build_token_classifier(tmp_path / "m")
+    s = spec("ner", path, max_seq_len=128, options={"aggregation": aggregation})
+    ok = check_reference(s, path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+
+
 def test_ner_passes_and_a_spec_that_hides_a_label_fails(tmp_path: Path) -> None:
     path = build_token_classifier(tmp_path / "m")
     ok = check_reference(spec("ner", path, max_seq_len=128), path, settings(tmp_path))

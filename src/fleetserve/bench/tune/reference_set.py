@@ -11,6 +11,7 @@ library, the spec itself is on trial, so the set adds:
   above the model's own truncates differently: the issue's cosine of 0.977);
 - for ``sparse``: encode requests beside its score requests, and the long text;
 - for ``multivector``: score requests and queries (their marker, length, expansion);
+- for ``zero_shot``: a multi-label request (scored per label, not across labels);
 - for ``image``: texts as well as images (both towers).
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from ...catalog import ModelSpec
 from ...runtimes.onnx_guard import CALIBRATION
 from ...wire import Task
-from .quality import calibration
+from .quality import LABELS, calibration
 
 LONG_WORDS = 1200  # words in the long text: over 1024 tokens in any tokenizer
 
@@ -51,6 +52,8 @@ def requests(spec: ModelSpec) -> list[Request]:
         base += [(Task.ENCODE, {"inputs": texts[k : k + 8]}) for k in range(0, len(texts), 8)]
     if fam in ("dense", "sparse"):
         base.append((Task.ENCODE, {"inputs": [long_text(), texts[0]]}))
+    if fam == "zero_shot":  # multi-label scores are another softmax (entailment/contradiction)
+        base.append((Task.EXTRACT, {"inputs": texts[:8], "labels": LABELS, "multi_label": True}))
     if fam == "image":
         base.append((Task.ENCODE, {"inputs": texts[:8]}))
     return [Request(_name(task), task, body, _items(body), fam) for task, body in base]
