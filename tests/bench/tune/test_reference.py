@@ -237,6 +237,7 @@ def test_zero_shot_passes_against_the_pipeline(tmp_path: Path) -> None:
     path = build_nli_classifier(tmp_path / "m")
     ok = check_reference(spec("zero_shot", path, max_seq_len=128), path, settings(tmp_path))
     assert ok.status == PASSED, ok.reason
+    assert ok.checks[0].labels_equal is True and ok.checks[0].ranking_equal is True
 
 
 @pytest.mark.parametrize("family", ["span_ner", "multivector"])

@@ -22,9 +22,9 @@ class Check:
 
     Figures are ``None`` where the replies hold no such values: ``min_cosine`` (rows),
     ``max_score_diff`` (scores, norms and entity scores, relative to the largest
-    reference score), ``ranking_equal`` (scores), ``labels_equal`` (extraction: labels
-    and spans), ``tokens_equal`` (generation). ``mismatch``: the first failing item,
-    one line; empty when it passed."""
+    reference score), ``ranking_equal`` (scores, and zero-shot labels in score order),
+    ``labels_equal`` (extraction: labels and spans), ``tokens_equal`` (generation).
+    ``mismatch``: the first failing item, one line; empty when it passed."""
 
     name: str
     requests: int
@@ -90,9 +90,9 @@ def _check(
                 cosines.append(f.min_cosine)
             if f.max_score_error is not None:
                 errors.append(f.max_score_error)
-            if aspect in ("scores", "relevance_score"):
+            if aspect == "scores" or r.family == "zero_shot":  # scores, or labels by score
                 ranked.append(not f.rank_detail)
-            else:
+            if aspect != "scores":
                 same.append(not f.mismatch)
             if not q.passed and not first:
                 first = f"{name}: request {k}: {_what(r, q, f.min_cosine_at, f.max_score_error_at)}"
