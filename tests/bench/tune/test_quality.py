@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fleetserve.bench.tune.quality import MIN_COSINE, calibration, compare
+from fleetserve.bench.tune.quality import MIN_COSINE, calibration, compare, measure
 from fleetserve.catalog import ModelSpec
 
 
@@ -103,3 +103,16 @@ def test_replies_stop_between_requests_once_the_deadline_passed() -> None:
     spec = ModelSpec.from_dict({"id": "o/m", "sources": ["/w"], "family": "dense"})
     with pytest.raises(TimeoutError, match="after 0 requests"):
         replies(None, spec, [(Task.ENCODE, {"inputs": ["x"]})], deadline=0.0)  # type: ignore[arg-type]
+
+
+def test_measure_names_the_worst_row_and_the_worst_score() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(4, 16))
+    b = a.copy()
+    b[2] += rng.normal(size=16) * 0.3
+    f = measure({"embeddings": a.tolist()}, {"embeddings": b.tolist()})
+    assert f.min_cosine_at == "embeddings[2]" and f.rows == 4
+    assert f.min_cosine is not None and f.min_cosine < MIN_COSINE
+    f = measure({"scores": [0.9, 0.5, 0.1]}, {"scores": [0.9, 0.4, 0.1]})
+    assert f.max_score_error_at == "scores[1]" and f.max_score_error == pytest.approx(0.1 / 0.9)
+    assert f.min_cosine is None and not f.mismatch

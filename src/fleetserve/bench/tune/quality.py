@@ -123,10 +123,48 @@ def replies(
     return out
 
 
-def compare(reference: object, candidate: object) -> Quality:
-    """Walk both reply trees; the first failing gate, else the tightest margin."""
+@dataclass(frozen=True)
+class Figures:
+    """What a walk of two reply trees measured, and where: the lowest row cosine and
+    the largest score error with the path of the row or score list they were found
+    at (``embeddings[3]``), a changed ranking, and the first field that differs
+    (labels, spans, text). ``None``: the replies had no such values."""
+
+    min_cosine: float | None
+    min_cosine_at: str
+    max_score_error: float | None
+    max_score_error_at: str
+    rank_detail: str
+    mismatch: str
+    rows: int
+
+
+def measure(reference: object, candidate: object) -> Figures:
+    """The figures :func:`compare` judges, with their locations (for a report that
+    names the item that failed)."""
+    acc = _walked(reference, candidate)
+    low = min(range(len(acc.cosines)), key=acc.cosines.__getitem__, default=None)
+    high = max(range(len(acc.score_errors)), key=acc.score_errors.__getitem__, default=None)
+    return Figures(
+        min_cosine=None if low is None else acc.cosines[low],
+        min_cosine_at="" if low is None else acc.cosine_at[low],
+        max_score_error=None if high is None else acc.score_errors[high],
+        max_score_error_at="" if high is None else acc.score_at[high],
+        rank_detail=acc.rank_detail,
+        mismatch=acc.mismatch,
+        rows=len(acc.cosines),
+    )
+
+
+def _walked(reference: object, candidate: object) -> _Acc:
     acc = _Acc()
     _walk(reference, candidate, "", acc)
+    return acc
+
+
+def compare(reference: object, candidate: object) -> Quality:
+    """Walk both reply trees; the first failing gate, else the tightest margin."""
+    acc = _walked(reference, candidate)
     if acc.mismatch:
         return Quality("identical", 0.0, 1.0, False, acc.mismatch)
     if acc.cosines:
@@ -144,7 +182,9 @@ def compare(reference: object, candidate: object) -> Quality:
 @dataclass
 class _Acc:
     cosines: list[float] = field(default_factory=list)
+    cosine_at: list[str] = field(default_factory=list)  # each row's path
     score_errors: list[float] = field(default_factory=list)
+    score_at: list[str] = field(default_factory=list)  # each error's path
     mismatch: str = ""
     rank_detail: str = ""
 
@@ -166,8 +206,9 @@ def _walk(a: object, b: object, path: str, acc: _Acc) -> None:
         for k in rest:
             _walk(a[k], b.get(k), f"{path}.{k}" if path else k, acc)
     elif key == "embeddings":
-        for x, y in zip(_rows(a), _rows(b), strict=False):
+        for i, (x, y) in enumerate(zip(_rows(a), _rows(b), strict=False)):
             acc.cosines.append(_cosine(x, y))
+            acc.cosine_at.append(f"{path}[{i}]")
         if len(_rows(a)) != len(_rows(b)):
             acc.mismatch = f"{path}: row counts differ"
     elif key in SCORE_KEYS and _numeric(a) and _numeric(b):
@@ -182,6 +223,7 @@ def _walk(a: object, b: object, path: str, acc: _Acc) -> None:
     elif isinstance(a, float) and isinstance(b, float | int):
         scale = max(1.0, abs(a))
         acc.score_errors.append(abs(a - float(b)) / scale)
+        acc.score_at.append(path)
     elif a != b:
         acc.mismatch = f"{path}: {a!r} became {b!r}"[:200]
 
@@ -216,7 +258,9 @@ def _scores(a: Array, b: Array, path: str, acc: _Acc) -> None:
     if a.size == 0:
         return
     scale = max(float(np.abs(a).max()), SCORE_FLOOR)
-    acc.score_errors.append(float(np.abs(a - b).max()) / scale)
+    diff = np.abs(a - b)
+    acc.score_errors.append(float(diff.max()) / scale)
+    acc.score_at.append(f"{path}[{int(diff.argmax())}]")
     tol = SCORE_TOLERANCE * scale
     order = [int(i) for i in np.argsort(-b, kind="stable")]
     for x, i in enumerate(order):  # every pair the candidate ranks i above j
@@ -266,10 +310,12 @@ def images(n: int) -> list[str]:
 __all__ = [
     "MIN_COSINE",
     "SCORE_TOLERANCE",
+    "Figures",
     "Quality",
     "calibration",
     "compare",
     "images",
     "json_envelope",
+    "measure",
     "replies",
 ]

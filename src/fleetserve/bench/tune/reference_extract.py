@@ -1,0 +1,229 @@
+"""References for the extraction, image and generation families (see
+:mod:`.reference_libs` for the embedding and scoring ones).
+
+=================  =================================================================
+family             reference
+=================  =================================================================
+``ner``            transformers' ``token-classification`` pipeline, with the spec's
+                   ``aggregation`` (the caller's choice in the pipeline too) and the
+                   pipeline's own ``ignore_labels`` (``["O"]``): spans, labels, scores
+``zero_shot``      transformers' ``zero-shot-classification`` pipeline (NLI method),
+                   with the spec's ``hypothesis_template``
+``image``          transformers' ``AutoModel`` (CLIP, SigLIP), its image processor and
+                   tokenizer: ``get_image_features`` and ``get_text_features``
+``generate``       ``AutoModelForCausalLM.generate(do_sample=False)``: the greedy text
+``span_ner``       GLiNER's package: not installed here (it pins transformers<5.17)
+``multivector``    (PyLate layout: :mod:`.reference_libs`); the HF/stanford-nlp layout
+                   needs colbert-ai, not installed here
+=================  =================================================================
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...catalog import ModelSpec
+from ...wire import Task
+from .reference_libs import Library, NoReference, installed, version
+
+
+def extract_library(spec: ModelSpec, weights: Path, device: str) -> Library:
+    """The reference for the extraction, image and generation families; a
+    :class:`NoReference` where there is none here."""
+    fam = spec.family
+    if fam == "ner":
+        return NerPipeline(spec, weights, device)
+    if fam == "zero_shot":
+        if spec.options.get("method", "nli") != "nli":
+            raise NoReference(
+                "transformers", "zero_shot by embedding has no reference library: unchecked"
+            )
+        return ZeroShotPipeline(spec, weights, device)
+    if fam == "image":
+        return ImageModel(weights, device)
+    if fam == "generate":
+        return CausalLm(weights, device)
+    if fam == "span_ner":
+        why = "is not installed here" if not installed("gliner") else "has no comparison yet"
+        raise NoReference(
+            "gliner",
+            f"GLiNER's package {why} (pip install gliner, in its own environment: it pins "
+            "transformers<5.17): span_ner is unchecked",
+        )
+    if fam == "multivector":  # a PyLate checkpoint is read by sentence-transformers
+        raise NoReference(
+            "pylate",
+            "a ColBERT checkpoint in the HF/stanford-nlp layout needs the colbert-ai "
+            "package, not installed here: multivector is unchecked",
+        )
+    raise NoReference("", f"no reference library for the {fam} family: unchecked")
+
+
+def _device(device: str) -> Any:
+    import torch
+
+    return torch.device(device)
+
+
+class NerPipeline:
+    name = "transformers"
+
+    def __init__(self, spec: ModelSpec, path: Path, device: str) -> None:
+        self.path, self.device = path, device
+        self.aggregation = str(spec.options.get("aggregation", "simple"))
+        self.threshold = float(spec.options.get("threshold", 0.0))
+        self.version = version("transformers")
+        self._pipe: Any = None
+
+    def load(self) -> None:
+        from transformers import pipeline
+
+        self._pipe = pipeline(
+            "token-classification",
+            model=str(self.path),
+            aggregation_strategy=self.aggregation,
+            device=_device(self.device),
+        )
+
+    def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
+        texts = list(body["inputs"])
+        found = self._pipe(texts)
+        results = []
+        for text, entities in zip(texts, found, strict=True):
+            results.append(
+                [
+                    {
+                        "start": int(e["start"]),
+                        "end": int(e["end"]),
+                        "text": text[int(e["start"]) : int(e["end"])],
+                        "label": str(e.get("entity_group", e.get("entity"))),
+                        "score": float(e["score"]),
+                    }
+                    for e in entities
+                    if float(e["score"]) >= self.threshold
+                ]
+            )
+        return {"results": results}
+
+
+class ZeroShotPipeline:
+    name = "transformers"
+
+    def __init__(self, spec: ModelSpec, path: Path, device: str) -> None:
+        self.path, self.device = path, device
+        self.template = str(spec.options.get("hypothesis_template", "This example is {}."))
+        self.version = version("transformers")
+        self._pipe: Any = None
+
+    def load(self) -> None:
+        from transformers import pipeline
+
+        self._pipe = pipeline(
+            "zero-shot-classification", model=str(self.path), device=_device(self.device)
+        )
+
+    def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
+        out = self._pipe(
+            list(body["inputs"]),
+            candidate_labels=list(body["labels"]),
+            hypothesis_template=self.template,
+            multi_label=bool(body.get("multi_label", False)),
+        )
+        out = out if isinstance(out, list) else [out]
+        return {
+            "results": [
+                {"labels": list(r["labels"]), "scores": [float(s) for s in r["scores"]]}
+                for r in out
+            ]
+        }
+
+
+class ImageModel:
+    """CLIP or SigLIP through its processor: image and text features (unnormalized;
+    the check compares their directions)."""
+
+    name = "transformers"
+
+    def __init__(self, path: Path, device: str) -> None:
+        self.path, self.device = path, device
+        self.version = version("transformers")
+        self._model: Any = None
+        self._images: Any = None
+        self._tok: Any = None
+        self._siglip = False
+        self._text_len = 0
+
+    def load(self) -> None:
+        import transformers
+
+        auto: Any = transformers  # its Auto classes are untyped
+        self._images = auto.AutoImageProcessor.from_pretrained(str(self.path))
+        self._tok = auto.AutoTokenizer.from_pretrained(str(self.path))
+        self._model = auto.AutoModel.from_pretrained(str(self.path)).to(self.device).eval()
+        self._siglip = self._model.config.model_type == "siglip"
+        # the tokenizer's limit, else (a tokenizer that states none) the text tower's
+        positions = int(self._model.config.text_config.max_position_embeddings)
+        self._text_len = min(int(self._tok.model_max_length), positions)
+
+    def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
+        import torch
+        from PIL import Image
+
+        inputs = list(body["inputs"])
+        rows: list[Any] = []
+        with torch.inference_mode():
+            for x in inputs:
+                if isinstance(x, dict):
+                    img = Image.open(io.BytesIO(base64.b64decode(x["image"]))).convert("RGB")
+                    px = self._images(images=[img], return_tensors="pt")["pixel_values"]
+                    feats = self._model.get_image_features(pixel_values=px.to(self.device))
+                else:
+                    pad = "max_length" if self._siglip else True
+                    enc = self._tok([x], padding=pad, truncation=True,
+                                     max_length=self._text_len, return_tensors="pt")  # fmt: skip
+                    keep = ("input_ids", "attention_mask")  # what the tokenizer gives of them
+                    enc = {k: v.to(self.device) for k, v in enc.items() if k in keep}
+                    feats = self._model.get_text_features(**enc)
+                feats = getattr(feats, "pooler_output", feats)  # transformers 5: an output
+                rows.append(feats[0].float().cpu().numpy().astype(np.float64))
+        return {"embeddings": [r.tolist() for r in rows]}
+
+
+class CausalLm:
+    """The greedy continuation of the raw prompt (tokenized as the family does, with
+    the tokenizer's special tokens), decoded without special tokens."""
+
+    name = "transformers"
+
+    def __init__(self, path: Path, device: str) -> None:
+        self.path, self.device = path, device
+        self.version = version("transformers")
+        self._model: Any = None
+        self._tok: Any = None
+
+    def load(self) -> None:
+        import transformers
+
+        auto: Any = transformers  # its Auto classes are untyped
+        self._tok = auto.AutoTokenizer.from_pretrained(str(self.path))
+        self._model = auto.AutoModelForCausalLM.from_pretrained(str(self.path))
+        self._model = self._model.to(self.device).eval()
+
+    def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
+        import torch
+
+        enc = self._tok(str(body["prompt"]), return_tensors="pt").to(self.device)
+        with torch.inference_mode():
+            out = self._model.generate(
+                **enc, do_sample=False, max_new_tokens=int(body.get("max_tokens", 16))
+            )
+        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        return {"text": self._tok.decode(new, skip_special_tokens=True)}
+
+
+__all__ = ["CausalLm", "ImageModel", "NerPipeline", "ZeroShotPipeline", "extract_library"]

