@@ -61,6 +61,25 @@ class Catalog:
     def restrict(self, ids: Iterable[str]) -> Catalog:
         return Catalog(self.get(i) for i in ids)
 
+    def add(self, spec: ModelSpec) -> None:
+        """Serve ``spec`` from now on (a hot add: the caller checked that its id is new)."""
+        self._specs[spec.id] = spec
+
+    def discard(self, model_id: str) -> None:
+        """Serve ``model_id`` no longer (a hot remove); nothing if it is not here."""
+        self._specs.pop(model_id, None)
+
+
+def read_spec(f: Path) -> ModelSpec:
+    """One spec file, validated as ``Catalog.load`` does: a one-line ``ValueError``
+    naming the file and the key (the catalog directory's watcher reads files here)."""
+    return _parse(_read(f), str(f))
+
+
+def spec_files(d: Path) -> list[Path]:
+    """The spec files (``*.yaml``, ``*.yml``) of catalog directory ``d``."""
+    return _spec_files(d)
+
 
 def _spec_files(d: Path) -> list[Path]:
     hint = "--catalog (FLEETSERVE_CATALOG) takes a directory of model spec *.yaml files"
@@ -106,5 +125,7 @@ __all__ = [
     "ModelSpec",
     "Profile",
     "is_present",
+    "read_spec",
     "resolve",
+    "spec_files",
 ]
