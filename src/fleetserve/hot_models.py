@@ -25,10 +25,12 @@ from rich.console import Console
 
 from .assembly import build_runner, load_or_report
 from .catalog import Catalog, ModelSpec
+from .catalog.fetch import is_object_uri
+from .catalog.sources import locate
 from .metrics import Metrics
 from .settings import Settings
 from .stack import Stack
-from .wire import Conflict
+from .wire import Conflict, InvalidInput
 from .worker import Worker
 
 log = logging.getLogger("fleetserve.models")
@@ -77,7 +79,10 @@ class HotModels:
 
     # -- the API's (ModelAdmin) ------------------------------------------------------
     async def add(self, spec: ModelSpec, fields: Mapping[str, object]) -> dict[str, Any]:
-        """Serve ``spec``, write ``fields`` to the catalog directory, return its entry."""
+        """Serve ``spec``, write ``fields`` to the catalog directory, return its entry.
+        A 400 naming the sources if none holds weights here (an ``s3://`` one is
+        fetched on first use: it is not looked for now)."""
+        self._check_present(spec)
         async with self.lock:
             await self._serve(spec)
             self._write(spec.id, fields)
@@ -87,6 +92,18 @@ class HotModels:
         """Drain ``model`` and unload it; its spec file goes too if this process wrote it."""
         async with self.lock:
             await self._remove(model)
+
+    def _check_present(self, spec: ModelSpec) -> None:
+        if any(is_object_uri(s) for s in spec.sources):
+            return
+        s = self.settings
+        if locate(spec.sources, Path(s.hf_cache).expanduser(), Path(s.cache_dir).expanduser()):
+            return
+        raise InvalidInput(
+            f"no weights for {spec.id!r} at {', '.join(spec.sources)}: each source is "
+            "absent or an empty directory on the server",
+            field="sources",
+        )
 
     def info(self, model: str) -> dict[str, Any]:
         """``model``'s entry of ``GET /v1/models``."""

@@ -110,6 +110,7 @@ def test_adding_and_removing_need_the_admin_scope(hot: Hot) -> None:
         ({"sources": ["/etc"]}, 400, "sources", "'/etc'"),
         ({"sources": ["{models}/../x"]}, 400, "sources", "'..'"),
         ({"sources": ["https://example.com/m"]}, 400, "sources", "URL scheme"),
+        ({"sources": ["{models}/absent"]}, 400, "sources", "absent"),
         ({"family": None, "sources": "{models}/b"}, 400, "family", "give the spec's family"),
     ],
 )
@@ -244,6 +245,23 @@ def test_the_catalog_directory_is_watched(hot: Hot, capsys: pytest.CaptureFixtur
     with capsys.disabled():
         print(f"\nspec file to first answer: median {statistics.median(took):.2f}s of {took}")
     assert statistics.median(took) < 5.0  # the target: 2 s plus a tiny model's load
+
+
+def test_a_changed_spec_file_is_served_anew(hot: Hot) -> None:
+    model = "watch/changed"
+    f = write_spec(hot.catalog, model, hot.models / "b")
+    wait_for(lambda: hot.encode(model).status_code == 200, 20, f"{model} answering")
+
+    def max_seq_len() -> int | None:
+        r = httpx.get(hot.srv.url + "/v1/models", headers=hot.headers(INFER))
+        return next((m["max_seq_len"] for m in r.json()["data"] if m["id"] == model), None)
+
+    assert max_seq_len() == 16
+    write_spec(hot.catalog, model, hot.models / "b", max_seq_len=12)
+    wait_for(lambda: max_seq_len() == 12, 20, f"{model} served with its new spec")
+    assert hot.encode(model).status_code == 200
+    f.unlink()
+    wait_for(lambda: max_seq_len() is None, 20, f"{model} removed")
 
 
 def test_the_async_client_adds_and_removes(hot: Hot) -> None:
