@@ -53,7 +53,8 @@ class Catalog:
         return model_id in self._specs
 
     def __iter__(self) -> Iterator[ModelSpec]:
-        return iter(self._specs.values())
+        """A snapshot: a hot add or remove meanwhile never breaks a loop over it."""
+        return iter(list(self._specs.values()))
 
     def __len__(self) -> int:
         return len(self._specs)
