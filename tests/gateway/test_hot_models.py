@@ -112,6 +112,7 @@ def test_adding_and_removing_need_the_admin_scope(hot: Hot) -> None:
         ({"sources": ["https://example.com/m"]}, 400, "sources", "URL scheme"),
         ({"sources": ["{models}/absent"]}, 400, "sources", "absent"),
         ({"family": None, "sources": "{models}/b"}, 400, "family", "give the spec's family"),
+        ({"family": None, "sources": "{models}/absent"}, 400, "sources", "not present"),
     ],
 )
 def test_bad_specs_are_refused_naming_what_is_wrong(

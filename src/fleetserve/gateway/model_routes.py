@@ -122,7 +122,10 @@ class ModelRoutes:
             raise Conflict(f"model {model!r} is served already; remove it first", field="id")
         check_sources(sources, self.roots)
         if infer:
-            path = await asyncio.to_thread(self.locate, model, tuple(sources))
+            try:
+                path = await asyncio.to_thread(self.locate, model, tuple(sources))
+            except ModelNotFound as err:  # the source is the caller's input: a 400
+                raise InvalidInput(err.message, field="sources") from None
             fields = {**infer_fields(path, None), **fields}
         try:
             spec = ModelSpec.from_dict(fields)
