@@ -134,6 +134,14 @@ class HotModels:
             await self._remove(model)
             return True
 
+    # -- the fleet's bucket (distributed mode: queue.js_models) -------------------------
+    async def put(self, model: str, fields: dict[str, object]) -> None:
+        """The fleet serves ``model`` with spec ``fields``: here too (anew if changed)."""
+        spec = ModelSpec.from_dict(fields)
+        if model in self.catalog and not self.serves(spec):
+            await self.forget(model)
+        await self.adopt(spec, "the fleet's models bucket")
+
     # -- both -------------------------------------------------------------------------
     async def _serve(self, spec: ModelSpec) -> None:
         if spec.id in self.catalog:

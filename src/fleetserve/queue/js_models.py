@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetserve.models")
 OnPut = Callable[[str, dict[str, object]], Awaitable[None]]  # model, the spec's fields
-OnDelete = Callable[[str], Awaitable[None]]  # model
+OnDelete = Callable[[str], Awaitable[object]]  # model
 DELETES = ("DEL", "PURGE")
 
 

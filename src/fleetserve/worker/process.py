@@ -22,7 +22,7 @@ from msgspec import UNSET
 from rich.console import Console
 
 from ..assembly import build_catalog, build_profiles, load_or_report, log_choices
-from ..catalog import Catalog, ModelSpec
+from ..catalog import Catalog
 from ..cluster.presence import Registry, announce_forever
 from ..dashboard.fleet_local import worker_figures
 from ..lifecycle import Service, run_process
@@ -108,18 +108,8 @@ class WorkerProcess(Service):
         from ..queue.js_models import SharedModels
 
         hot = HotModels(self, self.settings, self.catalog, self.metrics, self.console, listing=list)
-
-        async def put(model: str, fields: dict[str, object]) -> None:
-            spec = ModelSpec.from_dict(fields)
-            if model in self.catalog and not hot.serves(spec):
-                await hot.forget(model)  # changed: served anew below
-            await hot.adopt(spec, "the fleet's models bucket")
-
-        async def delete(model: str) -> None:
-            await hot.forget(model)
-
         bucket = await SharedModels(js.context(), self.settings.queue_prefix).open()
-        self.spawn("models-watch", bucket.watch(put, delete))
+        self.spawn("models-watch", bucket.watch(hot.put, hot.forget))
 
     @property
     def ready(self) -> bool:
