@@ -32,6 +32,7 @@ from .settings import Settings
 from .stack import Stack
 from .wire import Conflict, InvalidInput
 from .worker import Worker
+from .worker.runner import Runner
 
 log = logging.getLogger("fleetserve.models")
 DRAIN_SLACK_S = 5.0  # past the longest request deadline: what a drain waits at most
@@ -72,6 +73,9 @@ class HotModels:
         self.catalog_dir = catalog_dir
         self.tracked = tracked
         self.written: dict[str, Path] = {}  # the spec files this process wrote, by id
+        # lets an added runner serve LoRA adapters (adapters_setup.Hosting.host), once
+        # the process hosts them
+        self.hosting: Callable[[Runner], None] | None = None
         self.lock = asyncio.Lock()  # one change at a time
         s = settings
         self.drain_s = max(s.request_timeout, s.generation_timeout, s.max_request_timeout)
@@ -149,6 +153,8 @@ class HotModels:
         stack, worker = self.served.served_stack(), self.served.served_worker()
         choice = stack.profiles.choose(spec)
         runner = build_runner(spec, self.settings, self.metrics, choice)
+        if self.hosting is not None:
+            self.hosting(runner)
         stack.choices[spec.id], stack.runners[spec.id] = choice, runner
         stack.fleet.add(runner)
         if runner.eager:  # pinned: loaded before it is listed (the others on first use)

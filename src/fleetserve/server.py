@@ -159,7 +159,8 @@ class EmbeddedServer(Service):
         if self.adapters is not None:  # the runners as tuning left them
             from .adapters_setup import host_adapters
 
-            host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
+            hosting = host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
+            self.hot.hosting = hosting.host  # hot-added models serve adapters too
         await self._load_models()
         if self.adapters is not None:
             from .adapters_setup import prepare_hosts

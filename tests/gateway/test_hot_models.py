@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 
@@ -25,6 +26,7 @@ from fleetserve.gateway.auth import hash_key
 from fleetserve.worker.compute import compute_executor
 
 from ..conftest import TINY, ServerThread, tiny_settings
+from ..tiny_lora import make_lora
 from ..tinymodels import build_bert, write_spec
 from ..waiting import wait_for
 
@@ -263,6 +265,20 @@ def test_a_changed_spec_file_is_served_anew(hot: Hot) -> None:
     assert hot.encode(model).status_code == 200
     f.unlink()
     wait_for(lambda: max_seq_len() is None, 20, f"{model} removed")
+
+
+def test_a_hot_added_model_serves_lora_adapters(hot: Hot, tmp_path: Path) -> None:
+    model = "hot/lora-base"
+    lora = make_lora(hot.models / "b", tmp_path / "lora", rank=2, seed=3)
+    with hot.client() as client:
+        client.add_model(spec(model, hot.models / "b"))
+        info = client.upload_adapter(lora, "style", base=model)
+        plain = client.encode(model, TEXTS)
+        tuned = client.encode(model, TEXTS, adapter=info["id"])
+        client.delete_adapter(info["id"])
+        client.remove_model(model)
+    assert plain.shape == tuned.shape == (2, 32)
+    assert not np.allclose(plain, tuned, atol=1e-4)  # the adapter ran
 
 
 def test_the_async_client_adds_and_removes(hot: Hot) -> None:

@@ -36,7 +36,7 @@ from .loop import Worker
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-    from ..adapters_setup import Adapters
+    from ..adapters_setup import Adapters, Hosting
 
 
 class DeviceProcess(Service):
@@ -56,6 +56,7 @@ class DeviceProcess(Service):
         self.tracer = open_tracer(settings, "worker")  # the null one unless --tracing
         self.catalog = catalog = build_catalog(settings)
         self.adapters: Adapters | None = None
+        self.hosting: Hosting | None = None  # the adapters' tiers, for hot-added runners too
         self._nats: Client | None = None
         self._models_nats: Client | None = None  # the fleet's models bucket
         self.stack = stack = build_stack(settings, catalog, self.metrics, console)
@@ -94,6 +95,7 @@ class DeviceProcess(Service):
             retry_for=self.settings.nats_connect_timeout,
         )
         hot = HotModels(self, self.settings, self.catalog, self.metrics, self.console, listing=list)
+        hot.hosting = self.hosting.host if self.hosting is not None else None
         bucket = await SharedModels(nc.jetstream(), self.settings.queue_prefix).open()
         self.spawn("models-watch", bucket.watch(hot.put, hot.forget))
 
@@ -122,7 +124,7 @@ class DeviceProcess(Service):
         self.adapters = await open_registry(self.settings, self.catalog, nats=nats, declared=False)
         node = f"{self.settings.worker_id or socket.gethostname()}-{self.device}"
         registry = self.adapters.registry
-        host_adapters(self.settings, registry, self.runners, self.fleet, node=node)
+        self.hosting = host_adapters(self.settings, registry, self.runners, self.fleet, node=node)
         await prepare_hosts(self.settings, self.runners)
 
     def _tune_in_background(self) -> None:

@@ -43,7 +43,7 @@ log = logging.getLogger("fleetserve.worker")
 
 
 if TYPE_CHECKING:
-    from ..adapters_setup import Adapters
+    from ..adapters_setup import Adapters, Hosting
     from ..bench.tune.background import BackgroundTuner
     from ..lora.jobs.queue import JobQueue
     from ..queue import JetStreamQueue
@@ -75,6 +75,7 @@ class WorkerProcess(Service):
         self.peers = Registry()  # the other workers' heartbeats: what they hold
         self.worker: Worker | None = None
         self.adapters: Adapters | None = None
+        self.hosting: Hosting | None = None  # the adapters' tiers, for hot-added runners too
         self.jobs: JobQueue | None = None
         self.js: JetStreamQueue | None = None
         self.port = 0
@@ -108,6 +109,7 @@ class WorkerProcess(Service):
         from ..queue.js_models import SharedModels
 
         hot = HotModels(self, self.settings, self.catalog, self.metrics, self.console, listing=list)
+        hot.hosting = self.hosting.host if self.hosting is not None else None
         bucket = await SharedModels(js.context(), self.settings.queue_prefix).open()
         self.spawn("models-watch", bucket.watch(hot.put, hot.forget))
 
@@ -163,7 +165,9 @@ class WorkerProcess(Service):
         # adapters uploaded through any gateway: from the NATS object store by default
         self.adapters = await open_registry(self.settings, self.catalog, nats=nc, declared=False)
         registry = self.adapters.registry
-        host_adapters(self.settings, registry, self.runners, self.fleet, node=self.node)
+        self.hosting = host_adapters(
+            self.settings, registry, self.runners, self.fleet, node=self.node
+        )
         await prepare_hosts(self.settings, self.runners)
         self.worker = worker = build_worker(
             self.stack,
