@@ -65,6 +65,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "assembly",
             "stack",
+            "hot_models",
+            "catalog_watch",
             "adapters_setup",
             "finetune_setup",
             "gateway_setup",

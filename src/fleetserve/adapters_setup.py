@@ -74,13 +74,26 @@ async def prepare_hosts(settings: Settings, runners: Mapping[str, Runner]) -> No
                 log.warning("%s: no torch copy for adapters: %s", model, exc)
 
 
+@dataclass(frozen=True)
+class Hosting:
+    """Where a process's runners find their adapters (the warm tier on this disk) and
+    keep them hot (the hot tier); a runner added later (a hot add) is hosted with
+    ``host``."""
+
+    cache: AdapterCache
+    tier: HotTier
+
+    def host(self, runner: Runner) -> None:
+        runner.host_adapters(self.cache, self.tier)
+
+
 def host_adapters(
     settings: Settings,
     registry: AdapterRegistry,
     runners: Mapping[str, Runner],
     fleet: Fleet,
     node: str = "",
-) -> HotTier:
+) -> Hosting:
     """Let every runner that can host adapters serve them: the warm tier on this disk,
     the hot tier within ``adapter_hot_bytes`` of the fleet's memory budget, whose
     bytes count against that budget."""
@@ -88,7 +101,8 @@ def host_adapters(
     cap = parse_size(settings.adapter_hot_bytes, limit=fleet.budget)
     tier = HotTier(cap)
     fleet.adapters = lambda: tier.held
+    hosting = Hosting(cache, tier)
     for r in runners.values():
-        r.host_adapters(cache, tier)
+        hosting.host(r)
     log.info("adapters: %s hot, %s on disk", mib(cap), mib(cache.max_bytes))
-    return tier
+    return hosting

@@ -19,12 +19,14 @@ if TYPE_CHECKING:
     from .gateway.finetune import FineTuneRoutes
 from .bench.tune.quick import wanted as quick_wanted
 from .catalog.sources import is_present
+from .catalog_watch import CatalogWatch
 from .families.base import AnyFamily, Embeds
 from .gateway import Gateway
 from .gateway.auth import Authenticator
 from .gateway.request_limits import RequestLimits
 from .gateway.wiring import Hooks, Routes
 from .gateway_setup import build_dashboard
+from .hot_models import HotModels, writable_dir
 from .lifecycle import Service, run_process
 from .logs.summary import ready_summary
 from .metrics import Metrics
@@ -64,6 +66,15 @@ class EmbeddedServer(Service):
         self.background = self._background(env)  # --tune auto
         self.worker = self._new_worker()
         self.dashboard = build_dashboard(settings, self.auth)
+        self.hot = HotModels(  # POST /v1/models, DELETE /v1/models/{id}, the watcher
+            self, settings, self.catalog, self.metrics, self.console,
+            listing=self.models_info, catalog_dir=writable_dir(settings), tracked=self._tracked,
+        )  # fmt: skip
+        self.watch = (  # the catalog directory's files as read now: those served
+            CatalogWatch(Path(settings.catalog).expanduser(), self.hot)
+            if settings.catalog and settings.watch_catalog
+            else None
+        )
         self.gateway: Gateway | None = None  # at start: with the adapters and fine-tuning
         self.port = 0
         self.adapters: Adapters | None = None
@@ -75,6 +86,20 @@ class EmbeddedServer(Service):
     async def _release_keep_alive(self, model: str) -> float:
         """An admin ends ``model``'s keep-alive (the fleet now: quick tuning rebuilds it)."""
         return self.fleet.release_keep_alive(model)
+
+    def served_stack(self) -> Stack:
+        """What serves the models now (``hot_models.Served``)."""
+        return self.stack
+
+    def served_worker(self) -> Worker:
+        return self.worker
+
+    def _tracked(self, model: str, added: bool) -> None:
+        """A hot add or remove: the background tuner looks at the model, or no more."""
+        if self.background is not None and added:  # a removed one's state stays: harmless
+            from .bench.tune.states import State as TuneState
+
+            self.background.states.setdefault(model, TuneState())
 
     def alive(self) -> bool:
         """No worker stage crashed and no task died (``/healthz`` says 503 otherwise)."""
@@ -134,7 +159,8 @@ class EmbeddedServer(Service):
         if self.adapters is not None:  # the runners as tuning left them
             from .adapters_setup import host_adapters
 
-            host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
+            hosting = host_adapters(self.settings, self.adapters.registry, self.runners, self.fleet)
+            self.hot.hosting = hosting.host  # hot-added models serve adapters too
         await self._load_models()
         if self.adapters is not None:
             from .adapters_setup import prepare_hosts
@@ -144,6 +170,8 @@ class EmbeddedServer(Service):
         task = self.spawn("worker", self.worker.run())  # a crash shows in /healthz, not an exit
         await until_running(self.worker, task)
         await self._start_training()
+        if self.watch is not None:
+            self.spawn("catalog-watch", self.watch.run())
         if self.background is not None:  # after the start: the server is ready at once
             self.spawn("tuner", self.background.run())
         else:  # it does not tune; a neighbour's tune steps aside for its load
@@ -190,7 +218,7 @@ class EmbeddedServer(Service):
                 interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
                 release_keep_alive=self._release_keep_alive,
             ),
-            routes=Routes(self.adapters.routes, self.adapters.calls, finetune),
+            routes=Routes(self.adapters.routes, self.adapters.calls, finetune, self.hot),
             dashboard=self.dashboard,
             authenticator=self.auth,
             tracer=self.tracer,

@@ -33,6 +33,17 @@ class Settings(Limits, Background):
     catalog: str = setting(
         "", "Extra catalog directory of model spec YAML files.", groups="catalog"
     )
+    watch_catalog: bool = setting(
+        True, "Watch --catalog while serving: a spec file that appears or changes there is "
+        "served without a restart, one removed is drained and unloaded (false: read at start).",
+        groups="catalog",
+    )  # fmt: skip
+    model_roots: str = setting(
+        "~/models", "Comma-separated directories (and s3://bucket/prefix prefixes) that "
+        "POST /v1/models may name as a model's sources; package: and hf: sources are always "
+        "allowed, any other path or URL is refused (400).",
+        groups="catalog",
+    )  # fmt: skip
     device: str = setting(
         "auto", "Device for the runtime: auto, cpu, cuda or cuda:N.", groups="runtime device"
     )
@@ -300,6 +311,9 @@ class Settings(Limits, Background):
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
+
+    def model_root_list(self) -> list[str]:
+        return [r.strip() for r in self.model_roots.split(",") if r.strip()]
 
     def device_list(self) -> list[str]:
         return [d.strip() for d in self.devices.split(",") if d.strip()]

@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from fleetserve.gateway import adapter_routes, keepalive
+from fleetserve.gateway import adapter_routes, keepalive, model_routes
 from fleetserve.gateway import app as app_mod
 from fleetserve.gateway import finetune as finetune_routes
 from fleetserve.gateway import openapi_types as types
@@ -91,6 +91,7 @@ def router_routes(server: ServerThread) -> list[tuple[str, str]]:
     ]
     routes += [("post", finetune_routes.FILES), ("get", finetune_routes.FILES)]
     routes += [("delete", keepalive.PREFIX + "{model}" + keepalive.SUFFIX)]
+    routes += [("post", model_routes.PREFIX), ("delete", model_routes.PREFIX + "/{id}")]
     routes += [("post", finetune_routes.JOBS), ("get", finetune_routes.JOBS)]
     return routes
 

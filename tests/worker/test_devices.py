@@ -156,7 +156,10 @@ def test_device_helpers() -> None:
 def stack(nats_server: NatsServer, tiny_catalog: Path) -> Iterator[tuple[GatewayThread, str]]:
     prefix = f"devices{next(_prefixes)}"
     common = {"nats": nats_server.url, "queue_prefix": prefix, "stream_storage": "memory"}
-    gw = GatewayThread(tiny_settings(tiny_catalog, request_timeout=20, **common)).start()
+    roots = str(tiny_catalog.parent)  # a hot add may name the tiny model's directory
+    gw = GatewayThread(
+        tiny_settings(tiny_catalog, request_timeout=20, model_roots=roots, **common)
+    ).start()
     cmd = [sys.executable, "-m", "fleetserve", "worker", "--devices", "cpu:0,cpu:1"]
     cmd += ["--catalog", str(tiny_catalog), "--models", TINY, "--worker-id", "dw"]
     cmd += ["--nats", nats_server.url, "--queue-prefix", prefix, "--stream-storage", "memory"]
@@ -322,6 +325,25 @@ def test_a_multi_device_host_releases_its_devices_keep_alives_at_once(
     r = httpx.delete(f"{gw.url}/v1/models/{TINY}/keep-alive", timeout=10)
     assert r.status_code == 200 and r.json()["released"] is True, r.text
     assert 0 < r.json()["left_s"] <= 60 and time.monotonic() - start < 0.9
+
+
+def test_the_device_processes_follow_a_hot_add_and_remove(
+    stack: tuple[GatewayThread, str], tiny_catalog: Path
+) -> None:
+    """A model added at the gateway (the fleet's models bucket) is served by the device
+    processes of a multi-device worker, and goes with its removal."""
+    gw, wid = stack
+    wait_for(lambda: bool((gw.beat(wid) or {}).get("ready")), 30, "the devices to be ready")
+    model = "hot/on-devices"
+    spec = {"id": model, "sources": [str(tiny_catalog.parent / "model")], "family": "dense"}
+    r = httpx.post(f"{gw.url}/v1/models", json={**spec, "max_seq_len": 16}, timeout=30)
+    assert r.status_code == 201, r.text
+    body = {"inputs": ["on a device"]}
+    r = httpx.post(f"{gw.url}/v1/encode/{model}", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert httpx.delete(f"{gw.url}/v1/models/{model}", timeout=30).status_code == 200
+    r = httpx.post(f"{gw.url}/v1/encode/{model}", json=body, timeout=30)
+    assert r.status_code == 404 and repr(model) in r.json()["error"]["message"]
 
 
 @pytest.mark.services  # a device process: a worker's child that serves

@@ -53,13 +53,33 @@ class Catalog:
         return model_id in self._specs
 
     def __iter__(self) -> Iterator[ModelSpec]:
-        return iter(self._specs.values())
+        """A snapshot: a hot add or remove meanwhile never breaks a loop over it."""
+        return iter(list(self._specs.values()))
 
     def __len__(self) -> int:
         return len(self._specs)
 
     def restrict(self, ids: Iterable[str]) -> Catalog:
         return Catalog(self.get(i) for i in ids)
+
+    def add(self, spec: ModelSpec) -> None:
+        """Serve ``spec`` from now on (a hot add: the caller checked that its id is new)."""
+        self._specs[spec.id] = spec
+
+    def discard(self, model_id: str) -> None:
+        """Serve ``model_id`` no longer (a hot remove); nothing if it is not here."""
+        self._specs.pop(model_id, None)
+
+
+def read_spec(f: Path) -> ModelSpec:
+    """One spec file, validated as ``Catalog.load`` does: a one-line ``ValueError``
+    naming the file and the key (the catalog directory's watcher reads files here)."""
+    return _parse(_read(f), str(f))
+
+
+def spec_files(d: Path) -> list[Path]:
+    """The spec files (``*.yaml``, ``*.yml``) of catalog directory ``d``."""
+    return _spec_files(d)
 
 
 def _spec_files(d: Path) -> list[Path]:
@@ -106,5 +126,7 @@ __all__ = [
     "ModelSpec",
     "Profile",
     "is_present",
+    "read_spec",
     "resolve",
+    "spec_files",
 ]

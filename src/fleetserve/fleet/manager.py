@@ -62,6 +62,15 @@ class Fleet:
     def add(self, member: Member) -> None:
         self._slots[member.model_id] = Slot(member)
 
+    def remove(self, model: str) -> None:
+        """A hot remove, once its work has drained: unloaded if resident, then gone."""
+        s = self._slots.get(model)
+        if s is not None and s.record is not None:
+            self._evict(s, "removed")
+        self._slots.pop(model, None)
+        self._changed.set()
+        self._gauges()
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._slots)
 

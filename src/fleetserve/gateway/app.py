@@ -41,6 +41,8 @@ from .disconnect import Watched
 from .errors import body_response, crashed, error_response, stamped
 from .http import Receive, Scope, Send, declared_length, header, read_body, respond
 from .keepalive import Grant, KeepAlives, released_model
+from .model_routes import ModelRoutes
+from .model_routes import handles as model_admin
 from .request_limits import RequestLimits
 from .request_memory import RequestMemory, Reservation
 from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests read it)
@@ -77,6 +79,10 @@ class Gateway:
         self.finetune = routes.finetune  # /v1/files, /v1/fine_tuning/: it checks scopes itself
         self.tracer = tracer or NULL_TRACER  # spans per request (fleetserve.tracing)
         self.calls = routes.calls  # resolves the adapter a request calls (None: no adapters)
+        # POST /v1/models, DELETE /v1/models/{id}: hot add and remove (None: not here)
+        self.models = (
+            None if routes.models is None else ModelRoutes.of(routes.models, catalog, settings)
+        )
         # a model's interactive threshold (its profile's), in predicted tokens
         self.interactive_cost = hooks.interactive_cost
         self.settings = settings
@@ -164,6 +170,9 @@ class Gateway:
                     released, self.catalog, self.release_keep_alive
                 )
                 await respond(send, *body_response(200, body, accept))
+            elif self.models is not None and model_admin(method, path):
+                assert principal is not None
+                await self.models(scope, receive, send, principal)
             elif self.adapters is not None and is_adapters(path):
                 assert principal is not None
                 await self.adapters(scope, receive, send, principal)
@@ -182,6 +191,7 @@ class Gateway:
                     adapters=self.adapters is not None,
                     finetune=self.finetune is not None,
                     views=[(v.prefix, v.name) for v in views],
+                    models=self.models is not None,
                 )
                 await respond(send, 200, [(b"content-type", b"application/json")], CACHE.get(ops))
             elif self.dashboard is not None and self.dashboard.handles(path):  # its events too

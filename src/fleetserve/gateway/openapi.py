@@ -20,6 +20,7 @@ from .openapi_routes import (
     DASHBOARD,
     FINETUNE,
     INFERENCE,
+    MODELS,
     SERVICE,
     Bodies,
     Op,
@@ -49,11 +50,15 @@ _ERROR_MEDIA = ("application/json", "application/msgpack")
 
 
 def operations(
-    *, adapters: bool = True, finetune: bool = True, views: Iterable[tuple[str, str]] = ()
+    *,
+    adapters: bool = True,
+    finetune: bool = True,
+    views: Iterable[tuple[str, str]] = (),
+    models: bool = True,
 ) -> list[Op]:
-    """The routes of a server: with or without adapters and fine-tuning, and the
-    dashboard views given as ``(prefix, name)``."""
-    ops = [*SERVICE, *INFERENCE, *DASHBOARD]
+    """The routes of a server: with or without adapters, fine-tuning and hot model
+    changes (``models``), and the dashboard views given as ``(prefix, name)``."""
+    ops = [*SERVICE, *(MODELS if models else ()), *INFERENCE, *DASHBOARD]
     for prefix, name in views:
         ops.extend(view_ops(prefix, name))
     if adapters:

@@ -175,6 +175,25 @@ SERVICE: tuple[Op, ...] = (
                      "A catalog model id (it may contain '/').", required=True),)),
 )  # fmt: skip
 
+# hot add and remove (gateway/model_routes.py): the body is a catalog spec's mapping
+MODEL_ID = Param(
+    "id",
+    "path",
+    {"type": "string", "minLength": 1},
+    "A served model's id (it may contain '/').",
+    required=True,
+)
+MODELS: tuple[Op, ...] = (
+    Op("post", "/v1/models", "model_add",
+       "Serve a model without a restart (admin): a catalog spec's fields (id, sources, "
+       "family...), or a source alone to infer them; sources are held to --model-roots",
+       "service", _same(t.ModelCard), 201, _same(dict[str, Any]), ADMIN_ERRORS),
+    Op("delete", "/v1/models/{id}", "model_remove",
+       "Remove a model (admin): its queued requests get 404, those under way finish, "
+       "then it is unloaded", "service", _same(t.ModelDeleted), errors=ADMIN_ERRORS,
+       params=(MODEL_ID,)),
+)  # fmt: skip
+
 DASHBOARD: tuple[Op, ...] = (
     Op("get", "/dashboard", "dashboard", "The web page", "dashboard", {HTML: str},
        extra={304: {}}),

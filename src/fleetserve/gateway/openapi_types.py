@@ -76,6 +76,12 @@ class ModelList(msgspec.Struct):
     data: list[ModelCard]
 
 
+class ModelDeleted(msgspec.Struct):
+    id: str
+    object: str  # "model"
+    deleted: bool
+
+
 class KeepAliveReleased(msgspec.Struct):
     id: str
     object: str

@@ -30,6 +30,7 @@ from ..wire import Unavailable
 from .app import Gateway
 from .auth import Authenticator
 from .request_limits import RequestLimits
+from .shared_models import SharedAdmin
 from .wiring import Hooks, Routes
 
 if TYPE_CHECKING:
@@ -132,6 +133,11 @@ class GatewayProcess(Service):
 
         tuning = await open_finetuning(self.settings, self.catalog, self.adapters.registry, nats=nc)
         self.jobs = tuning.queue
+        from ..queue.js_models import SharedModels  # hot adds and removes, fleet-wide
+
+        bucket = await SharedModels(js.context(), self.settings.queue_prefix).open()
+        models = SharedAdmin(bucket, self.catalog, self.models_info)
+        self.spawn("models-watch", bucket.watch(models.on_put, models.on_delete))
         self.gateway = Gateway(
             self.settings,
             self.catalog,
@@ -150,6 +156,7 @@ class GatewayProcess(Service):
                 adapters=self.adapters.routes,
                 calls=self.adapters.calls,
                 finetune=routes(self.settings, tuning, self.adapters.routes.uploads),
+                models=models,
             ),
             dashboard=self.dashboard,
             authenticator=self.auth,

@@ -20,6 +20,7 @@ from .http import Receive, Scope, Send
 
 if TYPE_CHECKING:
     from .finetune import FineTuneRoutes
+    from .model_routes import ModelAdmin
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -53,11 +54,13 @@ class Hooks:
 class Routes:
     """The optional routes: ``adapters`` serves ``/v1/adapters[/...]`` and ``finetune``
     ``/v1/files`` and ``/v1/fine_tuning/`` (each checks scopes itself); ``calls``
-    resolves the adapter a request calls. None: not served here."""
+    resolves the adapter a request calls; ``models`` adds and removes models
+    (``POST /v1/models``, ``DELETE /v1/models/{id}``). None: not served here."""
 
     adapters: PrincipalApp | None = None
     calls: AdapterCalls | None = None
     finetune: FineTuneRoutes | None = None
+    models: ModelAdmin | None = None
 
 
 NO_ROUTES = Routes()

@@ -7,6 +7,7 @@ Same methods, arguments, return types and errors; see :mod:`fleetserve.sdk.clien
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
@@ -17,6 +18,7 @@ from ..wire import Priority
 from . import _adapters as a
 from . import _calls as k
 from . import _common as c
+from . import _models as m
 from ._chunks import sizes_if_large
 from ._finetune import AsyncFineTuneMethods
 from ._pipeline import Bar, in_tasks
@@ -247,6 +249,22 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
     async def delete_adapter(self, adapter: str, *, timeout: float | None = None) -> list[str]:
         """Delete a version, or every version of ``tenant/name``; returns the ids."""
         return await self._send(a.delete(adapter), timeout)
+
+    # -- models (POST /v1/models, DELETE /v1/models/{id}: admin) -------------------
+    async def add_model(
+        self, spec: Mapping[str, object], *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Serve a model on the running server without a restart: ``spec`` holds a
+        catalog spec's fields (``id``, ``sources``, ``family``...), or ``{"source":
+        DIR}`` alone for the server to infer them. Returns its ``GET /v1/models``
+        entry; ``Conflict`` if the id is served, ``InvalidInput`` naming a bad key or
+        a source outside the server's ``--model-roots``."""
+        return await self._send(m.add(spec), timeout)
+
+    async def remove_model(self, model: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Remove ``model``: its queued requests get 404, those under way finish (the
+        call waits for them: give a ``timeout`` past the longest), then it is unloaded."""
+        return await self._send(m.remove(model), timeout)
 
     async def _send(self, req: a.Request[T], timeout: float | None) -> T:
         t = self._t(timeout)

@@ -32,6 +32,8 @@ Methods (the async client's are coroutines with the same arguments):
   ``get_fine_tuning_job``, ``list_fine_tuning_jobs``, ``fine_tuning_events``,
   ``cancel_fine_tuning_job``, ``wait_fine_tuning_job`` and ``fine_tune`` (upload,
   create, wait); see :mod:`fleetserve.sdk._finetune`.
+- ``add_model(spec)`` and ``remove_model(id)`` (admin): serve a model on the running
+  server without a restart (``spec``: a catalog spec's fields), or remove it.
 
 Long lists: a call of more than a few dozen items (or 64 KiB) on ``encode``,
 ``encode_multivector``, ``encode_sparse``, ``score``, ``rerank`` or ``extract`` goes
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
@@ -62,6 +65,7 @@ from ..wire import Priority
 from . import _adapters as a
 from . import _calls as k
 from . import _common as c
+from . import _models as m
 from ._chunks import sizes_if_large
 from ._finetune import FineTuneMethods
 from ._pipeline import Bar, in_threads
@@ -293,6 +297,22 @@ class Client(FineTuneMethods, c.BaseClient):
     def delete_adapter(self, adapter: str, *, timeout: float | None = None) -> list[str]:
         """Delete a version, or every version of ``tenant/name``; returns the ids."""
         return self._send(a.delete(adapter), timeout)
+
+    # -- models (POST /v1/models, DELETE /v1/models/{id}: admin) -------------------
+    def add_model(
+        self, spec: Mapping[str, object], *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Serve a model on the running server without a restart: ``spec`` holds a
+        catalog spec's fields (``id``, ``sources``, ``family``...), or ``{"source":
+        DIR}`` alone for the server to infer them. Returns its ``GET /v1/models``
+        entry; ``Conflict`` if the id is served, ``InvalidInput`` naming a bad key or
+        a source outside the server's ``--model-roots``."""
+        return self._send(m.add(spec), timeout)
+
+    def remove_model(self, model: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Remove ``model``: its queued requests get 404, those under way finish (the
+        call waits for them: give a ``timeout`` past the longest), then it is unloaded."""
+        return self._send(m.remove(model), timeout)
 
     def _send(self, req: a.Request[T], timeout: float | None) -> T:
         t = self._t(timeout)

@@ -26,7 +26,7 @@ from ..lifecycle import Service
 from ..metrics import Metrics
 from ..queue.local import LocalQueueClient
 from ..settings import Settings
-from ..stack import ack_waits, build_stack, build_worker, until_running
+from ..stack import Stack, ack_waits, build_stack, build_worker, until_running
 from ..tracing import open_tracer
 from ..wire import FleetError
 from .cores import core_share, usable_cores
@@ -36,7 +36,7 @@ from .loop import Worker
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-    from ..adapters_setup import Adapters
+    from ..adapters_setup import Adapters, Hosting
 
 
 class DeviceProcess(Service):
@@ -56,7 +56,9 @@ class DeviceProcess(Service):
         self.tracer = open_tracer(settings, "worker")  # the null one unless --tracing
         self.catalog = catalog = build_catalog(settings)
         self.adapters: Adapters | None = None
+        self.hosting: Hosting | None = None  # the adapters' tiers, for hot-added runners too
         self._nats: Client | None = None
+        self._models_nats: Client | None = None  # the fleet's models bucket
         self.stack = stack = build_stack(settings, catalog, self.metrics, console)
         self.profiles, self.choices = stack.profiles, stack.choices
         self.runners, self.fleet = stack.runners, stack.fleet
@@ -68,6 +70,34 @@ class DeviceProcess(Service):
     def _release_keep_alive(self, model: str) -> float | None:
         """``model``'s keep-alive here ends; the seconds it had left (None: not served)."""
         return self.fleet.release_keep_alive(model) if model in self.runners else None
+
+    def served_stack(self) -> Stack:
+        """What serves the models (``hot_models.Served``)."""
+        return self.stack
+
+    def served_worker(self) -> Worker:
+        if self.worker is None:
+            raise RuntimeError("the worker is not built yet")
+        return self.worker
+
+    async def _watch_models(self) -> None:
+        """The fleet's hot adds and removes (``queue.js_models``), over a NATS
+        connection of this process's own: the parent pulls whatever models it asks for."""
+        if not self.settings.nats:
+            return
+        from ..hot_models import HotModels
+        from ..queue.js_models import SharedModels
+        from ..queue.nats_conn import connect
+
+        self._models_nats = nc = await connect(
+            self.settings.nats,
+            name=f"fleetserve-{self.device}-models",
+            retry_for=self.settings.nats_connect_timeout,
+        )
+        hot = HotModels(self, self.settings, self.catalog, self.metrics, self.console, listing=list)
+        hot.hosting = self.hosting.host if self.hosting is not None else None
+        bucket = await SharedModels(nc.jetstream(), self.settings.queue_prefix).open()
+        self.spawn("models-watch", bucket.watch(hot.put, hot.forget))
 
     @property
     def ready(self) -> bool:
@@ -94,7 +124,7 @@ class DeviceProcess(Service):
         self.adapters = await open_registry(self.settings, self.catalog, nats=nats, declared=False)
         node = f"{self.settings.worker_id or socket.gethostname()}-{self.device}"
         registry = self.adapters.registry
-        host_adapters(self.settings, registry, self.runners, self.fleet, node=node)
+        self.hosting = host_adapters(self.settings, registry, self.runners, self.fleet, node=node)
         await prepare_hosts(self.settings, self.runners)
 
     def _tune_in_background(self) -> None:
@@ -137,6 +167,7 @@ class DeviceProcess(Service):
             )
             task = self.spawn("worker", self.worker.run(), essential=True)
             await until_running(self.worker, task)
+            await self._watch_models()
             self.queue.announce(
                 {
                     "index": self.index,
@@ -155,8 +186,9 @@ class DeviceProcess(Service):
             await self.queue.close()
             if self.adapters is not None:
                 await self.adapters.close()
-            if self._nats is not None:
-                await self._nats.close()
+            for nc in (self._nats, self._models_nats):
+                if nc is not None:
+                    await nc.close()
             if self.worker is not None:
                 self.worker.close()
             self.tracer.shutdown()

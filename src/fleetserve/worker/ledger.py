@@ -104,6 +104,11 @@ class Ledger:
     def parked(self) -> list[Message]:
         return [r.msg for r in self._parked.values()]
 
+    def holds(self, model: str) -> int:
+        """How many messages for ``model`` are held here (parked or not yet settled)."""
+        parked = sum(r.msg.envelope.model == model for r in self._parked.values())
+        return parked + sum(j.msg.envelope.model == model for j in self._jobs.values())
+
     def waiting_tokens(self) -> int:
         """Tokens of what waits for a load: parked messages and jobs heating an adapter."""
         msgs = [*self.parked(), *(j.msg for j in self._heating())]

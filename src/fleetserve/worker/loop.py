@@ -37,6 +37,7 @@ from .cancel import Canceller
 from .ledger import Ledger
 from .parts import Parts, outputs_body, plan, prepared_of
 from .records import Record
+from .retire import drained, removed
 from .runner import Runner
 
 log = logging.getLogger("fleetserve.worker")
@@ -97,6 +98,8 @@ class Worker:
         )
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="worker-cpu")
         self._tg: asyncio.TaskGroup | None = None
+        self._runs: dict[str, asyncio.Task[None]] = {}  # each model's batch loop
+        self._retiring: set[str] = set()  # hot removes: new work is answered 404
         # work whose client went away stops wherever it is
         self.cancels = Canceller(queue, metrics, self.ledger)
 
@@ -138,8 +141,8 @@ class Worker:
                 self.running = True
                 self.started.set()
                 self.metrics.worker_up.set(1)
-                for r in self.runners.values():
-                    tg.create_task(r.run(self.ledger))
+                for m, r in self.runners.items():
+                    self._runs[m] = tg.create_task(r.run(self.ledger))
                 tg.create_task(self._pull_loop())
                 if self.keepalive:
                     tg.create_task(self.ledger.keepalive(self.keepalive))
@@ -167,9 +170,9 @@ class Worker:
         full, only interactive work comes in (it goes first), polled every
         ``FULL_POLL`` seconds until room frees up: a query never waits in the queue
         behind the bulk work this worker already holds."""
-        models = list(self.runners)
-        high_water = 2 * self.pull_budget
         while True:
+            models = list(self.runners)  # hot adds and removes change them
+            high_water = 2 * self.pull_budget
             for m in models:
                 self.metrics.queue_depth.labels(m).set(self.queue.depth(m))
             pending = self._pending_tokens()
@@ -199,6 +202,9 @@ class Worker:
         env = msg.envelope
         self.tracer.pulled(env, msg.attempts)  # its wait in the queue ends here
         if await self.cancels.pulled(msg):  # its client went away while it was queued
+            return
+        if env.model in self._retiring:  # removed: what had not started gets a 404
+            await self.ledger.answer(msg, removed(env.model))
             return
         runner = self.runners.get(env.model)
         if runner is None:
@@ -361,6 +367,26 @@ class Worker:
             "inference_ms": job.infer_s * 1e3,
         }
         await self.ledger.reply(job, body, timings, done)
+
+    # -- hot add and remove (worker/retire.py) ---------------------------------
+    def add_runner(self, runner: Runner) -> None:
+        """A hot add: serve ``runner``'s model from now on (the fleet holds it already)."""
+        self.runners[runner.model_id] = runner
+        if self._tg is not None:
+            self._runs[runner.model_id] = self._tg.create_task(runner.run(self.ledger))
+
+    async def retire(self, model: str, timeout: float) -> bool:
+        """A hot remove: what is queued for ``model`` is answered 404 naming it, what
+        is held finishes (``timeout``: past the longest deadline), then its batch loop
+        stops and the fleet unloads it. False if the drain timed out."""
+        self._retiring.add(model)  # stays so if cancelled: the model is leaving anyway
+        done = await drained(self.ledger, self.queue, model, timeout)
+        self._retiring.discard(model)
+        if (task := self._runs.pop(model, None)) is not None:
+            task.cancel()
+        self.fleet.remove(model)
+        self.runners.pop(model).close()
+        return done
 
     def close(self) -> None:
         for r in self.runners.values():

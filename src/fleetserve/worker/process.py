@@ -31,7 +31,7 @@ from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats, watch_broker
 from ..queue.js_release import serve_releases
 from ..settings import Settings
-from ..stack import ack_waits, build_stack, build_worker, until_running
+from ..stack import Stack, ack_waits, build_stack, build_worker, until_running
 from ..tracing import open_tracer
 from ..wire.heartbeat import Heartbeat, Memory, ModelBeat
 from .affinity import Affinity
@@ -43,7 +43,7 @@ log = logging.getLogger("fleetserve.worker")
 
 
 if TYPE_CHECKING:
-    from ..adapters_setup import Adapters
+    from ..adapters_setup import Adapters, Hosting
     from ..bench.tune.background import BackgroundTuner
     from ..lora.jobs.queue import JobQueue
     from ..queue import JetStreamQueue
@@ -75,6 +75,7 @@ class WorkerProcess(Service):
         self.peers = Registry()  # the other workers' heartbeats: what they hold
         self.worker: Worker | None = None
         self.adapters: Adapters | None = None
+        self.hosting: Hosting | None = None  # the adapters' tiers, for hot-added runners too
         self.jobs: JobQueue | None = None
         self.js: JetStreamQueue | None = None
         self.port = 0
@@ -91,6 +92,26 @@ class WorkerProcess(Service):
     def _release_keep_alive(self, model: str) -> float | None:
         """A gateway's release: ``model``'s keep-alive here ends (None: not served here)."""
         return self.fleet.release_keep_alive(model) if model in self.runners else None
+
+    def served_stack(self) -> Stack:
+        """What serves the models (``hot_models.Served``)."""
+        return self.stack
+
+    def served_worker(self) -> Worker:
+        if self.worker is None:
+            raise RuntimeError("the worker is not built yet")
+        return self.worker
+
+    async def _watch_models(self, js: JetStreamQueue) -> None:
+        """The fleet's hot adds and removes (``queue.js_models``): a model put there is
+        served here too, one deleted is drained and unloaded."""
+        from ..hot_models import HotModels
+        from ..queue.js_models import SharedModels
+
+        hot = HotModels(self, self.settings, self.catalog, self.metrics, self.console, listing=list)
+        hot.hosting = self.hosting.host if self.hosting is not None else None
+        bucket = await SharedModels(js.context(), self.settings.queue_prefix).open()
+        self.spawn("models-watch", bucket.watch(hot.put, hot.forget))
 
     @property
     def ready(self) -> bool:
@@ -144,7 +165,9 @@ class WorkerProcess(Service):
         # adapters uploaded through any gateway: from the NATS object store by default
         self.adapters = await open_registry(self.settings, self.catalog, nats=nc, declared=False)
         registry = self.adapters.registry
-        host_adapters(self.settings, registry, self.runners, self.fleet, node=self.node)
+        self.hosting = host_adapters(
+            self.settings, registry, self.runners, self.fleet, node=self.node
+        )
         await prepare_hosts(self.settings, self.runners)
         self.worker = worker = build_worker(
             self.stack,
@@ -163,6 +186,7 @@ class WorkerProcess(Service):
             ),
         )
         task = self.spawn("worker", worker.run(), essential=True)
+        await self._watch_models(js)
         if self.settings.train:  # fine-tuning jobs, from their own JetStream stream
             from ..finetune_setup import job_runner, open_finetuning
 
@@ -206,12 +230,12 @@ class WorkerProcess(Service):
         self.spawn("tuner", self.background.run())
 
     async def _refresh_metrics(self) -> None:
-        models = list(self.runners)
         m = self.metrics
         assert self.worker is not None
         queue = self.worker.queue
         while True:
             await asyncio.sleep(1.0)
+            models = list(self.runners)  # hot adds and removes change them
             with contextlib.suppress(Exception):
                 await queue.refresh(models)
             stats = queue.stats
@@ -221,7 +245,7 @@ class WorkerProcess(Service):
                 m.redeliveries.labels(model).set(stats.redeliveries.get(model, 0))
                 m.dead_letters.labels(model).set(stats.dead_letters.get(model, 0))
                 now, busy = time.monotonic(), self.runners[model].busy_s
-                t_prev, busy_prev = self._busy[model]
+                t_prev, busy_prev = self._busy.get(model, (now, busy))
                 if now > t_prev:
                     m.utilization.labels(model).set(min(1.0, (busy - busy_prev) / (now - t_prev)))
                 self._busy[model] = (now, busy)
