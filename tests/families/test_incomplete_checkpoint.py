@@ -81,9 +81,24 @@ def test_the_heads_that_are_there_load(tmp_path: Path) -> None:
     make_family("dense", no_pooler, max_seq_len=16)
 
 
-def test_the_report_names_pieces_and_ignores_only_the_pooler(tmp_path: Path) -> None:
+def test_a_classifier_without_its_pooler_fails(tmp_path: Path) -> None:
+    """A sequence-classification head reads BERT's pooler: only encoders may lack it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    m = build_head(tmp_path / "ce", Head.SEQUENCE_CLASSIFICATION)
+    state = load_file(str(m / "model.safetensors"))
+    kept = {k: v for k, v in state.items() if ".pooler." not in k}
+    save_file({k: torch.clone(v) for k, v in kept.items()}, str(m / "model.safetensors"))
+    with pytest.raises(IncompleteCheckpoint, match=r"bert\.pooler \(2 tensors\)"):
+        make_family("cross_encoder", m, options={"label_index": 0})
+
+
+def test_the_report_names_pieces_and_ignores_only_what_is_unread(tmp_path: Path) -> None:
     info = {"missing_keys": ["pooler.dense.weight", "bert.pooler.dense.bias"]}
-    check_loading_info(tmp_path, "encoder", info)  # nothing else missing: fine
+    check_loading_info(tmp_path, "encoder", info, ("pooler",))  # nothing else missing: fine
+    with pytest.raises(IncompleteCheckpoint, match="pooler"):
+        check_loading_info(tmp_path, "head", info)
     many = [f"bert.encoder.layer.{i}.attention.self.query.weight" for i in range(5)]
     many += ["classifier.weight", "classifier.bias"]
     assert pieces(many) == "bert.encoder (5 tensors), classifier (2 tensors)"

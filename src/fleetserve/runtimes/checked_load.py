@@ -19,28 +19,33 @@ from typing import Any
 from ..catalog.infer import family_hint
 
 SHOWN = 4  # missing pieces named in the message; the rest are counted
-# the BERT-style pooler feeds no output fleetserve reads (pooling is over the last
-# hidden state), and checkpoints saved from a task head often lack it
-_UNREAD = ("pooler",)
+# Loaded as a bare encoder, a BERT-style pooler feeds no output fleetserve reads (the
+# pooling is over the last hidden state), and checkpoints saved without a task head or
+# for late interaction often lack it. A sequence-classification head reads it.
+UNREAD_BY_ENCODERS = ("pooler",)
 
 
 class IncompleteCheckpoint(ValueError):
     """A checkpoint that lacks weights the head it is loaded with needs."""
 
 
-def load_checked(model_class: Any, path: Path, what: str, **kwargs: Any) -> Any:
+def load_checked(
+    model_class: Any, path: Path, what: str, *, unread: Sequence[str] = (), **kwargs: Any
+) -> Any:
     """``model_class.from_pretrained(path, **kwargs)``, refusing a model whose load left
     any weight newly initialized (``what`` names the head: "sequence-classification
-    head")."""
+    head"), except in modules named in ``unread`` (whose output nothing reads)."""
     model, info = model_class.from_pretrained(str(path), output_loading_info=True, **kwargs)
-    check_loading_info(path, what, info)
+    check_loading_info(path, what, info, unread)
     return model
 
 
-def check_loading_info(path: Path, what: str, info: Mapping[str, Any]) -> None:
+def check_loading_info(
+    path: Path, what: str, info: Mapping[str, Any], unread: Sequence[str] = ()
+) -> None:
     """Raise :class:`IncompleteCheckpoint` when ``info`` (``from_pretrained``'s loading
-    report) has missing or mismatched weights outside the unread pooler."""
-    missing = [str(k) for k in info.get("missing_keys") or () if not _unread(str(k))]
+    report) has missing or mismatched weights outside the modules named in ``unread``."""
+    missing = [str(k) for k in info.get("missing_keys") or () if not _within(str(k), unread)]
     missing += [str(m[0]) for m in info.get("mismatched_keys") or ()]
     if not missing:
         return
@@ -50,8 +55,8 @@ def check_loading_info(path: Path, what: str, info: Mapping[str, Any]) -> None:
     )
 
 
-def _unread(key: str) -> bool:
-    return any(part in _UNREAD for part in key.split("."))
+def _within(key: str, modules: Sequence[str]) -> bool:
+    return any(part in modules for part in key.split("."))
 
 
 def pieces(keys: Sequence[str]) -> str:
@@ -70,4 +75,10 @@ def _module(key: str) -> str:
     return ".".join(parts[:2])
 
 
-__all__ = ["IncompleteCheckpoint", "check_loading_info", "load_checked", "pieces"]
+__all__ = [
+    "UNREAD_BY_ENCODERS",
+    "IncompleteCheckpoint",
+    "check_loading_info",
+    "load_checked",
+    "pieces",
+]

@@ -98,7 +98,7 @@ def head_graph(path: Path, head: Head, *, what: str) -> HeadGraph:
         import torch
 
         from .checked_load import load_checked
-        from .torch import _CLASSES, HEAD_NAMES, _reduce
+        from .torch import _CLASSES, HEAD_NAMES, _reduce, unread_by
     except ImportError as exc:
         raise ImportError(
             f"{path} has no {what} in the cache, and converting it needs torch: "
@@ -106,7 +106,12 @@ def head_graph(path: Path, head: Head, *, what: str) -> HeadGraph:
         ) from exc
 
     model = load_checked(
-        _CLASSES[head], path, HEAD_NAMES[head], dtype=torch.float32, attn_implementation="eager"
+        _CLASSES[head],
+        path,
+        HEAD_NAMES[head],
+        unread=unread_by(head),
+        dtype=torch.float32,
+        attn_implementation="eager",
     )
     model.eval()
     with_types = "token_type_ids" in inspect.signature(model.forward).parameters

@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..wire.values import Array
 from .base import Head, Output
-from .checked_load import load_checked
+from .checked_load import UNREAD_BY_ENCODERS, load_checked
 
 if TYPE_CHECKING:
     from ..lora.mixed import LoraBank
@@ -48,6 +48,11 @@ HEAD_NAMES: dict[Head, str] = {  # for a load's error: what the checkpoint lacks
     Head.SEQUENCE_CLASSIFICATION: "sequence-classification head (cross_encoder, zero_shot)",
     Head.TOKEN_CLASSIFICATION: "token-classification head (ner)",
 }
+
+
+def unread_by(head: Head) -> tuple[str, ...]:
+    """Modules whose weights ``head``'s outputs never read (may be absent)."""
+    return UNREAD_BY_ENCODERS if head is Head.BASE else ()
 
 
 def resolve_device(device: str) -> str:
@@ -90,7 +95,9 @@ class TorchRuntime:
         cast = self.precision == "fp16" or (on_cuda and self.precision == "bf16")
         dtype = _DTYPES[self.precision] if cast else torch.float32
         head = Head(head)
-        model = load_checked(_CLASSES[head], path, HEAD_NAMES[head], dtype=dtype)
+        model = load_checked(
+            _CLASSES[head], path, HEAD_NAMES[head], unread=unread_by(head), dtype=dtype
+        )
         self._model = model.to(self.device).eval()
         self._forward = torch.compile(self._model, dynamic=True) if self.compile else self._model
         self._bank = None
