@@ -285,3 +285,12 @@ def test_a_copy_of_a_gliner_dir_without_weights_is_refused(tmp_path: Path) -> No
     (m / "pytorch_model.bin").unlink()
     with pytest.raises(CheckpointError, match="has no weights"):
         infer(m)
+
+
+def test_a_chat_models_sampling_comes_from_its_generation_config(tmp_path: Path) -> None:
+    m = build_llama(tmp_path / "lm")
+    assert dict(infer(m).options) == {}  # greedy by default: nothing to say
+    _edit(m, "generation_config.json", do_sample=True, temperature=0.7, top_p=0.8)
+    got = infer(m)
+    assert dict(got.options) == {"temperature": 0.7, "top_p": 0.8}
+    assert got.evidence["options.top_p"] == "generation_config.json: top_p (do_sample)"

@@ -216,6 +216,12 @@ def _generate(files: ModelFiles, b: _Builder) -> None:
     if not files.chat_template:
         b.notes.append("no chat template: /v1/chat/completions cannot format messages")
     b.put("max_seq_len", f.sequence_limit(files, b.family))
+    gen = files.generation or {}
+    if gen.get("do_sample"):  # the sampling the model's authors set, for requests that omit it
+        for key in ("temperature", "top_p"):
+            value = gen.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                b.option(key, float(value), f"generation_config.json: {key} (do_sample)")
 
 
 _READERS = {

@@ -5,7 +5,8 @@ transformers' ``config.json`` (``architectures``, ``model_type``, labels, ``auto
 sentence-transformers' ``modules.json`` with each module's folder (``1_Pooling/``),
 ``sentence_bert_config.json`` and ``config_sentence_transformers.json``, the
 tokenizer's ``tokenizer_config.json`` and chat template, GLiNER's
-``gliner_config.json`` and stanford-nlp ColBERT's ``artifact.metadata``.
+``gliner_config.json``, ``generation_config.json`` and stanford-nlp ColBERT's
+``artifact.metadata``.
 :func:`read_model_files` reads them once into a :class:`ModelFiles` for
 :mod:`.infer`. A file that is absent is ``None``; one that is present but not the
 JSON it should be is a :class:`CorruptFile` naming it.
@@ -60,6 +61,7 @@ class ModelFiles:
     tokenizer_config: JsonObject | None = None  # tokenizer_config.json
     chat_template: str = ""  # which file holds a chat template ("": none)
     gliner: JsonObject | None = None  # gliner_config.json
+    generation: JsonObject | None = None  # generation_config.json
     colbert_meta: JsonObject | None = None  # artifact.metadata (stanford-nlp ColBERT)
     colbert_linear: tuple[int, ...] | None = None  # linear.weight's shape in model.safetensors
     weights: tuple[str, ...] = ()  # weight files in the directory
@@ -118,6 +120,7 @@ def read_model_files(path: Path) -> ModelFiles:
         tokenizer_config=tok_config,
         chat_template=_chat_template(path, tok_config),
         gliner=read_json(path, "gliner_config.json"),
+        generation=read_json(path, "generation_config.json"),
         colbert_meta=read_json(path, "artifact.metadata"),
         colbert_linear=_tensor_shape(path / "model.safetensors", "linear.weight"),
         weights=weights,
