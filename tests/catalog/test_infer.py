@@ -185,6 +185,11 @@ def test_a_text_classifier_and_a_base_lm_are_undecided(tmp_path: Path) -> None:
     _edit(m, "config.json", id2label={"0": "NEGATIVE", "1": "POSITIVE"})
     with pytest.raises(FamilyUndecided, match="text classifier"):
         infer(m)
+    _edit(m, "config_sentence_transformers.json", model_type="CrossEncoder")
+    got = infer(m)  # sentence-transformers says what it is
+    assert got.family == "cross_encoder" and "model_type CrossEncoder" in got.evidence["family"]
+    assert got.labels == ("NEGATIVE", "POSITIVE")
+    (m / "config_sentence_transformers.json").unlink()
     lm = build_llama(tmp_path / "lm")
     for name in ("chat_template.jinja",):
         (lm / name).unlink(missing_ok=True)

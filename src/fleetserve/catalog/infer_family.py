@@ -182,7 +182,11 @@ def decide(files: ModelFiles) -> Decision:
         if is_nli(labels):
             return Decision("zero_shot", f"config.json: id2label {', '.join(labels)} (NLI)")
         if len(labels) <= 1 or all(_DEFAULT_LABEL.fullmatch(x) for x in labels):
-            return Decision("cross_encoder", f"{shape.evidence} ({len(labels) or 1} score label)")
+            what = "one label" if len(labels) <= 1 else "unnamed labels"
+            return Decision("cross_encoder", f"{shape.evidence}, {what}: a reranker")
+        st = _cross_encoder_marker(files)
+        if st:
+            return Decision("cross_encoder", f"{shape.evidence}; {st}")
         raise _undecided(
             files,
             ("cross_encoder",),
@@ -207,6 +211,15 @@ def decide(files: ModelFiles) -> Decision:
             field="source",
         )
     raise _undecided(files, FAMILY_NAMES, f"{shape.evidence}, which no family recognizes")
+
+
+def _cross_encoder_marker(files: ModelFiles) -> str:
+    """Where sentence-transformers marked the checkpoint a CrossEncoder, if it did."""
+    if str((files.st_meta or {}).get("model_type") or "") == "CrossEncoder":
+        return "config_sentence_transformers.json: model_type CrossEncoder"
+    if isinstance((files.config or {}).get("sentence_transformers"), dict):
+        return "config.json: sentence_transformers (a CrossEncoder's settings)"
+    return ""
 
 
 def _undecided(files: ModelFiles, candidates: tuple[str, ...], why: str) -> FamilyUndecided:
