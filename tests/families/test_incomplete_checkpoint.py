@@ -118,3 +118,27 @@ def test_a_zero_shot_nli_spec_over_an_encoder_says_what_fits(tmp_path: Path) -> 
         make_family("zero_shot", m, options={"method": "nli"})
     msg = _one_line(err)
     assert "has no entailment class" in msg and "its files fit family dense" in msg
+
+
+def test_transformers_load_report_gives_way_to_the_one_line(tmp_path: Path) -> None:
+    import logging
+
+    import transformers
+
+    from fleetserve.runtimes.checked_load import load_checked
+
+    m = build_st(tmp_path / "st")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        transformers.AutoModelForSequenceClassification.from_pretrained(str(m))
+        assert any("LOAD REPORT" in s for s in seen)  # unchecked: transformers reports
+        seen.clear()
+        with pytest.raises(IncompleteCheckpoint):
+            load_checked(transformers.AutoModelForSequenceClassification, m, "head")
+        assert not any("LOAD REPORT" in s for s in seen), seen
+    finally:
+        logger.removeHandler(handler)

@@ -11,8 +11,10 @@ The model then fails to load alone; the fleet reports it and keeps serving the r
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +31,32 @@ class IncompleteCheckpoint(ValueError):
     """A checkpoint that lacks weights the head it is loaded with needs."""
 
 
+_checking: ContextVar[bool] = ContextVar("checking", default=False)
+
+
+class _OwnReport(logging.Filter):
+    """Drops transformers' multi-line, colour-coded "LOAD REPORT" warning during a
+    checked load: what it says that matters (weights newly initialized) is the one
+    line :class:`IncompleteCheckpoint` raises; the rest (unused weights) is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_checking.get() and "LOAD REPORT" in record.getMessage())
+
+
+logging.getLogger("transformers.modeling_utils").addFilter(_OwnReport())
+
+
 def load_checked(
     model_class: Any, path: Path, what: str, *, unread: Sequence[str] = (), **kwargs: Any
 ) -> Any:
     """``model_class.from_pretrained(path, **kwargs)``, refusing a model whose load left
     any weight newly initialized (``what`` names the head: "sequence-classification
     head"), except in modules named in ``unread`` (whose output nothing reads)."""
-    model, info = model_class.from_pretrained(str(path), output_loading_info=True, **kwargs)
+    token = _checking.set(True)
+    try:
+        model, info = model_class.from_pretrained(str(path), output_loading_info=True, **kwargs)
+    finally:
+        _checking.reset(token)
     check_loading_info(path, what, info, unread)
     return model
 
