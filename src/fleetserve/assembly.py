@@ -17,7 +17,7 @@ from .catalog.hardware import detect
 from .catalog.profiles import Choice, Profiles
 from .catalog.rules import missing_extra
 from .catalog.sources import locate
-from .catalog.weights import weights_path
+from .catalog.weights import local_weights, weights_path
 from .families import AnyFamily, create_family
 from .fleet.manager import Fleet
 from .fleet.memory import (
@@ -46,9 +46,11 @@ HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()  # Settings.hf_cache's 
 
 def build_catalog(settings: Settings) -> Catalog:
     """The bundled catalog and ``--catalog``, restricted to ``--models``: ids (loaded
-    at start) or patterns such as ``org/*`` (served, loaded on first use)."""
+    at start) or patterns such as ``org/*`` (served, loaded on first use). Specs whose
+    weights are in this machine's caches get what they leave out from the model's own
+    files (``catalog/complete.py``)."""
     extra = [Path(settings.catalog)] if settings.catalog else []
-    catalog = Catalog.load(extra)
+    catalog = Catalog.load(extra, weights=local_weights(settings))
     ids: list[str] = []
     for want in settings.model_list():
         if not any(c in want for c in "*?["):

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from ..wire import ModelNotFound
+from .complete import Locate, complete_present, locator
 from .sources import is_present, resolve
 from .spec import CostModel, ModelSpec, Profile
 
@@ -24,12 +25,21 @@ class Catalog:
             self._specs[s.id] = s
 
     @classmethod
-    def load(cls, extra_dirs: Iterable[Path] = (), *, bundled: bool = True) -> Catalog:
+    def load(
+        cls,
+        extra_dirs: Iterable[Path] = (),
+        *,
+        bundled: bool = True,
+        weights: Locate | None = None,
+    ) -> Catalog:
         """The bundled specs, then each of ``extra_dirs`` (``--catalog``) in order.
 
         Everything is validated here, at start: a directory that does not exist, a file
         that is not YAML, an unknown key or value is a one-line ``ValueError`` naming
-        the file and the key."""
+        the file and the key. Each spec whose weights ``weights`` finds on this machine
+        (default: the default caches, ``complete.locator()``) gets the keys it left out
+        from its model's own files (``complete.py``)."""
+        where = weights or locator()
         specs: list[ModelSpec] = []
         if bundled:
             root = resources.files(__package__) / "models"
@@ -38,7 +48,7 @@ class Catalog:
                     specs.append(_parse(entry.read_text(), entry.name))
         for d in extra_dirs:
             specs.extend(_parse(_read(f), str(f)) for f in _spec_files(Path(d).expanduser()))
-        return cls(specs)
+        return cls(complete_present(s, where) for s in cls(specs))
 
     def get(self, model_id: str) -> ModelSpec:
         try:
@@ -123,6 +133,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "Catalog",
     "CostModel",
+    "Locate",
     "ModelSpec",
     "Profile",
     "is_present",

@@ -224,6 +224,10 @@ class ModelSpec:
     keep_alive: float = 0.0  # seconds resident after its last use (0: evictable when idle)
     max_keep_alive: float | None = None  # the most X-Keep-Alive may ask (None: the setting's)
     adapters: tuple[AdapterDecl, ...] = ()  # declared LoRA adapters (catalog/adapters.py)
+    # the keys the spec file gave ("source" counts as "sources"); the catalog fills the
+    # others it can from the model's own files (catalog/complete.py). A spec built in
+    # code gave them all.
+    given: frozenset[str] = field(default=frozenset(SPEC_FIELDS), compare=False, repr=False)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> ModelSpec:
@@ -298,6 +302,7 @@ class ModelSpec:
             keep_alive=keep_alive,
             max_keep_alive=max_keep_alive,
             adapters=parse_adapters(d.get("adapters")),
+            given=frozenset("sources" if k == "source" else str(k) for k in d),
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..settings import Settings
+from .complete import Locate, locator
 from .fetch import ObjectStoreConfig
 from .sources import resolve
 from .spec import ModelSpec
@@ -17,6 +18,12 @@ def weights_path(spec: ModelSpec, settings: Settings) -> Path:
     """Where ``spec``'s weights are on this machine: fetched or converted once if need
     be; a ``ModelNotFound`` listing every place looked in if they are nowhere."""
     return resolve_sources(spec.id, spec.sources, settings)
+
+
+def local_weights(settings: Settings) -> Locate:
+    """Where a spec's weights already are on this machine (the settings' caches),
+    without fetching or converting: for the catalog to complete specs from them."""
+    return locator(Path(settings.hf_cache).expanduser(), Path(settings.cache_dir).expanduser())
 
 
 def resolve_sources(name: str, sources: tuple[str, ...], settings: Settings) -> Path:

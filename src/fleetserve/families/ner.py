@@ -22,7 +22,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..catalog import ModelSpec
+from ..catalog.infer import family_hint
 from ..runtimes import Head, Output, Runtime
+from ..runtimes.checked_load import IncompleteCheckpoint
 from ..wire import Envelope, Task
 from ..wire.codec import dumps
 from ..wire.values import Array
@@ -66,13 +68,18 @@ class NerFamily(Family[list[int], _Options, Array]):
         self.pad_id = 0
 
     def load(self) -> None:
+        config = json.loads((self.path / "config.json").read_text())
+        if not config.get("id2label"):
+            raise IncompleteCheckpoint(
+                f"{self.path}/config.json has no id2label: the token labels are unknown, "
+                f"so family ner cannot name what it finds; {family_hint(self.path)}"
+            )
         tok, self.pad_id = fast_tokenizer(self.path)
         budget = self.spec.max_seq_len - tok.num_special_tokens_to_add(False)
         if not 0 <= self.stride < budget:
             raise ValueError(f"model {self.spec.id}: stride must be in [0, {budget})")
         tok.enable_truncation(max_length=self.spec.max_seq_len, stride=self.stride)
         self._tok = tok
-        config = json.loads((self.path / "config.json").read_text())
         id2label = {int(k): str(v) for k, v in config["id2label"].items()}
         self.labels = [id2label[i] for i in range(len(id2label))]
         self.runtime.load(self.path, Head.TOKEN_CLASSIFICATION)

@@ -21,7 +21,9 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from ..catalog import ModelSpec
+from ..catalog.infer import family_hint
 from ..runtimes import Head, Output, Runtime
+from ..runtimes.checked_load import IncompleteCheckpoint
 from ..wire.values import Array
 from .base import Prepared, pad_batch, rows
 from .extract import fast_tokenizer
@@ -72,7 +74,10 @@ class NliMethod(Method[NliItem, _State]):
         self._fallback, _ = fast_tokenizer(self.path)
         self._fallback.enable_truncation(max_length=self.spec.max_seq_len)
         config = json.loads((self.path / "config.json").read_text())
-        self.entailment, self.contradiction = nli_classes(config.get("label2id") or {})
+        try:
+            self.entailment, self.contradiction = nli_classes(config.get("label2id") or {})
+        except ValueError as exc:
+            raise IncompleteCheckpoint(f"{self.path}/{exc}; {family_hint(self.path)}") from None
         # BERT-like models have segment embeddings; RoBERTa, DeBERTa-v3 and BART do not
         self.use_types = int(config.get("type_vocab_size") or 0) >= 2
         self.runtime.load(self.path, Head.SEQUENCE_CLASSIFICATION)

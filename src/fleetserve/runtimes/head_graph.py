@@ -97,15 +97,21 @@ def head_graph(path: Path, head: Head, *, what: str) -> HeadGraph:
     try:
         import torch
 
-        from .torch import _CLASSES, _reduce
+        from .checked_load import load_checked
+        from .torch import _CLASSES, HEAD_NAMES, _reduce, unread_by
     except ImportError as exc:
         raise ImportError(
             f"{path} has no {what} in the cache, and converting it needs torch: "
             f"pip install 'fleetserve[torch]', or prepare it where torch is installed"
         ) from exc
 
-    model = _CLASSES[head].from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation="eager"
+    model = load_checked(
+        _CLASSES[head],
+        path,
+        HEAD_NAMES[head],
+        unread=unread_by(head),
+        dtype=torch.float32,
+        attn_implementation="eager",
     )
     model.eval()
     with_types = "token_type_ids" in inspect.signature(model.forward).parameters

@@ -30,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..wire.values import Array
 from .base import Head, Output
+from .checked_load import UNREAD_BY_ENCODERS, load_checked
 
 if TYPE_CHECKING:
     from ..lora.mixed import LoraBank
@@ -41,6 +42,17 @@ _CLASSES: dict[Head, Any] = {
     Head.TOKEN_CLASSIFICATION: AutoModelForTokenClassification,
 }
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+HEAD_NAMES: dict[Head, str] = {  # for a load's error: what the checkpoint lacks
+    Head.BASE: "encoder",
+    Head.MASKED_LM: "masked-LM head (sparse)",
+    Head.SEQUENCE_CLASSIFICATION: "sequence-classification head (cross_encoder, zero_shot)",
+    Head.TOKEN_CLASSIFICATION: "token-classification head (ner)",
+}
+
+
+def unread_by(head: Head) -> tuple[str, ...]:
+    """Modules whose weights ``head``'s outputs never read (may be absent)."""
+    return UNREAD_BY_ENCODERS if head is Head.BASE else ()
 
 
 def resolve_device(device: str) -> str:
@@ -82,11 +94,14 @@ class TorchRuntime:
         on_cuda = self.device.startswith("cuda")
         cast = self.precision == "fp16" or (on_cuda and self.precision == "bf16")
         dtype = _DTYPES[self.precision] if cast else torch.float32
-        model = _CLASSES[Head(head)].from_pretrained(str(path), dtype=dtype)
+        head = Head(head)
+        model = load_checked(
+            _CLASSES[head], path, HEAD_NAMES[head], unread=unread_by(head), dtype=dtype
+        )
         self._model = model.to(self.device).eval()
         self._forward = torch.compile(self._model, dynamic=True) if self.compile else self._model
         self._bank = None
-        self.head = Head(head)
+        self.head = head
 
     def lora_bank(self) -> LoraBank:
         """The loaded model's LoRA adapters (mixed per row; see :mod:`fleetserve.lora`).

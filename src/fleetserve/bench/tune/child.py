@@ -18,15 +18,18 @@ from typing import Any
 
 async def run(job: dict[str, Any]) -> dict[str, Any]:
     from ...catalog import Catalog
+    from ...catalog.complete import complete, nowhere
     from ...families import create_family
     from ...runtimes import create_runtime
     from .candidates import Candidate
     from .harness import Stack, saturate
     from .workload import requests
 
-    spec = Catalog.load([Path(d) for d in job["catalog"]]).get(job["model"])
-    cand = Candidate(**job["candidate"])
     path = Path(job["path"])
+    # completed from the weights the parent measures, as the parent's spec was
+    spec = Catalog.load([Path(d) for d in job["catalog"]], weights=nowhere).get(job["model"])
+    spec = complete(spec, path)
+    cand = Candidate(**job["candidate"])
     runtime = create_runtime(
         cand.runtime,
         device="cpu",

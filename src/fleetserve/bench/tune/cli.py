@@ -16,7 +16,7 @@ from ...catalog import Catalog
 from ...catalog.hardware import detect, judged_features
 from ...catalog.profiles import ProfileError, Profiles
 from ...catalog.rules import class_precision, fallback_chain
-from ...catalog.weights import weights_path
+from ...catalog.weights import local_weights, weights_path
 from ...settings import Settings
 from ...wire import FleetError
 from .runs import RunStore
@@ -76,7 +76,7 @@ ARGS |= {"run_id"}
 def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> int:
 
     extra = (Path(settings.catalog),) if settings.catalog else ()
-    catalog = Catalog.load(extra)
+    catalog = Catalog.load(extra, weights=local_weights(settings))
     hw = detect(settings.device)
     cls = settings.hardware_class or hw.hardware_class
     if cls != hw.hardware_class:
@@ -234,7 +234,7 @@ def _profiles_table(settings: Settings, profiles: Profiles, cls: str, console: C
     t.add_column("model", overflow="fold", ratio=1)
     for col in ("runs on", "batch", "how"):
         t.add_column(col, no_wrap=True)
-    for spec in Catalog.load(extra):
+    for spec in Catalog.load(extra, weights=local_weights(settings)):
         c = profiles.choose(spec)
         p = c.profile
         runs = f"{p.runtime or spec.runtime} {p.precision}"

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...runtimes import Runtime
+from ...runtimes.checked_load import load_checked
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -56,7 +57,9 @@ def load_causal_lm(path: Path, runtime: Runtime) -> Any:
     device = str(runtime.device)
     cast = precision == "fp16" or (precision == "bf16" and device.startswith("cuda"))
     dtype = _DTYPES[precision] if cast else torch.float32
-    model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model: Any = load_checked(
+        transformers.AutoModelForCausalLM, path, "causal-LM head (generate)", dtype=dtype
+    )
     return model.to(device).eval()
 
 
