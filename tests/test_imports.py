@@ -74,6 +74,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.app",
             "dashboard",
             "bench",
+            "add",
         ),
     ),
     (
@@ -89,7 +90,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "commands",
-        ("cli", "cli_groups", "cli_keys", "cli_lora", "cli_models", "__main__", "ops"),
+        ("cli", "cli_groups", "cli_keys", "cli_lora", "cli_models", "cli_add", "__main__", "ops"),
     ),
 )
 ORDER = [entries for _, entries in LAYERS]

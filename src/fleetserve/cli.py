@@ -116,6 +116,17 @@ def _parser() -> argparse.ArgumentParser:
 
     tune_arguments(tune)
     add_settings(tune, "tune")
+    add = _command(
+        sub,
+        "add",
+        "Add a model in one step: its family from its own files, checked against its "
+        "reference library, tuned; writes its spec and a report.",
+        "SOURCE [--id ID] [--family F] [--no-tune] [options]",
+    )
+    from .cli_add import add_arguments as add_add_arguments
+
+    add_add_arguments(add)
+    add_settings(add, "add")
     hardware = _command(
         sub,
         "hardware",
@@ -150,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cli_lora import ARGS as LORA_ARGS
 
     extra |= LORA_ARGS
+    from .cli_add import ARGS as ADD_ARGS
+
+    extra |= ADD_ARGS
     cli = {k: v for k, v in vars(args).items() if k not in extra}
     try:
         settings = Settings.load(env=os.environ, cli=cli)
@@ -169,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError, FleetError) as exc:  # a broken profile file, say
             _error(console, exc)
             return 1
+    if args.command == "add":
+        from .cli_add import run as run_add
+
+        return run_add(settings, args, console)
     if args.command == "keys":
         from .cli_keys import run as run_keys
 

@@ -31,6 +31,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "keys": ("keys", "common"),
     "lora": ("client", "common"),
     "tune": ("catalog", "device", "tuning", "s3", "common"),
+    "add": ("catalog", "device", "tuning", "s3", "client", "common"),
     "hardware": ("catalog", "device", "common"),
 }
 
