@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fleetserve.add.source import Refused, check_files, locate
-from fleetserve.add.spec_file import file_for, render, write
+from fleetserve.add.spec_file import file_for, write
 from fleetserve.settings import Settings
 
 from ..tinymodels import build_bert
@@ -70,16 +69,12 @@ def test_a_truncated_safetensors_file_is_named(tmp_path: Path) -> None:
         check_files(model)
 
 
-def test_the_spec_reads_back_with_a_comment_per_inferred_field(tmp_path: Path) -> None:
-    fields = {"id": "acme/tiny", "sources": ["/m"], "family": "dense", "max_seq_len": 384}
-    why = {"family": "modules.json: a SentenceTransformer", "max_seq_len": "sentence_bert_config"}
+def test_the_spec_is_written_at_once_and_never_over_another(tmp_path: Path) -> None:
+    text = "# family: modules.json\nid: acme/tiny\nfamily: dense\n"
     path = file_for(tmp_path / "catalog", "acme/tiny")
-    write(path, render(fields, why, "Written by a test."))
-    text = path.read_text()
-    assert path.name == "acme__tiny.yaml" and yaml.safe_load(text) == fields
-    assert "# family: modules.json: a SentenceTransformer\nfamily: dense" in text
-    assert text.startswith("# Written by a test.\n")
-    with pytest.raises(Refused, match="exists"):  # never overwritten
+    write(path, text)
+    assert path.name == "acme__tiny.yaml" and path.read_text() == text
+    with pytest.raises(Refused, match="exists"):
         write(path, "id: other\n")
-    assert yaml.safe_load(path.read_text()) == fields
+    assert path.read_text() == text
     assert [p.name for p in path.parent.iterdir()] == ["acme__tiny.yaml"]  # no leftovers

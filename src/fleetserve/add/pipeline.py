@@ -17,12 +17,13 @@ from rich.console import Console
 from ..catalog import Catalog, ModelSpec
 from ..catalog.hardware import detect
 from ..catalog.profiles import ProfileError, read_profile_file
+from ..catalog.spec_yaml import render_spec
 from ..settings import Settings
 from ..wire import FleetError
 from ..wire.json_value import JSON
 from .report import AddReport, Tuned
 from .source import Refused, locate
-from .spec_file import file_for, render, write
+from .spec_file import file_for, write
 
 DEFAULT_BUDGET_S = 300.0
 
@@ -69,7 +70,7 @@ def add_model(req: AddRequest, settings: Settings, console: Console) -> AddRepor
             raise Refused(exc.message if isinstance(exc, FleetError) else str(exc)) from None
     model_id = req.model_id or located.default_id
     fields: dict[str, object] = {"id": model_id, "sources": [located.source]}
-    fields.update(inferred.fields)
+    fields.update(inferred.spec_fields())
     spec = _valid_spec(fields, req.catalog_dir)
     path = file_for(req.catalog_dir, spec.id)
     if path.exists():
@@ -88,11 +89,8 @@ def add_model(req: AddRequest, settings: Settings, console: Console) -> AddRepor
     with stages.stage("check against the reference library"):
         check = _check(spec, located.path, settings)
     report.check = check
-    header = (
-        f"Written by `fleetserve add {req.source}` on {time.strftime('%Y-%m-%d')}; each "
-        "field's comment says where it came from."
-    )
-    write(path, render(fields, inferred.evidence, header))
+    header = f"written by `fleetserve add` on {time.strftime('%Y-%m-%d')} from its own files"
+    write(path, render_spec(spec.id, spec.sources, inferred, header=header))
     report.spec_file = str(path)
     if req.tune:
         with stages.stage(f"tune (budget {req.budget_s:.0f}s)"):

@@ -1,39 +1,19 @@
-"""The spec ``fleetserve add`` writes: the fields it inferred, each with a comment that
-says where it came from, in the order a person reads a spec; written atomically, and
-never over a file that exists."""
+"""Where ``fleetserve add`` writes the spec (``catalog.spec_yaml`` renders it, each
+inferred field with a comment that says where it came from): at once, and never over
+a file that exists."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-
 from .source import Refused
-
-ORDER = (
-    "id", "description", "family", "runtime", "sources", "pooling", "normalize",
-    "max_seq_len", "dimensions", "options",
-)  # fmt: skip
 
 
 def file_for(catalog_dir: Path, model_id: str) -> Path:
     """Where ``model_id``'s spec goes (``org/name`` -> ``org__name.yaml``)."""
     return catalog_dir / (model_id.replace("/", "__") + ".yaml")
-
-
-def render(fields: Mapping[str, object], evidence: Mapping[str, str], header: str) -> str:
-    """YAML for ``fields``, each key under a comment naming its ``evidence``."""
-    keys = [k for k in ORDER if k in fields] + sorted(k for k in fields if k not in ORDER)
-    out = [f"# {line}".rstrip() for line in header.splitlines()]
-    for key in keys:
-        why = evidence.get(key)
-        if why:
-            out.append(f"# {key}: {why}")
-        out.append(yaml.safe_dump({key: fields[key]}, sort_keys=False, width=88).rstrip())
-    return "\n".join(out) + "\n"
 
 
 def write(path: Path, text: str) -> None:
