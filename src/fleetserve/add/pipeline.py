@@ -87,7 +87,7 @@ def add_model(req: AddRequest, settings: Settings, console: Console) -> AddRepor
         weights_bytes=_weights_bytes(located.path),
     )
     with stages.stage("check against the reference library"):
-        check = _check(spec, located.path, settings)
+        check = _check(spec, located.path, settings, console)
     report.check = check
     header = f"written by `fleetserve add` on {time.strftime('%Y-%m-%d')} from its own files"
     write(path, render_spec(spec.id, spec.sources, inferred, header=header))
@@ -116,12 +116,20 @@ def _valid_spec(fields: dict[str, object], catalog_dir: Path) -> ModelSpec:
     return spec
 
 
-def _check(spec: ModelSpec, path: Path, settings: Settings) -> dict[str, JSON]:
-    from ..bench.tune.reference import check_reference
+def _check(spec: ModelSpec, path: Path, settings: Settings, console: Console) -> dict[str, JSON]:
+    """The reference check's figures; a mismatch (or a side that cannot load) refuses
+    the model. With no reference library here for its family, it goes on and says so."""
+    from ..bench.tune.reference import FAILED, UNCHECKED, check_reference
 
     result = check_reference(spec, path, settings)
-    if not result.passed:
-        raise Refused(f"{spec.id} does not match its reference library: {result.why}", code=1)
+    if result.status == FAILED:
+        raise Refused(f"{spec.id} fails its reference check: {result.reason}", code=1)
+    if result.status == UNCHECKED:
+        console.print(
+            f"[yellow]warning:[/] {spec.id} was not checked against a reference library: "
+            f"{result.reason}",
+            soft_wrap=True,
+        )
     return _json(result.to_dict())
 
 
