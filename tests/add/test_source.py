@@ -25,7 +25,7 @@ def test_a_directory_is_found_and_named_after_itself(tmp_path: Path, settings: S
     model = build_bert(tmp_path / "my model")
     found = locate(str(model), settings)
     assert found.path == model and found.source == str(model.resolve())
-    assert found.default_id == "local/my-model"
+    assert found.default_id == "my-model"
 
 
 def test_an_hf_cache_id_is_found_in_the_cache_layout(tmp_path: Path, settings: Settings) -> None:

@@ -27,6 +27,7 @@ from fleetserve.worker.compute import compute_executor
 
 from ..conftest import TINY, ServerThread, tiny_settings
 from ..tiny_lora import make_lora
+from ..tiny_st import build_st
 from ..tinymodels import build_bert, write_spec
 from ..waiting import wait_for
 
@@ -83,6 +84,7 @@ def hot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hot]:
     models = root / "models"
     build_bert(models / "a")
     build_bert(models / "b", seed=1)
+    build_st(models / "st", pooling="cls", max_seq_length=24)
     catalog = root / "catalog"
     write_spec(catalog, TINY, models / "a")
     settings = tiny_settings(catalog, model_roots=str(models), keys=RING, auth="keys")
@@ -101,6 +103,21 @@ def test_adding_and_removing_need_the_admin_scope(hot: Hot) -> None:
     assert "hot/denied" not in hot.listed() and TINY in hot.listed()
 
 
+def test_a_source_alone_is_served_as_its_files_say(hot: Hot) -> None:
+    """No family: the spec is inferred from the model's own files (catalog.infer)."""
+    body = {"sources": [str(hot.models / "st")]}
+    r = httpx.post(hot.srv.url + "/v1/models", json=body, headers=hot.headers())
+    assert r.status_code == 201, r.text
+    assert r.json()["id"] == "st" and "st" in hot.listed()
+    written = yaml.safe_load((hot.catalog / "st.yaml").read_text())
+    assert written["family"] == "dense" and written["pooling"] == "cls"
+    assert written["max_seq_len"] == 24  # sentence_bert_config.json, not the default 512
+    assert hot.encode("st").status_code == 200
+    with hot.client() as c:
+        c.remove_model("st", timeout=30)
+    assert "st" not in hot.listed()
+
+
 @pytest.mark.parametrize(
     ("change", "status", "field", "named"),
     [
@@ -113,7 +130,7 @@ def test_adding_and_removing_need_the_admin_scope(hot: Hot) -> None:
         ({"sources": ["{models}/../x"]}, 400, "sources", "'..'"),
         ({"sources": ["https://example.com/m"]}, 400, "sources", "URL scheme"),
         ({"sources": ["{models}/absent"]}, 400, "sources", "absent"),
-        ({"family": None, "sources": "{models}/b"}, 400, "family", "give the spec's family"),
+        ({"family": None, "sources": "{models}/b"}, 400, "family", "do not decide the family"),
         ({"family": None, "sources": "{models}/absent"}, 400, "sources", "not present"),
     ],
 )

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from fleetserve.catalog.names import id_for_source
 from fleetserve.gateway.model_checks import check_model_id, check_sources
-from fleetserve.gateway.model_routes import default_id
 from fleetserve.wire import InvalidInput
 
 
@@ -84,6 +84,7 @@ def test_no_roots_allow_no_local_path(tmp_path: Path) -> None:
 
 
 def test_a_source_alone_names_the_model() -> None:
-    assert default_id("hf:org/name") == "org/name"
-    assert default_id("/models/minilm/") == "minilm"
-    assert default_id("s3://bucket/models/e5") == "e5"
+    assert id_for_source("hf:org/name") == "org/name"
+    assert id_for_source("/models/minilm/") == "minilm"
+    assert id_for_source("s3://bucket/models/e5") == "e5"
+    assert id_for_source("/models/my model v2") == "my-model-v2"

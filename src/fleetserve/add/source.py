@@ -9,11 +9,11 @@ not exist, a directory with no weights, a describing JSON file that does not par
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..catalog.fetch import is_object_uri
+from ..catalog.names import id_for_source
 from ..catalog.weights import resolve_sources
 from ..settings import Settings
 from ..wire import FleetError
@@ -58,20 +58,19 @@ def locate(source: str, settings: Settings) -> Located:
         raise Refused("SOURCE is empty: name a model directory, hf:org/name or s3://bucket/prefix")
     if text.startswith("hf:") or is_object_uri(text):
         named = text
-        default_id = _id_from(text.split(":", 1)[1].lstrip("/"), keep=2)
     else:
         local = Path(text.removeprefix("file://")).expanduser()
         if not local.exists():
             raise Refused(f"{local}: no such directory")
         if not local.is_dir():
             raise Refused(f"{local}: not a directory (name the model's directory)")
-        named, default_id = str(local.resolve()), _id_from(local.resolve().name, keep=1)
+        named = str(local.resolve())
     try:
         path = resolve_sources(named, (named,), settings)
     except FleetError as exc:
         raise Refused(exc.message) from None
     check_files(path)
-    return Located(named, path, default_id)
+    return Located(named, path, id_for_source(named))
 
 
 def check_files(path: Path) -> None:
@@ -91,12 +90,3 @@ def check_files(path: Path) -> None:
     for f in path.glob("*.safetensors"):
         if f.stat().st_size < 8:
             raise Refused(f"{f}: truncated (a safetensors file starts with an 8-byte header)")
-
-
-def _id_from(name: str, keep: int) -> str:
-    """An id from the last ``keep`` parts of a name: ``org/name`` or ``local/<dir>``."""
-    parts = [p for p in name.strip("/").split("/") if p]
-    picked = parts[-keep:] if parts else ["model"]
-    if len(picked) == 1:
-        picked = ["local", picked[0]]
-    return "/".join(re.sub(r"[^A-Za-z0-9._-]+", "-", p) for p in picked)

@@ -7,6 +7,8 @@ here, below all three. A test checks `families.FAMILIES` lists these families.
 
 from __future__ import annotations
 
+import re
+
 FAMILY_NAMES = (
     "dense",
     "sparse",
@@ -20,4 +22,16 @@ FAMILY_NAMES = (
 )
 RUNTIMES = ("torch", "torch_compile", "onnx", "openvino", "external")
 
-__all__ = ["FAMILY_NAMES", "RUNTIMES"]
+
+def id_for_source(source: str) -> str:
+    """The id of a model added by its source alone (``fleetserve add``, ``POST
+    /v1/models``): ``hf:org/name`` -> ``org/name``; a directory or an ``s3://`` prefix
+    -> its last part, with what an id may not hold made ``-``."""
+    if source.startswith("hf:"):
+        parts = source[len("hf:") :].strip("/").split("/")[-2:]
+    else:
+        parts = source.rstrip("/").rsplit("/", 1)[-1:]
+    return "/".join(re.sub(r"[^A-Za-z0-9._-]+", "-", p).strip("-") or "model" for p in parts)
+
+
+__all__ = ["FAMILY_NAMES", "RUNTIMES", "id_for_source"]

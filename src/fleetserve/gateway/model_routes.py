@@ -22,6 +22,8 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from ..catalog import Catalog, ModelSpec
+from ..catalog.infer import infer
+from ..catalog.names import id_for_source
 from ..catalog.spec import SPEC_FIELDS
 from ..catalog.weights import resolve_sources
 from ..settings import Settings
@@ -116,7 +118,7 @@ class ModelRoutes:
         sources = _source_list(fields)
         infer = "family" not in fields and bool(sources)  # a source alone: inferred
         if infer and "id" not in fields and sources:
-            fields["id"] = default_id(sources[0])
+            fields["id"] = id_for_source(sources[0])
         model = check_model_id(fields.get("id"))
         if model in self.catalog:
             raise Conflict(f"model {model!r} is served already; remove it first", field="id")
@@ -126,7 +128,7 @@ class ModelRoutes:
                 path = await asyncio.to_thread(self.locate, model, tuple(sources))
             except ModelNotFound as err:  # the source is the caller's input: a 400
                 raise InvalidInput(err.message, field="sources") from None
-            fields = {**infer_fields(path, None), **fields}
+            fields = {**await asyncio.to_thread(infer_fields, path), **fields}
         try:
             spec = ModelSpec.from_dict(fields)
         except ValueError as exc:
@@ -140,23 +142,11 @@ class ModelRoutes:
         await self.admin.remove(model)
 
 
-def infer_fields(path: Path, family: str | None) -> dict[str, object]:
-    """The spec's fields (without ``id`` and ``sources``) from the model's files at
-    ``path``: the one place a spec is inferred (``fleetserve.catalog.infer``, once it
-    is in: ``return infer(path, family=family).spec``)."""
-    raise InvalidInput(
-        f"this server cannot infer a spec from {path.name!r} yet: give the spec's family "
-        "and fields (family, pooling, max_seq_len...)",
-        field="family",
-    )
-
-
-def default_id(source: str) -> str:
-    """The id of a model added by its source alone: ``hf:org/name`` -> ``org/name``,
-    a directory or an ``s3://`` prefix -> its last part."""
-    if source.startswith("hf:"):
-        return source[len("hf:") :]
-    return source.rstrip("/").rsplit("/", 1)[-1]
+def infer_fields(path: Path) -> dict[str, object]:
+    """The spec's fields (without ``id`` and ``sources``) from the model's own files at
+    ``path`` (``catalog.infer``): files that do not decide the family, a checkpoint
+    that needs its own code or a corrupt file are a 400 naming it."""
+    return infer(path).spec_fields()
 
 
 def _mapping(body: object) -> dict[str, object]:

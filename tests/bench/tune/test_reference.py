@@ -17,13 +17,13 @@ from fleetserve.catalog import ModelSpec
 from fleetserve.runtimes import Head
 from fleetserve.settings import Settings
 
+from ... import tiny_st
 from ...tiny_colbert import build_pylate_colbert
 from ...tiny_extract import build_nli_classifier, build_token_classifier
 from ...tiny_generate import build_llama
 from ...tiny_image import build_clip, build_siglip
 from ...tiny_onnx import build_head
 from ...tiny_rerank import build_cross_encoder
-from ...tinymodels import build_bert
 
 # the tiny tokenizer spells most words letter by letter: a cross-encoder's pairs fit only
 # in this many positions (over it, fleetserve cuts the document and keeps the query, by
@@ -50,37 +50,15 @@ def build_st(
     normalize: bool = True,
     prompts: dict[str, str] | None = None,
 ) -> Path:
-    """A sentence-transformers directory over a tiny BERT, written as the library
-    writes one: modules.json, sentence_bert_config.json, 1_Pooling/config.json and
-    config_sentence_transformers.json (its prompts)."""
-    build_bert(path, max_positions=128)
-    kinds = ["Transformer", "Pooling"] + (["Normalize"] if normalize else [])
-    dirs = ["", "1_Pooling", "2_Normalize"]
-    modules = [
-        {"idx": i, "name": str(i), "path": dirs[i], "type": f"sentence_transformers.models.{k}"}
-        for i, k in enumerate(kinds)
-    ]
-    if normalize:
-        (path / "2_Normalize").mkdir()
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
+    """A sentence-transformers directory over a tiny BERT of 128 positions."""
+    return tiny_st.build_st(
+        path,
+        max_positions=128,
+        pooling=pooling,
+        normalize=normalize,
+        max_seq_length=max_seq_length,
+        prompts=prompts,
     )
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text(
-        json.dumps(
-            {
-                "word_embedding_dimension": 32,
-                "pooling_mode_cls_token": pooling == "cls",
-                "pooling_mode_mean_tokens": pooling == "mean",
-                "pooling_mode_max_tokens": False,
-                "pooling_mode_mean_sqrt_len_tokens": False,
-            }
-        )
-    )
-    st: dict[str, Any] = {"prompts": prompts or {}, "default_prompt_name": None}
-    (path / "config_sentence_transformers.json").write_text(json.dumps(st))
-    return path
 
 
 # -- dense, against sentence-transformers ---------------------------------------------------
