@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.markup import escape
 
 from .add.pipeline import DEFAULT_BUDGET_S, AddRequest, add_model
 from .add.source import Refused
+from .sdk import Client
 from .settings import Settings
+from .wire import Conflict, FleetError
 
 DEFAULT_CATALOG = "~/.config/fleetserve/catalog"
 ARGS = {"add_source", "add_id", "add_family", "add_budget", "no_tune", "add_server"}
@@ -79,6 +82,29 @@ def run(settings: Settings, args: argparse.Namespace, console: Console) -> int:
     else:
         out.print(f"  not tuned: {escape(report.not_tuned)}")
     out.print(f"  report: {md} (and {js.name})")
+    if args.add_server:
+        return _on_server(args.add_server, Path(report.spec_file), settings, out, console)
     if not settings.catalog:
         out.print(f"  serve it: fleetserve serve --catalog {catalog}")
+    return 0
+
+
+def _on_server(url: str, spec_file: Path, settings: Settings, out: Console, errors: Console) -> int:
+    """Serve the written spec on the server at ``url`` now (``POST /v1/models``, an
+    admin key). A server that watches the catalog directory may have taken it already."""
+    spec = yaml.safe_load(spec_file.read_text(encoding="utf-8"))
+    try:
+        with Client(url, api_key=settings.api_key or None, max_retries=0) as client:
+            entry = client.add_model(spec, timeout=120.0)
+    except Conflict:
+        out.print(f"  {escape(url)} serves it already (it watches the catalog directory)")
+        return 0
+    except FleetError as exc:
+        errors.print(
+            f"[red]error:[/] {escape(url)} did not take it: {escape(exc.message)} (the spec "
+            f"is written: {spec_file})",
+            soft_wrap=True,
+        )
+        return 1
+    out.print(f"  serving on {escape(url)}: {escape(str(entry.get('id')))}")
     return 0

@@ -18,8 +18,9 @@ from ..catalog import Catalog, ModelSpec
 from ..catalog.hardware import detect
 from ..catalog.profiles import ProfileError, read_profile_file
 from ..catalog.spec_yaml import render_spec
+from ..gateway.model_checks import check_model_id
 from ..settings import Settings
-from ..wire import FleetError
+from ..wire import FleetError, InvalidInput
 from ..wire.json_value import JSON
 from .report import AddReport, Tuned
 from .source import Refused, locate
@@ -103,7 +104,10 @@ def add_model(req: AddRequest, settings: Settings, console: Console) -> AddRepor
 
 def _valid_spec(fields: dict[str, object], catalog_dir: Path) -> ModelSpec:
     try:
+        check_model_id(fields["id"])  # what POST /v1/models accepts, no more
         spec = ModelSpec.from_dict(fields)
+    except InvalidInput as exc:
+        raise Refused(f"--id: {exc.message}") from None
     except ValueError as exc:
         raise Refused(f"the spec for {fields['id']!r} is not valid: {exc}") from None
     dirs = (catalog_dir,) if catalog_dir.is_dir() else ()

@@ -57,6 +57,10 @@ def locate(source: str, settings: Settings) -> Located:
     if not text:
         raise Refused("SOURCE is empty: name a model directory, hf:org/name or s3://bucket/prefix")
     if text.startswith("hf:") or is_object_uri(text):
+        try:
+            path = resolve_sources(text, (text,), settings)
+        except FleetError as exc:
+            raise Refused(exc.message) from None
         named = text
     else:
         local = Path(text.removeprefix("file://")).expanduser()
@@ -64,11 +68,8 @@ def locate(source: str, settings: Settings) -> Located:
             raise Refused(f"{local}: no such directory")
         if not local.is_dir():
             raise Refused(f"{local}: not a directory (name the model's directory)")
-        named = str(local.resolve())
-    try:
-        path = resolve_sources(named, (named,), settings)
-    except FleetError as exc:
-        raise Refused(exc.message) from None
+        path = local.resolve()
+        named = str(path)
     check_files(path)
     return Located(named, path, id_for_source(named))
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...catalog import ModelSpec, Profile
+from ...catalog.hardware import detect
 from ...families import AnyFamily, create_family
 from ...gateway import envelope as env_mod
 from ...runtimes import create_runtime
@@ -120,7 +121,8 @@ async def check_reference_async(
         return ReferenceCheck(spec.id, spec.family, library, version, size, status, reason)
 
     try:
-        lib = library_for(spec, weights, settings.device)
+        device = detect(settings.device).kind if settings.device == "auto" else settings.device
+        lib = library_for(spec, weights, device)
     except NoReference as exc:
         return verdict(exc.library, "", UNCHECKED, str(exc))
     name, ver = lib.name, lib.version
