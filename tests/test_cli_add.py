@@ -79,6 +79,7 @@ def test_a_sentence_transformers_directory_is_added_in_one_command(
         (lambda p: build_st(p / "st"), ["--family", "cross_encoder"], 2, "cross_encoder"),
         (lambda p: build_st(p / "st"), ["--id", "bad id!"], 2, "bad id!"),
     ],
+    ids=["absent", "no-weights", "undecided", "family-mismatch", "bad-id"],
 )
 def test_what_cannot_be_added_is_one_line_and_nothing_is_written(
     tmp_path: Path,
@@ -140,3 +141,23 @@ def test_server_makes_it_servable_on_a_running_server_without_a_restart(
         assert r.status_code == 200, r.text
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--budget", "5"], "too small to measure anything"),
+        (["--hardware-class", "cpu-generic"], "a profile for cpu-generic must be measured"),
+    ],
+)
+def test_a_tune_that_cannot_run_is_refused_before_anything_is_checked(
+    tmp_path: Path,
+    dirs: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    named: str,
+) -> None:
+    assert main(["add", str(build_st(tmp_path / "m")), *extra]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "check against the reference library" not in err, err
+    assert files_in(dirs["catalog"]) == [] and files_in(dirs["tune"]) == []

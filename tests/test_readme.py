@@ -203,3 +203,15 @@ def test_the_operations_commands_are_real() -> None:
     (serve,) = [shlex.split(ln) for ln in lines if ln.startswith("fleetserve")]
     args = _parser().parse_args(serve[1:])
     assert (args.command, args.log_format, args.tracing) == ("serve", "json", True)
+
+
+def test_the_add_commands_parse_as_shown() -> None:
+    """The "Any model in one command" block: each line is the CLI's (the command itself
+    runs in tests/test_cli_add.py)."""
+    from fleetserve.cli import _parser
+
+    (block,) = [b for b in blocks("bash") if "fleetserve add" in b]
+    lines = [ln.split("#", 1)[0].strip() for ln in block.splitlines() if ln.strip()]
+    add, serve = (_parser().parse_args(shlex.split(ln)[1:]) for ln in lines)
+    assert (add.command, add.add_source, add.catalog) == ("add", "~/models/my-embedder", "~/models")
+    assert (serve.command, serve.catalog) == ("serve", "~/models")

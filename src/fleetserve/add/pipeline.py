@@ -14,8 +14,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..bench.tune.options import Options, TuneError
+from ..bench.tune.runs import RunStore
+from ..bench.tune.tuner import Tuner
 from ..catalog import Catalog, ModelSpec
-from ..catalog.hardware import detect
+from ..catalog.hardware import Hardware, detect
 from ..catalog.profiles import ProfileError, read_profile_file
 from ..catalog.spec_yaml import render_spec
 from ..gateway.model_checks import check_model_id
@@ -87,15 +90,15 @@ def add_model(req: AddRequest, settings: Settings, console: Console) -> AddRepor
         evidence=dict(inferred.evidence),
         weights_bytes=_weights_bytes(located.path),
     )
+    tuner = _tuner(spec, located.path, req, settings, hw, cls, console) if req.tune else None
     with stages.stage("check against the reference library"):
-        check = _check(spec, located.path, settings, console)
-    report.check = check
+        report.check, report.check_markdown = _check(spec, located.path, settings, console)
     header = f"written by `fleetserve add` on {time.strftime('%Y-%m-%d')} from its own files"
     write(path, render_spec(spec.id, spec.sources, inferred, header=header))
     report.spec_file = str(path)
-    if req.tune:
+    if tuner is not None:
         with stages.stage(f"tune (budget {req.budget_s:.0f}s)"):
-            _tune(spec, located.path, req, settings, cls, report, console)
+            _tune(tuner, cls, report, console)
     else:
         report.not_tuned = "--no-tune: the rules choose its engine and batch until it is tuned"
     report.seconds = {**stages.seconds, "total": round(time.monotonic() - t0, 2)}
@@ -120,7 +123,9 @@ def _valid_spec(fields: dict[str, object], catalog_dir: Path) -> ModelSpec:
     return spec
 
 
-def _check(spec: ModelSpec, path: Path, settings: Settings, console: Console) -> dict[str, JSON]:
+def _check(
+    spec: ModelSpec, path: Path, settings: Settings, console: Console
+) -> tuple[dict[str, JSON], str]:
     """The reference check's figures; a mismatch (or a side that cannot load) refuses
     the model. With no reference library here for its family, it goes on and says so."""
     from ..bench.tune.reference import FAILED, UNCHECKED, check_reference
@@ -134,42 +139,51 @@ def _check(spec: ModelSpec, path: Path, settings: Settings, console: Console) ->
             f"{result.reason}",
             soft_wrap=True,
         )
-    return _json(result.to_dict())
+    return _json(result.to_dict()), result.to_markdown()
 
 
-def _tune(
+def _tuner(
     spec: ModelSpec,
     path: Path,
     req: AddRequest,
     settings: Settings,
+    hw: Hardware,
     cls: str,
-    report: AddReport,
     console: Console,
-) -> None:
-    from ..bench.tune.options import Options
-    from ..bench.tune.runs import RunStore
-    from ..bench.tune.search import TuneError
-    from ..bench.tune.tuner import Tuner
-
-    hw = detect(settings.device)
+) -> Tuner:
+    """The tune of ``spec`` (the search ``fleetserve tune`` runs), set up before
+    anything is checked or written: a budget too small to measure anything, or a
+    hardware class this machine is not, is bad input."""
+    if cls != hw.hardware_class:
+        raise Refused(
+            f"this machine is {hw.hardware_class}: a profile for {cls} must be measured on "
+            f"a {cls} machine (drop --hardware-class, or add with --no-tune)"
+        )
     tune_dir = Path(settings.tune_dir).expanduser()
     opts = Options(
         budget_s=req.budget_s,
         device=settings.device if settings.device != "auto" else hw.kind,
         cache_dir=Path(settings.cache_dir).expanduser(),
     )
-    tuner = Tuner(
-        spec,
-        path,
-        hw,
-        cls,
-        opts,
-        RunStore(tune_dir),
-        profile_dir=Path(settings.profile_dir).expanduser(),
-        report_dir=tune_dir / "reports",
-        catalog_dirs=(req.catalog_dir,),
-        console=console,
-    )
+    try:
+        return Tuner(
+            spec,
+            path,
+            hw,
+            cls,
+            opts,
+            RunStore(tune_dir),
+            profile_dir=Path(settings.profile_dir).expanduser(),
+            report_dir=tune_dir / "reports",
+            catalog_dirs=(req.catalog_dir,),
+            console=console,
+        )
+    except TuneError as exc:
+        raise Refused(str(exc)) from None
+
+
+def _tune(tuner: Tuner, cls: str, report: AddReport, console: Console) -> None:
+    """Run the tune; what it found goes into ``report`` (a failed tune: why not)."""
     try:
         outcome = asyncio.run(tuner.run())
     except (TuneError, FleetError, RuntimeError, OSError) as exc:

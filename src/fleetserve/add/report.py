@@ -39,6 +39,7 @@ class AddReport:
     fields: dict[str, JSON]
     evidence: dict[str, str]
     check: dict[str, JSON] = field(default_factory=dict)  # the reference check
+    check_markdown: str = ""  # its section of the report
     tuned: Tuned | None = None
     not_tuned: str = ""  # why there is no tune (--no-tune, a failed tune)
     weights_bytes: int = 0  # on disk
@@ -76,8 +77,7 @@ class AddReport:
         ]
         for k, v in self.fields.items():
             lines.append(f"| {k} | `{json.dumps(v)}` | {self.evidence.get(k, '')} |")
-        lines += ["", "## Reference check", ""]
-        lines += [f"- {k}: {json.dumps(v)}" for k, v in self.check.items()] or ["- not run"]
+        lines += ["", "## Reference check", "", self.check_markdown.strip() or "- not run"]
         lines += ["", "## Tuning", ""]
         t = self.tuned
         if t is None:
