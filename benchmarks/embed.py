@@ -42,6 +42,11 @@ NO_HTTP_LIMITS = [
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks embed", description=__doc__)
+    p.add_argument(
+        "--model",
+        default=REAL,
+        help="a model of the catalog (with --catalog: one `fleetserve add` wrote) [%(default)s]",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=6.0, help="seconds per measurement")
     p.add_argument("--tokens", type=int, default=64, help="tokens per sentence")
@@ -79,8 +84,8 @@ def main(argv: Sequence[str] = ()) -> int:
     from fleetserve.catalog.sources import resolve
     from fleetserve.settings import Settings
 
-    spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(REAL)
-    path = resolve(REAL, spec.sources, HF_CACHE)
+    spec = Catalog.load([Path(args.catalog)] if args.catalog else []).get(args.model)
+    path = resolve(args.model, spec.sources, HF_CACHE)
     if args.workload == "mix":
         texts, lengths = mix(path, 512)
         what = f"real text of {min(lengths)}-{max(lengths)} tokens (median {_median(lengths)})"
@@ -91,7 +96,7 @@ def main(argv: Sequence[str] = ()) -> int:
     tokens = statistics.fmean(lengths)  # per item, for the tokens/s of servers
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    console.rule(f"python -m benchmarks embed: {REAL}, {what}")
+    console.rule(f"python -m benchmarks embed: {args.model}, {what}")
     console.print(machine())
 
     dev = args.device
@@ -113,9 +118,9 @@ def main(argv: Sequence[str] = ()) -> int:
     ref = inproc[0].embed(texts[:64])
 
     extra = args.fleetserve_args.split() + (["--catalog", args.catalog] if args.catalog else [])
-    servers: list[HttpTarget] = [fleetserve_target(REAL, extra or None)]
+    servers: list[HttpTarget] = [fleetserve_target(args.model, extra or None)]
     if args.http_limits:
-        servers.append(fleetserve_target(REAL, extra + NO_HTTP_LIMITS, UNLIMITED))
+        servers.append(fleetserve_target(args.model, extra + NO_HTTP_LIMITS, UNLIMITED))
     venv = Path(args.infinity_venv)
     if not args.no_infinity:
         if (venv / "bin" / "infinity_emb").exists():

@@ -137,6 +137,7 @@ def test_page_and_its_files(dash_server: ServerThread) -> None:
         "/dashboard/static/charts.js",
         "/dashboard/static/tuning.js",
         "/dashboard/static/fleet.js",
+        "/dashboard/static/added.js",
     ]
     for url in urls:
         assert url.startswith("/dashboard/static/") or url == "data:,", url

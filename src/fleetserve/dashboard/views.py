@@ -20,6 +20,7 @@ from typing import Protocol
 
 from ..bench.tune.runs import RunStore
 from ..settings import Settings
+from .added import AddedView
 from .fleet import FleetView
 from .tuning import TuningView
 
@@ -48,7 +49,8 @@ class View(Protocol):
 
 def default_views(settings: Settings) -> list[View]:
     """The views of a server with ``settings``, in tab order."""
-    return [TuningView(RunStore(Path(settings.tune_dir).expanduser())), FleetView()]
+    tune_dir = Path(settings.tune_dir).expanduser()
+    return [TuningView(RunStore(tune_dir)), FleetView(), AddedView(tune_dir / "reports")]
 
 
 __all__ = ["View", "default_views"]
