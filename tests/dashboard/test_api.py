@@ -166,7 +166,7 @@ def test_events_say_when_the_store_changes(dash_server: ServerThread, store: Run
         name, hello = next(events)
         assert name == "hello"
         versions = hello["versions"]
-        assert isinstance(versions, dict) and set(versions) == {"tuning", "fleet"}
+        assert isinstance(versions, dict) and set(versions) == {"tuning", "fleet", "added"}
         run = rundocs.running_run()
         run["id"] = "20261201T120000-events-cpu-cccccc"
         rundocs.write(store, run)

@@ -11,6 +11,7 @@ import pytest
 
 from fleetserve.bench.tune.runs import RunStore
 from fleetserve.dashboard import Dashboard, default_views
+from fleetserve.dashboard.added import AddedView
 from fleetserve.dashboard.fleet import FleetView
 from fleetserve.dashboard.tuning import TuningView
 from fleetserve.settings import Settings
@@ -52,9 +53,10 @@ class BrokenView:
 
 
 def test_the_run_store_is_tune_dir_with_home_expanded() -> None:
-    view, fleet = default_views(Settings(tune_dir="~/runs-here"))
+    view, fleet, added = default_views(Settings(tune_dir="~/runs-here"))
     assert isinstance(view, TuningView) and isinstance(fleet, FleetView)
     assert view.store.root == Path.home() / "runs-here"
+    assert isinstance(added, AddedView) and added.reports == Path.home() / "runs-here/reports"
 
 
 def test_a_missing_store_is_an_empty_list(tmp_path: Path) -> None:

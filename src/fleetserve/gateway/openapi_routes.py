@@ -213,6 +213,13 @@ VIEWS: dict[str, tuple[Op, ...]] = {
         Op("get", "/v1/tuning/runs/{id}", "tuning_run", "One tuning run's document",
            "dashboard", _same(dict[str, Any]), errors=READ_ERRORS, params=(ID,)),
     ),
+    "/v1/added/": (
+        Op("get", "/v1/added/models", "added_models",
+           "The models `fleetserve add` added, newest first", "dashboard",
+           _same(t.ViewList), errors=READ_ERRORS),
+        Op("get", "/v1/added/models/{id}", "added_model", "One `fleetserve add` report",
+           "dashboard", _same(dict[str, Any]), errors=READ_ERRORS, params=(ID,)),
+    ),
 }  # fmt: skip
 
 ADAPTERS: tuple[Op, ...] = (
