@@ -320,3 +320,34 @@ async def test_retry_after_for_want_of_room_is_capped_at_the_cool_down() -> None
     with pytest.raises(Unavailable) as err:
         await f.acquire("new", timeout=10.0)
     assert err.value.retry_after == pytest.approx(10.0, abs=1.0)
+
+
+async def test_evicting_the_model_with_the_largest_peak_frees_its_peak_too() -> None:
+    """The budget holds every weight and the largest peak: a model whose peak is the
+    largest frees more than its weights when it leaves, and room is found for a load
+    that only fits once that peak is gone (it was a 503 when only weights counted)."""
+    c = Clock()
+    big = FakeModel(c, "big", 10, peak_mib=60)
+    f = fleet(c, 80, big, FakeModel(c, "small", 50, peak_mib=10))
+    await use(f, "big")  # 10 + 60
+    await use(f, "small")  # 10 + 50 + 60 > 80: big leaves (10 of weights, 50 of peak)
+    assert f.state("big") is State.COLD and f.state("small") is State.RESIDENT
+    assert f.used() == 60 * MIB
+
+
+async def test_a_load_that_measures_more_than_expected_sheds_by_its_peak() -> None:
+    """Over budget after a load measured more than expected: the others leave until the
+    whole footprint fits, their peaks counted (counting weights alone, ``a``'s 10 MiB
+    were not enough to bring 95 under 80, and nothing left)."""
+
+    class Larger(FakeModel):
+        async def load(self) -> Footprint:
+            got = await super().load()
+            return Footprint(25 * MIB, got.peak)  # 25 MiB of weights, 10 expected
+
+    c = Clock()
+    a = FakeModel(c, "a", 10, peak_mib=60)
+    f = fleet(c, 80, a, Larger(c, "b", 10, peak_mib=5))
+    await use(f, "a")
+    await use(f, "b")  # 10 + 10 + 60 fits 80 as expected: a stays for the load
+    assert f.state("a") is State.COLD and f.used() == 30 * MIB

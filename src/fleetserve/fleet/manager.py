@@ -16,13 +16,13 @@ import contextlib
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from ..metrics import Metrics
 from ..wire import Unavailable
 from .member import Footprint, Member, State, held_together, is_oom
-from .policy import Policy, Resident, evictable, victims
+from .policy import Policy, Resident, evictable, victims_until
 from .room import no_room
 from .slot import NOTHING, Slot
 
@@ -82,6 +82,13 @@ class Fleet:
         activation peak among them (one batch runs at a time), with ``extra`` added,
         and the hot adapters."""
         return held_together([*(s.held for s in self._slots.values()), extra]) + self.adapters()
+
+    def _free_without(self, gone: Sequence[Resident], peak: int = 0) -> int:
+        """The budget left were ``gone`` evicted, beside an activation ``peak``: their
+        weights free, and their peaks where they were the largest."""
+        leaving = {r.model for r in gone}
+        held = [s.held for m, s in self._slots.items() if m not in leaving]
+        return self.budget - held_together([*held, Footprint(0, peak)]) - self.adapters()
 
     def _footprint(self, s: Slot) -> Footprint:
         """What ``s`` holds, or would once loaded."""
@@ -266,9 +273,12 @@ class Fleet:
         give_up = min(deadline, self.clock() + (self.room_wait if wait else 0.0))
         while True:
             async with self._room:
-                free = self.budget - self.used(Footprint(0, need.peak))
-                now = self.clock()
-                chosen = victims(self.policy, self._records(), need.weights, free, now)
+                chosen = victims_until(
+                    self.policy,
+                    self._records(),
+                    lambda gone: need.weights <= self._free_without(gone, need.peak),
+                    self.clock(),
+                )
                 if chosen is not None:
                     for r in chosen:
                         self._evict(self._slots[r.model], "pressure")
@@ -386,7 +396,9 @@ class Fleet:
         """Over budget after a load measured more than expected: evict what may leave."""
         async with self._room:
             others = [r for r in self._records() if r.model != keep]
-            chosen = victims(self.policy, others, self.used(), self.budget, self.clock())
+            chosen = victims_until(
+                self.policy, others, lambda gone: self._free_without(gone) >= 0, self.clock()
+            )
             for r in chosen or []:
                 self._evict(self._slots[r.model], "pressure")
 

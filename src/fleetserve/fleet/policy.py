@@ -16,7 +16,7 @@ load or used all the time, which is what recency alone gets wrong.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -124,15 +124,41 @@ def victims(
     """The models to evict so that ``need`` bytes fit in ``free`` plus what they hold,
     in the policy's order; ``None`` if even evicting every evictable one is not enough.
     ``[]`` when it fits already."""
-    if need <= free:
-        return []
+    return victims_until(policy, residents, lambda gone: need <= free + _bytes(gone), now)
+
+
+def victims_until(
+    policy: Policy,
+    residents: Sequence[Resident],
+    fits: Callable[[Sequence[Resident]], bool],
+    now: float,
+) -> list[Resident] | None:
+    """The fewest evictable models, in the policy's order, whose leaving ``fits`` (a
+    model's leaving may free more than its record's bytes: its activation peak, where
+    it was the largest); ``None`` if even evicting every evictable one does not fit,
+    ``[]`` when it fits already."""
     chosen: list[Resident] = []
+    if fits(chosen):
+        return chosen
     for r in policy.order(x for x in residents if evictable(x, now)):
         chosen.append(r)
-        free += r.bytes
-        if need <= free:
+        if fits(chosen):
             return chosen
     return None
 
 
-__all__ = ["GDSF", "LRU", "POLICIES", "Policy", "Resident", "evictable", "make_policy", "victims"]
+def _bytes(rs: Sequence[Resident]) -> int:
+    return sum(r.bytes for r in rs)
+
+
+__all__ = [
+    "GDSF",
+    "LRU",
+    "POLICIES",
+    "Policy",
+    "Resident",
+    "evictable",
+    "make_policy",
+    "victims",
+    "victims_until",
+]
