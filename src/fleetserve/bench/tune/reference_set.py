@@ -12,7 +12,9 @@ library, the spec itself is on trial, so the set adds:
 - for ``sparse``: encode requests beside its score requests, and the long text;
 - for ``multivector``: score requests and queries (their marker, length, expansion);
 - for ``zero_shot``: a multi-label request (scored per label, not across labels);
-- for ``image``: texts as well as images (both towers).
+- for ``image``: texts as well as images (both towers);
+- for ``span_ner``: nested, multi-label decoding (no text past the token limit:
+  gliner keeps scoring words whose tokens it cut, fleetserve drops them, by design).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from ...catalog import ModelSpec
 from ...runtimes.onnx_guard import CALIBRATION
 from ...wire import Task
-from .quality import LABELS, calibration
+from .quality import ENTITY_LABELS, LABELS, calibration
 
 LONG_WORDS = 1200  # words in the long text: over 1024 tokens in any tokenizer
 
@@ -56,6 +58,9 @@ def requests(spec: ModelSpec) -> list[Request]:
         base.append((Task.EXTRACT, {"inputs": texts[:8], "labels": LABELS, "multi_label": True}))
     if fam == "image":
         base.append((Task.ENCODE, {"inputs": texts[:8]}))
+    if fam == "span_ner":
+        nested = {"flat_ner": False, "multi_label": True}
+        base.append((Task.EXTRACT, {"inputs": texts[:8], "labels": ENTITY_LABELS, **nested}))
     return [Request(_name(task), task, body, _items(body), fam) for task, body in base]
 
 
