@@ -71,6 +71,12 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fleetserve-args", default="", help="extra flags for fleetserve serve")
     p.add_argument("--out", default=".bench/results")
     p.add_argument("--catalog", default="", help="extra catalog directory (also passed to serve)")
+    p.add_argument(
+        "--profile-dir",
+        default="",
+        help="tuned profiles (`fleetserve add` or `tune` wrote), for the in-process runtime "
+        "and serve alike [the default one]",
+    )
     p.add_argument("--device", default="cpu", help="device for the in-process baselines")
     return p.parse_args(list(argv))
 
@@ -100,7 +106,8 @@ def main(argv: Sequence[str] = ()) -> int:
     console.print(machine())
 
     dev = args.device
-    choice = build_profiles(Settings(device=dev)).choose(spec)
+    mine = {"profile_dir": args.profile_dir} if args.profile_dir else {}
+    choice = build_profiles(Settings(device=dev, **mine)).choose(spec)
     prof = choice.profile
     console.print(f"fleetserve's profile here: {choice.reason}")
     inproc: list[InProcess | InProcessRuntime] = [
@@ -118,6 +125,7 @@ def main(argv: Sequence[str] = ()) -> int:
     ref = inproc[0].embed(texts[:64])
 
     extra = args.fleetserve_args.split() + (["--catalog", args.catalog] if args.catalog else [])
+    extra += ["--profile-dir", args.profile_dir] if args.profile_dir else []
     servers: list[HttpTarget] = [fleetserve_target(args.model, extra or None)]
     if args.http_limits:
         servers.append(fleetserve_target(args.model, extra + NO_HTTP_LIMITS, UNLIMITED))
