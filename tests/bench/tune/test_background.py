@@ -35,7 +35,7 @@ from ...tinymodels import build_bert, write_spec
 from ...waiting import async_wait_for
 
 MODEL = "tiny/auto-bert"
-BUDGET = 60.0  # a quick search of the tiny model, its knee included (45 s fitted only the
+BUDGET = 30.0  # a quick search of the tiny model, its knee included (45 s fitted only the
 # reference once, in a clean-clone run on a 2-core cpu-avx2)
 PAUSE_S = 8.0  # how long the control test's traffic holds the tune
 

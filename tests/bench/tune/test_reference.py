@@ -218,6 +218,29 @@ def test_zero_shot_passes_against_the_pipeline(tmp_path: Path) -> None:
     assert ok.checks[0].labels_equal is True and ok.checks[0].ranking_equal is True
 
 
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_zero_shot_by_embedding_passes_against_sentence_transformers(
+    tmp_path: Path, pooling: str
+) -> None:
+    path = build_st(tmp_path / "m", pooling=pooling)
+    options = {"method": "embedding"}
+    right = spec("zero_shot", path, max_seq_len=64, pooling=pooling, options=options)
+    ok = check_reference(right, path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    assert ok.library == "sentence-transformers" and ok.checks[0].labels_equal is True
+    other = "cls" if pooling == "mean" else "mean"  # a spec that overrides the model's
+    wrong = spec("zero_shot", path, max_seq_len=64, pooling=other, options=options)
+    got = check_reference(wrong, path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("extract: request "), got.reason
+
+
+def test_zero_shot_by_embedding_over_a_bare_model_is_unchecked(tmp_path: Path) -> None:
+    path = build_nli_classifier(tmp_path / "m")
+    s = spec("zero_shot", path, max_seq_len=128, options={"method": "embedding"})
+    got = check_reference(s, path, settings(tmp_path))
+    assert got.status == UNCHECKED and "no modules.json" in got.reason, got.reason
+
+
 GLINER = Path(__file__).parents[2] / "families" / "data" / "gliner-tiny"
 
 

@@ -8,7 +8,8 @@ family             reference
                    ``aggregation`` (the caller's choice in the pipeline too) and the
                    pipeline's own ``ignore_labels`` (``["O"]``): spans, labels, scores
 ``zero_shot``      transformers' ``zero-shot-classification`` pipeline (NLI method),
-                   with the spec's ``hypothesis_template``
+                   with the spec's ``hypothesis_template``; by embedding,
+                   sentence-transformers' embeddings of the texts and hypotheses
 ``image``          transformers' ``AutoModel`` (CLIP, SigLIP), its image processor and
                    tokenizer: ``get_image_features`` and ``get_text_features``
 ``generate``       ``AutoModelForCausalLM.generate(do_sample=False)``: the greedy text
@@ -44,9 +45,13 @@ def extract_library(spec: ModelSpec, weights: Path, device: str) -> Library:
         return NerPipeline(spec, weights, device)
     if fam == "zero_shot":
         if spec.options.get("method", "nli") != "nli":
-            raise NoReference(
-                "transformers", "zero_shot by embedding has no reference library: unchecked"
-            )
+            if not (weights / "modules.json").is_file():
+                raise NoReference(
+                    "sentence-transformers",
+                    "zero_shot by embedding over a model that is not a sentence-transformers "
+                    "directory (no modules.json) has no reference library: unchecked",
+                )
+            return ZeroShotEmbedding(spec, weights, device)
         return ZeroShotPipeline(spec, weights, device)
     if fam == "image":
         return ImageModel(weights, device)
@@ -140,6 +145,48 @@ class ZeroShotPipeline:
                 for r in out
             ]
         }
+
+
+class ZeroShotEmbedding:
+    """``zero_shot`` by embedding: sentence-transformers embeds the texts and each
+    label's hypothesis; their cosines, squashed as the family defines it (softmax over
+    the labels at the spec's ``temperature``, or per label a sigmoid about its
+    ``midpoint``), labels by score. The library puts the embeddings on trial."""
+
+    name = "sentence-transformers"
+
+    def __init__(self, spec: ModelSpec, path: Path, device: str) -> None:
+        self.path, self.device = path, device
+        opts = spec.options
+        self.template = str(opts.get("hypothesis_template", "This text is about {}."))
+        self.temperature = float(opts.get("temperature", 0.05))
+        self.midpoint = float(opts.get("midpoint", 0.15))
+        self.version = version("sentence-transformers")
+        self._model: Any = None
+
+    def load(self) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(self.path), device=self.device)
+
+    def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
+        texts, labels = list(body["inputs"]), list(body["labels"])
+        hyps = [self.template.format(label) for label in labels]
+        emb = self._model.encode(texts + hyps, convert_to_numpy=True, normalize_embeddings=True)
+        emb = np.asarray(emb, np.float64)
+        cos = emb[: len(texts)] @ emb[len(texts) :].T
+        if body.get("multi_label", False):
+            scores = 1.0 / (1.0 + np.exp(-(cos - self.midpoint) / self.temperature))
+        else:
+            z = cos / self.temperature
+            e = np.exp(z - z.max(axis=1, keepdims=True))
+            scores = e / e.sum(axis=1, keepdims=True)
+        results = []
+        for row in scores:
+            order = sorted(range(len(labels)), key=lambda k: -row[k])
+            results.append({"labels": [labels[k] for k in order],
+                            "scores": [float(row[k]) for k in order]})  # fmt: skip
+        return {"results": results}
 
 
 class ImageModel:
@@ -278,4 +325,12 @@ class CausalLm:
         return {"text": self._tok.decode(new, skip_special_tokens=True)}
 
 
-__all__ = ["CausalLm", "Gliner", "ImageModel", "NerPipeline", "ZeroShotPipeline", "extract_library"]
+__all__ = [
+    "CausalLm",
+    "Gliner",
+    "ImageModel",
+    "NerPipeline",
+    "ZeroShotEmbedding",
+    "ZeroShotPipeline",
+    "extract_library",
+]
