@@ -341,9 +341,12 @@ def test_the_device_processes_follow_a_hot_add_and_remove(
     body = {"inputs": ["on a device"]}
     r = httpx.post(f"{gw.url}/v1/encode/{model}", json=body, timeout=30)
     assert r.status_code == 200, r.text
+    # the parent's heartbeat lists what its device processes serve (the fleet view)
+    wait_for(lambda: model in (gw.beat(wid) or {}).get("models", {}), 10, "the beat to list it")
     assert httpx.delete(f"{gw.url}/v1/models/{model}", timeout=30).status_code == 200
     r = httpx.post(f"{gw.url}/v1/encode/{model}", json=body, timeout=30)
     assert r.status_code == 404 and repr(model) in r.json()["error"]["message"]
+    wait_for(lambda: model not in (gw.beat(wid) or {}).get("models", {}), 10, "it to leave")
 
 
 @pytest.mark.services  # a device process: a worker's child that serves

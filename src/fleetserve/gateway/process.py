@@ -136,7 +136,16 @@ class GatewayProcess(Service):
         from ..queue.js_models import SharedModels  # hot adds and removes, fleet-wide
 
         bucket = await SharedModels(js.context(), self.settings.queue_prefix).open()
-        models = SharedAdmin(bucket, self.catalog, self.models_info)
+        s = self.settings
+        models = SharedAdmin(
+            bucket,
+            self.catalog,
+            self.models_info,
+            held=lambda model: [h.id for h in self.registry.holders(model)],
+            # the longest request a worker may be finishing, then its next heartbeat
+            drain_s=max(s.request_timeout, s.generation_timeout, s.max_request_timeout)
+            + 3 * self.registry.every,
+        )
         self.spawn("models-watch", bucket.watch(models.on_put, models.on_delete))
         self.gateway = Gateway(
             self.settings,

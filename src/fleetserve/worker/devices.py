@@ -40,13 +40,14 @@ from prometheus_client import Counter, Gauge
 from rich.console import Console
 
 from ..assembly import build_catalog, build_profiles
-from ..catalog import Catalog
+from ..catalog import Catalog, ModelSpec
 from ..cluster.natsd import die_with_parent
 from ..cluster.presence import announce_forever
 from ..fleet.memory import budget_limit, default_budget, parse_size
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, watch_broker
+from ..queue.js_models import SharedModels
 from ..queue.js_release import serve_releases
 from ..queue.local import LocalQueueServer
 from ..settings import Settings
@@ -105,7 +106,8 @@ class DevicePool(Service):
         self.console = console or Console(stderr=True)
         self.node = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         device = runtime_device(self.devices[0])
-        profiles = build_profiles(dataclasses.replace(settings, device=device))
+        self._profiles = profiles = build_profiles(dataclasses.replace(settings, device=device))
+        # the models the heartbeat lists: the catalog's, then the fleet's hot adds
         self.profiles = {s.id: profiles.choose(s).profile for s in self.catalog}
         self.metrics = Metrics()
         self.restarts = Counter(
@@ -203,7 +205,18 @@ class DevicePool(Service):
         self.spawn("supervise", self._supervise(), essential=True)
         beat = announce_forever(js.connection(), self.settings.queue_prefix, self.describe)
         self.spawn("heartbeat", beat)
+        bucket = await SharedModels(js.context(), self.settings.queue_prefix).open()
+        self.spawn("models-watch", bucket.watch(self._model_added, self._model_removed))
         self.spawn("metrics", self._refresh_metrics())
+
+    async def _model_added(self, model: str, fields: dict[str, object]) -> None:
+        """A model the fleet added (its device processes serve it: they watch the
+        bucket too): the heartbeat lists it, with the profile a child chooses."""
+        spec = ModelSpec.from_dict({**fields, "id": model})
+        self.profiles[model] = self._profiles.choose(spec).profile
+
+    async def _model_removed(self, model: str) -> None:
+        self.profiles.pop(model, None)
 
     def _spawn(self, c: _Child) -> None:
         assert self.server is not None
