@@ -14,7 +14,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from fleetserve.bench.knee_find import KneePoint
-from fleetserve.bench.openloop import arrivals, auto_rates, capacity, open_loop, sweep
+from fleetserve.bench.openloop import (
+    arrivals,
+    auto_rates,
+    capacity,
+    open_loop,
+    sweep,
+    window_s,
+)
 
 SERVICE_S = 0.02
 SLOTS = 2  # the fake serves 2 at a time: capacity 100 req/s
@@ -148,6 +155,23 @@ async def test_sweep_and_its_stop() -> None:
     assert all(p.achieved_rps < 0.5 * p.offered_rps for p in pts)
     assert len(set(seen)) == len(seen)  # request numbers never repeat across rates
     assert len(await sweep(send, [20, 30], 0.2)) == 2
+
+
+def test_a_low_rate_gets_a_window_long_enough_for_its_arrivals() -> None:
+    assert window_s(100, 2.5, 20) == 2.5  # 250 arrivals: the duration stands
+    assert window_s(1.0, 2.5, 20) == 20.0  # 2.5 arrivals would be noise
+    assert window_s(1.0, 2.5) == 2.5 and window_s(0.0, 2.5, 20) == 2.5
+
+
+async def test_a_sweep_at_low_rates_measures_their_arrivals_not_noise() -> None:
+    """At 8 requests/s, a 0.25 s window holds about two arrivals (offered reads 0, 4, 8
+    or 12); with ``min_arrivals`` each rate runs long enough to read close to itself
+    (the arrivals are seeded: the same every run)."""
+    send, seen = fake_server()
+    pts = await sweep(send, [8.0, 16.0], 0.25, drain_s=0.5, min_arrivals=16)
+    assert len(seen) >= 24
+    for rate, p in zip([8.0, 16.0], pts, strict=True):
+        assert p.offered_rps == pytest.approx(rate, rel=0.3), (rate, p.offered_rps)
 
 
 async def test_capacity_probe() -> None:

@@ -143,8 +143,11 @@ async def sweep(
     stop_after: int | None = None,
     on_point: Callable[[float, KneePoint], None] | None = None,
     window: Window | None = None,
+    min_arrivals: int = 0,
 ) -> list[KneePoint]:
-    """:func:`open_loop` at each rate in turn (rate k with seed ``seed + k``).
+    """:func:`open_loop` at each rate in turn (rate k with seed ``seed + k``), each for
+    :func:`window_s` (``duration_s``, longer where a rate would send fewer than
+    ``min_arrivals`` requests in it: a window of two Poisson arrivals measures noise).
 
     ``stop_after``: stop once this many rates in a row fell behind (achieved below
     98 % of offered), since higher ones will too. ``on_point(rate, point)`` is called
@@ -157,11 +160,12 @@ async def sweep(
         async def measure(k: int = k, rate: float = rate) -> KneePoint:
             nonlocal sent
             first = sent
-            sent += math.ceil(rate * duration_s * 2) + 16  # request numbers never repeat
+            seconds = window_s(rate, duration_s, min_arrivals)
+            sent += math.ceil(rate * seconds * 2) + 16  # request numbers never repeat
             return await open_loop(
                 send,
                 rate,
-                duration_s,
+                seconds,
                 seed=seed + k,
                 max_in_flight=max_in_flight,
                 drain_s=drain_s,
@@ -176,6 +180,12 @@ async def sweep(
         if stop_after is not None and behind >= stop_after:
             break
     return points
+
+
+def window_s(rate: float, duration_s: float, min_arrivals: int = 0) -> float:
+    """How long :func:`sweep` measures ``rate``: ``duration_s``, or long enough for
+    ``min_arrivals`` requests at it."""
+    return max(duration_s, min_arrivals / rate) if rate > 0 else duration_s
 
 
 async def capacity(send: Send, duration_s: float, *, concurrency: int = 8) -> float:

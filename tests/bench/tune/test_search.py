@@ -311,3 +311,26 @@ def test_a_quick_search_of_a_slow_model_sends_smaller_requests(
     assert slow.notes and "16-item requests" in slow.notes[0], slow.notes
     fast = quick_search(0.01)  # MiniLM: its windows fit as they are
     assert built == [16] and fast.requests[0].items == 32 and not fast.notes
+
+
+async def test_a_model_too_slow_for_a_knee_in_the_budget_gets_none_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A knee rate's window holds at least ``KNEE_ARRIVALS`` requests: at a slow model's
+    low rates that takes seconds each; where the budget cannot hold them, the knee is
+    not measured (it was noise: windows of 0-3 arrivals, offered rates of 0.0)."""
+    from fleetserve.bench.tune import steps
+
+    s = search(budget_s=60.0, knee_s=0.05)
+    s.clock.budget_s = s.clock.elapsed + 3.0  # 3 s left
+
+    class Slow:  # 4 clients at 0.25 s a request: about 16 requests/s
+        async def send(self, req: object) -> int:
+            await asyncio.sleep(0.25)
+            return 1
+
+    p = s._add(Candidate("torch", "fp32", 2, 1, 2048, 64))
+    monkeypatch.setattr(steps, "requests", lambda *a, **k: [object()])
+    doc = await steps.knee(s, Slow(), p, rates_n=4)  # type: ignore[arg-type]
+    assert doc["knee_rps"] is None and doc["points"] == [] and p.knee is doc
+    assert doc["reason"].startswith("no knee: at ") and "20 arrivals per rate" in doc["reason"]

@@ -11,7 +11,7 @@ from typing import Any
 from ...catalog.rules import EXPORT_FAMILIES
 from ...fleet.memory import peak_bytes, reset_peak, rss_bytes
 from ..knee_find import KneePoint, find_knee
-from ..openloop import auto_rates, capacity, sweep
+from ..openloop import auto_rates, capacity, sweep, window_s
 from . import candidates as cands
 from .costfit import CostFit, fit_times, item_pool, time_shapes
 from .duel import Duel
@@ -25,6 +25,8 @@ MAX_BAND = 0.05  # a gain within this (or the measured noise, if smaller) is a t
 COMPILE_PROBE_S = 120.0  # torch.compile's first compile, a recompile and a measurement
 KNEE_ITEMS = 4  # items per request in the knee sweep: many small requests, so that a
 # few seconds per rate hold enough of them for the rates to be measured closely
+KNEE_ARRIVALS = 20  # the fewest requests a rate's window holds: a slow model's low rates
+# get longer windows (at 1 request/s, 2.5 s held 0-3 arrivals: offered rates of 0.0)
 
 
 async def threads(s: Search) -> None:
@@ -172,9 +174,19 @@ async def knee(s: Search, stack: Stack, p: Point, rates_n: int = 8) -> dict[str,
         )
         s._changed()
         rates = auto_rates(cap, rates_n, low=0.3, high=1.4)
+        need = sum(window_s(r, s.opts.knee_s, KNEE_ARRIVALS) + 0.3 for r in rates)
+        if not s.clock.fits(need, final=True):  # a slow model: too few arrivals to measure
+            why = (
+                f"no knee: at {cap:.2g} requests/s its sweep needs {need:.0f}s for "
+                f"{KNEE_ARRIVALS} arrivals per rate; {max(0.0, s.clock.left(final=True)):.0f}s "
+                "of the budget is left"
+            )
+            doc.update(knee_rps=None, kneedle_rps=None, knee_tokens_s=None, reason=why)
+            s._changed()
+            return doc
         got = await sweep(
             send, rates, s.opts.knee_s, stop_after=2, on_point=on_point, drain_s=5.0,
-            window=s.unspoiled,
+            window=s.unspoiled, min_arrivals=KNEE_ARRIVALS,
         )  # fmt: skip
     except Spoiled as exc:  # a busy server: no knee rather than a spoiled one
         doc.update(knee_rps=None, kneedle_rps=None, knee_tokens_s=None, reason=str(exc))
