@@ -334,3 +334,9 @@ async def test_a_model_too_slow_for_a_knee_in_the_budget_gets_none_and_says_why(
     doc = await steps.knee(s, Slow(), p, rates_n=4)  # type: ignore[arg-type]
     assert doc["knee_rps"] is None and doc["points"] == [] and p.knee is doc
     assert doc["reason"].startswith("no knee: at ") and "20 arrivals per rate" in doc["reason"]
+    from fleetserve.bench.tune.report import markdown
+
+    run = {"model": "o/m", "hardware_class": "cpu-avx2", "machine": "m", "started_at": "t",
+           "workload": "mix", "clients": 4, "batch": 32, "measure_s": 3, "budget_s": 60,
+           "elapsed_s": 57, "candidates": [], "knee": doc}  # fmt: skip
+    assert f"- Knee: {doc['reason']}" in markdown(run)  # the report says why

@@ -52,6 +52,8 @@ def markdown(run: dict[str, Any]) -> str:
     if run.get("duel"):
         lines.append(f"- Duel (the two best in turns; `tune/duel.py`): {duel.line(run['duel'])}")
     knee = run.get("knee") or {}
+    if not knee.get("points") and knee.get("reason"):  # swept nothing: why
+        lines.append(f"- Knee: {knee['reason']}")
     if knee.get("points"):
         lines.append(
             f"- Knee (open loop, Poisson arrivals of {knee.get('items_per_request', '?')}-item "

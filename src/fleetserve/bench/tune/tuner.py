@@ -151,6 +151,11 @@ class Tuner:
             async with s._stack(winner.cand) as stack:
                 if knee and s.clock.fits(s.knee_cost_s(), final=True):
                     await steps.knee(s, stack, winner, rates_n=s.knee_rates)
+                elif knee:
+                    doc["notes"].append(
+                        f"no knee sweep: it needs {s.knee_cost_s():.0f}s and "
+                        f"{max(0.0, s.clock.left(final=True)):.0f}s of the budget was left"
+                    )
                 await steps.cost_and_memory(s, stack)
             if knee and not self.opts.quick:
                 await steps.knees(s)
