@@ -39,9 +39,9 @@ def test_a_model_added_at_the_gateway_is_served_by_the_workers(tmp_path: Path) -
         assert r.status_code == 200, r.text
         assert len(r.json()["embeddings"][0]) == 32
         wait_for(lambda: len(_holders(rc.api, HOT)) == 2, 30, "both workers serving it")
-        holders = _holders(rc.api, HOT, "state")
-        resident = sum(state == "resident" for state in holders)
-        assert resident >= 1  # the worker that answered has it loaded
+        # the worker that answered has it loaded (its next beat says so)
+        wait_for(lambda: "resident" in _holders(rc.api, HOT, "state"), 10, "it to be resident")
+        resident = sum(state == "resident" for state in _holders(rc.api, HOT, "state"))
         before = rc.worker_metric("fleetserve_resident_models")
         gone = httpx.delete(f"{rc.api}/v1/models/{HOT}", timeout=30)
         assert gone.status_code == 200 and gone.json()["deleted"] is True

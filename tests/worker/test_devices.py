@@ -235,8 +235,10 @@ def test_a_killed_device_process_loses_no_request(
     def caught_holding_work() -> float:
         """Freeze the device process; it holds whatever its last pull got."""
         os.kill(victim, signal.SIGSTOP)
-        time.sleep(0.3)  # its last pull is answered meanwhile
+        time.sleep(0.3)  # its last pull is answered, and what it wrote is read, meanwhile
         held = metric("fleetserve_device_in_flight", 'device="cpu:0"')
+        while held != (now := metric("fleetserve_device_in_flight", 'device="cpu:0"')):
+            held = now  # a reply it wrote before it froze was still being read
         if not held:
             os.kill(victim, signal.SIGCONT)
             time.sleep(0.05)

@@ -118,8 +118,9 @@ class LocalQueueServer:
         return [c.info for c in self._conns]
 
     def holding(self) -> list[tuple[dict[str, Any], int]]:
-        """Each connected device process's announcement and how many messages it holds."""
-        return [(c.info, len(c.held)) for c in self._conns]
+        """Each connected device process's announcement and how many requests it holds
+        unanswered (one answered but not yet acked is done: a crash acks it)."""
+        return [(c.info, sum(not e.replied for e in c.held.values())) for c in self._conns]
 
     @property
     def buffered(self) -> int:
