@@ -69,7 +69,7 @@ async def prepare_hosts(settings: Settings, runners: Mapping[str, Runner]) -> No
     for model, r in runners.items():
         if r.loaded:
             try:
-                await r.prepare_adapters()
+                await r.adapters.prepare()
             except Exception as exc:  # adapters then fail alone; the base serves
                 log.warning("%s: no torch copy for adapters: %s", model, exc)
 
@@ -84,7 +84,7 @@ class Hosting:
     tier: HotTier
 
     def host(self, runner: Runner) -> None:
-        runner.host_adapters(self.cache, self.tier)
+        runner.adapters.host(self.cache, self.tier)
 
 
 def host_adapters(

@@ -141,7 +141,7 @@ def build_runner(
     if not missing_extra("torch"):
         # adapters run on torch: at the profile's precision where torch has it
         torch_precision = profile.precision if profile.precision != "int8" else "fp32"
-        runner.torch_factory = lambda: make_family(torch_precision, "torch")
+        runner.adapters.torch_factory = lambda: make_family(torch_precision, "torch")
     return runner
 
 

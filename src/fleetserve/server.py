@@ -134,7 +134,7 @@ class EmbeddedServer(Service):
                     "tasks": sorted(t.value for t in r.tasks),
                     "dimensions": _dim(r.family_or_none) or spec.dimensions,
                     "max_seq_len": spec.max_seq_len,
-                    "adapters": r.hosting_info(),
+                    "adapters": r.adapters.info(),
                     "limits": {  # what the SDK sizes the chunks of a long call from
                         "max_body_bytes": self.settings.max_body_bytes,
                         "max_batch_tokens": r.waiting.max_batch_tokens,

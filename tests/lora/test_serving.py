@@ -128,7 +128,7 @@ def queued(srv: ServerThread, items: int, heating: str | None = None) -> None:
     runner: Any = srv.server.runners[TINY]
     former = runner.waiting
     wait_for(
-        lambda: len(former) >= items or (heating and heating in runner._adapter_loads),
+        lambda: len(former) >= items or (heating and runner.adapters.heating(heating)),
         60,  # generous: a loaded 2-core machine is slow to queue
         lambda: f"{items} items queued (only {len(former)})",
         interval=0.01,

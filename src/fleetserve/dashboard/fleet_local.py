@@ -59,7 +59,7 @@ def errors_by_model(metrics: Metrics) -> dict[str, int]:
 def hot_adapters(runner: Runner) -> list[str]:
     """The adapters hot on ``runner``'s model (in its LoRA bank), least recent first."""
     try:
-        host = host_of(runner.host_family)  # what holds the bank: the family or runtime
+        host = host_of(runner.adapters.host_family)  # what holds the bank: the family or runtime
         return list(host.lora_bank().keys()) if host is not None else []
     except Exception:  # a model between loads: nothing hot
         return []

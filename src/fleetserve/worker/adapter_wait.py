@@ -13,6 +13,7 @@ from ..wire import FleetError, InternalError
 if TYPE_CHECKING:
     from ..catalog import ModelSpec
     from .batcher import Job
+    from .lora_hosting import AdapterHosting
 
 log = logging.getLogger("fleetserve.worker")
 
@@ -24,9 +25,8 @@ class Heats(Protocol):
     @property
     def spec(self) -> ModelSpec: ...
 
-    def takes(self, key: str) -> None: ...
-
-    async def heat(self, key: str) -> None: ...
+    @property
+    def adapters(self) -> AdapterHosting: ...
 
     def submit(self, job: Job) -> None: ...
 
@@ -44,9 +44,9 @@ async def submit_when_hot(runner: Heats, job: Job, key: str, ledger: Heating) ->
     takes none, a 404 for a deleted adapter) answers this request only. The ledger
     hears when it no longer waits here (its tokens count in the pull budget till then)."""
     try:
-        runner.takes(key)
+        runner.adapters.takes(key)
         with for_request(job.msg.envelope.request_id):  # a store's log line names it
-            await runner.heat(key)
+            await runner.adapters.heat(key)
     except Exception as exc:
         ledger.heated(job)
         await ledger.fail(job, as_fleet_error(exc, key, runner.spec.id))

@@ -251,7 +251,7 @@ class GenerationRunner(Loadable):
                 self._cost -= cost(job)
             key = self._marked.pop(id(job), None)
         if key is not None:
-            self.mark(key, -1)
+            self.adapters.mark(key, -1)
 
     def _serve_local(self) -> None:
         adapter = self.generation_family
@@ -262,11 +262,11 @@ class GenerationRunner(Loadable):
             seq = adapter.sequence(job.prepared.items[0], tag=job)
             key = job.msg.envelope.adapter
             if key is not None:
-                if not self.alive(key):
+                if not self.adapters.alive(key):
                     raise AdapterNotFound(f"adapter {key!r} was deleted", field="adapter")
-                self.mark(key, +1)  # in use while the sequence runs (released in _leave)
+                self.adapters.mark(key, +1)  # in use while the sequence runs (released in _leave)
                 self._marked[id(job)] = key
-                if not self.hot(key):  # it left memory while the job waited to start
+                if not self.adapters.hot(key):  # it left memory while the job waited to start
                     raise Unavailable(
                         f"adapter {key!r} left memory before its sequence started; retry",
                         retry_after=1.0,

@@ -14,7 +14,7 @@ from ..fleet.member import Footprint
 from ..fleet.memory import rss_bytes
 from ..wire import Task
 from .compute import compute_executor
-from .lora_hosting import Hosting
+from .lora_hosting import AdapterHosting
 
 FamilyFactory = Callable[[], AnyFamily]
 
@@ -31,7 +31,7 @@ class Verify(Protocol):
 Measure = Callable[[AnyFamily], int]  # a loaded adapter -> its activation peak (bytes)
 
 
-class Loadable(Hosting):
+class Loadable:
     """Loading and unloading shared by runners; the fleet manager decides when.
 
     ``eager`` runners (pinned, or named in ``--models``) load at start and gate
@@ -43,6 +43,7 @@ class Loadable(Hosting):
     model holds: its weights (the runtime's count, else the resident growth) plus the
     activation peak of a full batch, the profile's own figure where the tuner measured one.
     The resident growth is kept beside them (a first load's includes lazy imports).
+    Its LoRA adapters are a part it holds: ``adapters``.
     """
 
     spec: ModelSpec
@@ -90,6 +91,7 @@ class Loadable(Hosting):
         self._load_lock = None
         self._verify = verify
         self._forward = compute_executor()  # shared: one OpenMP pool per process
+        self.adapters = AdapterHosting(spec, lambda: self._family, self._forward)
 
     @property
     def family(self) -> AnyFamily:
@@ -188,7 +190,7 @@ class Loadable(Hosting):
         verify, measure and estimate closures. The old adapter is dropped here; a batch
         already given it keeps its own reference and finishes on it. ``other`` is spent:
         it was only the carrier of the new profile, and lets go of the adapter. Adapters
-        hot in the old adapter's bank heat again on use (``Hosting.rehost``); the torch
+        hot in the old adapter's bank heat again on use (``AdapterHosting.rehost``); the torch
         copy stays."""
         if type(other) is not type(self) or other.spec.id != self.spec.id:
             raise TypeError(f"model {self.spec.id} adopts only a {type(self).__name__} of itself")
@@ -201,7 +203,7 @@ class Loadable(Hosting):
         self.memory = dict(other.memory)
         self._verify, self._measure, self._estimate = other._verify, other._measure, other._estimate
         other._family, other.loaded = None, False  # served here only: it leaves with us
-        self.rehost(old)
+        self.adapters.rehost(old)
 
     def refigure(self, other: Self) -> None:
         """Take ``other``'s profile (and what ``unload`` goes back to) without its
@@ -219,7 +221,7 @@ class Loadable(Hosting):
 
     def unload(self) -> None:
         """Drop the adapter (the fleet frees the memory after): it loads again on use."""
-        self.unhost()
+        self.adapters.unhost()
         self._family = None
         self.loaded = False
         self.profile = self._profile0

@@ -1,4 +1,4 @@
-"""Adapters in a worker: the hot tier, and a runner's hosting of its base's adapters.
+"""Adapters in a worker: the hot tier, and each runner's hosting of its base's adapters.
 
 Requests for different adapters of one base model share the base's runner and its
 batches. Before a request's items join a batch, its adapter must be *hot*: read from
@@ -25,14 +25,14 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..families import AnyFamily
 from ..lora.bases import ADAPTER_FAMILIES, check_takes_adapters
 from ..wire import AdapterNotFound, InvalidInput
 
 if TYPE_CHECKING:
-    from ..catalog import ModelSpec, Profile
+    from ..catalog import ModelSpec
     from ..lora.mixed import LoraBank
 
 log = logging.getLogger("fleetserve.worker")
@@ -147,23 +147,32 @@ class HotTier:
                 self.pinned.discard((m, k))
 
 
-class Hosting:
-    """The adapter side of every runner (the base of ``Loadable``)."""
+class AdapterHosting:
+    """The adapter side of one runner, a part every runner holds (``runner.adapters``):
+    where its model's adapters come from and which are hot, the torch copy of a base
+    served elsewhere, and the bank's plan for a batch. It reads the family the runner
+    serves through ``served`` (it changes with loads, evictions and profile swaps) and
+    adds adapters on the runner's compute thread (``forward``), between batches."""
 
-    spec: ModelSpec
-    profile: Profile
-    _family: AnyFamily | None
-    _forward: ThreadPoolExecutor
-    _hosting: tuple[AdapterSource, HotTier] | None = None
-    _adapter_loads: dict[str, asyncio.Future[None]]
-    _rehosting: asyncio.Lock | None = None
-    _copy: AnyFamily | None = None  # the base on torch, beside a non-torch runtime
-    torch_factory: Callable[[], AnyFamily] | None = None  # the model on torch
+    def __init__(
+        self,
+        spec: ModelSpec,
+        served: Callable[[], AnyFamily | None],
+        forward: ThreadPoolExecutor,
+    ) -> None:
+        self.spec = spec
+        self._served = served
+        self._forward = forward
+        self._hosting: tuple[AdapterSource, HotTier] | None = None
+        self._loads: dict[str, asyncio.Future[None]] = {}  # adapters being made hot
+        self._rehosting: asyncio.Lock | None = None
+        self._copy: AnyFamily | None = None  # the base on torch, beside a non-torch runtime
+        self.torch_factory: Callable[[], AnyFamily] | None = None  # the model on torch
 
-    def host_adapters(self, source: AdapterSource, tier: HotTier) -> None:
+    def host(self, source: AdapterSource, tier: HotTier) -> None:
         """Serve adapters of this model: found in ``source``, counted in ``tier``."""
         self._hosting = (source, tier)
-        self._adapter_loads = {}
+        self._loads = {}
 
     def takes(self, key: str) -> None:
         """Raise a 400 if this model cannot serve adapter ``key``."""
@@ -176,6 +185,10 @@ class Hosting:
     def alive(self, key: str) -> bool:
         return self._hosting is not None and self._hosting[0].alive(key)
 
+    def heating(self, key: str) -> bool:
+        """Whether ``key`` is being made hot now (its requests wait for it)."""
+        return key in self._loads
+
     def hot(self, key: str) -> bool:
         host = host_of(self.host_family)
         return host is not None and key in host.lora_bank()
@@ -184,11 +197,12 @@ class Hosting:
     def host_family(self) -> AnyFamily | None:
         """The family that runs batches with adapter rows: the served one where
         its runtime takes adapters, else its torch copy (None until there is one)."""
-        if host_of(self._family) is not None:
-            return self._family
+        served = self._served()
+        if host_of(served) is not None:
+            return served
         return self._copy
 
-    def hosting_info(self) -> dict[str, object]:
+    def info(self) -> dict[str, object]:
         """For ``/v1/models``: where adapter batches run and how many adapters are hot."""
         host = self.host_family
         if self._hosting is None or host is None:
@@ -198,7 +212,7 @@ class Hosting:
         hot = len(bank.lora_bank()) if bank is not None else 0
         return {"runtime": rt.name, "precision": rt.precision, "hot": hot}
 
-    async def prepare_adapters(self) -> None:
+    async def prepare(self) -> None:
         """Load the torch copy now (a model loaded at start, before any adapter)."""
         if (
             self._hosting is not None
@@ -222,10 +236,10 @@ class Hosting:
         if self.hot(key):
             self._hosting[1].touch(self.spec.id, key)
             return
-        fut = self._adapter_loads.get(key)
+        fut = self._loads.get(key)
         if fut is None:
             fut = asyncio.ensure_future(self._heat(key))
-            self._adapter_loads[key] = fut
+            self._loads[key] = fut
             fut.add_done_callback(lambda f: self._heated(key, f))
         await asyncio.shield(fut)
 
@@ -239,7 +253,7 @@ class Hosting:
         await self.heat(key)
 
     def _heated(self, key: str, fut: asyncio.Future[None]) -> None:
-        self._adapter_loads.pop(key, None)
+        self._loads.pop(key, None)
         if not fut.cancelled():
             fut.exception()  # retrieved: its awaiters (if any are left) raise it
 
@@ -259,7 +273,7 @@ class Hosting:
         model = self.spec.id
 
         def add() -> list[str]:  # on the compute thread, between batches
-            runtime = self.adapter_runtime()
+            runtime = self.runtime()
             hot = runtime.lora_bank().add(key, tensors, scaling)
             pinned = source.pinned(key)
             return tier.admit(model, key, hot.nbytes, runtime.lora_bank(), pinned=pinned)
@@ -279,7 +293,7 @@ class Hosting:
             await loop.run_in_executor(self._forward, host.lora_bank().remove, key)
         tier.forget(self.spec.id, [key])
 
-    def adapter_runtime(self) -> AdapterHost:
+    def runtime(self) -> AdapterHost:
         host = host_of(self.host_family)
         if host is None:
             raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
@@ -290,7 +304,7 @@ class Hosting:
         if self._rehosting is None:
             self._rehosting = asyncio.Lock()
         async with self._rehosting:
-            current = self._family
+            current = self._served()
             if current is None:
                 raise RuntimeError(f"model {self.spec.id} is not loaded")
             if host_of(current) is not None or self._copy is not None:
@@ -323,27 +337,27 @@ class Hosting:
             assert self._hosting is not None
             self._hosting[1].copies[self.spec.id] = fresh.memory_bytes()
 
-    def plan(self, keys: list[str | None], host: AnyFamily | None = None) -> Any:
+    def plan(
+        self, keys: list[str | None], host: AnyFamily | None = None
+    ) -> contextlib.AbstractContextManager[None]:
         """The bank's plan for a batch whose row ``i`` runs ``keys[i]`` (a context
         manager; a no-op when no row has an adapter), on ``host`` (the adapter host the
         batch was given when it started; default: the current one)."""
-        import contextlib
-
         if not any(keys):
             return contextlib.nullcontext()
         from ..lora.mixed import segments_of
 
-        bank = self.adapter_runtime() if host is None else host_of(host)
+        bank = self.runtime() if host is None else host_of(host)
         if bank is None:
             raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
         return bank.lora_bank().plan(segments_of(keys), len(keys))
 
     def rehost(self, old: AnyFamily | None) -> None:
-        """The served adapter replaced ``old`` (a profile swap). Where the LoRA bank was
+        """The served family replaced ``old`` (a profile swap). Where the LoRA bank was
         ``old``'s own (torch), or the new one takes adapters itself and a torch copy is
         no longer needed, the hot adapters are forgotten: they heat again on next use.
         A torch copy beside runtimes that take none stays, with its hot adapters."""
-        if host_of(old) is not None or host_of(self._family) is not None:
+        if host_of(old) is not None or host_of(self._served()) is not None:
             self.unhost()
 
     def unhost(self) -> None:

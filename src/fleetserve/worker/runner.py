@@ -16,7 +16,7 @@ from ..wire import AdapterNotFound, FleetError, InternalError, Task
 from .adapter_wait import as_fleet_error
 from .batcher import BatchFormer, Job, WorkItem
 from .loadable import FamilyFactory, Loadable, Measure, Verify
-from .lora_hosting import AdapterSource, HotTier
+from .lora_hosting import AdapterHosting
 
 __all__ = ["FamilyFactory", "JobSink", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
 
@@ -119,25 +119,9 @@ class Runner(Member, Protocol):
         engine and batch budget: the tuner kept it)."""
         ...
 
-    torch_factory: Callable[[], AnyFamily] | None  # the model on torch, for adapters
-
-    def host_adapters(self, source: AdapterSource, tier: HotTier) -> None: ...
-
-    async def prepare_adapters(self) -> None: ...
-
-    def hosting_info(self) -> dict[str, object]: ...
-
     @property
-    def host_family(self) -> AnyFamily | None:
-        """The family whose LoRA bank (or its runtime's) holds this model's adapters."""
-        ...
-
-    def takes(self, key: str) -> None:
-        """Raise a 400 if this model cannot serve adapter ``key``."""
-        ...
-
-    async def heat(self, key: str) -> None:
-        """Make adapter ``key`` ready to run (loaded off the hot path)."""
+    def adapters(self) -> AdapterHosting:
+        """Its LoRA adapters: where they come from, which are hot, where they run."""
         ...
 
     async def run(self, sink: JobSink) -> None: ...
@@ -229,7 +213,8 @@ class ModelRunner(Loadable):
                 sink.running(it.job)
             t0 = time.perf_counter()
             try:
-                self._batch_on = (self.family, self.host_family)  # whatever swaps meanwhile
+                # the family and adapter host as they are now, whatever swaps meanwhile
+                self._batch_on = (self.family, self.adapters.host_family)
                 out = await self._forward_fitting(batch, sink)
             except Exception as exc:  # a model failure fails this batch's requests only
                 await self._crash_all([it.job for it in batch], exc, sink)
@@ -265,7 +250,7 @@ class ModelRunner(Loadable):
         deleted since their requests came; heat any that left the hot tier."""
         keep: list[WorkItem] = []
         for it in batch:
-            if it.adapter and not self.alive(it.adapter):
+            if it.adapter and not self.adapters.alive(it.adapter):
                 if not it.job.settled:
                     await sink.fail(it.job, AdapterNotFound(
                         f"adapter {it.adapter!r} was deleted", field="adapter"
@@ -276,10 +261,10 @@ class ModelRunner(Loadable):
         served = self.family_or_none
         keys = {it.adapter for it in keep if it.adapter}
         for key in keys:  # in use before any heats: heating one never evicts another
-            self.mark(key, +1)
+            self.adapters.mark(key, +1)
         for key in keys:
             try:
-                await self.ensure_hot(key)  # hot already, unless it left since it came
+                await self.adapters.ensure_hot(key)  # hot already, unless it left since it came
             except Exception as exc:
                 err = as_fleet_error(exc, key, self.spec.id)
                 for it in keep:
@@ -287,7 +272,7 @@ class ModelRunner(Loadable):
                         await sink.fail(it.job, err)
         keep = [it for it in keep if not it.job.settled]
         for key in keys - {it.adapter for it in keep}:
-            self.mark(key, -1)
+            self.adapters.mark(key, -1)
         if keep and self.family_or_none is not served:  # a profile swap while they heated
             self._release_adapters(keep)
             return await self._with_adapters(keep, sink)  # hot in the new adapter host
@@ -295,18 +280,18 @@ class ModelRunner(Loadable):
 
     def _release_adapters(self, batch: list[WorkItem]) -> None:
         for key in {it.adapter for it in batch if it.adapter}:
-            self.mark(key, -1)
+            self.adapters.mark(key, -1)
 
     def _planned(self, items: list[Any], keys: list[str | None]) -> Sequence[Any]:
         """On the compute thread: a batch with adapter rows runs on the adapters' host
         (the torch copy, where the tuned runtime takes none), others as served, both as
         they were when the batch started (``_batch_on``)."""
-        served, host = self._batch_on or (self.family, self.host_family)
+        served, host = self._batch_on or (self.family, self.adapters.host_family)
         if not any(keys):
             return served.forward(items)
         if host is None:
             raise RuntimeError(f"model {self.spec.id} has no adapter runtime")
-        with self.plan(keys, host):
+        with self.adapters.plan(keys, host):
             return host.forward(items)
 
     async def _forward_fitting(
