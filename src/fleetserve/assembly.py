@@ -15,7 +15,7 @@ from .bench.tune.activation import measure_activation_peak
 from .catalog import Catalog, ModelSpec
 from .catalog.hardware import detect
 from .catalog.profiles import Choice, Profiles
-from .catalog.rules import missing_extra
+from .catalog.rules import install_hint, missing_extra, missing_extras
 from .catalog.sources import locate
 from .catalog.weights import local_weights, weights_path
 from .families import AnyFamily, create_family
@@ -211,6 +211,23 @@ def log_choices(choices: dict[str, Choice], catalog: Catalog, console: Console) 
         )  # fmt: skip
     hint = "; `fleetserve tune MODEL` tunes them" if ruled else ""
     plog.info("%d tuned, %d on rules or a fallback%s", len(specs) - ruled, ruled, hint)
+    log_missing_extras(choices, specs)
+
+
+def log_missing_extras(choices: dict[str, Choice], specs: list[ModelSpec]) -> None:
+    """One warning per extra that models of the catalog need and this install lacks:
+    which models, and the command that installs it (those models answer 503 till then)."""
+    lacking: dict[str, list[str]] = {}
+    for spec in specs:
+        runtime = choices[spec.id].profile.runtime or spec.runtime
+        for extra in missing_extras(spec, runtime):
+            lacking.setdefault(extra, []).append(spec.id)
+    for extra, ids in lacking.items():
+        named = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        logging.getLogger("fleetserve.profiles").warning(
+            "%d %s need fleetserve[%s], not installed: %s; %s",
+            len(ids), "model" if len(ids) == 1 else "models", extra, named, install_hint(extra),
+        )  # fmt: skip
 
 
 async def load_or_report(fleet: Fleet, runner: Runner, console: Console) -> bool:

@@ -79,3 +79,17 @@ def test_the_gguf_source_kind_converts_on_resolve_and_is_located_before(
     assert "absent.gguf" in e.value.message and "no such file" in e.value.message
     with pytest.raises(ModelNotFound, match="not installed"):
         resolve("m", ("gguf:package:fleetserve_no_such_pkg/x.gguf",), hub, cache_dir=cache)
+
+
+@pytest.mark.slow  # a child process that imports transformers
+def test_the_conversion_child_writes_nothing_to_the_servers_stderr(
+    gguf: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Its bars and warnings stay in the child (JSON logs stay JSON); a failure comes
+    back as one error with the child's last line."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(RuntimeError, match=r"converting tiny.Q4_1.gguf failed: \S"):
+        convert._convert(gguf, out, Console(stderr=True))
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == ""

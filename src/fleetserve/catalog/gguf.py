@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -26,8 +27,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from .rules import install_hint
+
 MARKER = "fleetserve-gguf.json"  # written last: its presence means the directory is whole
 _PROBE = 1 << 20
+
+log = logging.getLogger("fleetserve.catalog")
 
 
 def converted_path(gguf: Path, cache_dir: Path) -> Path:
@@ -81,18 +86,25 @@ def convert_gguf(gguf: Path, cache_dir: Path, *, console: Console | None = None)
 
 def _convert(gguf: Path, out: Path, console: Console) -> None:
     """Convert in a child process: the GGUF reader is pure Python, and in this process
-    it would hold the GIL for seconds at a time while other models serve. Its progress
-    goes to this process's stderr; a failure is a RuntimeError with its last line."""
-    cmd = [sys.executable, "-m", __name__, str(gguf), str(out)]
+    it would hold the GIL for seconds at a time while other models serve. The child
+    draws no bars; its output is kept, and a failure is a RuntimeError with its last
+    line. One log line says what the conversion took."""
+    cmd = [sys.executable, "-c", _CHILD, str(gguf), str(out)]
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.stderr:
-        sys.stderr.write(done.stderr)
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
         last = lines[-1].strip() if lines else f"exit status {done.returncode}"
         raise RuntimeError(f"converting {gguf.name} failed: {last}"[:400])
     if not (out / MARKER).is_file():
         raise RuntimeError(f"converting {gguf.name} wrote no {MARKER}")
+    seconds = json.loads((out / MARKER).read_text()).get("seconds")
+    log.info(
+        "converted %s to safetensors in %s s (once: kept under %s)", gguf.name, seconds, out.parent
+    )
+
+
+# the child's program: not ``-m`` this module, which the package has imported already
+_CHILD = "import sys; from fleetserve.catalog.gguf import child; child(sys.argv[1:])"
 
 
 def _convert_here(gguf: Path, out: Path, console: Console) -> None:
@@ -101,8 +113,10 @@ def _convert_here(gguf: Path, out: Path, console: Console) -> None:
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise ImportError(
             "converting GGUF needs transformers, gguf and accelerate: "
-            "pip install 'fleetserve[torch,generate]' -c requirements/constraints.txt"
+            + install_hint("torch,generate")
         ) from exc
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     t0 = time.perf_counter()
     with _steps(console, f"converting {gguf.name} to safetensors (once)") as step:
         step("reading the tokenizer and chat template")
@@ -123,7 +137,6 @@ def _convert_here(gguf: Path, out: Path, console: Console) -> None:
         "transformers": transformers.__version__,
     }
     (out / MARKER).write_text(json.dumps(info, indent=2) + "\n")
-    console.print(f"[green]converted[/] {gguf.name} in {info['seconds']} s -> {out.parent}")
 
 
 def _drop_quantizer(model: Any) -> None:
@@ -161,5 +174,6 @@ def _steps(console: Console, title: str) -> Iterator[Any]:
         yield step
 
 
-if __name__ == "__main__":  # the child of ``_convert``: python -m ... GGUF OUT
-    _convert_here(Path(sys.argv[1]), Path(sys.argv[2]), Console(stderr=True))
+def child(argv: list[str]) -> None:
+    """The child of ``_convert``: GGUF OUT."""
+    _convert_here(Path(argv[0]), Path(argv[1]), Console(stderr=True, quiet=True))

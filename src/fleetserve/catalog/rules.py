@@ -89,6 +89,39 @@ def missing_extra(runtime: str) -> str:
     return extra if module and importlib.util.find_spec(module) is None else ""
 
 
+# the extras that bring torch: pip takes its CPU build from PyTorch's index (PyPI's is
+# the CUDA one, gigabytes more)
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+_WITH_TORCH = frozenset({"torch", "train"})  # any extra list that names one of them
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs ``extra`` (torch's from the CPU index)."""
+    line = f"pip install 'fleetserve[{extra}]'"
+    torch = bool(_WITH_TORCH & set(extra.split(",")))
+    return f"{line} --extra-index-url {TORCH_INDEX}" if torch else line
+
+
+# a family -> what it needs beside its runtime: (the module, the extra that installs it)
+FAMILY_NEEDS = {
+    "image": (("PIL", "image"),),
+    "generate": (("torch", "torch"), ("llguidance", "generate")),
+}
+
+
+def missing_extras(spec: ModelSpec, runtime: str) -> list[str]:
+    """The extras serving ``spec`` on ``runtime`` needs and this install lacks, in the
+    order to name them: the runtime's, the family's, GGUF weights' conversion."""
+    needs = [NEEDS.get(runtime, ("", "")), *FAMILY_NEEDS.get(spec.family, ())]
+    if any(s.startswith("gguf:") or s.lower().endswith(".gguf") for s in spec.sources):
+        needs.append(("gguf", "generate"))
+    out: list[str] = []
+    for module, extra in needs:
+        if module and extra not in out and importlib.util.find_spec(module) is None:
+            out.append(extra)
+    return out
+
+
 def rule_profile(
     spec: ModelSpec, hw: Hardware, hardware_class: str, table: RuleTable | None = None
 ) -> tuple[Profile, str]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..catalog.rules import install_hint
+
 try:
     import torch
     from torch import nn
@@ -23,8 +25,7 @@ try:
     from transformers import AutoConfig, AutoModel, PretrainedConfig
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "GLiNER models need torch and transformers: pip install 'fleetserve[torch]' "
-        "-c requirements/constraints.txt"
+        "GLiNER models need torch and transformers: " + install_hint("torch")
     ) from exc
 
 POOLINGS = ("first", "last", "mean", "max")

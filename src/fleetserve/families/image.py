@@ -14,15 +14,15 @@ import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
-import msgspec
 import numpy as np
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, ModuleRuntime, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
+from ..wire.image_requests import ImageEncodeRequest, ImageScoreRequest
 from ..wire.values import Array
 from . import scoring
 from .base import Family, Prepared, rows
@@ -37,32 +37,7 @@ from .image_preprocess import (
     pixels,
 )
 
-B = TypeVar("B", bytes, str)
 _DTYPES = {"float32": np.float32, "float16": np.float16}
-
-
-class ImageItem(msgspec.Struct, Generic[B], forbid_unknown_fields=True):
-    """One input: ``{"image": ...}`` or ``{"text": ...}``."""
-
-    image: B | None = None  # msgpack: bin; JSON: base64 or a data: URL
-    text: str | None = None
-
-
-class ImageEncodeRequest(msgspec.Struct, Generic[B], forbid_unknown_fields=True):
-    """``POST /v1/encode/{model}`` for an image family model; a plain string is a text."""
-
-    inputs: str | ImageItem[B] | list[str | ImageItem[B]]
-    normalize: bool | None = None  # None: the model spec's default
-    output_dtype: str = "float32"
-    truncate: bool = True
-
-
-class ImageScoreRequest(msgspec.Struct, Generic[B], forbid_unknown_fields=True):
-    """``POST /v1/score/{model}``: cosine of each item to the query."""
-
-    query: str | ImageItem[B]
-    items: list[str | ImageItem[B]]
-    truncate: bool = True
 
 
 ImageRequest = (

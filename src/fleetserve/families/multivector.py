@@ -18,36 +18,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
 from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, dumps
+from ..wire.requests import MultiVectorEncodeRequest
 from ..wire.values import Array
 from . import scoring
 from .base import Family, Prepared, padded_width
 from .colbert_load import Checkpoint, read_checkpoint
 from .multivector_tokens import MvItem, MvSettings, MvTokenizer
 from .quantize import check_output_dtype, ragged_body
-
-
-class MultiVectorEncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """``POST /v1/encode/{model}`` for a multi-vector model.
-
-    ``is_query`` picks the query treatment (marker, ``query_length``, expansion);
-    ``max_tokens`` truncates each input to at most that many tokens (special and
-    marker tokens included) below the model's own limit.
-    """
-
-    inputs: str | list[str]
-    is_query: bool = False
-    max_tokens: int | None = None
-    output_dtype: str = "float32"
-    normalize: bool | None = None  # None: the model spec's default
-    truncate: bool = True
-    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model (the gateway's)
 
 
 @dataclass(frozen=True, slots=True)

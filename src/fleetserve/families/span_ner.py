@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..catalog.rules import install_hint
+
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "GLiNER models need torch: pip install 'fleetserve[torch]' -c requirements/constraints.txt"
-    ) from exc
+    raise ImportError("GLiNER models need torch: " + install_hint("torch")) from exc
 
 from ..catalog import ModelSpec
 from ..catalog.sources import resolve

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -20,26 +19,11 @@ from ..catalog import ModelSpec
 from ..runtimes import Head, Output, Runtime
 from ..wire import Encoding, Envelope, InvalidInput, Task
 from ..wire.codec import TypedDecoder, array_to_wire, dumps
+from ..wire.requests import SparseEncodeRequest
 from ..wire.values import Array
 from . import scoring
 from .base import Family, Prepared, pad_batch, rows
 from .tokenize import TextTokenizer
-
-
-class SparseEncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """``POST /v1/encode/{model}`` for a sparse model.
-
-    The reply is ``{"model", "embeddings": [{"indices", "values"[, "tokens"]}],
-    "usage": {"tokens"}}``; in msgpack ``indices`` is a uint32 array and ``values`` a
-    float32 array (``{"dtype", "shape", "data"}``), in JSON both are lists.
-    """
-
-    inputs: str | list[str]
-    truncate: bool = True
-    top_k: int | None = None  # keep only the k heaviest terms per input
-    return_tokens: bool = False  # add each kept term's vocabulary string
-    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model (the gateway's)
-
 
 _ENCODE = TypedDecoder(SparseEncodeRequest)
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..families.image import ImageEncodeRequest, ImageScoreRequest
-from ..families.multivector import MultiVectorEncodeRequest
-from ..families.sparse import SparseEncodeRequest
 from ..wire import requests as rq
+from ..wire.image_requests import ImageEncodeRequest, ImageScoreRequest
 from . import openapi_types as t
 
 JSON, MSGPACK = "application/json", "application/msgpack"
@@ -91,7 +89,7 @@ ID = Param("id", "path", {"type": "string", "minLength": 1}, "The object's id.",
 LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size.")
 AFTER = Param("after", "query", {"type": "string"}, "The last id of the previous page.")
 
-ENCODE_JSON = (rq.EncodeRequest, SparseEncodeRequest, MultiVectorEncodeRequest)
+ENCODE_JSON = (rq.EncodeRequest, rq.SparseEncodeRequest, rq.MultiVectorEncodeRequest)
 ENCODE_REPLY = (t.EncodeReply, t.SparseEncodeReply, t.MultiVectorEncodeReply)
 GEN_REPLY = {**_same(t.GenerateReply), SSE: t.SseEvent}  # the schema of each event
 CHAT_REPLY = {**_same(t.ChatCompletionReply), SSE: t.SseEvent}

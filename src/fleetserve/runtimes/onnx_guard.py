@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..wire.values import Array
 from .base import Head
+from .calibration import CALIBRATION
 from .engines import OrtSession, Provider
 
 DEFAULT_MIN_COSINE = 0.999
@@ -115,39 +116,3 @@ def _cosine(a: Array, b: Array) -> float:
 def _max_positions(path: Path) -> int:
     cfg = json.loads((path / "config.json").read_text())
     return int(cfg.get("max_position_embeddings", 512)) - 2
-
-
-CALIBRATION = (
-    "The quick brown fox jumps over the lazy dog.",
-    "How do I reset my password?",
-    "Stock markets fell sharply on Monday after the central bank raised interest rates.",
-    "Photosynthesis converts light energy into chemical energy stored in glucose.",
-    "Je pense, donc je suis.",
-    "SELECT name, email FROM users WHERE id = 42;",
-    "I loved this movie, the acting was superb!",
-    "Terrible service. We waited an hour and the food was cold.",
-    "What is the capital of Australia?",
-    "def add(a, b):\n    return a + b",
-    "The patient was prescribed 500 mg of amoxicillin three times a day.",
-    "Barack Obama was born in Honolulu, Hawaii, on August 4, 1961.",
-    "river bank",
-    "money bank",
-    "Shipping is free for orders over $50 within the continental US.",
-    "The mitochondria is the powerhouse of the cell.",
-    "Please find attached the invoice for March; payment is due in 30 days.",
-    "A cat sat on the mat.",
-    "Neural networks learn representations by gradient descent on a loss function.",
-    "Der schnelle braune Fuchs springt über den faulen Hund.",
-    "Can vector search replace keyword search for e-commerce queries?",
-    "ERROR 2024-05-01T12:00:03Z connection refused (retrying in 5s)",
-    "The court ruled that the contract was void because it lacked consideration.",
-    "Add two cups of flour, a pinch of salt, and stir until smooth.",
-    "Who won the FIFA World Cup in 2018?",
-    "Our quarterly revenue grew 12% year over year, driven by cloud subscriptions.",
-    "yes",
-    "The Eiffel Tower is 330 metres tall and was completed in 1889.",
-    "Hello!! 😀 how r u doing today???",
-    "Quantum entanglement links the states of two particles regardless of distance.",
-    "Reboot the router, then check whether the status light turns green.",
-    "In 1492 Columbus sailed the ocean blue, reaching the Bahamas in October.",
-)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..catalog.rules import install_hint
+
 try:
     import torch
     from transformers import (
@@ -24,8 +26,7 @@ try:
     )
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "the torch runtime needs torch and transformers: pip install 'fleetserve[torch]' "
-        "-c requirements/constraints.txt"
+        "the torch runtime needs torch and transformers: " + install_hint("torch")
     ) from exc
 
 from ..wire.values import Array

@@ -18,6 +18,38 @@ class EncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     adapter: str | None = None  # tenant/name[@version]: a LoRA of this model
 
 
+class SparseEncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/encode/{model}`` for a sparse model.
+
+    The reply is ``{"model", "embeddings": [{"indices", "values"[, "tokens"]}],
+    "usage": {"tokens"}}``; in msgpack ``indices`` is a uint32 array and ``values`` a
+    float32 array (``{"dtype", "shape", "data"}``), in JSON both are lists.
+    """
+
+    inputs: str | list[str]
+    truncate: bool = True
+    top_k: int | None = None  # keep only the k heaviest terms per input
+    return_tokens: bool = False  # add each kept term's vocabulary string
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model (the gateway's)
+
+
+class MultiVectorEncodeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/encode/{model}`` for a multi-vector model.
+
+    ``is_query`` picks the query treatment (marker, ``query_length``, expansion);
+    ``max_tokens`` truncates each input to at most that many tokens (special and
+    marker tokens included) below the model's own limit.
+    """
+
+    inputs: str | list[str]
+    is_query: bool = False
+    max_tokens: int | None = None
+    output_dtype: str = "float32"
+    normalize: bool | None = None  # None: the model spec's default
+    truncate: bool = True
+    adapter: str | None = None  # tenant/name[@version]: a LoRA of this model (the gateway's)
+
+
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
 

@@ -287,7 +287,7 @@ def test_a_quick_search_of_a_slow_model_sends_smaller_requests(
     60 s quick search: its windows are priced per token from the reference's quality
     set, and the requests halved until a window takes about a sixth of the budget."""
     from fleetserve.bench.tune.harness import Request
-    from fleetserve.runtimes.onnx_guard import CALIBRATION
+    from fleetserve.runtimes.calibration import CALIBRATION
     from fleetserve.wire import Task
 
     monkeypatch.setattr(screening, "token_counter", lambda path, n: lambda text: 10)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...catalog import ModelSpec
 from ...families import AnyFamily
-from ...runtimes.onnx_guard import CALIBRATION
+from ...runtimes.calibration import CALIBRATION
 from ...wire import Encoding, Envelope, Task
 from ...wire.values import Array
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...catalog import ModelSpec
-from ...runtimes.onnx_guard import CALIBRATION
+from ...runtimes.calibration import CALIBRATION
 from ...wire import Task
 from .quality import ENTITY_LABELS, LABELS, calibration
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from ...catalog.evidence import runs_natively
-from ...runtimes.onnx_guard import CALIBRATION
+from ...runtimes.calibration import CALIBRATION
 from . import candidates as cands
 from .candidates import Candidate
 from .harness import Stack

@@ -16,13 +16,15 @@ import math
 import random
 from collections.abc import Callable
 from pathlib import Path
-
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING
 
 from ...catalog import ModelSpec
 from ...wire import Task
 from .harness import Request
 from .quality import ENTITY_LABELS, LABELS, images
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 _WORDS = " ".join(
     [
@@ -33,9 +35,16 @@ _WORDS = " ".join(
 ).split()
 
 
+def _tokenizer(path: Path) -> Tokenizer:
+    """The model's own tokenizer (``tokenizers`` comes with each runtime's extra)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
 def sentences(tokenizer_dir: Path, n: int, tokens: int = 64, seed: int = 0) -> list[str]:
     """``n`` distinct sentences that each tokenize to exactly ``tokens`` ids (specials included)."""
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    tok = _tokenizer(tokenizer_dir)
     tok.no_truncation()
     tok.no_padding()
     rng = random.Random(seed)
@@ -82,7 +91,7 @@ def mix(
 ) -> tuple[list[str], list[int]]:
     """``n`` texts of a realistic length mix, ``lo`` to ``hi`` tokens (specials included)
     of this tokenizer, drawn from the corpus; returns them and their token counts."""
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    tok = _tokenizer(tokenizer_dir)
     tok.no_truncation()
     tok.no_padding()
     specials = len(tok.encode("").ids)
@@ -201,7 +210,7 @@ def _dump(body: object) -> bytes:
 
 
 def token_counter(path: Path, max_len: int) -> Callable[[str], int]:
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok = _tokenizer(path)
     tok.no_padding()
     tok.enable_truncation(max_length=max_len)
 

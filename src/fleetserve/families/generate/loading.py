@@ -11,13 +11,14 @@ from ...runtimes.checked_load import load_checked
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+from ...catalog.rules import install_hint
+
 try:
     import torch
     import transformers
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "the generation family needs torch and transformers: pip install "
-        "'fleetserve[torch,generate]' -c requirements/constraints.txt"
+        "the generation family needs torch and transformers: " + install_hint("torch,generate")
     ) from exc
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
