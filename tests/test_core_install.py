@@ -107,6 +107,8 @@ def test_help_hardware_and_models_run_without_extras(core: Path) -> None:
     r = _run(core, "models", "--port", "9")  # no server there: the catalog
     assert r.returncode == 0, r.stderr
     assert "sentence-transformers/all-MiniLM-L6-v2" in r.stdout
+    r = _run(core, "cluster", "--port", "9")  # distributed mode names its extra
+    assert r.returncode == 1 and "pip install 'fleetserve[nats]'" in r.stderr, r.stderr
 
 
 @pytest.fixture

@@ -289,7 +289,7 @@ def prepare_models(
         except (FleetError, ValueError, OSError) as exc:
             failed += 1
             message = exc.message if isinstance(exc, FleetError) else str(exc)
-            console.print(f"[red]error:[/] {model_id}: {message}", soft_wrap=True)
+            console.print(f"[red]error:[/] {model_id}: {escape(message)}", soft_wrap=True)
     return 1 if failed else 0
 
 

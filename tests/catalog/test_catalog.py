@@ -147,6 +147,8 @@ def test_get_unknown_lists_the_known_models() -> None:
     assert "'nope'" in info.value.message and "a/one, b/two" in info.value.message
     with pytest.raises(ModelNotFound, match="none"):
         Catalog().get("x")
+    with pytest.raises(ModelNotFound, match=r"'one'; did you mean 'a/one'\? this server serves"):
+        cat.get("one")
 
 
 def test_restrict() -> None:
@@ -335,7 +337,10 @@ def test_missing_model_lists_where_it_looked(tmp_path: Path) -> None:
         resolve("org/absent", sources, tmp_path / "hub")
     msg = info.value.message
     assert info.value.field == "model" and "'org/absent'" in msg
-    assert "package:fleetserve_no_such_pkg/model (not installed)" in msg
+    assert (
+        "package:fleetserve_no_such_pkg/model (not installed: pip install fleetserve-no-such-pkg)"
+        in msg
+    )
     assert str(tmp_path / "hub" / "models--org--absent" / "snapshots") in msg
     assert str(tmp_path / "local") in msg
     assert not is_present(sources, tmp_path / "hub")

@@ -60,6 +60,8 @@ async def test_create_get_list_delete_and_versions(store: AdapterStore, kit: Kit
     assert [str(g) for g in await r.delete(ALICE, "alice/legal@2")] == ["alice/legal@2"]
     with pytest.raises(AdapterNotFound, match="alice/legal@2"):
         await r.get(ALICE, "alice/legal@2")
+    with pytest.raises(AdapterNotFound, match="did you mean 'alice/legal'"):
+        await r.get(ALICE, "alice/lega")  # a typo: the tenant's close names
     with pytest.raises(AdapterNotFound):
         await r.files("alice/legal@2")
     assert not r.deleted.isdisjoint({"alice/legal@2"})

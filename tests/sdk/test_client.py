@@ -124,9 +124,13 @@ async def test_client_level_timeout_is_the_server_deadline(
     assert time.monotonic() - t0 < 1.2  # the server's 504, not the client's read timeout
 
 
-def test_unreachable_server_is_unavailable() -> None:
-    with Client("http://127.0.0.1:9", max_retries=0) as c, pytest.raises(fleetserve.Unavailable):
+def test_unreachable_server_is_unavailable_and_named() -> None:
+    with (
+        Client("http://127.0.0.1:9", max_retries=0) as c,
+        pytest.raises(fleetserve.Unavailable) as info,
+    ):
         c.encode(TINY, ["x"])
+    assert "cannot reach the server at http://127.0.0.1:9: " in info.value.message
 
 
 # -- the protocol boundary, mocked -----------------------------------------------------

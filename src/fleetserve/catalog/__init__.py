@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from ..wire import ModelNotFound
+from ..wire.suggest import did_you_mean
 from .complete import Locate, complete_present, locator
 from .sources import is_present, resolve
 from .spec import CostModel, ModelSpec, Profile
@@ -55,8 +56,9 @@ class Catalog:
             return self._specs[model_id]
         except KeyError:
             known = ", ".join(sorted(self._specs)) or "none"
+            hint = did_you_mean(model_id, self._specs) or ";"
             raise ModelNotFound(
-                f"unknown model {model_id!r}; this server serves: {known}", field="model"
+                f"unknown model {model_id!r}{hint} this server serves: {known}", field="model"
             ) from None
 
     def __contains__(self, model_id: object) -> bool:

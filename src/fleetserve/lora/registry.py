@@ -44,6 +44,7 @@ from ..wire import (
     Scope,
     parse_adapter_id,
 )
+from ..wire.suggest import did_you_mean
 from .bases import ADAPTER_FAMILIES, Bases
 from .manifest import AdapterRecord
 from .store import AdapterStore
@@ -275,7 +276,12 @@ class AdapterRegistry:
         aid = adapter_ref(principal, adapter)
         if not principal.sees(aid.tenant):
             raise AdapterNotFound(f"no adapter {aid}", field="adapter")
-        return await self.info(aid)
+        try:
+            return await self.info(aid)
+        except AdapterNotFound:
+            seen = {r.id.key for r in await self.list(principal)}
+            hint = did_you_mean(aid.key, seen)
+            raise AdapterNotFound(f"no adapter {aid}{hint}", field="adapter") from None
 
     async def info(self, adapter: str | AdapterId) -> AdapterRecord:
         """For the worker (no principal: the gateway checked): the adapter's info."""

@@ -202,4 +202,8 @@ def network_errors(timeout: float) -> Iterator[None]:
     except httpx.TimeoutException:
         raise DeadlineExceeded(f"no response within {timeout:.3f}s") from None
     except httpx.TransportError as exc:
-        raise Unavailable(f"cannot reach the server: {exc}") from None
+        try:
+            where = f" at {exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
+        except RuntimeError:  # an error raised before any request was made
+            where = ""
+        raise Unavailable(f"cannot reach the server{where}: {exc}") from None

@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from ..assembly import build_catalog, load_or_report
 from ..lifecycle import Service
@@ -228,7 +229,7 @@ def child_main(argv: list[str] | None = None) -> int:
         proc = DeviceProcess(settings, args.socket, args.index, args.device, console)
         return int(uvloop.run(_until_signal(proc)))
     except (OSError, ValueError, RuntimeError, FleetError) as exc:
-        console.print(f"[red]error:[/] device {args.device}: {exc}", highlight=False)
+        console.print(f"[red]error:[/] device {args.device}: {escape(str(exc))}", highlight=False)
         return 1
 
 
