@@ -20,6 +20,7 @@ ALL = [
     "Client",
     "Conflict",
     "DeadlineExceeded",
+    "FineTuningFailed",
     "FleetError",
     "Forbidden",
     "InternalError",

@@ -1,6 +1,6 @@
 """fleetserve: serve fleets of small open models on hardware you own."""
 
-from .sdk import AsyncClient, Client
+from .sdk import AsyncClient, Client, FineTuningFailed
 from .wire import (
     AdapterNotFound,
     Conflict,
@@ -24,6 +24,7 @@ __all__ = [
     "Client",
     "Conflict",
     "DeadlineExceeded",
+    "FineTuningFailed",
     "FleetError",
     "Forbidden",
     "InternalError",

@@ -5,6 +5,7 @@ moves through the store as a trainer would (each event seen once, oldest first).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 import msgspec
 import pytest
 
+import fleetserve
 import fleetserve.sdk._finetune as f
 from fleetserve import AsyncClient, Client
 from fleetserve.wire import Conflict, DeadlineExceeded, Forbidden, InvalidInput, NotFound
@@ -160,8 +162,10 @@ async def test_the_async_client(tmp_path: Path) -> None:
 
     async with AsyncClient("http://t", transport=transport, api_key=ALICE) as c:
         task = asyncio.ensure_future(trainer())
-        done = await c.fine_tune(DENSE, pairs(), eval=pairs(3), on_event=on_event, seed=1)
+        with pytest.raises(fleetserve.FineTuningFailed) as info:
+            await c.fine_tune(DENSE, pairs(), eval=pairs(3), on_event=on_event, seed=1)
         await task
+        done = info.value.job
         assert done["status"] == "failed" and done["error"]["message"] == "out of memory"
         assert done["validation_file"] is not None and done["seed"] == 1
         assert seen[-3:] == ["training started", "step 1/4", "job failed"]
@@ -189,3 +193,54 @@ def test_upload_file_truncate(served: Served) -> None:
         assert cut["rows"] == 4 and cut["warnings"] == [
             "line 4: positive was 2,100 characters; cut to 2,000 (truncate)"
         ]
+
+
+def _mock(job: dict[str, Any], polls: list[float], done_after: int) -> httpx.MockTransport:
+    """A server whose job runs quietly (no new event) for ``done_after`` polls, then
+    ends as ``job`` says; ``polls`` gets the time of each job read."""
+    import time
+
+    events = [{"id": "ftevent-1-1", "type": "status", "created_at": 1, "message": "queued"}]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            body: Any = {"object": "list", "data": events, "has_more": False}
+        elif request.method == "POST" and request.url.path.endswith("/files"):
+            body = {"id": "file-1", "object": "file", "bytes": 1, "filename": "p.jsonl"}
+        elif request.method == "POST":
+            body = {**job, "status": "queued", "finished_at": None}
+        else:
+            polls.append(time.monotonic())
+            running = len(polls) <= done_after
+            body = {**job, "status": "running", "finished_at": None} if running else job
+            if not running:
+                events.insert(0, {"id": "ftevent-1-2", "type": "status", "created_at": 100,
+                                  "message": f"job {job['status']}"})  # fmt: skip
+        return httpx.Response(200, content=msgspec.msgpack.encode(body))
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+def test_fine_tune_raises_for_a_job_that_ends_without_a_model(status: str) -> None:
+    error = {"code": "internal_error", "message": "the trainer ran out of memory"}
+    job: dict[str, Any] = {"id": "ftjob-1", "status": status, "finished_at": 100,
+                           "error": error if status == "failed" else None}  # fmt: skip
+    with Client("http://t", transport=_mock(job, [], 1)) as c:
+        assert c.wait_fine_tuning_job("ftjob-1", poll=0.01)["status"] == status  # returned
+        with pytest.raises(fleetserve.FineTuningFailed) as info:
+            c.fine_tune(DENSE, pairs())
+    err = info.value
+    assert err.status == status and err.job["id"] == "ftjob-1" and err.field == "job"
+    assert f"fine-tuning job ftjob-1 {status}" in err.message
+    assert ("ran out of memory" in err.message) is (status == "failed")
+
+
+def test_a_quiet_job_is_polled_less_and_less_often() -> None:
+    job: dict[str, Any] = {"id": "ftjob-1", "status": "succeeded", "finished_at": 100}
+    polls: list[float] = []
+    with Client("http://t", transport=_mock(job, polls, 6)) as c:
+        assert c.wait_fine_tuning_job("ftjob-1", poll=0.05)["status"] == "succeeded"
+    gaps = [b - a for a, b in itertools.pairwise(polls[:6])]
+    # poll after the first read (it saw a new event), then 1.5 times longer each time
+    assert gaps[-1] >= 0.05 * 1.5**4 and gaps[-1] > 3 * gaps[0], gaps

@@ -9,9 +9,10 @@ same names and arguments (the async ones are coroutines).
   ``list_fine_tuning_jobs()`` (newest first), ``fine_tuning_events(id, after=None,
   limit=20)`` (newest first, as OpenAI's feed), ``cancel_fine_tuning_job(id)``.
 - ``wait_fine_tuning_job(id, poll=0.5, timeout=None, on_event=None)``: polls until
-  the job ends and returns it; ``on_event(event)`` sees each new event once, oldest
-  first.
-- ``fine_tune(model, pairs, eval=None, ...)``: upload, create and (``wait=True``) wait.
+  the job ends and returns it, backing off to 5 s between polls while no event comes;
+  ``on_event(event)`` sees each new event once, oldest first.
+- ``fine_tune(model, pairs, eval=None, ...)``: upload, create and (``wait=True``) wait;
+  a job that ends failed or cancelled raises ``FineTuningFailed`` (its record in ``job``).
 """
 
 from __future__ import annotations
@@ -20,21 +21,21 @@ import asyncio
 import inspect
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from ..wire import DeadlineExceeded, Encoding
+from ..wire import Encoding
 from ..wire.codec import dumps
 from ..wire.finetune import PURPOSE, JobStatus
 from ._adapters import Request
+from ._job_wait import Backoff, Follower, OnEvent, check, deadline_of, succeeded, until
 from .records import FileObject, FineTuningEvent, FineTuningJob, file_list, file_object, job
 
 T = TypeVar("T")
 R = TypeVar("R")
 Pairs = str | Path | bytes | Sequence[Mapping[str, object]]
-OnEvent = Callable[[FineTuningEvent], object]
 Page = tuple[list[R], bool]  # one page of a listing, and whether more follow
 FILES = "/v1/files"
 JOBS = "/v1/fine_tuning/jobs"
@@ -92,53 +93,6 @@ def jobs_page(after: str | None) -> Request[Page[FineTuningJob]]:
 
 def finished(record: FineTuningJob) -> bool:
     return JobStatus(record["status"]).finished
-
-
-def _seq(event: FineTuningEvent) -> int:
-    return int(str(event["id"]).rsplit("-", 1)[-1])
-
-
-class Follower:
-    """A job's feed read newest first, page by page; each new event goes to
-    ``on_event`` once, oldest first."""
-
-    def __init__(self, on_event: OnEvent | None) -> None:
-        self.on_event = on_event
-        self.last = 0  # the newest event handed on
-        self.newest: FineTuningEvent | None = None
-        self._fresh: list[FineTuningEvent] = []
-
-    def take(self, page: Page[FineTuningEvent]) -> str | None:
-        """Keep a page's new events; the ``after`` of the next page to read, or None."""
-        rows, more = page
-        new = [r for r in rows if _seq(r) > self.last]
-        self._fresh.extend(new)
-        return rows[-1]["id"] if more and rows and len(new) == len(rows) else None
-
-    def flush(self) -> list[object]:
-        """Hand on what the pages held; the callback's return values (awaitables)."""
-        fresh, self._fresh = self._fresh, []
-        if fresh:
-            self.last, self.newest = _seq(fresh[0]), fresh[0]
-        return [self.on_event(e) for e in reversed(fresh)] if self.on_event else []
-
-    def ended(self, job: FineTuningJob) -> bool:
-        """The finished job's last status line has been seen (it follows the record)."""
-        n = self.newest
-        return (
-            n is not None
-            and n.get("type") == "status"
-            and (int(n.get("created_at") or 0) >= int(job.get("finished_at") or 0))
-        )
-
-
-def deadline_of(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def check(deadline: float | None, job_id: str, timeout: float | None) -> None:
-    if deadline is not None and time.monotonic() >= deadline:
-        raise DeadlineExceeded(f"job {job_id} did not finish within {timeout:g} s")
 
 
 class FineTuneMethods:
@@ -221,9 +175,13 @@ class FineTuneMethods:
         poll: float = 0.5,
         timeout: float | None = None,
         on_event: OnEvent | None = None,
+        raise_on_failure: bool = False,
     ) -> FineTuningJob:
-        """Poll until the job ends (``DeadlineExceeded`` after ``timeout`` s); the job."""
+        """Poll until the job ends (``DeadlineExceeded`` after ``timeout`` s); the job
+        (``raise_on_failure``: ``FineTuningFailed`` unless it succeeded). Polls come
+        ``poll`` s apart while events arrive, further apart (up to 5 s) while none do."""
         follow, deadline, grace = Follower(on_event), deadline_of(timeout), 0
+        wait = Backoff(poll)
         while True:
             job = self.get_fine_tuning_job(job_id)
             after: str | None = None
@@ -232,12 +190,12 @@ class FineTuneMethods:
             follow.flush()
             if finished(job):
                 if follow.ended(job) or grace >= GRACE_POLLS:
-                    return job
+                    return succeeded(job) if raise_on_failure else job
                 grace += 1
                 time.sleep(min(poll, 0.1))
                 continue
             check(deadline, job_id, timeout)
-            time.sleep(poll)
+            time.sleep(until(deadline, wait.next(follow.progressed)))
 
     def fine_tune(
         self,
@@ -258,7 +216,9 @@ class FineTuneMethods:
             model, training, validation_file=validation, hyperparameters=hyperparameters,
             suffix=suffix, **job_kwargs,
         )  # fmt: skip
-        return self.wait_fine_tuning_job(job["id"], on_event=on_event) if wait else job
+        if not wait:
+            return job
+        return self.wait_fine_tuning_job(job["id"], on_event=on_event, raise_on_failure=True)
 
 
 class AsyncFineTuneMethods:
@@ -341,8 +301,10 @@ class AsyncFineTuneMethods:
         poll: float = 0.5,
         timeout: float | None = None,
         on_event: OnEvent | None = None,
+        raise_on_failure: bool = False,
     ) -> FineTuningJob:
         follow, deadline, grace = Follower(on_event), deadline_of(timeout), 0
+        wait = Backoff(poll)
         while True:
             job = await self.get_fine_tuning_job(job_id)
             after: str | None = None
@@ -353,12 +315,12 @@ class AsyncFineTuneMethods:
                     await out
             if finished(job):
                 if follow.ended(job) or grace >= GRACE_POLLS:
-                    return job
+                    return succeeded(job) if raise_on_failure else job
                 grace += 1
                 await asyncio.sleep(min(poll, 0.1))
                 continue
             check(deadline, job_id, timeout)
-            await asyncio.sleep(poll)
+            await asyncio.sleep(until(deadline, wait.next(follow.progressed)))
 
     async def fine_tune(
         self,
@@ -378,4 +340,6 @@ class AsyncFineTuneMethods:
             model, training, validation_file=validation, hyperparameters=hyperparameters,
             suffix=suffix, **job_kwargs,
         )  # fmt: skip
-        return await self.wait_fine_tuning_job(job["id"], on_event=on_event) if wait else job
+        if not wait:
+            return job
+        return await self.wait_fine_tuning_job(job["id"], on_event=on_event, raise_on_failure=True)
