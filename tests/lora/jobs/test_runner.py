@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -192,9 +193,13 @@ def test_train_memory_limit_is_a_size_a_percent_or_none() -> None:
         memory_limit(Settings.load(overrides={"train_memory_limit": "lots"}))
 
 
-async def test_a_failed_training_records_its_kind_but_no_hosts_or_paths(tmp_path: Path) -> None:
+async def test_a_failed_training_records_its_kind_but_no_hosts_or_paths(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Before, the job record (which its tenant reads) said 'training failed: <the
-    exception's whole text>', hosts, URLs and server paths included."""
+    exception's whole text>', hosts, URLs and server paths included. The server's log
+    says when the job started and how it ended, one line each."""
+    caplog.set_level(logging.INFO, "fleetserve.train")
     ft, queue, _, _ = setup()
     registry = AdapterRegistry(ft.store.store, limits=Limits(), bases=StaticBases({}))
     bert = str(build_bert(tmp_path / "bert"))
@@ -215,5 +220,8 @@ async def test_a_failed_training_records_its_kind_but_no_hosts_or_paths(tmp_path
     assert done.status is JobStatus.FAILED and done.error is not None
     message = done.error["message"]
     assert message.startswith("training failed: OSError: GET <url> from <host> failed"), message
+    said = [r.getMessage() for r in caplog.records if r.name == "fleetserve.train"]
+    assert any(f"fine-tuning job {j.id} of {j.tenant} started: " in m for m in said), said
+    assert any(f"fine-tuning job {j.id} of {j.tenant} failed: training failed" in m for m in said)
     for internal in ("10.0.0.7", "9000", "s3.internal", "/srv/", "model.bin"):
         assert internal not in message

@@ -176,6 +176,7 @@ class JobRunner:
         where = f" on {self.node}" if self.node else ""
         await add_event(self.store, job, f"training started{where}{again}", type="status",
                         data={"node": self.node, "attempt": job.attempts})  # fmt: skip
+        log.info("fine-tuning job %s of %s started: %s%s", job.id, job.tenant, job.model, again)
         feed = _Feed(self.store, job)
         cancel, stop = asyncio.Event(), asyncio.Event()
         watch = asyncio.ensure_future(self._watch(job, token, feed, cancel, stop))
@@ -323,6 +324,10 @@ class JobRunner:
             await self.store.drop_leftovers(job.tenant, job.id)
         level = "error" if status is JobStatus.FAILED else "info"
         await add_event(self.store, job, message, level=level, type="status")
+        log.log(
+            logging.WARNING if status is JobStatus.FAILED else logging.INFO,
+            "fine-tuning job %s of %s %s: %s", job.id, job.tenant, status.value, message,
+        )  # fmt: skip
 
     async def _fail(
         self, job: Job, message: str, code: str = "training_failed", field: str | None = None
