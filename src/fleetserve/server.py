@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,7 @@ class EmbeddedServer(Service):
         )
         self._take(build_stack(settings, self.catalog, self.metrics, self.console))
         self.tuning = quick_wanted(settings, self.catalog, self.choices)  # --tune quick
+        self._tune_ends = 0.0  # when the quick tune's budget runs out (monotonic)
         self.background = self._background(env)  # --tune auto
         self.worker = self._new_worker()
         self.dashboard = build_dashboard(settings, self.auth)
@@ -213,6 +215,8 @@ class EmbeddedServer(Service):
             self.metrics,
             hooks=Hooks(
                 ready=lambda: self.worker.ready and not self.tuning,
+                not_ready=self.not_ready,
+                ready_in=self.ready_in,
                 alive=self.alive,
                 models_info=self.models_info,
                 interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
@@ -244,9 +248,26 @@ class EmbeddedServer(Service):
     def _new_worker(self) -> Worker:
         return build_worker(self.stack, self.queue, self.metrics, self.settings, self.tracer)
 
+    def not_ready(self) -> str:
+        """Why requests get 503 now ("" when they do not): a quick tune, or loading."""
+        if self.tuning:
+            left = self.ready_in() or 0.0
+            return (
+                f"tuning {', '.join(self.tuning)} for this machine (--tune quick), about "
+                f"{left:.0f} s left"
+            )
+        return "" if self.worker.ready else "the models loaded at start are loading"
+
+    def ready_in(self) -> float | None:
+        """Seconds until requests are served, where known: a quick tune's budget left."""
+        return max(1.0, self._tune_ends - time.monotonic()) if self.tuning else None
+
     async def _quick_tune(self) -> None:
         """Tune the untuned pinned models briefly, then serve them with what won."""
-        from .bench.tune.quick import quick_tune
+        from .bench.tune.quick import QUICK_BUDGET_S, quick_tune
+
+        each = min(self.settings.tune_budget, QUICK_BUDGET_S)
+        self._tune_ends = time.monotonic() + each * len(self.tuning)
 
         tuned = await quick_tune(
             self.settings, self.catalog, self.profiles, self.tuning, self.console

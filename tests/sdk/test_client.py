@@ -216,18 +216,25 @@ def test_non_retryable_errors_are_not_retried() -> None:
     assert len(script.requests) == 1
 
 
-def test_retry_after_is_honoured_and_capped() -> None:
+def test_retry_after_is_honoured_up_to_the_timeout() -> None:
     script = Script(lambda: error_reply(503, "unavailable", "0.15"), ok_reply)
     with sync_client(script, max_retries=1) as c:
         t0 = time.monotonic()
         c.encode("m", ["a"])
         assert time.monotonic() - t0 >= 0.14
-    script = Script(lambda: error_reply(429, "overloaded", "3600"), ok_reply)
-    with sync_client(script, max_retries=1, max_backoff=0.01) as c:
+    # a server that says when (a quick tune's estimate), past max_backoff: waited for
+    script = Script(lambda: error_reply(503, "unavailable", "1.5"), ok_reply)
+    with sync_client(script, max_retries=1, max_backoff=0.01, timeout=5) as c:
         t0 = time.monotonic()
         c.encode("m", ["a"])
-        assert time.monotonic() - t0 < 1.0
-    assert len(script.requests) == 2
+        assert time.monotonic() - t0 >= 1.5
+    # one that says more than the call has left: answered now, with the estimate
+    script = Script(lambda: error_reply(429, "overloaded", "3600"), ok_reply)
+    with sync_client(script, max_retries=1) as c, pytest.raises(fleetserve.Overloaded) as info:
+        t0 = time.monotonic()
+        c.encode("m", ["a"], timeout=2)
+    assert time.monotonic() - t0 < 1.0 and info.value.retry_after == 3600.0
+    assert len(script.requests) == 1
 
 
 def test_non_fleet_error_body_is_internal_error() -> None:

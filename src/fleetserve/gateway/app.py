@@ -92,6 +92,8 @@ class Gateway:
         self.metrics = metrics
         self.ready = hooks.ready
         self.alive = hooks.alive  # False: a stage crashed, /healthz says 503
+        self.not_ready = hooks.not_ready
+        self.ready_in = hooks.ready_in
         self.models_info = hooks.models_info or self._catalog_info
         # X-Keep-Alive's caps; ends a model's keep-alive where it lives (None: not here)
         self.keep_alives = KeepAlives(settings.max_keep_alive, settings.max_kept_alive_per_tenant)
@@ -103,6 +105,16 @@ class Gateway:
         # inference bodies: nesting, items and request memory, before anything decodes them
         self.request_limits = RequestLimits.from_settings(settings)
         self.request_memory = RequestMemory.from_settings(settings)
+
+    def _not_ready(self) -> Unavailable:
+        """The 503 a request gets before the process is ready: what is happening, and
+        a Retry-After of the estimate where there is one (a quick tune's budget)."""
+        why = (self.not_ready() if self.not_ready is not None else "") or (
+            "models are loading or the worker failed"
+        )
+        eta = self.ready_in() if self.ready_in is not None else None
+        wait = max(self.settings.retry_after, eta or 0.0)
+        return Unavailable(f"not ready: {why}", retry_after=wait)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -157,9 +169,10 @@ class Gateway:
                 health = (200, {"status": "ok"}) if ok else (503, {"status": "failed"})
                 await respond(send, *body_response(*health, accept))
             elif method == "GET" and path == "/readyz":
-                ok = self.alive() and self.ready() and self.queue.healthy
-                status = 200 if ok else 503
-                await respond(send, *body_response(status, {"ready": ok}, accept))
+                why = self.not_ready() if self.not_ready is not None else ""
+                ok = self.alive() and self.ready() and self.queue.healthy and not why
+                said: dict[str, object] = {"ready": ok, **({"reason": why} if why else {})}
+                await respond(send, *body_response(200 if ok else 503, said, accept))
             elif method == "GET" and path == "/v1/models":
                 body = {"object": "list", "data": self.models_info()}
                 await respond(send, *body_response(200, body, accept))
@@ -265,10 +278,7 @@ class Gateway:
                     raise InvalidInput("this server serves no adapters", field="adapter")
                 adapter = await self.calls.resolve(principal, model, spec.family, called)
             if not self.ready():
-                raise Unavailable(
-                    "not ready: models are loading or the worker failed",
-                    retry_after=self.settings.retry_after,
-                )
+                raise self._not_ready()
             default = (
                 self.settings.generation_timeout
                 if task in (Task.CHAT, Task.GENERATE)

@@ -29,6 +29,7 @@ from ..tracing import open_tracer
 from ..wire import Unavailable
 from .app import Gateway
 from .auth import Authenticator
+from .readiness import not_ready
 from .request_limits import RequestLimits
 from .shared_models import SharedAdmin
 from .wiring import Hooks, Routes
@@ -63,6 +64,11 @@ class GatewayProcess(Service):
         self.adapters: Adapters | None = None
         self.jobs: JobQueue | None = None
         self.port = 0
+
+    def not_ready(self) -> str:
+        """Why ``/readyz`` is 503 ("" when it is 200): ``gateway.readiness``."""
+        connected = bool(self.js is not None and self.js.connected)
+        return not_ready(connected, self.catalog, self.registry.workers())
 
     def models_info(self) -> list[dict[str, Any]]:
         out = []
@@ -156,6 +162,8 @@ class GatewayProcess(Service):
                 # connected: a request then gets the queue's own 503 (storage full, say);
                 # /readyz also asks queue.healthy, false while JetStream refuses writes
                 ready=lambda: bool(self.js is not None and self.js.connected),
+                # /readyz waits for a ready worker too; requests queue for one meanwhile
+                not_ready=self.not_ready,
                 alive=lambda: self.failed_stage() is None,
                 models_info=self.models_info,
                 interactive_cost=self._interactive_cost(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -184,6 +185,21 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return float(raw) if raw is not None else None
     except ValueError:
         return None
+
+
+def retry_wait(
+    resp: httpx.Response, attempt: int, retries: int, cap: float, deadline: float
+) -> float | None:
+    """Seconds to wait before sending again, or None to answer with ``resp``: a 429 or
+    503 is retried ``retries`` times, after its ``Retry-After`` (a server that tunes or
+    loads says how long) or a jittered back-off up to ``cap``; never past the call's
+    deadline: a wait that would end after it answers now, with the server's estimate
+    in the error's ``retry_after``."""
+    if resp.status_code not in RETRY_STATUSES or attempt >= retries:
+        return None
+    said = _retry_after(resp)
+    wait = said if said is not None else backoff(resp, attempt, cap)
+    return wait if time.monotonic() + wait < deadline else None
 
 
 def backoff(resp: httpx.Response, attempt: int, cap: float) -> float:

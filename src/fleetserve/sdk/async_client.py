@@ -7,6 +7,8 @@ Same methods, arguments, return types and errors; see :mod:`fleetserve.sdk.clien
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -268,12 +270,14 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
 
     async def _send(self, req: a.Request[T], timeout: float | None) -> T:
         t = self._t(timeout)
-        for attempt in range(self.max_retries + 1):
+        deadline = time.monotonic() + t
+        for attempt in itertools.count():
             with c.network_errors(t):
                 resp = await self._http.request(req.method, req.path, **req.kwargs(t))
-            if resp.status_code not in c.RETRY_STATUSES or attempt == self.max_retries:
+            wait = c.retry_wait(resp, attempt, self.max_retries, self.max_backoff, deadline)
+            if wait is None:
                 return req.result(resp)
-            await asyncio.sleep(c.backoff(resp, attempt, self.max_backoff))
+            await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
     async def _job(
@@ -316,14 +320,16 @@ class AsyncClient(AsyncFineTuneMethods, c.BaseClient):
     ) -> T:
         t = self._t(timeout)
         headers = call.headers(t, priority)
-        for attempt in range(self.max_retries + 1):
+        deadline = time.monotonic() + t
+        for attempt in itertools.count():
             with c.network_errors(t):
                 resp = await self._http.post(
                     call.path, content=call.body, headers=headers, timeout=t + 1
                 )
-            if resp.status_code not in c.RETRY_STATUSES or attempt == self.max_retries:
+            wait = c.retry_wait(resp, attempt, self.max_retries, self.max_backoff, deadline)
+            if wait is None:
                 return call.result(resp)
-            await asyncio.sleep(c.backoff(resp, attempt, self.max_backoff))
+            await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:

@@ -52,6 +52,7 @@ a split call go as ``batch``.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Mapping
@@ -316,12 +317,14 @@ class Client(FineTuneMethods, c.BaseClient):
 
     def _send(self, req: a.Request[T], timeout: float | None) -> T:
         t = self._t(timeout)
-        for attempt in range(self.max_retries + 1):
+        deadline = time.monotonic() + t
+        for attempt in itertools.count():
             with c.network_errors(t):
                 resp = self._http.request(req.method, req.path, **req.kwargs(t))
-            if resp.status_code not in c.RETRY_STATUSES or attempt == self.max_retries:
+            wait = c.retry_wait(resp, attempt, self.max_retries, self.max_backoff, deadline)
+            if wait is None:
                 return req.result(resp)
-            time.sleep(c.backoff(resp, attempt, self.max_backoff))
+            time.sleep(wait)
         raise AssertionError("unreachable")
 
     def _job(
@@ -362,12 +365,14 @@ class Client(FineTuneMethods, c.BaseClient):
     def _run(self, call: c.Call[T], timeout: float | None, priority: Priority | None = None) -> T:
         t = self._t(timeout)
         headers = call.headers(t, priority)
-        for attempt in range(self.max_retries + 1):
+        deadline = time.monotonic() + t
+        for attempt in itertools.count():
             with c.network_errors(t):
                 resp = self._http.post(call.path, content=call.body, headers=headers, timeout=t + 1)
-            if resp.status_code not in c.RETRY_STATUSES or attempt == self.max_retries:
+            wait = c.retry_wait(resp, attempt, self.max_retries, self.max_backoff, deadline)
+            if wait is None:
                 return call.result(resp)
-            time.sleep(c.backoff(resp, attempt, self.max_backoff))
+            time.sleep(wait)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
