@@ -29,12 +29,12 @@ from ..wire import (
     NotFound,
     Principal,
     Task,
-    Unavailable,
     error_from_body,
     split_model_name,
 )
 from ..wire import Scope as KeyScope
 from ..wire.codec import accept_of, encoding_of
+from . import compat_http
 from . import envelope as env_mod
 from .auth import Authenticator, require
 from .disconnect import Watched
@@ -43,6 +43,7 @@ from .http import Receive, Scope, Send, declared_length, header, read_body, resp
 from .keepalive import Grant, KeepAlives, released_model
 from .model_routes import ModelRoutes
 from .model_routes import handles as model_admin
+from .readiness import not_ready_error
 from .request_limits import RequestLimits
 from .request_memory import RequestMemory, Reservation
 from .routes import BODY_MODEL_ROUTES as _BODY_MODEL_ROUTES  # noqa: F401 (tests read it)
@@ -106,16 +107,6 @@ class Gateway:
         self.request_limits = RequestLimits.from_settings(settings)
         self.request_memory = RequestMemory.from_settings(settings)
 
-    def _not_ready(self) -> Unavailable:
-        """The 503 a request gets before the process is ready: what is happening, and
-        a Retry-After of the estimate where there is one (a quick tune's budget)."""
-        why = (self.not_ready() if self.not_ready is not None else "") or (
-            "models are loading or the worker failed"
-        )
-        eta = self.ready_in() if self.ready_in is not None else None
-        wait = max(self.settings.retry_after, eta or 0.0)
-        return Unavailable(f"not ready: {why}", retry_after=wait)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             await self._logged(scope, receive, send)
@@ -155,8 +146,11 @@ class Gateway:
         method: str = scope["method"]
         accept = Encoding.JSON
         try:
-            # every /v1/ route needs a valid key (when keys are configured)
-            principal = self.auth.authenticate(scope) if path.startswith("/v1/") else None
+            # every /v1/ route needs a valid key (when keys are configured), TEI's and
+            # infinity's drop-in routes too
+            compat = compat_http.handles(method, path)
+            keyed = path.startswith("/v1/") or compat
+            principal = self.auth.authenticate(scope) if keyed else None
             if principal is not None:  # every route's access line names the tenant
                 _access(scope).tenant = principal.tenant
             route = inference_route(method, path)
@@ -164,6 +158,10 @@ class Gateway:
                 assert principal is not None
                 require(principal, KeyScope.INFER)
                 await self._traced(scope, receive, send, *route, principal=principal)
+            elif compat:
+                assert principal is not None
+                require(principal, KeyScope.INFER)
+                await compat_http.serve(self, scope, receive, send, principal)
             elif method == "GET" and path == "/healthz":
                 ok = self.alive()
                 health = (200, {"status": "ok"}) if ok else (503, {"status": "failed"})
@@ -214,6 +212,13 @@ class Gateway:
         except FleetError as err:
             _access(scope).code = err.code
             await respond(send, *error_response(err, accept))
+
+    async def run_native(
+        self, scope: Scope, receive: Receive, send: Send, task: Task, model: str | None,
+        principal: Principal,
+    ) -> None:  # fmt: skip
+        """One inference request the native way (the drop-in routes' translated ones)."""
+        await self._traced(scope, receive, send, task, model, principal=principal)
 
     async def _traced(
         self, scope: Scope, receive: Receive, send: Send, task: Task, model: str | None,
@@ -278,7 +283,7 @@ class Gateway:
                     raise InvalidInput("this server serves no adapters", field="adapter")
                 adapter = await self.calls.resolve(principal, model, spec.family, called)
             if not self.ready():
-                raise self._not_ready()
+                raise not_ready_error(self.not_ready, self.ready_in, self.settings.retry_after)
             default = (
                 self.settings.generation_timeout
                 if task in (Task.CHAT, Task.GENERATE)

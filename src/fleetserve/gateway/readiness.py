@@ -5,9 +5,10 @@ waited in the queue for a worker to start."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..catalog import Catalog
+from ..wire import Unavailable
 from ..wire.heartbeat import Heartbeat
 
 
@@ -31,3 +32,13 @@ def not_ready(connected: bool, catalog: Catalog, workers: Iterable[Heartbeat]) -
     if waiting:
         return "pinned models still loading: " + ", ".join(waiting)
     return ""
+
+
+def not_ready_error(
+    why: Callable[[], str] | None, ready_in: Callable[[], float | None] | None, retry: float
+) -> Unavailable:
+    """The 503 a request gets before the process is ready: what is happening, and a
+    Retry-After of the estimate where there is one (a quick tune's budget left)."""
+    said = (why() if why is not None else "") or "models are loading or the worker failed"
+    eta = ready_in() if ready_in is not None else None
+    return Unavailable(f"not ready: {said}", retry_after=max(retry, eta or 0.0))
