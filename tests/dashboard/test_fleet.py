@@ -113,14 +113,14 @@ def test_heartbeat_figures_carry_the_counters_and_survive_odd_beats() -> None:
             "models": {"m/a": {"state": "resident", "bytes": 40}, "m/b": "junk"},
             "adapters": {"m/a": ["t/x@1"]}}  # fmt: skip
     w = normalize(beat)
-    assert w["memory"] == {"budget": 100, "used": 40}
+    assert w["memory"] == {"budget": 100, "used": 40, "host": 0}  # an older worker's
     assert [(m["id"], m["state"], m["adapters"]) for m in w["models"]] == [
         ("m/a", "resident", ["t/x@1"]),
         ("m/b", "cold", []),
     ]
     assert w["counters"]["put_backs"] == {"m/a": 3}
     odd = normalize({"id": 7, "memory": "lots", "models": [1, 2], "counters": None})
-    assert odd["id"] == "7" and odd["models"] == [] and odd["memory"] == {"budget": 0, "used": 0}
+    assert odd["id"] == "7" and odd["models"] == [] and odd["memory"] == {"budget": 0, "used": 0, "host": 0}
 
 
 def test_after_n_requests_the_embedded_figures_are_right(fleet_server: ServerThread) -> None:
@@ -241,3 +241,16 @@ def test_the_fleet_needs_the_key_like_the_other_views(keyed_dash_server: ServerT
     assert fleet(srv, authorization=f"Bearer {KEY}")["mode"] == "embedded"
     r = httpx.get(srv.url + "/v1/fleet/nope", headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_workers_of_one_host_count_its_memory_once() -> None:
+    from fleetserve.dashboard.fleet import _totals
+
+    def worker(wid: str, host: str) -> dict[str, Any]:
+        beat = {"id": wid, "host": host, "memory": {"budget": 35, "used": 10, "host": 100}}
+        return normalize(beat)
+
+    two = Gathered([worker("w0", "a"), worker("w1", "a")], [])
+    totals = _totals(two, [])
+    assert (totals["memory_budget"], totals["memory_host"]) == (70, 100)
+    assert _totals(Gathered([worker("w0", "a"), worker("w1", "b")], []), [])["memory_host"] == 200

@@ -202,6 +202,8 @@ def _totals(g: Gathered, models: list[dict[str, Any]]) -> dict[str, Any]:
         "resident": sum(1 for w in g.workers for m in w["models"] if m["state"] == "resident"),
         "memory_used": sum(w["memory"]["used"] for w in g.workers),
         "memory_budget": sum(w["memory"]["budget"] for w in g.workers),
+        # each host's memory once, however many of its workers report it
+        "memory_host": sum({w["host"]: w["memory"].get("host", 0) for w in g.workers}.values()),
         "age_s": max((m["age_s"] for m in models), default=0.0),
     }
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from ..fleet.memory import process_limit_bytes
 from ..wire import Priority
 from ..worker.lora_hosting import host_of
 
@@ -107,7 +108,7 @@ def worker_state(
         "host": socket.gethostname(),
         "ready": ready,
         "device": device,
-        "memory": {"budget": fleet.budget, "used": fleet.used()},
+        "memory": {"budget": fleet.budget, "used": fleet.used(), "host": process_limit_bytes()},
         "models": {
             m: {**fleet.info(m), **({"tuning": tuning(m)} if tuning else {})} for m in runners
         },
@@ -145,7 +146,11 @@ def normalize(beat: Mapping[str, Any]) -> dict[str, Any]:
         "pid": beat.get("pid"),
         "ready": bool(beat.get("ready")),
         "device": beat.get("device"),
-        "memory": {"budget": _int(memory.get("budget")), "used": _int(memory.get("used"))},
+        "memory": {
+            "budget": _int(memory.get("budget")),
+            "used": _int(memory.get("used")),
+            "host": _int(memory.get("host")),
+        },
         "models": models,
         "counters": {
             name: {str(k): _int(v) for k, v in c.items()}

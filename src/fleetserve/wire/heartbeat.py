@@ -35,10 +35,12 @@ class ModelBeat(msgspec.Struct, kw_only=True):
 
 
 class Memory(msgspec.Struct):
-    """Bytes resident against the worker's memory budget."""
+    """Bytes resident against the worker's memory budget, and what its host has (its
+    RAM, or the cgroup's limit; unset: an older worker's): workers of one host share it."""
 
     budget: int
     used: int
+    host: int | UnsetType = UNSET
 
 
 class DeviceBeat(msgspec.Struct):

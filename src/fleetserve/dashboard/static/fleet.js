@@ -81,7 +81,7 @@
       tile("workers", "workers", `${fmt.num(num(t.ready))} / ${fmt.num(num(t.workers))}`,
         `ready · ${str(doc.mode) || "?"} mode`, num(t.ready) < num(t.workers)),
       tile("resident", "resident models", fmt.num(num(t.resident)), ""),
-      tile("memory", "memory", bytes(t.memory_used), budget ? `of ${bytes(budget)} (${fmt.pct(num(t.memory_used) / budget)})` : ""),
+      tile("memory", "memory", bytes(t.memory_used), budget ? `of ${bytes(budget)} (${fmt.pct(num(t.memory_used) / budget)})${num(t.memory_host) ? ` · hosts ${bytes(t.memory_host)}` : ""}` : ""),
       tile("rps", "throughput", `${rate(t.rps)} req/s`, `over ${fmt.dur(doc.rate_s)} · ${fmt.num(num(t.requests))} in ${fmt.dur(doc.window_s)}`),
       tile("requests", "answered", fmt.num(num(t.total)), "since start"),
       tile("waiting", "waiting", fmt.num(num(t.waiting)), `oldest ${age(t.age_s)} · ${fmt.num(num(t.inflight))} in flight`, num(t.waiting) > 0),
