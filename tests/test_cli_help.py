@@ -3,6 +3,8 @@ and every flag the commands used to take still parses where it is used."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fleetserve.cli import _parser, main
@@ -92,3 +94,17 @@ def test_worker_only_flags_are_refused_by_serve(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", "--devices", "cpu:0"])
     assert "unrecognized arguments: --devices" in capsys.readouterr().err
+
+
+def test_serve_help_shows_the_common_flags_and_help_all_the_rest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    short = _help(["serve"], capsys)
+    assert len(short.splitlines()) <= 80, len(short.splitlines())  # every flag: 360 lines
+    assert "--port" in short and "--models" in short and "--max-body-bytes" not in short
+    assert re.search(r"\d+ more flags: fleetserve serve --help-all lists them\.", short)
+    everything = _help(["serve", "--help-all"], capsys)
+    assert "--max-body-bytes" in everything and "more flags" not in everything
+    assert max(len(line) for line in everything.splitlines()) <= 80
+    args = _parser().parse_args(["serve", "--max-body-bytes", "9"])  # unlisted, still taken
+    assert args.max_body_bytes == 9

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import socket
 import subprocess
@@ -34,40 +35,51 @@ def run(*args: str, cwd: Path, columns: str = "200") -> subprocess.CompletedProc
     )
 
 
+def rich_text(s: str) -> str:
+    """What a terminal shows: the text without its colour codes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", s)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def test_offline_listing_shows_the_catalog_cold_in_80_columns_when_piped(
+def test_offline_listing_piped_is_tab_separated_and_on_a_terminal_fits_it(
     tmp_path: Path,
 ) -> None:
     model = build_bert(tmp_path / "model")
     cat = tmp_path / "catalog"
     write_spec(cat, "tiny/dense", model)
     deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 4)
-    write_spec(cat, "tiny/absent-with-a-long-name-" + "x" * 40, deep / "nowhere", size="33M params")
+    long_id = "tiny/absent-with-a-long-name-" + "x" * 40
+    write_spec(cat, long_id, deep / "nowhere", size="33M params")
     port = free_port()
     flags = ["--catalog", str(cat), "--port", str(port)]
-    r = run(*flags, cwd=tmp_path, columns="")  # piped, no COLUMNS: rich's 80
+    r = run(*flags, cwd=tmp_path, columns="")  # piped: one line per model, tab-separated
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    assert lines and all(len(line) <= 80 for line in lines), r.stdout
-    [dense] = [line for line in lines if line.startswith("tiny/dense")]
-    assert re.search(r"\bcold\b", dense) and re.search(r"\d+\.\d MiB", dense), dense
-    [absent] = [line for line in lines if line.startswith("tiny/absent")]
-    assert "…" in absent and absent.split()[0].endswith("x" * 10)  # the id's end is kept
-    assert "~" in absent and " MiB" in absent  # declared in parameters: fp32 bytes, roughly
+    header, *lines = r.stdout.splitlines()
+    assert header.split("\t") == ["model", "family", "state", "size", "pinned", "runs_on", "where"]
+    rows = {line.split("\t")[0]: line.split("\t") for line in lines}
+    dense, absent = rows["tiny/dense"], rows[long_id]  # the whole id, never cut
+    assert dense[2] == "cold" and re.fullmatch(r"\d+\.\d MiB", dense[3]) and dense[6] == str(model)
+    assert absent[2] == "absent" and absent[3].startswith("~") and absent[3].endswith(" MiB")
+    assert absent[6] == f"no weights at {deep / 'nowhere'}"  # the whole path
     assert "KiB" not in r.stdout and not re.search(r"\d MB\b", r.stdout)  # one unit
-    assert f"no server on 127.0.0.1:{port}: showing the catalog" in r.stdout
-    wide = run(*flags, cwd=tmp_path, columns="400")
-    assert str(model) in wide.stdout and "runs on" in wide.stdout  # room for where, runs on
-    middle = run(*flags, cwd=tmp_path, columns="180").stdout.splitlines()
-    assert all(len(line) <= 180 for line in middle)
-    [absent] = [line for line in middle if line.startswith("tiny/absent")]
-    assert "runs on" in middle[1] and "where" in middle[1]
-    assert "…" in absent.split()[-1] and absent.endswith("/nowhere")  # where, cut in the middle
+    assert f"no server on 127.0.0.1:{port}: showing the catalog" in r.stderr  # not in the data
+    as_json = run(*flags, "--json", cwd=tmp_path)
+    listed = {m["model"]: m for m in json.loads(as_json.stdout)}
+    assert listed[long_id]["state"] == "absent" and listed["tiny/dense"]["where"] == str(model)
+    for width in (80, 400):  # a terminal: nothing cut, no line past its width
+        out = io.StringIO()
+        settings = tiny_settings(cat, port=port, models="")
+        list_models(settings, Console(file=out, width=width, force_terminal=True))
+        text = rich_text(out.getvalue())
+        assert all(len(line) <= width for line in text.splitlines()), text
+        assert long_id in text and "absent" in text and "runs on" in text
+        nowhere = f"no weights at {deep / 'nowhere'}"  # folded over lines at 80, not cut
+        assert nowhere in (text if width == 400 else text.replace("\n", ""))
 
 
 def test_live_listing_shows_what_is_resident_and_what_is_cold(tmp_path: Path) -> None:
@@ -82,8 +94,8 @@ def test_live_listing_shows_what_is_resident_and_what_is_cold(tmp_path: Path) ->
         port = srv.server.port
         out = io.StringIO()
         ours = tiny_settings(cat, port=port, api_key="sesame", models="")
-        assert list_models(ours, Console(file=out, width=80)) == 0
-        lines = out.getvalue().splitlines()
+        assert list_models(ours, Console(file=out, width=80, force_terminal=True)) == 0
+        lines = rich_text(out.getvalue()).splitlines()
         assert all(len(line) <= 80 for line in lines), out.getvalue()
         assert f"live, 127.0.0.1:{port}" in lines[0]
         [dense] = [line for line in lines if line.startswith("tiny/dense")]
@@ -93,7 +105,8 @@ def test_live_listing_shows_what_is_resident_and_what_is_cold(tmp_path: Path) ->
         assert "showing the catalog" not in out.getvalue()
         wrong = io.StringIO()
         list_models(
-            tiny_settings(cat, port=port, api_key="wrong", models=""), Console(file=wrong, width=80)
+            tiny_settings(cat, port=port, api_key="wrong", models=""),
+            Console(file=wrong, width=80, force_terminal=True),
         )
         assert "refused the API key (401): showing the catalog" in wrong.getvalue()
     finally:
@@ -170,7 +183,7 @@ def test_the_fleet_fields_of_v1_models_show_state_size_pins_failures_and_workers
     assert "host-3" not in by["c/distributed"].where
     assert by["d/older-server"].state == "resident"  # from `loaded`
     out = io.StringIO()
-    print_table(Console(file=out, width=80), "t", rows)
-    lines = out.getvalue().splitlines()
-    assert all(len(line) <= 80 for line in lines), out.getvalue()
-    assert "where" in lines[1]  # the workers column stays, cut to fit
+    print_table(Console(file=out, width=80, force_terminal=True), "t", rows)
+    text = rich_text(out.getvalue())
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "where: host-1-" + "w" * 60 in text.replace("\n", "")  # folded, not cut

@@ -36,24 +36,24 @@ class _Formatter(argparse.HelpFormatter):
         super().__init__(prog, max_help_position=28)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(show_all: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetserve", description="Serve fleets of small models.")
     sub = p.add_subparsers(dest="command", required=True)
     serve = _command(
         sub, "serve", "Gateway, in-process queue and a worker in one process.", "[options]"
     )
-    add_settings(serve, "serve")
+    add_settings(serve, "serve", show_all)
     gateway = _command(
         sub, "gateway", "The HTTP API in front of NATS (--nats URL).", "--nats URL [options]"
     )
-    add_settings(gateway, "gateway")
+    add_settings(gateway, "gateway", show_all)
     worker = _command(
         sub,
         "worker",
         "Serve models from NATS (--nats URL [--devices …]).",
         "--nats URL [--models …] [--devices …] [options]",
     )
-    add_settings(worker, "worker")
+    add_settings(worker, "worker", show_all)
     cluster = _command(
         sub,
         "cluster",
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument("--workers", type=int, default=2, help="Worker processes [2].")
     cluster.add_argument("--store-dir", default=None, help="JetStream store (default: temp).")
-    add_settings(cluster, "cluster")
+    add_settings(cluster, "cluster", show_all)
     dlq = _command(
         sub,
         "dlq",
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     dlq.add_argument("action", choices=["list", "replay", "purge"])
     dlq.add_argument("--seq", type=int, action="append", help="Only these entries (replay).")
     dlq.add_argument("--limit", type=int, default=100, help="Entries to list [100].")
-    add_settings(dlq, "dlq")
+    add_settings(dlq, "dlq", show_all)
     from .cli_keys import add_parser as keys_parser
 
     keys_parser(sub)
@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         "ids", nargs="*", metavar="MODEL", help="Models to prepare, or to release (admin key)."
     )
     models.add_argument(
+        "--json", dest="models_json", action="store_true", help="List as JSON (piped: TSV)."
+    )
+    models.add_argument(
         "--runtime",
         dest="prepare_runtime",
         default="",
@@ -104,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PRECISION",
         help="Precision, e.g. int8 (onnx).",
     )
-    add_settings(models, "models")
+    add_settings(models, "models", show_all)
     tune = _command(
         sub,
         "tune",
@@ -115,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.tune.cli import add_arguments as tune_arguments
 
     tune_arguments(tune)
-    add_settings(tune, "tune")
+    add_settings(tune, "tune", show_all)
     add = _command(
         sub,
         "add",
@@ -126,14 +129,14 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_add import add_arguments as add_add_arguments
 
     add_add_arguments(add)
-    add_settings(add, "add")
+    add_settings(add, "add", show_all)
     hardware = _command(
         sub,
         "hardware",
         "This machine's hardware class, the facts behind it, its profiles.",
         "[options]",
     )
-    add_settings(hardware, "hardware")
+    add_settings(hardware, "hardware", show_all)
     sub.add_parser(
         "bench",
         help="Benchmarks: the open-loop knee of embeddings servers, the queue simulator, "
@@ -148,10 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parser(show_all="--help-all" in argv).parse_args(argv)
     console = Console(stderr=True)
     extra = {"command", "workers", "store_dir", "action", "seq", "limit", "ids"}
-    extra |= {"prepare_runtime", "prepare_precision"}
+    extra |= {"prepare_runtime", "prepare_precision", "models_json"}
     from .bench.tune.cli import ARGS as TUNE_ARGS
 
     extra |= TUNE_ARGS
@@ -255,7 +258,7 @@ def _catalog_command(settings: Settings, args: argparse.Namespace, console: Cons
         return prepare_models(
             settings, args.ids, args.prepare_runtime, args.prepare_precision, console
         )
-    return list_models(settings)
+    return list_models(settings, as_json=args.models_json)
 
 
 async def _until_signal(main: Coroutine[object, None, int | None]) -> int | None:

@@ -36,6 +36,21 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
-    """The Settings flags of ``command``'s groups (its ``--help`` lists only those)."""
-    Settings.add_arguments(parser, COMMAND_GROUPS[command])
+# the flags ``--help`` lists for the serving commands (``--help-all`` lists them all)
+COMMON = frozenset(
+    {"host", "port", "catalog", "models", "device", "devices", "memory_budget", "tune",
+     "api_key", "keys_file", "nats", "log_level", "log_format", "config", "worker_port",
+     "cache_dir", "profile_dir"}
+)  # fmt: skip
+_SHORTENED = frozenset({"serve", "gateway", "worker", "cluster"})
+
+
+def add_settings(parser: argparse.ArgumentParser, command: str, show_all: bool = False) -> None:
+    """The Settings flags of ``command``'s groups (its ``--help`` lists only those): for
+    the serving commands the common ones, with ``--help-all`` for the rest."""
+    shown = None if show_all or command not in _SHORTENED else COMMON
+    hidden = Settings.add_arguments(parser, COMMAND_GROUPS[command], shown)
+    if command in _SHORTENED:
+        parser.add_argument("--help-all", action="help", help="Show every flag and exit.")
+    if hidden:
+        parser.epilog = f"{hidden} more flags: fleetserve {command} --help-all lists them."

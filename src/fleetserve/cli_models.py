@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -26,20 +27,37 @@ from .fleet.memory import mib, parse_size
 from .settings import Settings
 
 
-def list_models(settings: Settings, console: Console | None = None) -> int:
+def list_models(
+    settings: Settings,
+    console: Console | None = None,
+    *,
+    as_json: bool = False,
+    notes: Console | None = None,
+) -> int:
     """The live fleet from the server at ``settings.host:port`` if one answers, else the
-    catalog, every model "cold"."""
+    catalog. On a terminal a table that fits its width (each model's lines stacked
+    where one line does not fit); piped, tab-separated columns; ``as_json``, a JSON
+    list. Notes (failures, "showing the catalog") go to ``notes`` when piped."""
     console = console or Console()
     address = _address(settings)
     live, note = fetch_live(settings)
     if live is not None:
         rows, failures = live_rows(live)
-        print_table(console, f"fleetserve models (live, {address})", rows)
-        for model, error in failures:
-            console.print(f"[red]failed[/] {escape(model)}: {escape(error)}", highlight=False)
-        return 0
-    print_table(console, "fleetserve catalog", catalog_rows(settings))
-    console.print(f"[dim]{escape(note)}: showing the catalog[/]", highlight=False)
+        title, said = f"fleetserve models (live, {address})", ""
+    else:
+        rows, failures = catalog_rows(settings), []
+        title, said = "fleetserve catalog", f"{note}: showing the catalog"
+    if as_json:
+        console.file.write(json.dumps([dataclasses.asdict(r) for r in rows], indent=1) + "\n")
+    elif console.is_terminal:
+        print_table(console, title, rows)
+    else:
+        print_tsv(console, rows)
+    aside = console if console.is_terminal and not as_json else notes or Console(stderr=True)
+    for model, error in failures:
+        aside.print(f"[red]failed[/] {escape(model)}: {escape(error)}", highlight=False)
+    if said:
+        aside.print(f"[dim]{escape(said)}[/]", highlight=False)
     return 0
 
 
@@ -47,14 +65,16 @@ def list_models(settings: Settings, console: Console | None = None) -> int:
 class Row:
     model: str
     family: str
-    state: str  # resident | loading | cold | failed
+    state: str  # resident | loading | cold | failed | absent (its weights are not here)
     size: str  # in MiB, the one unit; "?" unknown
     pinned: bool
     runs_on: str
     where: str = ""
 
 
-STATE_STYLE = {"resident": "green", "loading": "yellow", "cold": "dim", "failed": "red"}
+STATE_STYLE = {
+    "resident": "green", "loading": "yellow", "cold": "dim", "failed": "red", "absent": "magenta"
+}  # fmt: skip
 _HEADERS = ("model", "family", "state", "size", "pinned", "runs on", "where")
 
 
@@ -144,6 +164,8 @@ def live_rows(entries: list[dict[str, Any]]) -> tuple[list[Row], list[tuple[str,
     for e in entries:
         model = str(e.get("id", "?"))
         state = state_of(e)
+        if state == "cold" and e.get("present") is False:
+            state = "absent"  # its weights are not on the server: it cannot load
         runs = " ".join(str(e[k]) for k in ("runtime", "precision") if e.get(k))
         how = (e.get("profile") or {}).get("how") if isinstance(e.get("profile"), dict) else None
         if how:
@@ -170,9 +192,10 @@ def live_rows(entries: list[dict[str, Any]]) -> tuple[list[Row], list[tuple[str,
 
 
 def catalog_rows(settings: Settings) -> list[Row]:
-    """The catalog as it would run here, every model cold."""
+    """The catalog as it would run here: every model cold, or absent (its weights are
+    not here: where says what installs them)."""
     from .assembly import build_catalog, build_profiles
-    from .catalog.sources import locate
+    from .catalog.sources import absent_hint, locate
 
     catalog = build_catalog(settings)
     profiles = build_profiles(settings)
@@ -191,64 +214,55 @@ def catalog_rows(settings: Settings) -> list[Row]:
         else:
             declared = declared_bytes(s.size, precision)
             size = f"~{mib(declared)}" if declared else "?"
-        where = str(found) if found is not None else ", ".join(s.sources)
+        state = "cold" if found is not None else "absent"
+        where = str(found) if found is not None else absent_hint(s.sources)
         runs = f"{c.profile.runtime or s.runtime} {precision} ({c.how})"
-        rows.append(Row(s.id, s.family, "cold", size, s.pinned or s.id in named, runs, where))
+        rows.append(Row(s.id, s.family, state, size, s.pinned or s.id in named, runs, where))
     return rows
 
 
+def _cells(r: Row) -> list[str]:
+    return [r.model, r.family, r.state, r.size, "yes" if r.pinned else "", r.runs_on, r.where]
+
+
+def print_tsv(console: Console, rows: list[Row]) -> None:
+    """Piped: one line per model, its columns tab-separated, nothing cut or wrapped."""
+    out = ["\t".join(h.replace(" ", "_") for h in _HEADERS)]
+    out += ["\t".join(c.replace("\t", " ") for c in _cells(r)) for r in rows]
+    console.file.write("\n".join(out) + "\n")
+
+
 def print_table(console: Console, title: str, rows: list[Row]) -> None:
-    """A table that fits ``console.width`` on one line per model: the where column
-    shrinks (cut in the middle: a path's end says most), then "runs on" shrinks and
-    goes, then where goes, then model ids are cut in the middle."""
-    cells = [
-        [r.model, r.family, r.state, r.size, "yes" if r.pinned else "", r.runs_on, r.where]
-        for r in rows
-    ]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(_HEADERS)]
-    keep = [True] * len(_HEADERS)
-    if not any(r.where for r in rows):
-        keep[6] = False
-    limits = list(widths)
-
-    def total() -> int:
-        shown = [limits[i] for i in range(len(limits)) if keep[i]]
-        return sum(shown) + 2 * (len(shown) - 1)  # two spaces between columns
-
-    # (column, the narrowest it may get; 0: drop it), in turn until the table fits
-    for col, narrowest in ((6, 24), (5, 12), (5, 0), (6, 0), (0, 20)):
-        if not keep[col] or total() <= console.width:
-            continue
-        if narrowest:
-            limits[col] = max(narrowest, limits[col] - (total() - console.width))
-        else:
-            keep[col] = False
-    table = Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        pad_edge=False,
-        padding=(0, 1, 0, 0),
-        title_justify="left",
-        collapse_padding=True,
-    )
-    for i, header in enumerate(_HEADERS):
-        if keep[i]:
-            table.add_column(
-                header,
-                no_wrap=True,
-                overflow="ellipsis",
-                max_width=limits[i],
-                justify="right" if header == "size" else "left",
-            )
-    for r, c in zip(rows, cells, strict=True):
+    """One line per model where that fits ``console.width``; else each model's lines
+    stacked (its id, then its figures, then where): nothing is cut or left out."""
+    cells = [_cells(r) for r in rows]
+    keep = [i for i in range(len(_HEADERS)) if i != 6 or any(r.where for r in rows)]
+    widths = [max([len(_HEADERS[i])] + [len(c[i]) for c in cells]) for i in keep]
+    if sum(widths) + 2 * (len(widths) - 1) <= console.width:
+        table = Table(
+            title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+            padding=(0, 1, 0, 0), title_justify="left", collapse_padding=True,
+        )  # fmt: skip
+        for i in keep:
+            justify: JustifyMethod = "right" if _HEADERS[i] == "size" else "left"
+            table.add_column(_HEADERS[i], no_wrap=True, justify=justify)
+        for r, c in zip(rows, cells, strict=True):
+            style = STATE_STYLE.get(r.state, "")
+            shown = [escape(x) for x in c]
+            shown[2] = f"[{style}]{shown[2]}[/]" if style else shown[2]
+            table.add_row(*(shown[i] for i in keep))
+        console.print(table)
+        return
+    console.print(f"[italic]{escape(title)}[/]", highlight=False)
+    for r in rows:
         style = STATE_STYLE.get(r.state, "")
-        c[0] = middle_cut(c[0], limits[0])  # ids differ at the end: keep it
-        c[6] = middle_cut(c[6], limits[6])
-        c = [escape(x) for x in c]
-        c[2] = f"[{style}]{c[2]}[/]" if style else c[2]
-        table.add_row(*(x for i, x in enumerate(c) if keep[i]))
-    console.print(table)
+        state = f"[{style}]{r.state}[/]" if style else r.state
+        figures = [escape(r.family), state, escape(r.size), *(["pinned"] if r.pinned else [])]
+        console.print(f"[bold]{escape(r.model)}[/]", highlight=False, overflow="fold")
+        console.print("  " + " · ".join(figures), highlight=False, overflow="fold")
+        for label, text in (("runs on", r.runs_on), ("where", r.where)):
+            if text:
+                console.print(f"  {label}: {escape(text)}", highlight=False, overflow="fold")
 
 
 def prepare_models(
@@ -291,14 +305,6 @@ def prepare_models(
             message = exc.message if isinstance(exc, FleetError) else str(exc)
             console.print(f"[red]error:[/] {model_id}: {escape(message)}", soft_wrap=True)
     return 1 if failed else 0
-
-
-def middle_cut(text: str, width: int) -> str:
-    """``text`` in ``width`` characters, an ellipsis for its middle when it is longer."""
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 3
-    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
 
 
 def disk_bytes(path: Path) -> int:

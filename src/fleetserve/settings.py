@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, fields
 
 from .settings_background import Background
@@ -340,12 +340,15 @@ class Settings(Limits, Background):
 
     @classmethod
     def add_arguments(
-        cls, parser: argparse.ArgumentParser, groups: Iterable[str] | None = None
-    ) -> None:
+        cls,
+        parser: argparse.ArgumentParser,
+        groups: Iterable[str] | None = None,
+        shown: Collection[str] | None = None,
+    ) -> int:
         """Add one flag per field (of ``groups`` only, if given: what the command uses,
         under a heading per group); unset flags stay ``None`` so lower layers show
-        through."""
-        add_arguments(fields(cls), parser, groups)
+        through. ``--help`` lists only ``shown`` (None: all); how many it leaves out."""
+        return add_arguments(fields(cls), parser, groups, shown)
 
     @classmethod
     def load(

