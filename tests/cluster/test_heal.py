@@ -24,7 +24,7 @@ from .test_failures import reference
 
 # the gateway's 503s while NATS is down: nothing was published, so retrying is safe
 REFUSED_BEFORE_PUBLISH = (
-    "not ready: models are loading or the worker failed",  # the gateway's readiness check
+    "not ready: not connected to the queue",  # the gateway's readiness check
     "not connected to the queue",  # JetStreamQueue.publish
     # a publish in flight as the server died: its ack never came, so the client is
     # told to retry (had the server stored it, the retry only computes it once more)
