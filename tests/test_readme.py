@@ -180,7 +180,8 @@ def test_the_fine_tuning_command_is_the_cli() -> None:
 
 def test_the_operations_commands_are_real() -> None:
     """The Operations block: the chart and values files it names exist, the capacity
-    command prints a pool's values as shown, and the serve line parses."""
+    command prints a pool's values as shown, and the serve line parses (both run from
+    the venv, as every command of the README)."""
     import sys
 
     import yaml
@@ -193,14 +194,14 @@ def test_the_operations_commands_are_real() -> None:
     for argv in helm_lines:
         paths = [a for a in argv if a.startswith("deploy/")]
         assert paths and all((README.parent / a).exists() for a in paths), argv
-    (capacity,) = [shlex.split(ln) for ln in lines if ln.startswith("python")]
+    (capacity,) = [shlex.split(ln) for ln in lines if ln.startswith(".venv/bin/python")]
     out = subprocess.run(
         [sys.executable, *capacity[1:]], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     (pool,) = yaml.safe_load(out)["workerPools"]
     assert pool["pinned"] == ["sentence-transformers/all-MiniLM-L6-v2"]
     assert pool["scaling"]["lagThresholds"]["sentence-transformers/all-MiniLM-L6-v2"]["batch"] > 0
-    (serve,) = [shlex.split(ln) for ln in lines if ln.startswith("fleetserve")]
+    (serve,) = [shlex.split(ln) for ln in lines if ln.startswith(".venv/bin/fleetserve")]
     args = _parser().parse_args(serve[1:])
     assert (args.command, args.log_format, args.tracing) == ("serve", "json", True)
 

@@ -625,10 +625,11 @@ def test_the_readme_keys_example_runs_as_shown(tiny_catalog: Path, tmp_path: Pat
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     lines = [ln for ln in block.replace("\\\n", "").splitlines() if not ln.startswith("#")]
     add, serve, curl = lines
-    assert add.startswith("KEY=$(fleetserve keys add ") and serve.startswith("fleetserve serve ")
+    assert add.startswith("KEY=$(.venv/bin/fleetserve keys add ")
+    assert serve.startswith(".venv/bin/fleetserve serve ")
     exe = str(Path(sys.executable).parent / "fleetserve")
     made = subprocess.run(
-        ["bash", "-c", add.replace("fleetserve ", exe + " ", 1) + ' && echo "$KEY"'],
+        ["bash", "-c", add.replace(".venv/bin/fleetserve ", exe + " ", 1) + ' && echo "$KEY"'],
         cwd=tmp_path,
         capture_output=True,
         text=True,
