@@ -4,6 +4,7 @@ and the SDK's adapter methods, sync and async; the table fits 80 columns."""
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 
 import fleetserve.sdk
 from fleetserve import AsyncClient, Client, cli_lora
@@ -87,10 +89,24 @@ def test_add_list_rm(
     assert "added alice/legal-v1@1 for tiny/bert" in out and "tiny/bert:alice/legal-v1@1" in out
     assert main(["lora", "add", str(kit.lora2.dir), "--name", "legal-v1", "--pinned", *url]) == 0
     capsys.readouterr()
-    assert main(["lora", "list", *url]) == 0
-    table = capsys.readouterr().out
-    assert "alice/legal-v1@1" in table and "alice/legal-v1@2" in table and " yes" in table
-    assert max(len(line) for line in table.splitlines()) <= 80, table
+    assert main(["lora", "list", *url]) == 0  # piped: tab-separated, nothing folded
+    header, *rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert header == ["adapter", "base", "rank", "bytes", "sha256", "pinned"]
+    assert [(r[0], r[1], r[5]) for r in rows] == [
+        ("alice/legal-v1@1", BASE, ""), ("alice/legal-v1@2", BASE, "yes")
+    ]  # fmt: skip
+    assert all(len(r[4]) == 64 for r in rows)
+    from fleetserve.cli_lora import print_table
+
+    with fleetserve.sdk.Client("http://adapters.test") as c:  # the fixture's transport
+        listed = c.list_adapters()
+    for width in (80, 120):  # a terminal: within its width, the base on one line at 120
+        out = io.StringIO()
+        print_table(Console(file=out, width=width, force_terminal=True, color_system=None),
+                    listed, "http://adapters.test")  # fmt: skip
+        lines = out.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= width, out.getvalue()
+        assert (BASE in out.getvalue()) or width == 80
     assert main(["lora", "rm", "alice/legal-v1@1", *url]) == 0
     assert "deleted alice/legal-v1@1" in capsys.readouterr().out
     assert main(["lora", "rm", "alice/legal-v1@1", *url]) == 1

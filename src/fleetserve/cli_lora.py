@@ -132,10 +132,20 @@ def _size(n: object) -> str:
 
 
 def print_table(console: Console, adapters: list[AdapterInfo], url: str) -> None:
-    """One row per adapter version, within 80 columns (long ids fold)."""
-    table = Table(title=f"adapters ({url})", box=box.SIMPLE_HEAD, width=min(console.width, 80))
-    table.add_column("adapter", overflow="fold", ratio=1)
-    table.add_column("base", overflow="fold", ratio=1)
+    """One row per adapter version, within the terminal's width (ids fold only where
+    they must); piped, tab-separated columns, nothing folded."""
+    if not console.is_terminal:
+        rows = [["adapter", "base", "rank", "bytes", "sha256", "pinned"]]
+        rows += [
+            [str(a.get("id")), str(a.get("base")), str(a.get("rank")), str(a.get("bytes")),
+             str(a.get("sha256", "")), "yes" if a.get("pinned") else ""]
+            for a in adapters
+        ]  # fmt: skip
+        console.file.write("".join("\t".join(r) + "\n" for r in rows))
+        return
+    table = Table(title=f"adapters ({url})", box=box.SIMPLE_HEAD)
+    table.add_column("adapter", overflow="fold")
+    table.add_column("base", overflow="fold")
     table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("size", justify="right", no_wrap=True)
     table.add_column("sha256", no_wrap=True)
