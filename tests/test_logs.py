@@ -231,3 +231,15 @@ def test_access_log_can_be_turned_off(tiny_catalog: Path, logs: io.StringIO) -> 
     finally:
         srv.stop()
     assert "access:" not in logs.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_librarys_terminal_escapes_never_reach_the_log(logs: io.StringIO, fmt: str) -> None:
+    """transformers colours its load report (``\\x1b[1m``): the log has the words only."""
+    setup_logging(Settings(log_format=fmt), stream=logs)
+    logging.getLogger("transformers.modeling_utils").warning(
+        "load report: \x1b[1mUNEXPECTED\x1b[0m keys \x1b[31;1mbert.pooler\x1b[0m"
+    )
+    line = logs.getvalue().strip().splitlines()[-1]
+    assert "\x1b" not in line and "\\u001b" not in line
+    assert "load report: UNEXPECTED keys bert.pooler" in line

@@ -131,6 +131,17 @@ def _value(v: object) -> str:
     return s
 
 
+# a terminal's escape sequences (a library's bold or colour in its own message)
+_ESCAPES = re.compile(r"\x1b\[[0-?]{0,16}[ -/]{0,4}[@-~]")
+
+
+def message(record: logging.LogRecord) -> str:
+    """The record's message without terminal escapes: a library that colours its
+    own text (transformers' load report) leaves none in the log, text or JSON."""
+    text = record.getMessage()
+    return _ESCAPES.sub("", text) if "\x1b" in text else text
+
+
 class TextFormatter(logging.Formatter):
     """``22:52:37 INFO  gateway: message key=value``."""
 
@@ -145,7 +156,7 @@ class TextFormatter(logging.Formatter):
         shown = f"\x1b[{_COLORS.get(level, '0')}m{level:<5}\x1b[0m" if self.color else f"{level:<5}"
         when = time.strftime("%H:%M:%S", time.localtime(record.created))
         tag = f" {self.tag}" if self.tag else ""
-        line = f"{when} {shown}{tag} {short_name(record.name)}: {record.getMessage()}"
+        line = f"{when} {shown}{tag} {short_name(record.name)}: {message(record)}"
         extra = getattr(record, FIELDS, None) or {}
         line += "".join(f" {k}={_value(v)}" for k, v in extra.items() if v is not None)
         if record.exc_info:
@@ -169,7 +180,7 @@ class JsonFormatter(logging.Formatter):
             "ts": ts,
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": message(record),
         }
         if self.tag:
             out["tag"] = self.tag
