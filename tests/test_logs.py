@@ -243,3 +243,17 @@ def test_a_librarys_terminal_escapes_never_reach_the_log(logs: io.StringIO, fmt:
     line = logs.getvalue().strip().splitlines()[-1]
     assert "\x1b" not in line and "\\u001b" not in line
     assert "load report: UNEXPECTED keys bert.pooler" in line
+
+
+def test_library_noise_is_dropped_and_its_real_warnings_kept(logs: io.StringIO) -> None:
+    """transformers' `loss_type=None` warning came on every model load; a library's
+    warning that says something still comes through."""
+    setup_logging(Settings(), stream=logs)
+    tlog = logging.getLogger("transformers.modeling_utils")
+    tlog.warning(
+        "`loss_type=None` was set in the config but it is unrecognized. Using the default "
+        "loss: `ForCausalLMLoss`."
+    )
+    tlog.warning("Some weights of BertModel were not initialized from the checkpoint")
+    out = logs.getvalue()
+    assert "loss_type" not in out and "Some weights of BertModel were not initialized" in out

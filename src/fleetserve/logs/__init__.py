@@ -25,7 +25,7 @@ from typing import TextIO
 from urllib.parse import urlsplit
 
 from ..settings import Settings
-from .quiet import install_quieting
+from .quiet import LibraryNoise, install_quieting
 
 FIELDS = "fleetserve_fields"  # the LogRecord attribute that carries key=value fields
 LEVELS = ("debug", "info", "warning", "error")
@@ -232,6 +232,7 @@ def setup_logging(
         formatter = TextFormatter(tag, redact, color=_is_tty(target))
     handler = LineHandler(stream)
     handler.setFormatter(formatter)
+    handler.addFilter(LibraryNoise())
     root = logging.getLogger()
     for h in list(root.handlers):
         if isinstance(h, LineHandler):

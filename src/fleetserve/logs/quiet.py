@@ -1,4 +1,4 @@
-"""Third-party progress bars off, and their loggers through ours.
+"""Third-party progress bars off, their loggers through ours, their noise dropped.
 
 transformers, huggingface_hub and datasets draw tqdm bars (one per model load,
 interleaved across processes) and transformers and datasets keep handlers of their
@@ -112,6 +112,26 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 _FINDER = _Finder()
 
+# what libraries say that means nothing to whoever runs the server: (the logger's
+# prefix, the start of the message). transformers warns about a config key that a
+# checkpoint carries and serving never reads.
+NOISE: tuple[tuple[str, str], ...] = (
+    ("transformers", "`loss_type=None` was set in the config but it is unrecognized"),
+)
+
+
+class LibraryNoise(logging.Filter):
+    """Drops the ``NOISE`` records (on our handler: a logger's own filters do not see
+    its children's records)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("fleetserve"):
+            return True
+        for prefix, start in NOISE:
+            if record.name.startswith(prefix) and str(record.msg).startswith(start):
+                return False
+        return True
+
 
 def install_quieting() -> None:
     """Configure the watched libraries already imported; watch for the others."""
@@ -122,4 +142,4 @@ def install_quieting() -> None:
         sys.meta_path.insert(0, _FINDER)
 
 
-__all__ = ["CONFIGURE", "configure", "install_quieting"]
+__all__ = ["CONFIGURE", "NOISE", "LibraryNoise", "configure", "install_quieting"]
