@@ -135,8 +135,8 @@ def test_page_and_its_files(dash_server: ServerThread) -> None:
     assert [u.split("?")[0] for u in urls if u.endswith(".js") or ".js?" in u] == [
         "/dashboard/static/core.js",
         "/dashboard/static/charts.js",
+        "/dashboard/static/fleet.js",  # the first tab: the page opens on the fleet
         "/dashboard/static/tuning.js",
-        "/dashboard/static/fleet.js",
         "/dashboard/static/added.js",
     ]
     for url in urls:

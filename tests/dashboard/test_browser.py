@@ -58,7 +58,7 @@ def test_it_renders_a_run_and_follows_it_live(
     browser: Browser, dash_server: ServerThread, store: RunStore, tmp_path: Path
 ) -> None:
     rundocs.write(store, rundocs.running_run())
-    open_dashboard(browser, dash_server.url + "/dashboard")
+    open_dashboard(browser, dash_server.url + "/dashboard#/tuning")
     assert browser.text(".run-title") == TINY
     assert browser.wait_for("document.getElementById('live').dataset.state === 'live'")
     rows = browser.evaluate("[...document.querySelectorAll('.cand-table tbody tr')].length")
@@ -90,7 +90,7 @@ def test_it_renders_a_run_and_follows_it_live(
 def test_edge_cases_render_without_errors(
     browser: Browser, dash_server: ServerThread, store: RunStore, tmp_path: Path
 ) -> None:
-    open_dashboard(browser, dash_server.url + "/dashboard")
+    open_dashboard(browser, dash_server.url + "/dashboard#/tuning")
     scripts = browser.evaluate("document.scripts.length")
 
     browser.click(f"a[data-run='{rundocs.FAILED_ID}']")
@@ -119,7 +119,7 @@ def test_edge_cases_render_without_errors(
 def test_polling_is_the_fallback(
     browser: Browser, dash_server: ServerThread, store: RunStore
 ) -> None:
-    open_dashboard(browser, dash_server.url + "/dashboard?live=poll")
+    open_dashboard(browser, dash_server.url + "/dashboard?live=poll#/tuning")
     assert browser.wait_for("document.getElementById('live').dataset.state === 'polling'")
     run = rundocs.bare_run()
     run.update(
@@ -135,7 +135,7 @@ def test_polling_is_the_fallback(
 def test_with_a_key_the_page_asks_for_it(
     browser: Browser, keyed_dash_server: ServerThread, keyed_store: RunStore
 ) -> None:
-    browser.goto(keyed_dash_server.url + "/dashboard")
+    browser.goto(keyed_dash_server.url + "/dashboard#/tuning")
     browser.wait_for("!document.getElementById('key-form').hidden")
     assert browser.evaluate("document.querySelectorAll('.run-list a').length") == 0
     submit = (
@@ -152,7 +152,7 @@ def test_with_a_key_the_page_asks_for_it(
     rundocs.write(keyed_store, rundocs.finished(rundocs.running_run()))
     browser.wait_for("document.querySelector('.winner-id')?.textContent === 'torch-fp16'")
     # the key lives in this tab's sessionStorage: a reload needs no prompt
-    browser.goto(keyed_dash_server.url + "/dashboard")
+    browser.goto(keyed_dash_server.url + "/dashboard#/tuning")
     browser.wait_for("!!document.querySelector('.winner-id')")
     assert browser.evaluate("document.getElementById('key-form').hidden") is True
     assert browser.errors == []

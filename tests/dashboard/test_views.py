@@ -53,7 +53,7 @@ class BrokenView:
 
 
 def test_the_run_store_is_tune_dir_with_home_expanded() -> None:
-    view, fleet, added = default_views(Settings(tune_dir="~/runs-here"))
+    fleet, view, added = default_views(Settings(tune_dir="~/runs-here"))  # the fleet first
     assert isinstance(view, TuningView) and isinstance(fleet, FleetView)
     assert view.store.root == Path.home() / "runs-here"
     assert isinstance(added, AddedView) and added.reports == Path.home() / "runs-here/reports"

@@ -50,7 +50,8 @@ class View(Protocol):
 def default_views(settings: Settings) -> list[View]:
     """The views of a server with ``settings``, in tab order."""
     tune_dir = Path(settings.tune_dir).expanduser()
-    return [TuningView(RunStore(tune_dir)), FleetView(), AddedView(tune_dir / "reports")]
+    # the fleet first: the page opens on what serves now (tuning runs may be none yet)
+    return [FleetView(), TuningView(RunStore(tune_dir)), AddedView(tune_dir / "reports")]
 
 
 __all__ = ["View", "default_views"]

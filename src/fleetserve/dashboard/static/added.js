@@ -46,8 +46,8 @@
       el("td", { text: mib(m.resident_bytes || m.weights_bytes) }),
       el("td", { text: isNum(m.seconds) ? `${fmt.num(m.seconds)} s` : "—" })));
     if (!rows.length) {
-      rows.push(el("tr", {}, el("td", { colspan: "6", class: "empty",
-        text: "No models added yet. `fleetserve add SOURCE` adds one." })));
+      rows.push(el("tr", {}, el("td", { colspan: "6", class: "empty" },
+        "No models added yet. ", el("code", { text: "fleetserve add SOURCE" }), " adds one.")));
     }
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
   }

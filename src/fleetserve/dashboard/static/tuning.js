@@ -65,7 +65,7 @@
           el("span", { class: "run-time" }, "started ", ago(r.started_at))));
     }));
     if (!state.runs.length) {
-      ul.append(el("li", { class: "empty", text: "No tuning runs yet. `fleetserve tune MODEL` starts one." }));
+      ul.append(el("li", { class: "empty" }, "No tuning runs yet. ", el("code", { text: "fleetserve tune MODEL" }), " starts one."));
     }
   }
 
