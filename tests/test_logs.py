@@ -257,3 +257,27 @@ def test_library_noise_is_dropped_and_its_real_warnings_kept(logs: io.StringIO) 
     tlog.warning("Some weights of BertModel were not initialized from the checkpoint")
     out = logs.getvalue()
     assert "loss_type" not in out and "Some weights of BertModel were not initialized" in out
+
+
+@pytest.mark.slow  # a model converted for OpenVINO and served
+def test_a_model_load_logs_only_what_means_something(logs: io.StringIO, tmp_path: Path) -> None:
+    """Loading and serving a model (converted for OpenVINO, where transformers used to
+    warn about `loss_type=None`) leaves no library warning in the log, and one line
+    saying it loaded."""
+    from .tinymodels import build_bert, write_spec
+
+    cat = tmp_path / "catalog"
+    write_spec(cat, "tiny/ov", build_bert(tmp_path / "model"), runtime="openvino",
+               profiles={"cpu": {"precision": "fp32", "max_batch_tokens": 256}})  # fmt: skip
+    settings = tiny_settings(cat, models="tiny/ov", cache_dir=str(tmp_path / "cache"))
+    setup_logging(settings, stream=logs)
+    srv = ServerThread(settings).start()
+    try:
+        r = httpx.post(f"{srv.url}/v1/encode/tiny/ov", json={"inputs": ["hello"]}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()
+    lines = logs.getvalue().splitlines()
+    warned = [ln for ln in lines if " WARN " in ln or " ERROR " in ln]
+    assert not warned, warned
+    assert sum("loaded tiny/ov in " in ln for ln in lines) == 1, lines
