@@ -134,4 +134,4 @@ def _headers(retry_after: float | None) -> list[tuple[bytes, bytes]]:
 
 def _served(gw: RunsNative) -> list[str]:
     """The ids ``--models`` names (its patterns aside), in order."""
-    return [m for m in gw.settings.models.split(",") if m and "*" not in m]
+    return [m for m in gw.settings.model_list() if "*" not in m]
