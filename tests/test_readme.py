@@ -80,6 +80,9 @@ def test_the_hardware_command_runs_as_shown() -> None:
     )  # the other two lines: tested in tests/bench/tune
 
 
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
 @pytest.mark.slow
 def test_the_fleet_examples_run_as_shown(real_server: ServerThread) -> None:
     (block,) = [b for b in blocks("bash") if "--memory-budget" in b]
@@ -98,8 +101,9 @@ def test_the_fleet_examples_run_as_shown(real_server: ServerThread) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    row = next(ln for ln in out.stdout.splitlines() if "all-MiniLM-L6-v2 " in ln)
-    assert "resident" in row and "MiB" in row and "yes" in row, out.stdout
+    # piped: tab-separated columns
+    row = next(ln.split("\t") for ln in out.stdout.splitlines() if ln.startswith(MINILM + "\t"))
+    assert row[2] == "resident" and row[3].endswith("MiB") and row[4] == "yes", out.stdout
     cmd = shlex.split(curl.replace("localhost:8080", real_server.url).replace(">/dev/null", ""))
     cmd.insert(1, "-w%{http_code}")
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -417,4 +417,4 @@ def test_fleetserve_models_shows_family_runtime_size_and_presence(
     assert any(f"{rt} " in minilm for rt in ("torch", "onnx", "openvino"))  # what it runs on
     bge = lines["BAAI/bge-small-en-v1.5"]  # absent: its declared size (33M params) in MiB
     assert bge_size in bge and bge_runs in bge and "hf:BAAI/bge-small-en-v1.5" in bge
-    assert "no server on" in r.stdout
+    assert "no server on" in r.stderr  # piped: the data on stdout, notes beside it
