@@ -75,12 +75,7 @@ def start_cluster(catalog: Path, tmp: Path, workers: int = 2, **settings: Any) -
         "profile_dir": NO_USER_PROFILES,
     }
     base.update(settings)
-    # a fixed port, so the test knows where the gateway listens
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        base["port"] = s.getsockname()[1]
+    base["port"] = free_port()  # a fixed port, so the test knows where the gateway listens
     cluster = Cluster(
         Settings.load(overrides=base), workers, {**os.environ}, store_dir=str(tmp / "js")
     )
@@ -99,11 +94,22 @@ def running(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
 
 
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range: the gateway's fixed port. One
+    the kernel handed out (bind to 0, then close) could be handed out again at once,
+    to nats-server's or a worker's port-0 bind, before the gateway takes it."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class ClusterCommand:

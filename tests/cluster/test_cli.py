@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +15,7 @@ import pytest
 from fleetserve.cli import main
 
 from ..conftest import TINY, TINY_CLASS
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from .conftest import free_port
 
 
 def _alive(pid: int) -> bool:
@@ -33,7 +27,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_cluster_serves_and_ctrl_c_stops_everything(cluster_catalog: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "FLEETSERVE_CATALOG": str(cluster_catalog), "FLEETSERVE_MODELS": TINY,
            "FLEETSERVE_DEVICE": "cpu", "FLEETSERVE_HARDWARE_CLASS": TINY_CLASS}  # fmt: skip
     proc = subprocess.Popen(
