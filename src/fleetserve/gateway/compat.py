@@ -26,8 +26,6 @@ import msgspec
 
 from ..catalog import Catalog, ModelSpec
 from ..wire import FleetError, InvalidInput, Task
-from ..wire.codec import dumps
-from ..wire.types import Encoding
 
 Json = Any  # a decoded JSON value: the routes check the shapes they read
 
@@ -230,19 +228,17 @@ TEI_ERRORS = {"invalid_input": (422, "Validation"), "payload_too_large": (413, "
               "overloaded": (429, "Overloaded"), "unavailable": (503, "Unhealthy")}  # fmt: skip
 
 
-def tei_error(status: int, native: Json) -> tuple[int, bytes]:
+def tei_error(status: int, native: Json) -> tuple[int, Json]:
     """A native error reply in TEI's shape: ``{"error", "error_type"}``, TEI's status."""
     err = native.get("error", {}) if isinstance(native, dict) else {}
     code, message = str(err.get("code", "")), str(err.get("message", "error"))
     status, kind = TEI_ERRORS.get(code, (status if status < 500 else 424, "Backend"))
-    return status, dumps({"error": message, "error_type": kind}, Encoding.JSON)
+    return status, {"error": message, "error_type": kind}
 
 
-def error_body(route_tei: bool, err: FleetError, status: int) -> tuple[int, bytes]:
+def error_body(route_tei: bool, err: FleetError, status: int) -> tuple[int, Json]:
     """An error raised before the native route ran, in the route's shape."""
-    if route_tei:
-        return tei_error(status, err.to_body())
-    return status, dumps(err.to_body(), Encoding.JSON)
+    return tei_error(status, err.to_body()) if route_tei else (status, err.to_body())
 
 
 def info(catalog: Catalog, spec: ModelSpec | None, version: str, max_batch: int) -> Json:

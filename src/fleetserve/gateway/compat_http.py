@@ -16,7 +16,7 @@ from ..wire import FleetError, Principal, Task
 from ..wire.codec import dumps
 from ..wire.types import Encoding
 from . import compat
-from .errors import status_of
+from .errors import body_response, status_of
 from .http import Message, Receive, Scope, Send, read_body, respond
 
 _JSON = [(b"content-type", b"application/json")]
@@ -76,8 +76,8 @@ async def serve(
         tei = route.tei
         native = route.request(body, compat.model_for(route, body, gw.catalog, _served(gw)))
     except FleetError as err:
-        status, out = compat.error_body(tei, err, status_of(err.code))
-        await respond(send, status, _headers(err.retry_after), out)
+        status, said = compat.error_body(tei, err, status_of(err.code))
+        await respond(send, *body_response(status, said, Encoding.JSON, err.retry_after))
         return
     sent = msgspec.json.encode(native.body)
     inner = {
@@ -106,7 +106,8 @@ async def serve(
     if got.status == 200:
         status, out = 200, dumps(route.reply(reply, body), Encoding.JSON)
     elif route.tei:
-        status, out = compat.tei_error(got.status, reply)
+        status, said = compat.tei_error(got.status, reply)
+        out = dumps(said, Encoding.JSON)
     else:
         status, out = got.status, dumps(reply, Encoding.JSON)
     await respond(send, status, [*got.headers, *_JSON], out)
@@ -124,12 +125,6 @@ async def _get(gw: RunsNative, path: str, send: Send) -> None:
         version = importlib.metadata.version("fleetserve")
         body = compat.info(gw.catalog, spec, version, gw.settings.max_items)
     await respond(send, 200, _JSON, dumps(body, Encoding.JSON))
-
-
-def _headers(retry_after: float | None) -> list[tuple[bytes, bytes]]:
-    if retry_after is None:
-        return list(_JSON)
-    return [*_JSON, (b"retry-after", str(max(1, round(retry_after))).encode())]
 
 
 def _served(gw: RunsNative) -> list[str]:
