@@ -204,7 +204,8 @@ def _is_os_attr(node: ast.AST) -> bool:
 
 def _reads_environment(tree: ast.AST) -> list[int]:
     """Lines that read the environment. Forwarding all of it to a child process
-    (``{**os.environ, ...}``, ``dict(os.environ)``, ``os.environ.copy()``) is allowed."""
+    (``{**os.environ, ...}``, ``dict(os.environ)``, ``os.environ.copy()``) is allowed,
+    and so is replacing it in a forked child (``os.environ.clear()``, ``.update(env)``)."""
     forwarded: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
@@ -215,7 +216,9 @@ def _reads_environment(tree: ast.AST) -> list[int]:
             f = node.func
             if isinstance(f, ast.Name) and f.id == "dict" and len(node.args) == 1:
                 forwarded.add(id(node.args[0]))
-            elif isinstance(f, ast.Attribute) and f.attr == "copy" and not node.args:
+            elif isinstance(f, ast.Attribute) and (
+                (f.attr == "copy" and not node.args) or f.attr in ("clear", "update")
+            ):
                 forwarded.add(id(f.value))
     lines = []
     for node in ast.walk(tree):
@@ -241,6 +244,8 @@ def _reads_environment(tree: ast.AST) -> list[int]:
         ("import os\nenv = {**os.environ, 'A': '1'}", False),
         ("import os\nenv = dict(os.environ)", False),
         ("import os\nenv = os.environ.copy()", False),
+        ("import os\nos.environ.clear()\nos.environ.update({'A': '1'})", False),
+        ("import os\nos.environ.update(os.environ)", True),
         ("import os\nx = os.path.join('a', 'b')", False),
     ],
 )

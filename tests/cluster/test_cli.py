@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,11 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _children(pid: int) -> list[str]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return found.stdout.split()
 
 
 def test_cluster_serves_and_ctrl_c_stops_everything(cluster_catalog: Path) -> None:
@@ -52,10 +58,13 @@ def test_cluster_serves_and_ctrl_c_stops_everything(cluster_catalog: Path) -> No
         assert r.status_code == 200
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
         assert {w["id"] for w in models[0]["workers"]} == {"worker-0", "worker-1"}
-        children = subprocess.run(
-            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        assert len(children) == 4  # nats-server, gateway, 2 workers
+        children = _children(proc.pid)
+        assert len(children) == 3  # nats-server, gateway, the workers' zygote
+        workers = [w for c in children for w in _children(int(c))]
+        assert len(workers) == 2  # forked from the zygote (fork_workers, the default)
+        for i, pid in enumerate(workers):
+            assert f"worker-{i} pid" in out and re.search(rf"worker-\d pid {pid}\b", out)
+        children += workers
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
         for pid in children:

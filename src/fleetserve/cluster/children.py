@@ -11,16 +11,34 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .natsd import die_with_parent
+from .zygote import Zygote
 
 BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 30.0  # seconds up after which a child's backoff starts over
 
 
-def spawn(args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """``fleetserve ARGS`` in a session of its own, SIGTERMed if this process dies."""
+class Proc(Protocol):
+    """What the supervisor asks of a child: ``subprocess.Popen`` or a ``ZygoteChild``."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+def spawn(args: list[str], env: Mapping[str, str], zygote: Zygote | None = None) -> Proc:
+    """``fleetserve ARGS`` in a session of its own, SIGTERMed if this process dies: a
+    fork of ``zygote`` where it serves this environment, else a fresh interpreter."""
+    if zygote is not None:
+        child = zygote.spawn("fleetserve", args, env)
+        if child is not None:
+            return child
     return subprocess.Popen(
         [sys.executable, "-m", "fleetserve", *args],
         env=dict(env),
@@ -29,7 +47,7 @@ def spawn(args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def stop_all(procs: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
+def stop_all(procs: list[Proc], timeout: float = 10.0) -> None:
     """SIGTERM each, then wait up to ``timeout`` in all before SIGKILL."""
     for p in procs:
         if p.poll() is None:
@@ -76,7 +94,7 @@ class Child:
     """One supervised process: its current run, readiness and restart record."""
 
     name: str
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Proc | None = None
     started: float = 0.0
     ready: bool = False  # this run became ready
     ever_ready: bool = False

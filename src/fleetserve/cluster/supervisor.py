@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 
@@ -37,8 +36,9 @@ from ..logs import child_env
 from ..logs.access import PROBE_HEADER
 from ..settings import Settings
 from ..wire import Unavailable
-from .children import STABLE_AFTER, Child, GiveUp, describe_exit, spawn, stop_all
+from .children import STABLE_AFTER, Child, GiveUp, Proc, describe_exit, spawn, stop_all
 from .natsd import NatsServer
+from .zygote import Zygote
 
 log = logging.getLogger("fleetserve.cluster")
 _PROBE = {PROBE_HEADER: "cluster"}  # its polling's access lines at debug level
@@ -56,7 +56,11 @@ class Cluster:
         *,
         store_dir: str | None = None,
         console: Console | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
+        """``zygote``: the workers' zygote (``cluster.zygote``) to fork them from, kept
+        open at ``stop``; without one, the cluster starts its own where the
+        ``fork_workers`` setting asks for it, and ends it at ``stop``."""
         if workers < 1:
             raise ValueError("--workers must be at least 1")
         self.settings = settings
@@ -64,13 +68,15 @@ class Cluster:
         self.base_env = dict(env)
         self.console = console or Console(stderr=True, soft_wrap=True)
         self.nats = NatsServer(store_dir=store_dir)
-        self.gateway: subprocess.Popen[bytes] | None = None
-        self.workers: list[subprocess.Popen[bytes]] = []
+        self.gateway: Proc | None = None
+        self.workers: list[Proc] = []
         self.nats_child = Child("nats-server")
         self.gateway_child = Child("gateway")
         self.worker_children = [Child(f"worker-{i}") for i in range(workers)]
         self.api = f"http://{settings.host}:{settings.port}"
         self._healed = -HEAL_EVERY  # when nats-server was last restarted for a write error
+        self.zygote = zygote
+        self._own_zygote: Zygote | None = None
 
     def child_env(self, **extra: str) -> dict[str, str]:
         env = child_env({**self.base_env, **self.settings.to_env()})  # no library bars
@@ -98,7 +104,7 @@ class Cluster:
     def _start_worker(self, i: int) -> None:
         c = self.worker_children[i]
         wenv = self.child_env(worker_id=c.name, worker_port="0")
-        c.proc = spawn(["worker"], wenv)
+        c.proc = spawn(["worker"], wenv, self.zygote)
         c.started, c.ready = time.monotonic(), False
         if i < len(self.workers):
             self.workers[i] = c.proc
@@ -114,6 +120,9 @@ class Cluster:
         return lambda: self._start_worker(i)
 
     def start(self) -> str:
+        if self.zygote is None and self.settings.fork_workers:  # its imports run meanwhile
+            self.zygote = self._own_zygote = Zygote(self.child_env())
+            self.zygote.start()
         self._start_nats()
         log.info("nats-server (JetStream) on %s, store %s", self.nats.url, self.nats.store_dir)
         log.info("nats-server pid %s", self.nats.pid)
@@ -144,7 +153,7 @@ class Cluster:
         return False
 
     @property
-    def children(self) -> list[subprocess.Popen[bytes]]:
+    def children(self) -> list[Proc]:
         return [*self.workers, *([self.gateway] if self.gateway else [])]
 
     @property
@@ -165,8 +174,8 @@ class Cluster:
         if self.nats_child.due is None:  # its NatsServer knows the run (restarted in place)
             self.nats_child.proc = self.nats.proc
         for c in self.supervised:
-            if c.proc is not None and c.due is None and c.proc.poll() is not None:
-                self._exited(c, c.proc.returncode, now)
+            if c.proc is not None and c.due is None and (code := c.proc.poll()) is not None:
+                self._exited(c, code, now)
         self._check_ready()
         self._heal_broker(now)
         for c in self.supervised:
@@ -284,6 +293,9 @@ class Cluster:
         stop_all(self.workers)
         stop_all([self.gateway] if self.gateway else [])
         self.nats.stop()
+        if self._own_zygote is not None:
+            self._own_zygote.close()
+            self.zygote = self._own_zygote = None
 
 
 def run_cluster(

@@ -213,7 +213,7 @@ class Fleet:
             raise
         s.state, s.held, s.error = State.LOADING, need, None
         self._gauges()
-        t0 = time.perf_counter()
+        t0 = self.clock()  # the injected clock: a load's cost is what eviction weighs
         try:
             got = await self._load_once(s)
             if got is None:  # out of memory: others evicted; the failed try is let go
@@ -227,8 +227,8 @@ class Fleet:
             raise s.error.fresh() from None
         finally:
             self._changed.set()
-        dt = time.perf_counter() - t0
         now = self.clock()
+        dt = now - t0
         s.state, s.held, s.measured = State.RESIDENT, got, got
         log.info("loaded %s in %.1fs (%.1f MiB)", model, dt, got.total / MIB)  # one per load
         s.record = Resident(model, got.weights, dt, pinned=s.member.pinned, last_used=now)

@@ -41,8 +41,10 @@ from rich.console import Console
 
 from ..assembly import build_catalog, build_profiles
 from ..catalog import Catalog, ModelSpec
+from ..cluster.children import Proc
 from ..cluster.natsd import die_with_parent
 from ..cluster.presence import announce_forever
+from ..cluster.zygote import Zygote
 from ..fleet.memory import budget_limit, default_budget, parse_size
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
@@ -86,7 +88,7 @@ def child_settings(settings: Settings, device: str, n: int) -> Settings:
 class _Child:
     index: int
     device: str
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Proc | None = None
     failures: int = 0  # exits since it was last ready
     restart_at: float | None = None
 
@@ -130,6 +132,9 @@ class DevicePool(Service):
         self.port = 0
         self._dir = ""
         self._announced = False
+        # the device processes are forks of one that imported torch already (their
+        # environment is this process's; the settings go through stdin, as always)
+        self.zygote = Zygote(dict(os.environ)) if settings.fork_workers else None
 
     # -- state ----------------------------------------------------------------------
     def _live(self) -> list[dict[str, Any]]:
@@ -177,6 +182,8 @@ class DevicePool(Service):
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
+        if self.zygote is not None:  # its imports run while the queues open
+            self.zygote.start()
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
         self.port = await self.serve_http(app, self.settings.host, self.settings.worker_port)
         waits = {m: ack_wait_for(p, self.settings) for m, p in self.profiles.items()}
@@ -200,8 +207,8 @@ class DevicePool(Service):
             "worker %s: local queue on %s; starting %d device processes (%s)",
             self.node, self.server.path, len(self.children), ", ".join(self.devices),
         )  # fmt: skip
-        for c in self.children:
-            self._spawn(c)
+        for c in self.children:  # a thread: the first fork waits for the zygote's imports
+            await asyncio.to_thread(self._spawn, c)
         self.spawn("supervise", self._supervise(), essential=True)
         beat = announce_forever(js.connection(), self.settings.queue_prefix, self.describe)
         self.spawn("heartbeat", beat)
@@ -221,23 +228,34 @@ class DevicePool(Service):
     def _spawn(self, c: _Child) -> None:
         assert self.server is not None
         c.restart_at = None
-        cmd = [sys.executable, "-m", CHILD, "--socket", self.server.path]
-        cmd += ["--index", str(c.index), "--device", c.device, "--of", str(len(self.children))]
+        args = ["--socket", self.server.path, "--index", str(c.index), "--device", c.device]
+        args += ["--of", str(len(self.children))]
+        stdin, feed = os.pipe()
         try:
-            c.proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent
-            )
+            c.proc = self._start(args, stdin)
         except OSError as exc:
+            os.close(feed)
             c.failures += 1
             c.restart_at = time.monotonic() + min(MAX_BACKOFF, 0.5 * 2**c.failures)
             log.error("could not start the process for device %s: %s", c.device, exc)
             return
+        finally:
+            os.close(stdin)
         env = child_settings(self.settings, c.device, len(self.children)).to_env()
-        assert c.proc.stdin is not None
-        with contextlib.suppress(OSError):  # it died at once: the supervisor sees it
-            c.proc.stdin.write(json.dumps(env).encode())
-        with contextlib.suppress(OSError):
-            c.proc.stdin.close()
+        with contextlib.suppress(OSError), open(feed, "wb") as f:  # died at once: supervise sees it
+            f.write(json.dumps(env).encode())
+
+    def _start(self, args: list[str], stdin: int) -> Proc:
+        if self.zygote is not None:
+            child = self.zygote.spawn(CHILD, args, dict(os.environ), fds=(stdin, 1, 2))
+            if child is not None:
+                return child
+        return subprocess.Popen(
+            [sys.executable, "-m", CHILD, *args],
+            stdin=stdin,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
 
     async def _release_keep_alive(self, model: str) -> float | None:
         """A gateway's release, passed to every device process: the most seconds any had
@@ -292,7 +310,7 @@ class DevicePool(Service):
                         c.device, pid, code, delay,
                     )  # fmt: skip
                 if c.proc is None and c.restart_at is not None and now >= c.restart_at:
-                    self._spawn(c)
+                    await asyncio.to_thread(self._spawn, c)
 
     async def _refresh_metrics(self) -> None:
         assert self.server is not None
@@ -314,6 +332,8 @@ class DevicePool(Service):
     async def stop(self) -> None:
         await self.stop_tasks()  # no restarts from here on
         await self._stop_children()
+        if self.zygote is not None:
+            await asyncio.to_thread(self.zygote.close)
         if self.server is not None:
             await self.server.close()  # what is left goes back upstream
         if self.js is not None:

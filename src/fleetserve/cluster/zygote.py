@@ -1,0 +1,247 @@
+"""Children forked from a process that has already imported torch and transformers.
+
+A fresh ``fleetserve worker`` spends about 3 CPU-seconds importing torch and
+transformers before it loads anything (measured on a 2-core AMD EPYC, and on every
+restart after a crash). The zygote (``zygote_main``) pays that once; each worker is
+then a fork of it, ready to load its models at once.
+
+``Zygote.spawn`` returns a ``ZygoteChild``, which answers as much of ``Popen`` as the
+supervisor uses (``pid``, ``poll``, ``wait``, ``send_signal``, ``terminate``,
+``kill``, ``returncode``). Where the zygote cannot serve a request it returns
+``None`` and the caller starts a fresh interpreter:
+
+- it has not started, or has ended;
+- the child's environment differs from the zygote's in a variable the preloaded
+  libraries may have read at import (only the ``free`` prefixes may differ:
+  ``FLEETSERVE_*``, which only ``main()`` reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .natsd import die_with_parent
+
+log = logging.getLogger("fleetserve.cluster")
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.bert.modeling_bert",  # the base of most small encoders
+    "fleetserve.cli",
+    "fleetserve.worker.process",
+    "fleetserve.runtimes.torch",
+    "fleetserve.families.dense",
+    "fleetserve.queue.jetstream",
+    "fleetserve.storage.offload",
+)
+READY_TIMEOUT = 120.0  # seconds for the zygote's imports
+GONE_POLL = 0.05
+
+
+def _running(pid: int) -> bool:
+    """Whether the process is there and not a zombie (whoever reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+class ZygoteChild:
+    """A forked child, as much of ``subprocess.Popen`` as a supervisor needs."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The zygote process and its socket; ``start`` returns at once (the imports run in
+    the background), ``spawn`` waits for them."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        *,
+        preload: Sequence[str] = PRELOAD,
+        free: Sequence[str] = ("FLEETSERVE_",),
+    ) -> None:
+        self.env = dict(env)
+        self.preload = list(preload)
+        self.free = tuple(free)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.loaded: list[str] = []
+        self._ready = threading.Event()
+        self._lock = threading.Lock()  # one request at a time, its pid reply with it
+        self._replies: list[int] = []
+        self._replied = threading.Condition()
+        self._children: dict[int, ZygoteChild] = {}
+        self._early: dict[int, int] = {}  # exits read before their spawn registered them
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cmd = [sys.executable, "-m", "fleetserve.cluster.zygote_main", str(theirs.fileno())]
+        try:
+            self.proc = subprocess.Popen(
+                [*cmd, *self.preload],
+                env=self.env,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self._reader = threading.Thread(target=self._read, name="zygote", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.sock is not None and self.proc is not None and self.proc.poll() is None
+
+    def serves(self, env: Mapping[str, str]) -> bool:
+        """Whether a child with this environment may be forked from the zygote."""
+        keys = (set(env) | set(self.env)) - {k for k in env if k.startswith(self.free)}
+        keys -= {k for k in self.env if k.startswith(self.free)}
+        return all(env.get(k) == self.env.get(k) for k in keys)
+
+    def spawn(
+        self,
+        module: str,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        session: bool = True,
+        fds: tuple[int, int, int] = (0, 1, 2),
+    ) -> ZygoteChild | None:
+        """``python -m MODULE ARGS`` as a fork of the zygote; ``None`` where it cannot."""
+        if not self.serves(env) or not self._ready.wait(READY_TIMEOUT) or not self.alive:
+            return None
+        request = {
+            "module": module,
+            "args": list(args),
+            "env": dict(env),
+            "cwd": os.getcwd(),
+            "session": session,
+        }
+        sock = self.sock
+        assert sock is not None
+        with self._lock:
+            try:
+                socket.send_fds(sock, [json.dumps(request).encode()], list(fds))
+            except OSError:
+                return None
+            with self._replied:
+                if not self._replied.wait_for(lambda: self._replies or not self.alive, 30):
+                    return None
+                if not self._replies:
+                    return None
+                pid = self._replies.pop(0)
+            child = ZygoteChild(pid, [module, *args])
+            with self._replied:
+                self._children[pid] = child
+                early = self._early.pop(pid, None)
+            if early is not None:
+                child._exited(early)
+            return child
+
+    def _read(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            while True:
+                data = sock.recv(1 << 16)
+                if not data:
+                    break
+                self._handle(json.loads(data))
+        except OSError:
+            pass
+        finally:
+            self._gone()
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        if "ready" in msg:
+            self.loaded = list(msg.get("loaded", []))
+            self._ready.set()
+            return
+        with self._replied:
+            if "pid" in msg:
+                self._replies.append(int(msg["pid"]))
+                self._replied.notify_all()
+                return
+            pid, code = int(msg["exit"]), int(msg["code"])
+            child = self._children.pop(pid, None)
+            if child is None:
+                self._early[pid] = code
+        if child is not None:
+            child._exited(code)
+
+    def _gone(self) -> None:
+        """The zygote ended: its children die with it (SIGTERM); each is marked exited
+        once its process is gone."""
+        self._ready.set()
+        with self._replied:
+            live = list(self._children.values())
+            self._children.clear()
+            self._replied.notify_all()
+        pause = threading.Event()
+        for child in live:
+            while _running(child.pid) and not pause.wait(GONE_POLL):
+                pass
+            child._exited(-signal.SIGTERM)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the zygote (its socket closes; its children, if any are left, die)."""
+        if self.sock is not None:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout)
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None

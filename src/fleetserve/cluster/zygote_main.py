@@ -1,0 +1,144 @@
+"""The zygote process: import the heavy libraries once, then fork a child per request.
+
+``python -m fleetserve.cluster.zygote_main FD MODULE...`` imports each MODULE it can
+(a missing extra is skipped), says ``ready`` on the socket FD, and then serves it:
+
+- a request (JSON: ``module``, ``args``, ``env``, ``cwd``, ``session``, with the
+  child's stdin, stdout and stderr passed as file descriptors) forks a child, and the
+  reply is its ``pid``;
+- each child's exit is reported as ``{"exit": pid, "code": returncode}`` (``-N`` for
+  a signal, as ``subprocess`` says it);
+- the socket's end (its client is gone) ends the zygote, and its children with it
+  (each dies with its parent, as the cluster's children always did).
+
+The zygote is single-threaded, so a fork copies a consistent process: the imports
+are done, no thread pool has started (torch starts its pools at the first
+operation), no logging is configured. The child sets its stdio, environment and
+session, unwinds out of the serve loop and runs its module as ``python -m`` would,
+so the interpreter ends it the ordinary way (atexit handlers, flushed streams).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .natsd import die_with_parent
+
+MAX_REQUEST = 1 << 20  # bytes of one request (the environment is most of it)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    module: str
+    args: list[str]
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def preload(names: list[str]) -> list[str]:
+    """Import what can be imported; the names that loaded."""
+    loaded = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # an extra not installed, or a library that fails: forked without it
+            continue
+        loaded.append(name)
+    return loaded
+
+
+def _code(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send(sock, {"exit": pid, "code": _code(status)})
+
+
+def _child(
+    sock: socket.socket, wake: tuple[int, int], req: dict[str, Any], fds: list[int], zygote: int
+) -> Request:
+    """In the forked child: become the process the request describes."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    sock.close()
+    for fd in wake:
+        os.close(fd)
+    if req.get("session"):
+        os.setsid()
+    die_with_parent()
+    if os.getppid() != zygote:  # the zygote died before the line above: so do we
+        os.kill(os.getpid(), signal.SIGTERM)
+    for target, fd in zip((0, 1, 2), fds, strict=True):
+        if fd != target:
+            os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    return Request(req["module"], list(req["args"]))
+
+
+def serve(sock: socket.socket, loaded: list[str]) -> Request:
+    """Fork a child per request until the socket ends; returns only in a child."""
+    if threading.active_count() != 1:  # a fork would copy a thread's held locks
+        raise RuntimeError("the zygote must be single-threaded to fork")
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the pipe
+    send(sock, {"ready": True, "loaded": loaded})
+    while True:
+        ready, _, _ = select.select([sock.fileno(), r], [], [])
+        if r in ready:
+            os.read(r, 4096)
+            _reap(sock)
+        if sock.fileno() not in ready:
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 3)
+        if not data:  # the client is gone
+            raise SystemExit(0)
+        req = json.loads(data)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        zygote = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            return _child(sock, (r, w), req, fds, zygote)
+        for fd in fds:
+            os.close(fd)
+        send(sock, {"pid": pid})
+
+
+def main(argv: list[str]) -> None:
+    sock = socket.socket(fileno=int(argv[0]))
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the client, which stops us
+    req = serve(sock, preload(argv[1:]))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = [req.module, *req.args]
+    runpy.run_module(req.module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,127 @@
+"""The supervisor's two ways to start a child answer alike (``children.Proc``): a
+fresh interpreter (``subprocess.Popen``) and a fork of the zygote (``ZygoteChild``).
+And what only the zygote has: it refuses an environment its imports may have read,
+its children end with it, and it ends with its client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+from fleetserve.cluster.children import Proc
+from fleetserve.cluster.zygote import Zygote, ZygoteChild
+
+from ..waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+CHILD = "tests.zygote_child"
+
+
+class Start(Protocol):
+    def __call__(self, args: list[str], env: dict[str, str], stdout: int) -> Proc: ...
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    z = Zygote(ENV, preload=["json"])
+    z.start()
+    yield z
+    z.close()
+
+
+@pytest.fixture(params=["popen", "zygote"])
+def start(request: pytest.FixtureRequest, zygote: Zygote) -> Start:
+    def popen(args: list[str], env: dict[str, str], stdout: int) -> Proc:
+        return subprocess.Popen(
+            [sys.executable, "-m", CHILD, *args], env=env, stdout=stdout, start_new_session=True
+        )
+
+    def fork(args: list[str], env: dict[str, str], stdout: int) -> Proc:
+        child = zygote.spawn(CHILD, args, env, fds=(0, stdout, 2))
+        assert isinstance(child, ZygoteChild)
+        return child
+
+    return popen if request.param == "popen" else fork
+
+
+def run(start: Start, args: list[str], env: dict[str, str] = ENV) -> tuple[Proc, str]:
+    r, w = os.pipe()
+    try:
+        proc = start(args, env, w)
+    finally:
+        os.close(w)
+    with os.fdopen(r) as out:
+        line = out.readline()
+    return proc, line.strip()
+
+
+def test_the_exit_code_is_the_childs(start: Start) -> None:
+    proc, _ = run(start, ["exit", "3"])
+    assert proc.wait(30) == 3 and proc.poll() == 3 and proc.returncode == 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_signal_reads_as_its_negative_number(start: Start, sig: int) -> None:
+    proc, said = run(start, ["sleep"])
+    assert said == "sleeping" and proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.05)
+    os.kill(proc.pid, sig)
+    assert proc.wait(30) == -sig
+
+
+def test_the_child_has_its_environment_directory_and_session(
+    start: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    proc, said = run(
+        start, ["show", "FLEETSERVE_WORKER_ID"], {**ENV, "FLEETSERVE_WORKER_ID": "w-7"}
+    )
+    assert said == f"w-7 {tmp_path} True"
+    assert proc.wait(30) == 0
+
+
+def test_the_interpreter_ends_the_child_as_usual(start: Start, tmp_path: Path) -> None:
+    flag = tmp_path / "atexit"
+    proc, _ = run(start, ["atexit", str(flag)])
+    assert proc.wait(30) == 0 and flag.read_text() == "ran"
+
+
+def test_an_environment_its_imports_may_have_read_is_refused(zygote: Zygote) -> None:
+    assert zygote.spawn(CHILD, ["exit", "0"], {**ENV, "HF_HOME": "/elsewhere"}) is None
+    other = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+    assert zygote.spawn(CHILD, ["exit", "0"], other) is None  # one missing is a difference
+    child = zygote.spawn(CHILD, ["exit", "0"], {**ENV, "FLEETSERVE_PORT": "1"})
+    assert child is not None and child.wait(30) == 0
+
+
+def test_the_children_end_with_the_zygote_and_it_forks_no_more() -> None:
+    z = Zygote(ENV, preload=[])
+    z.start()
+    try:
+        child = z.spawn(CHILD, ["sleep"], ENV)
+        assert child is not None and child.poll() is None
+        assert z.proc is not None
+        os.kill(z.proc.pid, signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGTERM  # it died with its parent
+        wait_for(lambda: not z.alive, 10)
+        assert z.spawn(CHILD, ["exit", "0"], ENV) is None  # the caller starts a fresh one
+    finally:
+        z.close()
+
+
+def test_the_zygote_ends_when_its_client_closes() -> None:
+    z = Zygote(ENV, preload=[])
+    z.start()
+    child = z.spawn(CHILD, ["exit", "0"], ENV)
+    assert child is not None and child.wait(30) == 0
+    z.close()
+    assert z.proc is not None and z.proc.returncode == 0
