@@ -44,6 +44,12 @@ os.environ.setdefault(
     ),
 )
 
+# the default memory budget is split between the processes of one host that use it:
+# this session's servers are that host, as for the tune lock (each xdist worker its own)
+os.environ.setdefault(
+    Settings.env_name("memory_share_dir"),
+    os.environ[Settings.env_name("tune_lock")] + ".memory",
+)
 
 # what `make test-fast` leaves out: tests that start a server, a broker or a browser
 # (through these fixtures, by living in these folders, or by starting a ServerThread,

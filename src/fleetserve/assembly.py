@@ -19,6 +19,7 @@ from .catalog.rules import install_hint, missing_extra, missing_extras
 from .catalog.sources import locate
 from .catalog.weights import local_weights, weights_path
 from .families import AnyFamily, create_family
+from .fleet.host_share import HostShare
 from .fleet.manager import Fleet
 from .fleet.memory import (
     budget_limit,
@@ -167,6 +168,11 @@ def build_fleet(
     device = "cpu" if settings.device in ("auto", "") else settings.device
     default, why = default_budget(device)
     budget = parse_size(settings.memory_budget, limit=budget_limit(device)) or default
+    share = None
+    if not settings.memory_budget and not device.startswith("cuda"):  # the host's memory
+        where = Path(settings.memory_share_dir) if settings.memory_share_dir else None
+        share = HostShare(budget, where)
+        budget = share.budget()
     fleet = Fleet(
         budget,
         make_policy(settings.eviction),
@@ -174,13 +180,16 @@ def build_fleet(
         cooldown=settings.load_retry_after,
         room_wait=settings.room_wait,
         trim=trim,
+        budget_now=share.budget if share is not None else None,
     )
     for r in runners.values():
         fleet.add(r)
+    if share is not None and share.parts() > 1:
+        why += f", split {share.parts()} ways with the other fleetserve processes on this host"
     fleet.check_budget()
     how = f"--memory-budget {settings.memory_budget}" if settings.memory_budget else why
     logging.getLogger("fleetserve.fleet").info(
-        "memory budget %s (%s); evicting by %s", mib(budget), how, settings.eviction
+        "memory budget %s (%s); evicting by %s", mib(fleet.budget), how, settings.eviction
     )
     return fleet
 

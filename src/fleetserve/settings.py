@@ -75,6 +75,13 @@ class Settings(Limits, Background):
         "limit, else of physical RAM; of free device memory on CUDA).",
         groups="runtime",
     )
+    memory_share_dir: str = setting(
+        "",
+        "Where the processes on this host that run on the default --memory-budget "
+        "register, to split it between them (two workers started apart take 35% each) "
+        "[empty: fleetserve-memory in the temporary directory].",
+        groups="runtime",
+    )
     eviction: str = setting(
         "gdsf",
         "Which models leave under memory pressure: gdsf (reload cost, use, size) or lru.",

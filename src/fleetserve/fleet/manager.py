@@ -43,8 +43,12 @@ class Fleet:
         room_wait: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], None] = lambda: None,
+        budget_now: Callable[[], int] | None = None,
     ) -> None:
-        self.budget = budget
+        """``budget_now``: the budget as it changes (the default budget's share of the
+        host, ``HostShare.budget``), looked at before each load; None: ``budget``."""
+        self.budget = self._shared = budget
+        self._budget_now = budget_now
         self.policy = policy
         self.metrics = metrics
         self.cooldown = cooldown  # before a failed model's load is retried
@@ -203,8 +207,16 @@ class Fleet:
         self.policy.used(r, now)
 
     # -- loading and making room --------------------------------------------------
+    def rebudget(self) -> None:
+        """The budget as ``budget_now`` says (the host's share), looked at before a load."""
+        if self._budget_now is not None and (now := self._budget_now()) != self._shared:
+            self._shared = self.budget = now
+            if self.metrics is not None:
+                self.metrics.memory_budget.set(now)
+
     async def _load(self, s: Slot, deadline: float, wait: bool) -> None:
         model = s.member.model_id
+        self.rebudget()
         need = s.measured or s.member.expected()
         try:
             await self._make_room(model, need, deadline, wait)
