@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import pytest
@@ -351,3 +352,22 @@ async def test_a_load_that_measures_more_than_expected_sheds_by_its_peak() -> No
     await use(f, "a")
     await use(f, "b")  # 10 + 10 + 60 fits 80 as expected: a stays for the load
     assert f.state("a") is State.COLD and f.used() == 30 * MIB
+
+
+async def test_a_member_loaded_already_is_taken_over_without_an_info_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tuner hands each candidate's loop a loaded runner: a quick tune logged
+    "loaded ... in 0.0s" 14 times at INFO. A real load still says so at INFO."""
+    caplog.set_level(logging.DEBUG, "fleetserve.fleet")
+    c = Clock()
+    taken, fresh = FakeModel(c, "taken", 10), FakeModel(c, "fresh", 10)
+    taken.loaded = True
+    f = fleet(c, 100, taken, fresh)
+    await use(f, "taken")
+    await use(f, "fresh")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "loaded" in r.getMessage()]
+    assert said == [
+        (logging.DEBUG, "loaded taken in 1.0s (10.0 MiB) (it was loaded already)"),
+        (logging.INFO, "loaded fresh in 1.0s (10.0 MiB)"),
+    ]

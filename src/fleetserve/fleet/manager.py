@@ -225,6 +225,7 @@ class Fleet:
             raise
         s.state, s.held, s.error = State.LOADING, need, None
         self._gauges()
+        already = s.member.loaded  # taken over loaded (the tuner's fleets): no load to log
         t0 = self.clock()  # the injected clock: a load's cost is what eviction weighs
         try:
             got = await self._load_once(s)
@@ -242,7 +243,11 @@ class Fleet:
         now = self.clock()
         dt = now - t0
         s.state, s.held, s.measured = State.RESIDENT, got, got
-        log.info("loaded %s in %.1fs (%.1f MiB)", model, dt, got.total / MIB)  # one per load
+        log.log(
+            logging.DEBUG if already else logging.INFO,
+            "loaded %s in %.1fs (%.1f MiB)%s",
+            model, dt, got.total / MIB, " (it was loaded already)" if already else "",
+        )  # fmt: skip
         s.record = Resident(model, got.weights, dt, pinned=s.member.pinned, last_used=now)
         self.policy.loaded(s.record, now)  # the request that loaded it is used in _use
         if self.metrics is not None:

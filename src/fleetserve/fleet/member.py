@@ -50,6 +50,12 @@ class Member(Protocol):
     @property
     def keep_alive(self) -> float: ...
 
+    @property
+    def loaded(self) -> bool:
+        """Whether it holds its weights now (a fleet may take over a loaded one: the
+        tuner's, or a swap's)."""
+        ...
+
     def expected(self) -> Footprint:
         """Its footprint before it loads: measured last time, its profile's, or an
         estimate (zeros if unknown: the load is checked once it is measured)."""
