@@ -79,7 +79,7 @@ class Settings(Limits, Background):
         "",
         "Where the processes on this host that run on the default --memory-budget "
         "register, to split it between them (two workers started apart take 35% each) "
-        "[empty: fleetserve-memory in the temporary directory].",
+        "[empty: fleetserve-memory-UID in the temporary directory].",
         groups="runtime",
     )
     eviction: str = setting(

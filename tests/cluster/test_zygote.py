@@ -16,7 +16,7 @@ from typing import Protocol
 import pytest
 
 from fleetserve.cluster.children import Proc
-from fleetserve.cluster.zygote import Zygote, ZygoteChild
+from fleetserve.cluster.zygote import Zygote, ZygoteChild, _running
 
 from ..waiting import wait_for
 
@@ -111,7 +111,8 @@ def test_the_children_end_with_the_zygote_and_it_forks_no_more() -> None:
         assert child is not None and child.poll() is None
         assert z.proc is not None
         os.kill(z.proc.pid, signal.SIGKILL)
-        assert child.wait(30) == -signal.SIGTERM  # it died with its parent
+        child.wait(30)  # it died with its parent (its exit is the zygote's to tell: gone)
+        assert not _running(child.pid)
         wait_for(lambda: not z.alive, 10)
         assert z.spawn(CHILD, ["exit", "0"], ENV) is None  # the caller starts a fresh one
     finally:
@@ -125,3 +126,23 @@ def test_the_zygote_ends_when_its_client_closes() -> None:
     assert child is not None and child.wait(30) == 0
     z.close()
     assert z.proc is not None and z.proc.returncode == 0
+
+
+def test_each_fork_draws_its_own_random_numbers() -> None:
+    """torch's generator is copied by a fork: each child seeds its own (a sampling
+    generator in two workers would otherwise draw the same numbers)."""
+    z = Zygote(ENV, preload=["torch"])
+    z.start()
+    try:
+        draws = []
+        for _ in range(2):
+            r, w = os.pipe()
+            child = z.spawn(CHILD, ["rand"], ENV, fds=(0, w, 2))
+            os.close(w)
+            assert child is not None
+            with os.fdopen(r) as out:
+                draws.append(out.readline().strip())
+            assert child.wait(30) == 0
+        assert draws[0] != draws[1] and all(draws)
+    finally:
+        z.close()

@@ -60,7 +60,7 @@ def test_processes_count_while_they_live_and_a_killed_one_stops_at_once(tmp_path
         assert share.parts() == 3 and share.budget() == 33
         end(a)
         assert share.parts() == 2  # its lock went with it
-        assert not (tmp_path / f"{a.pid}.proc").exists()  # and its file with the count
+        assert not list(tmp_path.glob(f"{a.pid}-*.proc"))  # and its file with the count
         assert b.stdin is not None
         b.stdin.close()  # it ends as it would: its own exit drops the lock
         b.wait(10)
@@ -72,8 +72,16 @@ def test_processes_count_while_they_live_and_a_killed_one_stops_at_once(tmp_path
 
 def test_a_process_registers_once_however_many_fleets_it_builds(tmp_path: Path) -> None:
     HostShare(100, tmp_path)
+    (first,) = tmp_path.glob("*.proc")
     HostShare(100, tmp_path)
-    assert live(tmp_path) == 1 and len(list(tmp_path.glob("*.proc"))) == 1
+    assert live(tmp_path) == 1 and list(tmp_path.glob("*.proc")) == [first]  # names are unique
+
+
+def test_a_directory_it_cannot_use_leaves_the_whole_budget(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    share = HostShare(100, blocked / "share")
+    assert share.parts() == 1 and share.budget() == 100
 
 
 def test_a_fleets_budget_follows_the_share_at_its_next_load(tmp_path: Path) -> None:
@@ -113,7 +121,9 @@ def test_a_worker_beside_another_on_the_default_budget_takes_half(
         fleet = build_fleet(s, {}, Metrics(), Console(stderr=True))
         assert fleet.budget == full // 2
         assert "split 2 ways with the other fleetserve processes on this host" in caplog.text
-        given = dataclasses.replace(s, memory_budget="1GiB")
+        apart = tmp_path / "set"  # a set budget registers nowhere and is not split
+        given = dataclasses.replace(s, memory_budget="1GiB", memory_share_dir=str(apart))
         assert build_fleet(given, {}, Metrics(), Console(stderr=True)).budget == 1 << 30
+        assert not apart.exists()
     finally:
         end(other)

@@ -112,7 +112,10 @@ class Zygote:
         self.loaded: list[str] = []
         self._ready = threading.Event()
         self._lock = threading.Lock()  # one request at a time, its pid reply with it
-        self._replies: list[int] = []
+        self._sent = 0  # requests sent; each carries its number as ``id``
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._abandoned: set[int] = set()  # requests whose reply came too late
+        self._dead = False  # the zygote ended, or never became ready
         self._replied = threading.Condition()
         self._children: dict[int, ZygoteChild] = {}
         self._early: dict[int, int] = {}  # exits read before their spawn registered them
@@ -137,7 +140,7 @@ class Zygote:
 
     @property
     def alive(self) -> bool:
-        return self.sock is not None and self.proc is not None and self.proc.poll() is None
+        return self.sock is not None and not self._dead
 
     def serves(self, env: Mapping[str, str]) -> bool:
         """Whether a child with this environment may be forked from the zygote."""
@@ -155,35 +158,48 @@ class Zygote:
         fds: tuple[int, int, int] = (0, 1, 2),
     ) -> ZygoteChild | None:
         """``python -m MODULE ARGS`` as a fork of the zygote; ``None`` where it cannot."""
-        if not self.serves(env) or not self._ready.wait(READY_TIMEOUT) or not self.alive:
+        if not self.serves(env) or not self._wait_ready() or not self.alive:
             return None
-        request = {
-            "module": module,
-            "args": list(args),
-            "env": dict(env),
-            "cwd": os.getcwd(),
-            "session": session,
-        }
         sock = self.sock
         assert sock is not None
         with self._lock:
+            self._sent += 1
+            rid = self._sent
+            request = {"id": rid, "module": module, "args": list(args), "env": dict(env)}
+            request |= {"cwd": os.getcwd(), "session": session}
             try:
                 socket.send_fds(sock, [json.dumps(request).encode()], list(fds))
             except OSError:
                 return None
             with self._replied:
-                if not self._replied.wait_for(lambda: self._replies or not self.alive, 30):
+                if not self._replied.wait_for(lambda: rid in self._replies or self._dead, 30):
+                    self._abandoned.add(rid)  # a late reply's child is killed, not left
+                    log.warning("the workers' zygote did not answer in 30s; starting anew")
                     return None
-                if not self._replies:
+                reply = self._replies.pop(rid, None)
+                if reply is None or "error" in reply:
+                    if reply is not None:
+                        log.warning("the workers' zygote could not fork: %s", reply["error"])
                     return None
-                pid = self._replies.pop(0)
-            child = ZygoteChild(pid, [module, *args])
-            with self._replied:
-                self._children[pid] = child
-                early = self._early.pop(pid, None)
+                child = ZygoteChild(int(reply["pid"]), [module, *args])
+                self._children[child.pid] = child
+                early = self._early.pop(child.pid, None)
+                orphan = self._dead  # gone since its reply: nobody will report its exit
             if early is not None:
                 child._exited(early)
+            elif orphan:
+                threading.Thread(target=self._bury, args=([child],), daemon=True).start()
             return child
+
+    def _wait_ready(self) -> bool:
+        """The zygote's imports done; after ``READY_TIMEOUT`` once, never again."""
+        if not self._ready.wait(READY_TIMEOUT if not self._dead else 0):
+            with self._replied:
+                if not self._dead:
+                    log.warning("the workers' zygote is not ready after %.0fs", READY_TIMEOUT)
+                self._dead = True
+            return False
+        return True
 
     def _read(self) -> None:
         sock = self.sock
@@ -205,8 +221,15 @@ class Zygote:
             self._ready.set()
             return
         with self._replied:
-            if "pid" in msg:
-                self._replies.append(int(msg["pid"]))
+            if "exit" not in msg:  # a reply to a request
+                rid = int(msg.get("id") or 0)  # 0: a request it could not read
+                if rid in self._abandoned:
+                    self._abandoned.discard(rid)
+                    if "pid" in msg:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(msg["pid"]), signal.SIGKILL)
+                    return
+                self._replies[rid] = msg
                 self._replied.notify_all()
                 return
             pid, code = int(msg["exit"]), int(msg["code"])
@@ -221,11 +244,17 @@ class Zygote:
         once its process is gone."""
         self._ready.set()
         with self._replied:
+            self._dead = True
             live = list(self._children.values())
             self._children.clear()
             self._replied.notify_all()
+        self._bury(live)
+
+    @staticmethod
+    def _bury(children: list[ZygoteChild]) -> None:
+        """Mark each exited once its process is gone (the zygote cannot tell: it is gone)."""
         pause = threading.Event()
-        for child in live:
+        for child in children:
             while _running(child.pid) and not pause.wait(GONE_POLL):
                 pass
             child._exited(-signal.SIGTERM)

@@ -3,9 +3,9 @@
 ``python -m fleetserve.cluster.zygote_main FD MODULE...`` imports each MODULE it can
 (a missing extra is skipped), says ``ready`` on the socket FD, and then serves it:
 
-- a request (JSON: ``module``, ``args``, ``env``, ``cwd``, ``session``, with the
-  child's stdin, stdout and stderr passed as file descriptors) forks a child, and the
-  reply is its ``pid``;
+- a request (JSON: ``id``, ``module``, ``args``, ``env``, ``cwd``, ``session``, with
+  the child's stdin, stdout and stderr passed as file descriptors) forks a child, and
+  the reply is its ``pid`` (or an ``error`` where the fork failed), with the ``id``;
 - each child's exit is reported as ``{"exit": pid, "code": returncode}`` (``-N`` for
   a signal, as ``subprocess`` says it);
 - the socket's end (its client is gone) ends the zygote, and its children with it
@@ -16,6 +16,11 @@ are done, no thread pool has started (torch starts its pools at the first
 operation), no logging is configured. The child sets its stdio, environment and
 session, unwinds out of the serve loop and runs its module as ``python -m`` would,
 so the interpreter ends it the ordinary way (atexit handlers, flushed streams).
+
+What differs from a fresh interpreter: its command line (``/proc/PID/cmdline``, ``ps``)
+is the zygote's, and ``sys.path[0]`` is the directory the zygote started in. The zygote
+is one process all its children depend on: killed, it takes them with it (each dies
+with its parent), and its client starts fresh interpreters from then on.
 """
 
 from __future__ import annotations
@@ -96,6 +101,8 @@ def _child(
     os.environ.clear()
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
+    if "torch" in sys.modules:  # each fork draws its own random numbers (Python's
+        sys.modules["torch"].seed()  # own are re-seeded at fork; torch's are not)
     return Request(req["module"], list(req["args"]))
 
 
@@ -118,16 +125,22 @@ def serve(sock: socket.socket, loaded: list[str]) -> Request:
         data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 3)
         if not data:  # the client is gone
             raise SystemExit(0)
-        req = json.loads(data)
         sys.stdout.flush()
         sys.stderr.flush()
         zygote = os.getpid()
-        pid = os.fork()
+        try:  # a request that cannot be forked is refused: the zygote and its children stay
+            req = json.loads(data)
+            pid = os.fork()
+        except (OSError, ValueError) as exc:
+            pid, req = -1, {"id": None, "error": str(exc)}
         if pid == 0:
             return _child(sock, (r, w), req, fds, zygote)
         for fd in fds:
             os.close(fd)
-        send(sock, {"pid": pid})
+        if pid < 0:
+            send(sock, {"id": req.get("id"), "error": req["error"]})
+        else:
+            send(sock, {"id": req["id"], "pid": pid})
 
 
 def main(argv: list[str]) -> None:

@@ -29,16 +29,16 @@ from pathlib import Path
 
 log = logging.getLogger("fleetserve.fleet")
 NAME = "fleetserve-memory"
+SUFFIX = ".proc"
 _lock = threading.Lock()
-_joined: dict[tuple[Path, int], int] = {}  # (directory, pid) -> the fd whose lock says we live
+# (directory, pid) -> this process's registration: the open file (its lock says we
+# live) and its name (unique: pids repeat across PID namespaces and over time)
+_joined: dict[tuple[Path, int], tuple[int, str]] = {}
 
 
 def default_dir() -> Path:
-    return Path(tempfile.gettempdir()) / NAME
-
-
-def _mine() -> str:
-    return f"{os.getpid()}.proc"
+    """One per user: another user's files could be neither created nor removed."""
+    return Path(tempfile.gettempdir()) / f"{NAME}-{os.getuid()}"
 
 
 def join(directory: Path) -> None:
@@ -47,40 +47,41 @@ def join(directory: Path) -> None:
         if (directory, os.getpid()) in _joined:  # a forked child has not joined
             return
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{uuid.uuid4().hex}.tmp"
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{SUFFIX}"
+        tmp = directory / f".{name}.tmp"
         fd = os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own new file: never taken
-        os.rename(tmp, directory / _mine())
-        _joined[directory, os.getpid()] = fd
+        os.rename(tmp, directory / name)
+        _joined[directory, os.getpid()] = (fd, name)
 
 
 def live(directory: Path) -> int:
     """The processes registered in ``directory`` and alive (this one included, if it
     joined); the files of those that died are removed."""
     count = 0
-    mine = _mine()
+    mine = _joined.get((directory, os.getpid()), (-1, ""))[1]
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return 0
     for name in names:
-        if not name.endswith(".proc"):
+        if not name.endswith(SUFFIX):
             continue
-        if name == mine and (directory, os.getpid()) in _joined:
+        if name == mine:
             count += 1
             continue
         path = directory / name
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # removed meanwhile
+        except OSError:
+            continue  # removed meanwhile, or not ours to read
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             count += 1  # its owner holds it: alive
         else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # nobody holds it: its process is gone
+            with contextlib.suppress(OSError):
+                path.unlink()  # nobody holds it: its process is gone (names never repeat)
         finally:
             os.close(fd)
     return count
@@ -94,10 +95,16 @@ class HostShare:
         self.full = full
         self.directory = directory or default_dir()
         self._parts = 1
-        join(self.directory)
+        try:
+            join(self.directory)
+        except OSError as exc:  # a directory it cannot write: the whole budget, as before
+            log.warning("cannot share the memory budget through %s: %s", self.directory, exc)
 
     def parts(self) -> int:
-        return max(1, live(self.directory))
+        try:
+            return max(1, live(self.directory))
+        except OSError:
+            return 1
 
     def budget(self) -> int:
         parts = self.parts()
