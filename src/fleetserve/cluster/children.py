@@ -32,16 +32,26 @@ class Proc(Protocol):
     def kill(self) -> None: ...
 
 
-def spawn(args: list[str], env: Mapping[str, str], zygote: Zygote | None = None) -> Proc:
-    """``fleetserve ARGS`` in a session of its own, SIGTERMed if this process dies: a
-    fork of ``zygote`` where it serves this environment, else a fresh interpreter."""
+def spawn(
+    args: list[str],
+    env: Mapping[str, str],
+    zygote: Zygote | None = None,
+    *,
+    module: str = "fleetserve",
+    stdin: int | None = None,
+) -> Proc:
+    """``python -m MODULE ARGS`` (``fleetserve ARGS``) in a session of its own,
+    SIGTERMed if this process dies: a fork of ``zygote`` where it serves this
+    environment, else a fresh interpreter. ``stdin``: a descriptor for its stdin (None:
+    this process's)."""
     if zygote is not None:
-        child = zygote.spawn("fleetserve", args, env)
+        child = zygote.spawn(module, args, env, fds=(0 if stdin is None else stdin, 1, 2))
         if child is not None:
             return child
     return subprocess.Popen(
-        [sys.executable, "-m", "fleetserve", *args],
+        [sys.executable, "-m", module, *args],
         env=dict(env),
+        stdin=stdin,
         start_new_session=True,
         preexec_fn=die_with_parent,
     )

@@ -29,8 +29,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,8 +39,7 @@ from rich.console import Console
 
 from ..assembly import build_catalog, build_profiles
 from ..catalog import Catalog, ModelSpec
-from ..cluster.children import Proc
-from ..cluster.natsd import die_with_parent
+from ..cluster.children import Proc, spawn
 from ..cluster.presence import announce_forever
 from ..cluster.zygote import Zygote
 from ..fleet.memory import budget_limit, default_budget, parse_size
@@ -232,7 +229,7 @@ class DevicePool(Service):
         args += ["--of", str(len(self.children))]
         stdin, feed = os.pipe()
         try:
-            c.proc = self._start(args, stdin)
+            c.proc = spawn(args, dict(os.environ), self.zygote, module=CHILD, stdin=stdin)
         except OSError as exc:
             os.close(feed)
             c.failures += 1
@@ -244,18 +241,6 @@ class DevicePool(Service):
         env = child_settings(self.settings, c.device, len(self.children)).to_env()
         with contextlib.suppress(OSError), open(feed, "wb") as f:  # died at once: supervise sees it
             f.write(json.dumps(env).encode())
-
-    def _start(self, args: list[str], stdin: int) -> Proc:
-        if self.zygote is not None:
-            child = self.zygote.spawn(CHILD, args, dict(os.environ), fds=(stdin, 1, 2))
-            if child is not None:
-                return child
-        return subprocess.Popen(
-            [sys.executable, "-m", CHILD, *args],
-            stdin=stdin,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
 
     async def _release_keep_alive(self, model: str) -> float | None:
         """A gateway's release, passed to every device process: the most seconds any had
