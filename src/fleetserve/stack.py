@@ -19,8 +19,10 @@ from .assembly import build_fleet, build_profiles, build_runner
 from .catalog import Catalog, Profile
 from .catalog.profiles import Choice, Profiles
 from .fleet.manager import Fleet
+from .fleet.memory import freeze_imports
 from .metrics import Metrics
 from .queue import Consumer, Publisher
+from .runtimes import import_runtimes
 from .settings import Settings
 from .tracing import Tracer
 from .worker import Worker
@@ -40,9 +42,13 @@ class Stack:
 
 
 def build_stack(settings: Settings, catalog: Catalog, metrics: Metrics, console: Console) -> Stack:
-    """The profiles for this machine, a choice and a runner per model, then the fleet."""
+    """The profiles for this machine, a choice and a runner per model, then the fleet.
+    The chosen runtimes are imported here, before any model loads, and frozen out of
+    the garbage collector's walks (``freeze_imports``)."""
     profiles = build_profiles(settings)
     choices = {s.id: profiles.choose(s) for s in catalog}
+    import_runtimes(choices[s.id].profile.runtime or s.runtime for s in catalog)
+    freeze_imports()
     runners = {s.id: build_runner(s, settings, metrics, choices[s.id]) for s in catalog}
     return Stack(profiles, choices, runners, build_fleet(settings, runners, metrics, console))
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +131,30 @@ def test_trim_gives_freed_memory_back() -> None:
     del blocks
     trim()
     assert rss_bytes() < base + 30 * 2**20, (base, grown, rss_bytes())
+
+
+def test_frozen_imports_leave_the_collections_and_what_comes_later_is_collected() -> None:
+    """``freeze_imports`` (in a fresh interpreter: it acts once per process) takes
+    what lives out of every later collection; garbage made after it is still found."""
+    code = """if True:
+        import gc, json, time, weakref
+        import asyncio, email.mime.multipart, http.server, xml.dom.minidom
+        from fleetserve.fleet.memory import freeze_imports
+        alive = len(gc.get_objects())
+        freeze_imports()
+        frozen = gc.get_freeze_count()
+        more = [[i] for i in range(5000)]
+        freeze_imports()  # once per process: these stay collectable
+        class Node: ...
+        a, b = Node(), Node()
+        a.b, b.a = b, a
+        gone = weakref.ref(a)
+        del a, b
+        gc.collect()
+        print(json.dumps({"alive": alive, "frozen": frozen, "again": gc.get_freeze_count(),
+                          "tracked": len(gc.get_objects()), "collected": gone() is None}))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["frozen"] >= 0.9 * got["alive"] and got["again"] == got["frozen"], got
+    assert 5000 <= got["tracked"] < 10_000 and got["collected"], got

@@ -99,3 +99,32 @@ def test_refigure_takes_the_profiles_figures_and_keeps_the_adapter() -> None:
     assert old.waiting.interactive_tokens == 64
     old.unload()
     assert old.profile == tuned  # and what an unload goes back to
+
+
+async def test_a_reload_keeps_the_activation_peak_and_an_adopted_profile_brings_its_own() -> None:
+    """The peak of a full batch is measured at the first load on an engine only: a
+    reload after an eviction measures nothing (it cost a forward of a full batch and a
+    collection per miss); a runner that adopts another profile takes that one's."""
+    spec = ModelSpec(id="peak/tagged", family="dense", runtime="torch", sources=("/none",))
+    calls: list[str] = []
+
+    def measure(name: str, peak: int) -> Any:
+        return lambda family: calls.append(name) or peak
+
+    def runner(name: str, profile: Any, peak: int) -> ModelRunner:
+        return ModelRunner(
+            spec, profile, lambda: Tagged(name), Metrics(), measure=measure(name, peak)
+        )
+
+    profile = dataclasses.replace(OLD.profile, memory_bytes=0)  # no figure of the tuner's
+    r = runner("old", profile, 7 << 20)
+    assert (await r.load()).peak == 7 << 20
+    for _ in range(2):  # evicted, then loaded on the next use
+        r.unload()
+        assert (await r.load()).peak == 7 << 20
+    assert calls == ["old"]
+    new = runner("new", dataclasses.replace(NEW.profile, memory_bytes=0), 9 << 20)
+    assert (await new.load()).peak == 9 << 20
+    r.adopt(new)
+    r.unload()
+    assert (await r.load()).peak == 9 << 20 and calls == ["old", "new"]

@@ -25,6 +25,7 @@ with its parent), and its client starts fresh interpreters from then on.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -61,6 +62,10 @@ def preload(names: list[str]) -> list[str]:
         except Exception:  # an extra not installed, or a library that fails: forked without it
             continue
         loaded.append(name)
+    # frozen out of the collector's walks (``fleet.memory.freeze_imports``): a child's
+    # collections skip them, and its first one does not touch, and so copy, their pages
+    gc.collect()
+    gc.freeze()
     return loaded
 
 

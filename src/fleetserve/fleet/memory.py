@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import gc
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -60,6 +61,25 @@ def rss_of(pid: int) -> int:
 
 _malloc_trim: Callable[[int], int] | None = None
 _trim_looked_up = False
+_frozen_in: int | None = None  # the pid that froze its imports
+
+
+def freeze_imports() -> None:
+    """Leave every object alive now out of all later garbage collections
+    (``gc.freeze``), once per process: call it after the imports and before any model
+    loads. torch and transformers alone are some 350,000 objects, and a full
+    collection walked them all: 0.19 s each on a 2-core AMD EPYC, paid by every
+    :func:`trim` (each eviction and each activation-peak measurement) and by the
+    interpreter's own full collections. Frozen, it takes well under a millisecond.
+    Only what lives now is frozen: a model loaded later is collected as before
+    (something frozen is never collected, so a model frozen with a reference cycle
+    would keep its memory after its eviction)."""
+    global _frozen_in
+    if _frozen_in == os.getpid():
+        return
+    _frozen_in = os.getpid()
+    gc.collect()  # garbage is not frozen
+    gc.freeze()
 
 
 def trim() -> None:

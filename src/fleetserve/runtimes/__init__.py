@@ -3,7 +3,8 @@ imports its heavy dependency behind a clear "install the extra" error."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,30 @@ def create_runtime(
     raise ValueError(f"unknown runtime {name!r}; available: {', '.join(RUNTIMES)}")
 
 
+# what each runtime's first load imports (transformers builds its models in
+# modeling_utils, which ``from transformers import AutoModel`` leaves for later)
+_TORCH = (f"{__name__}.torch", "transformers.modeling_utils")
+IMPORTS: dict[str, tuple[str, ...]] = {
+    "torch": _TORCH,
+    "torch_compile": _TORCH,
+    "onnx": (f"{__name__}.onnx",),
+    "openvino": (f"{__name__}.openvino",),
+    "external": (f"{__name__}.external",),
+}
+
+
+def import_runtimes(names: Iterable[str]) -> None:
+    """Import what these runtimes' first loads would, ahead of them (so that
+    ``fleet.memory.freeze_imports`` can leave it out of every collection). A runtime
+    whose extra is missing is passed over: its load says what to install."""
+    for name in sorted(set(names)):
+        for module in IMPORTS.get(name, ()):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                break
+
+
 __all__ = [
     "Autocasting",
     "BatchGeneratingRuntime",
@@ -85,4 +110,5 @@ __all__ = [
     "Runtime",
     "SamplingParams",
     "create_runtime",
+    "import_runtimes",
 ]

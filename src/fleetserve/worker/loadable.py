@@ -41,7 +41,8 @@ class Loadable:
     compute thread keeps running other models' batches; only the warm-up, the quality
     gate and the activation-peak batch run on the compute thread. It measures what the
     model holds: its weights (the runtime's count, else the resident growth) plus the
-    activation peak of a full batch, the profile's own figure where the tuner measured one.
+    activation peak of a full batch, the profile's own figure where the tuner measured one
+    (else measured at the first load on each engine, and kept for the reloads).
     The resident growth is kept beside them (a first load's includes lazy imports).
     Its LoRA adapters are a part it holds: ``adapters``.
     """
@@ -81,6 +82,7 @@ class Loadable:
         self._estimate = estimate
         self._measured: Footprint | None = None
         self._estimated: int | None = None
+        self._peaks: dict[tuple[str, str], int] = {}  # measured, by (runtime, precision)
         self.ever_loaded = False
         self.memory: dict[str, int] = {}  # what the last load measured
         if isinstance(adapter, AnyFamily):
@@ -166,8 +168,12 @@ class Loadable:
                 adapter = served
             if self.profile.memory_bytes:  # the tuner measured weights plus peak
                 peak = max(0, self.profile.memory_bytes - weights)
-            elif self._measure is not None:
-                peak = await loop.run_in_executor(self._forward, self._measure, adapter)
+            elif self._measure is not None:  # once per engine: a reload measures nothing
+                engine = (adapter.runtime.name, adapter.runtime.precision)
+                if engine not in self._peaks:
+                    got = await loop.run_in_executor(self._forward, self._measure, adapter)
+                    self._peaks[engine] = got
+                peak = self._peaks[engine]
             else:
                 peak = 0
             held = Footprint(weights, peak)
@@ -200,6 +206,7 @@ class Loadable:
         self._family, self._factory = other._family, other._factory
         self.profile, self._profile0 = other.profile, other._profile0
         self._measured, self._estimated = other._measured, other._estimated
+        self._peaks = dict(other._peaks)
         self.memory = dict(other.memory)
         self._verify, self._measure, self._estimate = other._verify, other._measure, other._estimate
         other._family, other.loaded = None, False  # served here only: it leaves with us
