@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "settings_background",
             "http_limits",
             "lifecycle",
+            "aio",
             "metrics",
             "logs",
             "tracing",

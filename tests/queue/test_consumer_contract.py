@@ -80,7 +80,7 @@ async def test_nak_returns_to_the_head_with_one_more_attempt(sides: Sides) -> No
     assert msg.body == b"first" and await settled(sides.con, "m/a", 1)
     await sides.con.nak(msg)
     assert await settled(sides.con, "m/a", 2)
-    again = await sides.con.pull(["m/a"], budget=100, timeout=1)
+    again = await pull_all(sides.con, 2)  # (a distributed queue's may come in pieces)
     assert [m.body for m in again] == [b"first", b"second"]
     assert again[0].attempts == 2 and again[1].attempts == 1
 

@@ -9,13 +9,13 @@ go to the queue as the gateway would put them there.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ...aio import cancel_and_wait
 from ...catalog import ModelSpec, Profile
 from ...families import AnyFamily
 from ...gateway import envelope as env_mod
@@ -87,9 +87,7 @@ class Stack:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         await self.queue.close()
         self.worker.close()
 

@@ -21,12 +21,12 @@ torch.compile is exempt: its first calls compile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from ...aio import cancel_and_wait
 from . import pauses as pauses_mod
 
 T = TypeVar("T")
@@ -90,9 +90,7 @@ async def within(
     while True:
         left = t0 + cap + (pauses().seconds - paused0) - time.monotonic()
         if left <= 0:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task, errors=True)
             raise TooLong(what, cap)
         try:
             done, _ = await asyncio.wait({task}, timeout=min(left, 1.0))
