@@ -63,8 +63,9 @@ SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "benchmarks", "bench")
 SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
 
 
-# the tests whose servers tune in the background: `make test` runs them after the
-# parallel run, one at a time, since a tune waits for the cores others keep busy
+# the tests whose servers tune in the background: `make test` runs them one at a time
+# in a pytest of its own, beside the parallel run, so that no two tunes (each held to
+# its time budget) share the cores
 BACKGROUND_TUNES = frozenset(
     f"bench/tune/{m}.py"
     for m in ("test_background", "test_fleetwide", "test_hosttraffic", "test_hostlock")
