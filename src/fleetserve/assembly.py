@@ -32,6 +32,7 @@ from .fleet.memory import (
 from .fleet.policy import make_policy
 from .metrics import Metrics
 from .runtimes import create_runtime
+from .runtimes.head_graph import weights_fingerprint
 from .settings import Settings
 from .wire import FleetError
 from .worker import ModelRunner
@@ -108,7 +109,10 @@ def build_runner(
     if choice.how == "rule" and profile.precision != "fp32" and spec.runtime != "external":
         from .bench.tune.gate import gate_at_load
 
-        verify = gate_at_load(spec, profile.precision, make_reference)
+        def fingerprint() -> bytes:  # a verdict that passed holds for the same weights
+            return weights_fingerprint(weights_path(spec, settings))
+
+        verify = gate_at_load(spec, profile.precision, make_reference, fingerprint)
     eager = spec.pinned or spec.id in settings.model_list()
     tokens = settings.max_batch_tokens or profile.max_batch_tokens
 

@@ -47,9 +47,9 @@ def build_stack(settings: Settings, catalog: Catalog, metrics: Metrics, console:
     the garbage collector's walks (``freeze_imports``)."""
     profiles = build_profiles(settings)
     choices = {s.id: profiles.choose(s) for s in catalog}
-    import_runtimes(choices[s.id].profile.runtime or s.runtime for s in catalog)
-    freeze_imports()
     runners = {s.id: build_runner(s, settings, metrics, choices[s.id]) for s in catalog}
+    import_runtimes(name for r in runners.values() for name in r.runtimes())
+    freeze_imports()
     return Stack(profiles, choices, runners, build_fleet(settings, runners, metrics, console))
 
 

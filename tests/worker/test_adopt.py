@@ -128,3 +128,15 @@ async def test_a_reload_keeps_the_activation_peak_and_an_adopted_profile_brings_
     r.adopt(new)
     r.unload()
     assert (await r.load()).peak == 9 << 20 and calls == ["old", "new"]
+
+
+def test_a_runner_names_the_runtimes_its_loads_use() -> None:
+    """What the stack imports before any load: the profile's runtime, and torch where
+    a quality gate loads an fp32 reference."""
+    spec = ModelSpec(id="rt/tagged", family="dense", runtime="torch", sources=("/none",))
+    ov = dataclasses.replace(OLD.profile, runtime="openvino")
+    assert ModelRunner(spec, ov, Tagged("a"), Metrics()).runtimes() == {"openvino"}
+    gated = ModelRunner(spec, ov, Tagged("a"), Metrics(), verify=types.SimpleNamespace())
+    assert gated.runtimes() == {"openvino", "torch"}
+    unnamed = dataclasses.replace(OLD.profile, runtime="")  # the spec's runtime
+    assert ModelRunner(spec, unnamed, Tagged("a"), Metrics()).runtimes() == {"torch"}

@@ -21,9 +21,10 @@ FamilyFactory = Callable[[], AnyFamily]
 
 class Verify(Protocol):
     """A check of a loaded adapter that returns the one to serve (the quality gate):
-    ``prepare`` runs on the loader thread, ``judge`` on the compute thread."""
+    ``prepare`` runs on the loader thread (``None``: nothing to check, the adapter
+    passed before), ``judge`` on the compute thread."""
 
-    def prepare(self) -> AnyFamily: ...
+    def prepare(self) -> AnyFamily | None: ...
 
     def judge(self, adapter: AnyFamily, reference: AnyFamily) -> AnyFamily: ...
 
@@ -115,6 +116,12 @@ class Loadable:
     @property
     def model_id(self) -> str:
         return self.spec.id
+
+    def runtimes(self) -> frozenset[str]:
+        """The runtimes its loads use: its profile's, and torch where a quality gate
+        compares it with an fp32 reference (torch where installed)."""
+        served = self.profile.runtime or self.spec.runtime
+        return frozenset({served, "torch"} if self._verify is not None else {served})
 
     @property
     def pinned(self) -> bool:

@@ -4,6 +4,7 @@ say of every model's profile, and a profile whose runtime is not installed."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -194,3 +195,46 @@ async def test_the_runner_reports_what_the_gate_serves(catalog: Path) -> None:
     await runner.load()
     assert (runner.profile.runtime, runner.profile.precision) == ("torch", "fp32")
     assert not isinstance(runner.family, Noisy)
+
+
+def newer(path: Path) -> None:
+    """The weights in ``path`` written again (their mtime moves on)."""
+    for f in path.glob("*.safetensors"):
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+
+
+@pytest.mark.parametrize("noisy", [False, True], ids=["passes", "fails"])
+async def test_a_reload_of_weights_that_passed_compares_nothing_again(
+    tmp_path: Path, noisy: bool
+) -> None:
+    """A verdict that passed holds for the same weights (their fingerprint): a reload
+    after an eviction loads no reference. New weights, or a verdict that failed, are
+    judged again."""
+    from fleetserve.catalog import Profile
+    from fleetserve.metrics import Metrics
+    from fleetserve.runtimes.head_graph import weights_fingerprint
+    from fleetserve.worker import ModelRunner
+
+    path = build_bert(tmp_path / "model")
+    write_spec(tmp_path / "catalog", MODEL, path, profiles={}, max_seq_len=64)
+    spec, make = factory(tmp_path / "catalog", noisy=noisy)
+    refs: list[AnyFamily] = []
+
+    def reference() -> AnyFamily:
+        refs.append(make("fp32"))
+        return refs[-1]
+
+    gate = gate_at_load(spec, "bf16", reference, lambda: weights_fingerprint(path))
+    runner = ModelRunner(
+        spec, Profile("cpu-amx", precision="bf16", runtime="torch"), lambda: make("bf16"),
+        Metrics(), verify=gate,
+    )  # fmt: skip
+    for _ in range(3):  # loaded, then evicted and loaded again
+        await runner.load()
+        assert runner.profile.precision == ("fp32" if noisy else "bf16")
+        runner.unload()
+    assert len(refs) == (3 if noisy else 1)
+    newer(path)
+    await runner.load()  # new weights: judged again
+    assert len(refs) == (4 if noisy else 2)

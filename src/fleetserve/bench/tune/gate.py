@@ -26,15 +26,40 @@ class LoadGate:
     ``judge`` compares (forward passes: on the compute thread) and returns the adapter
     to serve: the candidate if it passes, else the reference, warmed up."""
 
-    def __init__(self, spec: ModelSpec, precision: str, reference: Factory) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        precision: str,
+        reference: Factory,
+        fingerprint: Callable[[], bytes] | None = None,
+    ) -> None:
         self.spec = spec
         self.precision = precision
         self.reference = reference
+        self.fingerprint = fingerprint  # the weights' (config, names, sizes, mtimes)
+        self._passed: bytes | None = None  # the fingerprint of the weights that passed
+        self._judged: bytes | None = None  # ... of those being judged
 
-    def prepare(self) -> AnyFamily:
+    def prepare(self) -> AnyFamily | None:
+        """The fp32 reference, loaded; ``None`` where the same weights passed at an
+        earlier load in this process (a reload after an eviction compares nothing
+        again: the reference's load and the forward passes were most of a miss)."""
+        self._judged = self._print()
+        if self._judged is not None and self._judged == self._passed:
+            log.debug("%s: %s passed the quality gate at an earlier load", self.spec.id,
+                      self.precision)  # fmt: skip
+            return None
         ref = self.reference()
         ref.load()
         return ref
+
+    def _print(self) -> bytes | None:
+        if self.fingerprint is None:
+            return None
+        try:
+            return self.fingerprint()
+        except OSError:  # unreadable: judged every time
+            return None
 
     def judge(self, adapter: AnyFamily, ref: AnyFamily) -> AnyFamily:
         spec, precision = self.spec, self.precision
@@ -42,7 +67,9 @@ class LoadGate:
         if q.passed:
             log.info("%s: %s passed the quality gate (%s %.6f)", spec.id, precision,
                      q.metric, q.value)  # fmt: skip
+            self._passed = self._judged
             return adapter
+        self._passed = None
         log.warning(
             "%s: the rule's %s fails the quality gate (%s %.6f, needs %g%s); running "
             "%s fp32 instead",
@@ -54,11 +81,19 @@ class LoadGate:
 
     def __call__(self, adapter: AnyFamily) -> AnyFamily:
         """Both steps on this thread (the tuner and tests)."""
-        return self.judge(adapter, self.prepare())
+        ref = self.prepare()
+        return adapter if ref is None else self.judge(adapter, ref)
 
 
-def gate_at_load(spec: ModelSpec, precision: str, reference: Factory) -> LoadGate:
-    return LoadGate(spec, precision, reference)
+def gate_at_load(
+    spec: ModelSpec,
+    precision: str,
+    reference: Factory,
+    fingerprint: Callable[[], bytes] | None = None,
+) -> LoadGate:
+    """The gate of a rule's precision; with ``fingerprint``, a verdict that passed is
+    kept for the same weights."""
+    return LoadGate(spec, precision, reference, fingerprint)
 
 
 def check(spec: ModelSpec, adapter: AnyFamily, reference: AnyFamily) -> Quality:
