@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -56,3 +57,50 @@ async def test_a_caller_cancelled_while_it_waits_is_cancelled_still() -> None:
     with pytest.raises(asyncio.CancelledError):
         await outer
     assert not went_on.is_set()
+
+
+async def test_a_task_that_swallows_the_cancel_does_not_take_the_callers_with_it() -> None:
+    """A cancel of the caller passes on to the task it waits for; a task that swallows
+    it and returns leaves the caller cancelled all the same."""
+    stopping, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopping.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()  # the caller's cancel, passed on, lands here
+
+    async def caller() -> None:
+        task = asyncio.ensure_future(stubborn())
+        await asyncio.sleep(0)
+        await cancel_and_wait(task)
+
+    outer = asyncio.ensure_future(caller())
+    await stopping.wait()
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+
+
+async def test_a_clean_up_after_a_cancel_still_waits_and_goes_on() -> None:
+    """In a clean-up that runs because its task was cancelled, the task it stops is
+    waited for and the clean-up goes on: that cancel is not a new one."""
+    cleaned = asyncio.Event()
+
+    async def owner() -> None:
+        helper = asyncio.ensure_future(asyncio.sleep(3600))
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await cancel_and_wait(helper)
+            assert helper.cancelled()
+            cleaned.set()
+
+    task = asyncio.ensure_future(owner())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned.is_set()

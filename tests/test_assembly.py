@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,56 @@ def test_fewer_threads_than_tuned_with_shrink_the_cap() -> None:
     assert interactive_tokens(choice(), half) == 2368 * (cores // 2) // cores // 64 * 64
     # a profile tuned with those threads already predicts their speed: no change
     assert interactive_tokens(choice(threads=cores // 2), half) == 2368
+
+
+def test_load_runtimes_name_the_profiles_and_the_gates_torch() -> None:
+    """What the stack imports before any load: the profile's runtime (the spec's where
+    the profile names none), and torch where a rule's precision is gated at load."""
+    from fleetserve.assembly import load_runtimes
+    from fleetserve.catalog import ModelSpec
+
+    spec = ModelSpec(id="rt/m", family="dense", runtime="torch", sources=("/none",))
+    ov = Profile("cpu-avx512bf16", precision="bf16", runtime="openvino")
+    assert load_runtimes(spec, Choice(ov, "tuned", "")) == {"openvino"}
+    assert load_runtimes(spec, Choice(ov, "rule", "")) == {"openvino", "torch"}
+    fp32 = Profile("cpu-avx2", precision="fp32", runtime="")
+    assert load_runtimes(spec, Choice(fp32, "rule", "")) == {"torch"}
+
+
+async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the profile has no memory figure, the peak of a full batch is measured at
+    the first load only: a reload after an eviction ran a full batch (and a collection)
+    again. New weights at the same path are measured again."""
+    from fleetserve import assembly
+    from fleetserve.assembly import build_catalog, build_runner
+    from fleetserve.metrics import Metrics
+
+    from .conftest import NO_USER_PROFILES, TINY_CLASS
+    from .tinymodels import build_bert, write_spec
+
+    model = build_bert(tmp_path / "model")
+    write_spec(tmp_path / "catalog", "tiny/peak", model)
+    s = Settings.load(
+        overrides={"catalog": str(tmp_path / "catalog"), "device": "cpu",
+                   "hardware_class": TINY_CLASS, "profile_dir": NO_USER_PROFILES}
+    )  # fmt: skip
+    calls: list[str] = []
+
+    def measured(adapter: object, *args: object) -> int:
+        calls.append(adapter.runtime.name)  # type: ignore[attr-defined]
+        return 7 << 20
+
+    monkeypatch.setattr(assembly, "measure_activation_peak", measured)
+    runner = build_runner(build_catalog(s).get("tiny/peak"), s, Metrics())
+    assert runner.profile.memory_bytes == 0  # a rule's profile: no tuner's figure
+    for _ in range(3):  # loaded, evicted, loaded again
+        assert (await runner.load()).peak == 7 << 20
+        runner.unload()
+    assert calls == ["torch"]
+    for f in model.glob("*.safetensors"):  # written again: a new mtime
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    await runner.load()
+    assert calls == ["torch", "torch"]

@@ -78,6 +78,19 @@ def build_profiles(settings: Settings) -> Profiles:
     )
 
 
+def gated(spec: ModelSpec, choice: Choice) -> bool:
+    """Whether ``spec``'s loads are held to the quality gate: a rule's precision below
+    fp32 (its fp32 reference runs on torch where torch is installed)."""
+    p = choice.profile
+    return choice.how == "rule" and p.precision != "fp32" and spec.runtime != "external"
+
+
+def load_runtimes(spec: ModelSpec, choice: Choice) -> frozenset[str]:
+    """The runtimes ``spec``'s loads use: the profile's, and torch for the gate."""
+    served = choice.profile.runtime or spec.runtime
+    return frozenset({served, "torch"} if gated(spec, choice) else {served})
+
+
 def build_runner(
     spec: ModelSpec, settings: Settings, metrics: Metrics, choice: Choice | None = None
 ) -> Runner:
@@ -106,7 +119,7 @@ def build_runner(
 
     runtime_name = profile.runtime or spec.runtime
     verify = None
-    if choice.how == "rule" and profile.precision != "fp32" and spec.runtime != "external":
+    if gated(spec, choice):
         from .bench.tune.gate import gate_at_load
 
         def fingerprint() -> bytes:  # a verdict that passed holds for the same weights
@@ -116,9 +129,21 @@ def build_runner(
     eager = spec.pinned or spec.id in settings.model_list()
     tokens = settings.max_batch_tokens or profile.max_batch_tokens
 
+    peaks: dict[tuple[bytes, str, str], int] = {}
+
     def measure(adapter: AnyFamily) -> int:  # the activation peak of a full batch
+        """Measured once per engine and weights: a reload after an eviction measures
+        nothing (new weights at the same path are measured again)."""
         path = weights_path(spec, settings)
-        return measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
+        try:
+            key = (weights_fingerprint(path), adapter.runtime.name, adapter.runtime.precision)
+        except OSError:  # no config.json to key on: measured at every load
+            return measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
+        if key not in peaks:
+            peaks[key] = measure_activation_peak(
+                adapter, spec, path, tokens, profile.max_batch_size
+            )
+        return peaks[key]
 
     def estimate() -> int:  # before the first load: the weights on disk, at this precision
         found = locate(

@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from .assembly import build_fleet, build_profiles, build_runner
+from .assembly import build_fleet, build_profiles, build_runner, load_runtimes
 from .catalog import Catalog, Profile
 from .catalog.profiles import Choice, Profiles
 from .fleet.manager import Fleet
@@ -43,13 +43,13 @@ class Stack:
 
 def build_stack(settings: Settings, catalog: Catalog, metrics: Metrics, console: Console) -> Stack:
     """The profiles for this machine, a choice and a runner per model, then the fleet.
-    The chosen runtimes are imported here, before any model loads, and frozen out of
-    the garbage collector's walks (``freeze_imports``)."""
+    The runtimes the models' loads use are imported first, before any runner exists,
+    and frozen out of the garbage collector's walks (``freeze_imports``)."""
     profiles = build_profiles(settings)
     choices = {s.id: profiles.choose(s) for s in catalog}
-    runners = {s.id: build_runner(s, settings, metrics, choices[s.id]) for s in catalog}
-    import_runtimes(name for r in runners.values() for name in r.runtimes())
+    import_runtimes(name for s in catalog for name in load_runtimes(s, choices[s.id]))
     freeze_imports()
+    runners = {s.id: build_runner(s, settings, metrics, choices[s.id]) for s in catalog}
     return Stack(profiles, choices, runners, build_fleet(settings, runners, metrics, console))
 
 

@@ -73,7 +73,10 @@ def freeze_imports() -> None:
     interpreter's own full collections. Frozen, it takes well under a millisecond.
     Only what lives now is frozen: a model loaded later is collected as before
     (something frozen is never collected, so a model frozen with a reference cycle
-    would keep its memory after its eviction)."""
+    would keep its memory after its eviction). The stack calls it before it builds
+    any runner; the object building the stack is frozen with the rest, so in a process
+    that builds several servers in turn (the tests), what the first one holds when it
+    is dropped may stay."""
     global _frozen_in
     if _frozen_in == os.getpid():
         return

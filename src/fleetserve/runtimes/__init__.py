@@ -4,6 +4,7 @@ imports its heavy dependency behind a clear "install the extra" error."""
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from .base import (
     SamplingParams,
 )
 from .cache import DEFAULT_CACHE
+
+log = logging.getLogger("fleetserve.runtimes")
 
 if TYPE_CHECKING:  # each implementation serves its protocols (checked, never imported here)
     from .external import ExternalRuntime
@@ -90,12 +93,14 @@ IMPORTS: dict[str, tuple[str, ...]] = {
 def import_runtimes(names: Iterable[str]) -> None:
     """Import what these runtimes' first loads would, ahead of them (so that
     ``fleet.memory.freeze_imports`` can leave it out of every collection). A runtime
-    whose extra is missing is passed over: its load says what to install."""
+    whose extra is missing, or whose library fails to import, is passed over: its
+    model's load fails alone and says why."""
     for name in sorted(set(names)):
         for module in IMPORTS.get(name, ()):
             try:
                 importlib.import_module(module)
-            except ImportError:
+            except Exception as exc:  # ImportError, or a library's OSError or RuntimeError
+                log.debug("runtime %s not imported ahead of its loads: %s", name, exc)
                 break
 
 

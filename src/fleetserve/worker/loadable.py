@@ -42,8 +42,7 @@ class Loadable:
     compute thread keeps running other models' batches; only the warm-up, the quality
     gate and the activation-peak batch run on the compute thread. It measures what the
     model holds: its weights (the runtime's count, else the resident growth) plus the
-    activation peak of a full batch, the profile's own figure where the tuner measured one
-    (else measured at the first load on each engine, and kept for the reloads).
+    activation peak of a full batch, the profile's own figure where the tuner measured one.
     The resident growth is kept beside them (a first load's includes lazy imports).
     Its LoRA adapters are a part it holds: ``adapters``.
     """
@@ -83,7 +82,6 @@ class Loadable:
         self._estimate = estimate
         self._measured: Footprint | None = None
         self._estimated: int | None = None
-        self._peaks: dict[tuple[str, str], int] = {}  # measured, by (runtime, precision)
         self.ever_loaded = False
         self.memory: dict[str, int] = {}  # what the last load measured
         if isinstance(adapter, AnyFamily):
@@ -116,12 +114,6 @@ class Loadable:
     @property
     def model_id(self) -> str:
         return self.spec.id
-
-    def runtimes(self) -> frozenset[str]:
-        """The runtimes its loads use: its profile's, and torch where a quality gate
-        compares it with an fp32 reference (torch where installed)."""
-        served = self.profile.runtime or self.spec.runtime
-        return frozenset({served, "torch"} if self._verify is not None else {served})
 
     @property
     def pinned(self) -> bool:
@@ -175,12 +167,8 @@ class Loadable:
                 adapter = served
             if self.profile.memory_bytes:  # the tuner measured weights plus peak
                 peak = max(0, self.profile.memory_bytes - weights)
-            elif self._measure is not None:  # once per engine: a reload measures nothing
-                engine = (adapter.runtime.name, adapter.runtime.precision)
-                if engine not in self._peaks:
-                    got = await loop.run_in_executor(self._forward, self._measure, adapter)
-                    self._peaks[engine] = got
-                peak = self._peaks[engine]
+            elif self._measure is not None:  # (``measure`` keeps what it measured)
+                peak = await loop.run_in_executor(self._forward, self._measure, adapter)
             else:
                 peak = 0
             held = Footprint(weights, peak)
@@ -213,7 +201,6 @@ class Loadable:
         self._family, self._factory = other._family, other._factory
         self.profile, self._profile0 = other.profile, other._profile0
         self._measured, self._estimated = other._measured, other._estimated
-        self._peaks = dict(other._peaks)
         self.memory = dict(other.memory)
         self._verify, self._measure, self._estimate = other._verify, other._measure, other._estimate
         other._family, other.loaded = None, False  # served here only: it leaves with us

@@ -104,10 +104,6 @@ class Runner(Member, Protocol):
     @property
     def tasks(self) -> frozenset[Task]: ...
 
-    def runtimes(self) -> frozenset[str]:
-        """The runtimes its loads use (imported before any load: ``stack``)."""
-        ...
-
     def submit(self, job: Job) -> None: ...
 
     def cannot_adopt(self) -> str:
