@@ -20,6 +20,7 @@ from ...cluster.natsd import die_with_parent
 from ...logs import child_env
 from ...settings import ENV_PREFIX, Settings
 from .pauses import Ledger
+from .runs import RunStore, now_iso
 
 LOOK_S = 0.5  # how often the caller's reasons to stop are looked at
 STOP_S = 5.0  # a child's grace after SIGTERM before it is killed
@@ -47,6 +48,7 @@ class TuneChild:
     ) -> None:
         self.env, self.profile_dir, self.tune_dir, self.ledger = env, profile_dir, tune_dir, ledger
         self.proc: asyncio.subprocess.Process | None = None
+        self.run_id = ""  # the run document it writes, where the server named it
 
     def args(
         self, model: str, budget: float, quick: bool, start: str = "", run_id: str = ""
@@ -73,6 +75,7 @@ class TuneChild:
         """(exit code, its last error line); (None, why) when ``stop_why`` gave a reason
         to stop it. Cancelled, it stops the child before it ends."""
         log_file = self.tune_dir / f".{model.replace('/', '--')}.log"
+        self.run_id = run_id
         with log_file.open("wb") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.args(model, budget, quick, start, run_id), stdin=asyncio.subprocess.DEVNULL,
@@ -126,6 +129,23 @@ class TuneChild:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
+            self._killed()
+
+    def _killed(self) -> None:
+        """A child killed before it wrote its end (a tune at nice 10 on busy cores may
+        not, within ``STOP_S``) would leave its run ``running`` for good: it says
+        cancelled."""
+        if not self.run_id:
+            return
+        store = RunStore(self.tune_dir)
+        try:
+            run = store.get(self.run_id)
+        except KeyError:
+            return
+        if run.get("status") == "running":
+            why = f"cancelled (killed: it did not stop within {STOP_S:g}s)"
+            run.update(status="cancelled", error=why, finished_at=now_iso())
+            store.write(run)
 
 
 def last_error(log_file: Path) -> str:
