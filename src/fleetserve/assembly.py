@@ -138,11 +138,12 @@ def build_runner(
         try:
             key = (weights_fingerprint(path), adapter.runtime.name, adapter.runtime.precision)
         except OSError:  # no config.json to key on: measured at every load
-            return measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
-        if key not in peaks:
-            peaks[key] = measure_activation_peak(
-                adapter, spec, path, tokens, profile.max_batch_size
-            )
+            key = None
+        if key is None or key not in peaks:
+            peak = measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
+            if key is None:
+                return peak
+            peaks[key] = peak
         return peaks[key]
 
     def estimate() -> int:  # before the first load: the weights on disk, at this precision

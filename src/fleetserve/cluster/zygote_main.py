@@ -25,7 +25,6 @@ with its parent), and its client starts fresh interpreters from then on.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import os
@@ -38,6 +37,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..fleet.memory import freeze_imports
 from .natsd import die_with_parent
 
 MAX_REQUEST = 1 << 20  # bytes of one request (the environment is most of it)
@@ -62,10 +62,9 @@ def preload(names: list[str]) -> list[str]:
         except Exception:  # an extra not installed, or a library that fails: forked without it
             continue
         loaded.append(name)
-    # frozen out of the collector's walks (``fleet.memory.freeze_imports``): a child's
-    # collections skip them, and its first one does not touch, and so copy, their pages
-    gc.collect()
-    gc.freeze()
+    # frozen out of the collector's walks: a child's collections skip them, and its
+    # first one does not touch, and so copy, their pages
+    freeze_imports()
     return loaded
 
 
