@@ -21,6 +21,7 @@ from .tinymodels import build_bert, write_spec
 
 TINY = "tiny/dense-bert"
 REAL = "sentence-transformers/all-MiniLM-L6-v2"
+pytest_plugins = ["tests.home_guard"]  # nothing lands in the user's adapter store
 # tests never read the developer's own tuned profiles (~/.config/fleetserve/profiles):
 # a path under /dev/null cannot exist, so only the bundled profiles and rules apply
 NO_USER_PROFILES = "/dev/null/fleetserve-profiles"
@@ -64,7 +65,7 @@ SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
 
 
 # the tests whose servers tune in the background: `make test` runs them one at a time
-# in a pytest of its own, beside the parallel run, so that no two tunes (each held to
+# in a pytest of its own, after the parallel run, so that no two tunes (each held to
 # its time budget) share the cores
 BACKGROUND_TUNES = frozenset(
     f"bench/tune/{m}.py"
@@ -228,12 +229,16 @@ def tiny_server(tiny_catalog: Path) -> Iterator[ServerThread]:
 
 
 @pytest.fixture(scope="session")
-def real_server() -> Iterator[ServerThread]:
-    srv = ServerThread(
-        Settings.load(
-            overrides={"port": 0, "models": REAL, "device": "cpu", "profile_dir": NO_USER_PROFILES}
-        )
-    ).start()
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    overrides = {
+        "port": 0,
+        "models": REAL,
+        "device": "cpu",
+        "profile_dir": NO_USER_PROFILES,
+        # the README's adapters and fine-tuning jobs: not into the user's store
+        "adapter_store": tmp_path_factory.mktemp("adapters").as_uri(),
+    }
+    srv = ServerThread(Settings.load(overrides=overrides)).start()
     yield srv
     srv.stop()
 

@@ -87,7 +87,13 @@ def hot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hot]:
     build_st(models / "st", pooling="cls", max_seq_length=24)
     catalog = root / "catalog"
     write_spec(catalog, TINY, models / "a")
-    settings = tiny_settings(catalog, model_roots=str(models), keys=RING, auth="keys")
+    settings = tiny_settings(
+        catalog,
+        model_roots=str(models),
+        keys=RING,
+        auth="keys",
+        adapter_store=(root / "adapters").as_uri(),
+    )
     srv = ServerThread(settings).start()
     yield Hot(srv, models, catalog)
     srv.stop()
