@@ -5,7 +5,8 @@ dequantizes to fp32 and rebuilds the tokenizer and chat template), but slowly: a
 40 s for SmolLM2-135M on two cores. So a GGUF source is converted once into
 ``<cache_dir>/gguf/<name>-<digest>/`` (config, fp32 safetensors, tokenizer, chat
 template, generation config). The directory is written under a temporary name and
-renamed into place, so a crash never leaves half a cache; later loads take seconds.
+renamed into place, so a crash never leaves half a cache, and built once per host
+(:mod:`.entries`); later loads take seconds.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import functools
 import hashlib
 import json
 import logging
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from .entries import build_entry
 from .rules import install_hint
 
 MARKER = "fleetserve-gguf.json"  # written last: its presence means the directory is whole
@@ -59,29 +59,15 @@ def is_converted(dest: Path) -> bool:
 
 
 def convert_gguf(gguf: Path, cache_dir: Path, *, console: Console | None = None) -> Path:
-    """The converted directory for ``gguf``, converting it the first time."""
+    """The converted directory for ``gguf``, converting it the first time (once per
+    host: another process converting it at the same time is waited for)."""
     if not gguf.is_file():
         raise FileNotFoundError(f"no GGUF file at {gguf}")
-    dest = converted_path(gguf, cache_dir)
-    if is_converted(dest):
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        _convert(gguf, tmp, console or Console(stderr=True))
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        if dest.exists() and not is_converted(dest):  # a leftover from an older layout
-            shutil.rmtree(dest)
-        try:
-            tmp.rename(dest)
-        except OSError:
-            if not is_converted(dest):  # not another process finishing first
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    return build_entry(
+        converted_path(gguf, cache_dir),
+        is_converted,
+        lambda tmp: _convert(gguf, tmp, console or Console(stderr=True)),
+    )
 
 
 def _convert(gguf: Path, out: Path, console: Console) -> None:

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from ..catalog.entries import build_entry
 from .base import Head, Output
-from .cache import DEFAULT_CACHE, build_entry
+from .cache import DEFAULT_CACHE
 from .head_graph import OUTPUTS, head_graph, per_token, weights_fingerprint
 from .onnx_guard import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..catalog.entries import build_entry
 from .base import Head
-from .cache import build_entry
 from .head_graph import OUTPUTS, head_graph, weights_fingerprint
 
 try:
