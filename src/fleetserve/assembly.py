@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -69,13 +70,22 @@ def build_profiles(settings: Settings) -> Profiles:
     """This machine's profiles: its hardware class (or the one asked for), the tuned
     files for it (yours, then bundled), its fallbacks. A broken file is a ValueError
     naming the file and the field."""
-    device = "cpu" if settings.device.startswith("cpu") else settings.device
     return Profiles(
-        detect(device),
+        detect(_device(settings)),
         settings.hardware_class,
         Path(settings.profile_dir),
         unbundled=not settings.bundled_profiles,
     )
+
+
+def _device(settings: Settings) -> str:
+    return "cpu" if settings.device.startswith("cpu") else settings.device
+
+
+@functools.lru_cache(maxsize=4)
+def hardware_class(device: str, asked: str = "") -> str:
+    """The class ``device`` is in (``asked``: the one Settings name), found once."""
+    return asked or detect(device).hardware_class
 
 
 def gated(spec: ModelSpec, choice: Choice) -> bool:
@@ -121,11 +131,15 @@ def build_runner(
     verify = None
     if gated(spec, choice):
         from .bench.tune.gate import gate_at_load
+        from .bench.tune.verdicts import Verdicts, library_version
 
-        def fingerprint() -> bytes:  # a verdict that passed holds for the same weights
-            return weights_fingerprint(weights_path(spec, settings))
+        def fingerprint() -> bytes:  # a pass holds for the same weights, engine and CPU
+            cls = hardware_class(_device(settings), settings.hardware_class)
+            engine = f"\0{runtime_name}\0{cls}\0{library_version(runtime_name)}"
+            return weights_fingerprint(weights_path(spec, settings)) + engine.encode()
 
-        verify = gate_at_load(spec, profile.precision, make_reference, fingerprint)
+        verdicts = Verdicts(Path(settings.cache_dir).expanduser() / "gate")
+        verify = gate_at_load(spec, profile.precision, make_reference, fingerprint, verdicts)
     eager = spec.pinned or spec.id in settings.model_list()
     tokens = settings.max_batch_tokens or profile.max_batch_tokens
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from ...catalog import ModelSpec
 from ...families import AnyFamily
 from .quality import Quality, calibration, compare, replies
+from .verdicts import Verdicts
 
 log = logging.getLogger("fleetserve.bench.tune")
 Factory = Callable[[], AnyFamily]  # an unloaded adapter
@@ -32,20 +33,24 @@ class LoadGate:
         precision: str,
         reference: Factory,
         fingerprint: Callable[[], bytes] | None = None,
+        verdicts: Verdicts | None = None,
     ) -> None:
         self.spec = spec
         self.precision = precision
         self.reference = reference
-        self.fingerprint = fingerprint  # the weights' (config, names, sizes, mtimes)
+        self.fingerprint = fingerprint  # the weights' (config, names, sizes, mtimes), ...
+        self.verdicts = verdicts  # the passes kept on disk
         self._passed: bytes | None = None  # the fingerprint of the weights that passed
         self._judged: bytes | None = None  # ... of those being judged
 
     def prepare(self) -> AnyFamily | None:
         """The fp32 reference, loaded; ``None`` where the same weights passed at an
-        earlier load in this process (a reload after an eviction compares nothing
-        again: the reference's load and the forward passes were most of a miss)."""
+        earlier load, in this process or (with ``verdicts``) another: a reload after
+        an eviction compares nothing again (the reference's load and the forward passes
+        were most of a miss), nor does the next process."""
         self._judged = self._print()
-        if self._judged is not None and self._judged == self._passed:
+        if self._judged is not None and (self._judged == self._passed or self._kept(self._judged)):
+            self._passed = self._judged
             log.debug("%s: %s passed the quality gate at an earlier load", self.spec.id,
                       self.precision)  # fmt: skip
             return None
@@ -61,6 +66,13 @@ class LoadGate:
         except OSError:  # unreadable: judged every time
             return None
 
+    def _key(self, fingerprint: bytes) -> str:
+        assert self.verdicts is not None
+        return self.verdicts.key(self.spec.id, self.precision, fingerprint)
+
+    def _kept(self, fingerprint: bytes) -> bool:
+        return self.verdicts is not None and self.verdicts.passed(self._key(fingerprint))
+
     def judge(self, adapter: AnyFamily, ref: AnyFamily) -> AnyFamily:
         spec, precision = self.spec, self.precision
         q = check(spec, adapter, ref)
@@ -68,6 +80,9 @@ class LoadGate:
             log.info("%s: %s passed the quality gate (%s %.6f)", spec.id, precision,
                      q.metric, q.value)  # fmt: skip
             self._passed = self._judged
+            if self.verdicts is not None and self._judged is not None:
+                key = self._key(self._judged)
+                self.verdicts.record(key, spec.id, precision, q)
             return adapter
         self._passed = None
         log.warning(
@@ -90,10 +105,11 @@ def gate_at_load(
     precision: str,
     reference: Factory,
     fingerprint: Callable[[], bytes] | None = None,
+    verdicts: Verdicts | None = None,
 ) -> LoadGate:
     """The gate of a rule's precision; with ``fingerprint``, a verdict that passed is
-    kept for the same weights."""
-    return LoadGate(spec, precision, reference, fingerprint)
+    kept for the same weights (with ``verdicts``, on disk too)."""
+    return LoadGate(spec, precision, reference, fingerprint, verdicts)
 
 
 def check(spec: ModelSpec, adapter: AnyFamily, reference: AnyFamily) -> Quality:
