@@ -74,6 +74,11 @@ class Cluster:
         self.gateway_child = Child("gateway")
         self.worker_children = [Child(f"worker-{i}") for i in range(workers)]
         self.api = f"http://{settings.host}:{settings.port}"
+        # the probes of its own gateway: one client (a new one per probe read the CA
+        # bundle each time, 20 ms of CPU every 0.1 s while the workers load), and no
+        # connection kept between probes (so nothing to close: a stopped cluster can start
+        # again)
+        self.http = httpx.Client(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
         self._healed = -HEAL_EVERY  # when nats-server was last restarted for a write error
         self.zygote = zygote
         self._own_zygote: Zygote | None = None
@@ -143,7 +148,7 @@ class Cluster:
             if any(p.poll() is not None for p in self.children):
                 return False
             try:
-                r = httpx.get(api + "/v1/models", timeout=2)
+                r = self.http.get(api + "/v1/models", timeout=2)
                 live = {w["id"] for m in r.json()["data"] for w in m["workers"] if w["ready"]}
                 if len(live) >= self.n:
                     return True
@@ -267,12 +272,15 @@ class Cluster:
             return
         try:
             if not gw.ready:
-                if httpx.get(self.api + "/healthz", timeout=1, headers=_PROBE).status_code != 200:
+                if (
+                    self.http.get(self.api + "/healthz", timeout=1, headers=_PROBE).status_code
+                    != 200
+                ):
                     return
                 self._became_ready(gw)
             if not waiting:
                 return
-            r = httpx.get(self.api + "/v1/models", timeout=2, headers=_PROBE)
+            r = self.http.get(self.api + "/v1/models", timeout=2, headers=_PROBE)
             seen = {w["id"]: w for m in r.json()["data"] for w in m["workers"] if w["ready"]}
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return
