@@ -21,7 +21,8 @@ from .tinymodels import build_bert, write_spec
 
 TINY = "tiny/dense-bert"
 REAL = "sentence-transformers/all-MiniLM-L6-v2"
-pytest_plugins = ["tests.home_guard"]  # nothing lands in the user's adapter store
+# nothing lands in the user's adapter store; one TLS context for httpx.get and the like
+pytest_plugins = ["tests.home_guard", "tests.shared_tls"]
 # tests never read the developer's own tuned profiles (~/.config/fleetserve/profiles):
 # a path under /dev/null cannot exist, so only the bundled profiles and rules apply
 NO_USER_PROFILES = "/dev/null/fleetserve-profiles"
