@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import os
+import shutil
 import tempfile
 import threading
 import types
@@ -207,9 +209,17 @@ def tiny_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cat
 
 
+# the tiny models' exports, conversions, gate verdicts and adapter copies: a directory of
+# this test process, not the user's ~/.cache/fleetserve (each run's new tiny models,
+# with new mtimes, added entries there that nothing removed: 4.3 GB on this machine)
+TINY_CACHE = tempfile.mkdtemp(prefix="fleetserve-tests-cache-")
+atexit.register(shutil.rmtree, TINY_CACHE, True)
+
+
 def tiny_settings(catalog: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
         "port": 0,
+        "cache_dir": TINY_CACHE,
         "catalog": str(catalog),
         "models": TINY,
         "device": "cpu",

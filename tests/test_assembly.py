@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -55,7 +56,8 @@ async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights
 ) -> None:
     """Where the profile has no memory figure, the peak of a full batch is measured at
     the first load only: a reload after an eviction ran a full batch (and a collection)
-    again. New weights at the same path are measured again."""
+    again. It is kept on disk: the next process measures nothing either. New weights at
+    the same path, or a torn file, are measured again."""
     from fleetserve import assembly
     from fleetserve.assembly import build_catalog, build_runner
     from fleetserve.metrics import Metrics
@@ -67,7 +69,8 @@ async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights
     write_spec(tmp_path / "catalog", "tiny/peak", model)
     s = Settings.load(
         overrides={"catalog": str(tmp_path / "catalog"), "device": "cpu",
-                   "hardware_class": TINY_CLASS, "profile_dir": NO_USER_PROFILES}
+                   "hardware_class": TINY_CLASS, "profile_dir": NO_USER_PROFILES,
+                   "cache_dir": str(tmp_path / "cache")}
     )  # fmt: skip
     calls: list[str] = []
 
@@ -82,8 +85,16 @@ async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights
         assert (await runner.load()).peak == 7 << 20
         runner.unload()
     assert calls == ["torch"]
+    (kept,) = (tmp_path / "cache" / "peak").glob("*.json")
+    assert json.loads(kept.read_text())["bytes"] == 7 << 20
+    again = build_runner(build_catalog(s).get("tiny/peak"), s, Metrics())  # the next process
+    assert (await again.load()).peak == 7 << 20 and calls == ["torch"]
+    again.unload()
+    kept.write_text('{"key": "torn')
+    assert (await build_runner(build_catalog(s).get("tiny/peak"), s, Metrics()).load()).peak
+    assert calls == ["torch", "torch"] and json.loads(kept.read_text())["bytes"] == 7 << 20
     for f in model.glob("*.safetensors"):  # written again: a new mtime
         st = f.stat()
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     await runner.load()
-    assert calls == ["torch", "torch"]
+    assert calls == ["torch", "torch", "torch"]

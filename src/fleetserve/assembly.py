@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .bench.tune.activation import measure_activation_peak
-from .catalog import Catalog, ModelSpec
+from .catalog import Catalog, ModelSpec, facts
 from .catalog.hardware import detect
 from .catalog.profiles import Choice, Profiles
 from .catalog.rules import install_hint, missing_extra, missing_extras
@@ -128,35 +128,49 @@ def build_runner(
         return make_family("fp32", "torch" if not missing_extra("torch") else runtime_name)
 
     runtime_name = profile.runtime or spec.runtime
+    cache_dir = Path(settings.cache_dir).expanduser()
+
+    def engine(runtime: str) -> str:  # what a fact kept on disk depends on besides weights
+        cls = hardware_class(_device(settings), settings.hardware_class)
+        return f"{runtime}\0{cls}\0{facts.library_version(runtime)}"
+
     verify = None
     if gated(spec, choice):
         from .bench.tune.gate import gate_at_load
-        from .bench.tune.verdicts import Verdicts, library_version
+        from .bench.tune.verdicts import Verdicts
 
         def fingerprint() -> bytes:  # a pass holds for the same weights, engine and CPU
-            cls = hardware_class(_device(settings), settings.hardware_class)
-            engine = f"\0{runtime_name}\0{cls}\0{library_version(runtime_name)}"
-            return weights_fingerprint(weights_path(spec, settings)) + engine.encode()
+            path = weights_path(spec, settings)
+            return weights_fingerprint(path) + f"\0{engine(runtime_name)}".encode()
 
-        verdicts = Verdicts(Path(settings.cache_dir).expanduser() / "gate")
+        verdicts = Verdicts(cache_dir / "gate")
         verify = gate_at_load(spec, profile.precision, make_reference, fingerprint, verdicts)
     eager = spec.pinned or spec.id in settings.model_list()
     tokens = settings.max_batch_tokens or profile.max_batch_tokens
 
-    peaks: dict[tuple[bytes, str, str], int] = {}
+    peaks: dict[str, int] = {}
+    kept = facts.Facts(cache_dir / "peak", "activation peaks")
 
     def measure(adapter: AnyFamily) -> int:  # the activation peak of a full batch
-        """Measured once per engine and weights: a reload after an eviction measures
-        nothing (new weights at the same path are measured again)."""
+        """Measured once per engine and weights, and kept on disk (``<cache_dir>/peak``):
+        a reload after an eviction measures nothing, nor does the next process (new
+        weights at the same path are measured again)."""
         path = weights_path(spec, settings)
+        rt = adapter.runtime
         try:
-            key = (weights_fingerprint(path), adapter.runtime.name, adapter.runtime.precision)
+            key = facts.fact_key(
+                spec.id, spec.family, str(spec.max_seq_len), rt.precision, str(tokens),
+                str(profile.max_batch_size), engine(rt.name), weights_fingerprint(path),
+            )  # fmt: skip
         except OSError:  # no config.json to key on: measured at every load
-            key = None
-        if key is None or key not in peaks:
-            peak = measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
-            if key is None:
-                return peak
+            return measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
+        if key not in peaks:
+            found = kept.get(key)
+            peak = found.get("bytes") if found is not None else None
+            if not isinstance(peak, int) or peak <= 0:
+                peak = measure_activation_peak(adapter, spec, path, tokens, profile.max_batch_size)
+                if peak > 0:  # 0: not measured
+                    kept.put(key, {"model": spec.id, "bytes": peak})
             peaks[key] = peak
         return peaks[key]
 

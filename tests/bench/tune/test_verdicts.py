@@ -14,9 +14,9 @@ import pytest
 
 from fleetserve.assembly import build_catalog, build_profiles, build_runner
 from fleetserve.bench.tune import gate as gate_mod
-from fleetserve.bench.tune import verdicts as verdicts_mod
 from fleetserve.bench.tune.gate import gate_at_load
 from fleetserve.bench.tune.verdicts import Verdicts
+from fleetserve.catalog import facts
 from fleetserve.families import AnyFamily
 from fleetserve.metrics import Metrics
 from fleetserve.runtimes.head_graph import weights_fingerprint
@@ -136,6 +136,6 @@ async def test_the_servers_runners_share_passes_through_their_cache_dir(
     assert await references() == 1
     assert await references() == 0
     assert len(list((tmp_path / "cache" / "gate").glob("*.json"))) == 1
-    monkeypatch.setattr(verdicts_mod, "library_version", lambda runtime: "a newer one")
+    monkeypatch.setattr(facts, "library_version", lambda runtime: "a newer one")
     assert await references() == 1
     assert len(list((tmp_path / "cache" / "gate").glob("*.json"))) == 2
