@@ -121,8 +121,12 @@ class HotModels:
     async def adopt(self, spec: ModelSpec, where: object) -> bool:
         """A spec appeared or changed (in file ``where``, or the fleet's bucket): serve
         ``spec`` unless its id is served already (the same spec: this process wrote it;
-        another: logged). True if added."""
+        another: logged). True if added. A file gone by the time the lock is free is
+        not served: a remove that held the lock (an add, then a remove within one poll
+        of the watcher) deleted it, and serving it would bring the model back."""
         async with self.lock:
+            if isinstance(where, Path) and not where.exists():
+                return False
             if spec.id in self.catalog:
                 if not self.serves(spec):
                     log.warning("%s: model %r is served already; remove it first", where, spec.id)

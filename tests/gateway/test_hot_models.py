@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 import fleetserve
+from fleetserve.catalog import read_spec
 from fleetserve.gateway.auth import hash_key
 from fleetserve.worker.compute import compute_executor
 
@@ -288,6 +289,20 @@ def test_a_changed_spec_file_is_served_anew(hot: Hot) -> None:
     assert hot.encode(model).status_code == 200
     f.unlink()
     wait_for(lambda: max_seq_len() is None, 20, f"{model} removed")
+
+
+def test_a_spec_file_gone_while_the_watcher_waited_is_not_served(hot: Hot) -> None:
+    """The watcher read a spec file, then waited for the lock while a remove deleted
+    it (an add and a remove within one poll): the removed model stays removed."""
+    model = "watch/gone"
+    f = write_spec(hot.models.parent / "unwatched", model, hot.models / "b")  # as it was
+    spec = read_spec(f)
+    f.unlink()  # removed meanwhile
+    server = hot.srv.server
+    assert server is not None
+    assert hot.srv.call(lambda: server.hot.adopt(spec, f)) is False
+    assert model not in server.catalog and model not in server.fleet
+    assert model not in hot.listed()
 
 
 def test_a_hot_added_model_serves_lora_adapters(hot: Hot, tmp_path: Path) -> None:
