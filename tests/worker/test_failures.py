@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetserve.worker.records import State
+
 from ..conftest import TINY, ServerThread, tiny_settings
 from ..hangup import metric
 from ..waiting import wait_for
@@ -206,8 +208,17 @@ def test_a_crashed_worker_on_a_shared_queue_gives_its_work_back(tiny_catalog: Pa
         def boom() -> list[object]:
             raise RuntimeError("injected batch former bug")
 
+        def running() -> int:
+            jobs = srv.call(lambda: srv.server.worker.ledger.jobs())  # type: ignore[union-attr]
+            return sum(j.record.state is State.RUNNING for j in jobs)
+
         with ThreadPoolExecutor(3) as pool:
-            futs = [pool.submit(encode, srv, **{"x-request-timeout": "3"}) for _ in range(3)]
+            # one batch behind the blocked forward first, so that the other two wait in
+            # the former (sent together, all three could make one batch, with nothing
+            # left for the crash to give back)
+            futs = [pool.submit(encode, srv, **{"x-request-timeout": "3"})]
+            wait_for(lambda: running() == 1, 10, "the first request's batch to start")
+            futs += [pool.submit(encode, srv, **{"x-request-timeout": "3"}) for _ in range(2)]
             wait_for(lambda: held(srv) == 3, 10, "the 3 requests to reach the worker")
             srv.call(lambda: setattr(runner.waiting, "take", boom))
             gate.set()
