@@ -239,10 +239,11 @@ def setup_logging(
             root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for name in _SERVERS:  # uvicorn's own loggers: no handlers of their own, to ours
-        lg = logging.getLogger(name)
-        lg.handlers.clear()
+    for name in _SERVERS:  # uvicorn's own loggers: no handlers of their own, to ours,
+        lg = logging.getLogger(name)  # at our level (a uvicorn.Config in this process
+        lg.handlers.clear()  # may have raised theirs: log_level="critical")
         lg.propagate = True
+        lg.setLevel(logging.NOTSET)
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.WARNING if level != "debug" else logging.DEBUG)
     logging.captureWarnings(True)  # warnings.warn from libraries: logger "py.warnings"
