@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ import pytest
 
 from fleetserve.catalog import Catalog
 from fleetserve.cluster import NatsServer
+from fleetserve.logs import LineHandler
 from fleetserve.server import EmbeddedServer
 from fleetserve.settings import Settings
 
@@ -214,6 +216,21 @@ def tiny_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # with new mtimes, added entries there that nothing removed: 4.3 GB on this machine)
 TINY_CACHE = tempfile.mkdtemp(prefix="fleetserve-tests-cache-")
 atexit.register(shutil.rmtree, TINY_CACHE, True)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging() -> Iterator[None]:
+    """A test that runs a command in-process (``cli.main`` sets up logging) leaves the
+    root logger as it found it: the handler it added, on stderr, printed into later
+    tests' captured output what the garbage collector logged then (asyncio's "Task was
+    destroyed" of another test's client)."""
+    root = logging.getLogger()
+    level, before = root.level, list(root.handlers)
+    yield
+    for h in list(root.handlers):
+        if isinstance(h, LineHandler) and h not in before:
+            root.removeHandler(h)
+    root.setLevel(level)
 
 
 def tiny_settings(catalog: Path, **overrides: Any) -> Settings:
