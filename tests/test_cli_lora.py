@@ -4,6 +4,7 @@ and the SDK's adapter methods, sync and async; the table fits 80 columns."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import io
 import threading
 import time
@@ -71,6 +72,10 @@ def sync_transport(app: Any) -> httpx.MockTransport:
 def server(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> httpx.MockTransport:
     transport = sync_transport(asgi_app(kit))
     real = fleetserve.sdk.Client
+    # a module that binds the name at import keeps what it found then: imported first,
+    # it keeps the real Client (cli_add, imported while this patch held, kept the fake
+    # for the rest of the process, and a later test's `fleetserve add --server` used it)
+    importlib.import_module("fleetserve.cli_add")
 
     def client(url: str, **kwargs: Any) -> Client:
         assert url == "http://adapters.test"
