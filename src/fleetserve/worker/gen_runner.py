@@ -308,7 +308,8 @@ class GenerationRunner(Loadable):
                 continue
             dt = time.perf_counter() - t0
             self.busy_s += dt
-            self.metrics.batch_size.labels(model).observe(width)
+            if width:  # a step that only let cancelled sequences go ran no batch
+                self.metrics.batch_size.labels(model).observe(width)
             for job in self._live.values():
                 job.infer_s += dt
             for s in changed:
