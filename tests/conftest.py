@@ -69,9 +69,9 @@ SERVICE_FOLDERS = ("cluster", "deploy", "dashboard", "benchmarks", "bench")
 SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
 
 
-# the tests whose servers tune in the background: `make test` runs them one at a time
-# in a pytest of its own, after the parallel run, so that no two tunes (each held to
-# its time budget) share the cores
+# the tests whose servers tune in the background: `make test` runs them in a pytest of
+# its own, after the parallel run, two at a time, so that no tune (each held to its
+# time budget) shares the cores with the rest of the suite
 BACKGROUND_TUNES = frozenset(
     f"bench/tune/{m}.py"
     for m in ("test_background", "test_fleetwide", "test_hosttraffic", "test_hostlock")

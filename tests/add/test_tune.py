@@ -1,6 +1,6 @@
 """``fleetserve add`` tunes what it adds (the search ``fleetserve tune`` runs) within
 ``--budget``, writes the profile the server then reads, and reports the winner against
-torch fp32. Run apart, one at a time (marker ``tunes``: tests/conftest.py)."""
+torch fp32. Run apart, two at a time (marker ``tunes``: tests/conftest.py)."""
 
 from __future__ import annotations
 
