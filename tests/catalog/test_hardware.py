@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.catalog.hardware import Hardware, cpu_class, detect, memory_limit
+from fleetserve.catalog.hardware import Hardware, cpu_class, detect, gpu_present, memory_limit
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -68,6 +68,29 @@ def test_memory_is_the_cgroup_limit_when_lower(tmp_path: Path) -> None:
     assert memory_limit(root) == 4 * 2**30
     unlimited = fake_root(tmp_path / "b", ZEN2, cgroup="max")
     assert memory_limit(unlimited) == 24576000 * 1024
+
+
+def test_a_gpu_is_looked_for_in_dev_before_torch_is_asked(tmp_path: Path) -> None:
+    """Where /dev shows no NVIDIA or AMD GPU, ``detect("auto")`` is the CPU and never
+    imports torch (a second of every CLI command on a machine without one)."""
+    root = fake_root(tmp_path, ZEN2)
+    assert not gpu_present(root)
+    for node in ("dev/nvidia0", "dev/kfd"):
+        (root / node).parent.mkdir(exist_ok=True)
+        (root / node).touch()
+        assert gpu_present(root)
+        (root / node).unlink()
+    (root / "dev/nvidiactl").touch()  # the driver's control node alone: no device
+    assert not gpu_present(root)
+    script = (
+        "import sys; from pathlib import Path; from fleetserve.catalog.hardware import detect; "
+        f"hw = detect('auto', root=Path({str(root)!r})); "
+        "print(hw.kind, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    assert out == ["cpu", "False"]
 
 
 def test_cuda_classes_name_the_compute_capability() -> None:

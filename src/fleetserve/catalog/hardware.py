@@ -167,7 +167,7 @@ def detect(device: str = "cpu", *, root: Path = Path("/")) -> Hardware:
         features=features,
     )
     if device.startswith("cuda") or device == "auto":
-        gpu = _cuda(device, cpu)
+        gpu = _cuda(device, cpu, root)
         if gpu is not None:
             return gpu
     return cpu
@@ -213,7 +213,17 @@ def _cpuinfo(file: Path, arch: str) -> tuple[str, frozenset[str]]:
     return model or platform.processor() or arch, frozenset(f for f in flags if f in wanted)
 
 
-def _cuda(device: str, host: Hardware) -> Hardware | None:
+def gpu_present(root: Path = Path("/")) -> bool:
+    """Whether the machine shows a GPU that torch's CUDA (or ROCm) build could use: an
+    NVIDIA device node (``/dev/nvidia0``, ...) or AMD's ``/dev/kfd``. Where there is
+    none, torch (a second to import) is not asked."""
+    dev = root / "dev"
+    return (dev / "kfd").exists() or any(dev.glob("nvidia[0-9]*"))
+
+
+def _cuda(device: str, host: Hardware, root: Path = Path("/")) -> Hardware | None:
+    if not gpu_present(root):
+        return None
     try:
         import torch
     except ImportError:
