@@ -7,10 +7,8 @@ import json
 import multiprocessing
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from dataclasses import fields, replace
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import Cancelled, InvalidInput
 from tests.lora.train import Events, tiny_spec
 from tests.tinymodels import build_bert
-from tests.waiting import async_wait_for
 
 pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
 
@@ -147,36 +144,6 @@ async def test_the_children_fork_from_one_server_that_has_imported_the_libraries
     assert "multiprocessing.forkserver" in argv
     assert all(f"'{m}'" in argv for m in ("torch", "peft", "sentence_transformers")), argv
     assert_reaped(events.pids)
-
-
-async def test_a_cancel_while_the_child_starts_returns_at_once_and_reaps_it_later(
-    spec: TrainSpec, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first job's start waits for the fork server's imports (seconds): a cancel
-    meanwhile raises at once, and the child is stopped and reaped once it exists."""
-    release, started = threading.Event(), threading.Event()
-    real = BaseProcess.start
-
-    def slow_start(proc: BaseProcess) -> None:  # a fork server still importing
-        started.set()
-        release.wait(DEADLINE)
-        real(proc)
-
-    monkeypatch.setattr(BaseProcess, "start", slow_start)
-    cancel = asyncio.Event()
-    job = asyncio.ensure_future(train_in_child(spec, Events(), cancel))
-    await asyncio.to_thread(started.wait, DEADLINE)
-    cancel.set()
-    try:
-        with pytest.raises(Cancelled):
-            await asyncio.wait_for(job, 30)  # a wait for the start: never, until release
-    finally:
-        release.set()
-    await async_wait_for(lambda: not _training_children(), DEADLINE)
-
-
-def _training_children() -> list[str]:
-    return [p.name for p in multiprocessing.active_children() if p.name == "fleetserve-train"]
 
 
 async def test_a_cancel_set_before_the_start_spawns_nothing(spec: TrainSpec) -> None:

@@ -9,19 +9,16 @@ CPU-seconds importing those libraries for every job. Its events come back over a
 pipe as they happen, read by a thread of the parent, and are handed to ``on_event``
 on the event loop. Cancelling (the ``cancel`` event, or cancelling the awaiting task)
 terminates the child; in every path the child is joined before this returns, so none
-is left behind as a zombie, except a ``cancel`` while the child is still starting:
-that returns at once, and the child is stopped and joined once it has started. The
-fork server stays for the next job (about 540 MB resident with those libraries, on a
-2-core AMD EPYC) and ends with the server.
+is left behind as a zombie. The fork server stays for the next job (about 540 MB
+resident with those libraries, on a 2-core AMD EPYC) and ends with the server.
 
 With a ``memory_limit``, the child caps its own data segment (``RLIMIT_DATA``: the
 private memory it maps, touched or not, heap and anonymous mmaps alike, the imported
-libraries' included) before it trains, so a job that outgrows it fails its own
-allocations instead of swelling until the kernel's out-of-memory killer picks a
-process (maybe the server). A child that runs out of memory (a ``MemoryError``,
-torch's "can't allocate memory", a library that cannot map) or is killed by SIGKILL,
-as that killer does, raises :class:`OutOfMemory` here, which says so and names the
-limit.
+libraries' included) before it trains, so a job that outgrows it fails its own allocations instead of swelling until
+the kernel's out-of-memory killer picks a process (maybe the server). A child that
+runs out of memory (a ``MemoryError``, torch's "can't allocate memory", a library
+that cannot map) or is killed by SIGKILL, as that killer does, raises
+:class:`OutOfMemory` here, which says so and names the limit.
 """
 
 from __future__ import annotations
@@ -97,11 +94,9 @@ async def train_in_child(
         target=_pump, args=(receive, loop, queue), name="fleetserve-train-pipe", daemon=True
     )
     starting = asyncio.ensure_future(asyncio.to_thread(proc.start))
-    finished = early = False
+    finished = False
     try:
-        early = await _cancelled_first(starting, cancel)
-        if early:
-            raise Cancelled("the training was cancelled")
+        await asyncio.shield(starting)
         send.close()  # the child's end: its exit is then our end-of-file
         pump.start()
         result = await _relay(queue, on_event, cancel, proc, memory_limit)
@@ -111,26 +106,7 @@ async def train_in_child(
         stop = asyncio.ensure_future(_shutdown(starting, proc, pump, receive, send, finished))
         _STOPPING.add(stop)
         stop.add_done_callback(_STOPPING.discard)
-        if not early:  # (early: the child is stopped and reaped once it has started)
-            await asyncio.shield(stop)  # cancelled again meanwhile: the child is still reaped
-
-
-async def _cancelled_first(starting: asyncio.Future[None], cancel: asyncio.Event | None) -> bool:
-    """Wait for the child's start; True if ``cancel`` was set first. The first job's
-    start waits for the fork server's imports (seconds), which a cancel does not."""
-    if cancel is None:
-        await asyncio.shield(starting)
-        return False
-    cancelled = asyncio.ensure_future(cancel.wait())
-    waits: set[asyncio.Future[Any]] = {starting, cancelled}
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        cancelled.cancel()
-    if not starting.done():
-        return True
-    starting.result()  # a start that failed raises here
-    return False
+        await asyncio.shield(stop)  # cancelled again meanwhile: the child is still reaped
 
 
 async def _shutdown(
