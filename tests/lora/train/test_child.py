@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import json
 import multiprocessing
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
 for _name in ("torch", "sentence_transformers", "peft", "datasets", "pytrec_eval"):
     pytest.importorskip(_name, reason=f"training needs {_name} (the train extra)")
 
-DEADLINE = 120.0  # seconds: the fork server imports torch on a busy machine
+DEADLINE = 120.0  # seconds: a spawned child imports torch on a busy machine
 
 
 @pytest.fixture(autouse=True)
@@ -46,24 +45,16 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> TrainSpec:
 
 
 class Children(Events):
-    """Events, and the pids of this process's live children when each came (and of
-    their parents)."""
+    """Events, and the pids of this process's live children when each came."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pids: set[int] = set()
-        self.parents: set[int] = set()
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         super().__call__(kind, data)
         live = multiprocessing.active_children()
-        pids = {p.pid for p in live if p.name == "fleetserve-train" and p.pid is not None}
-        self.pids |= pids
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                self.parents.add(
-                    int(Path(f"/proc/{pid}/stat").read_text().rsplit(")")[1].split()[1])
-                )
+        self.pids |= {p.pid for p in live if p.name == "fleetserve-train" and p.pid is not None}
 
 
 def config_of(r: TrainResult) -> dict[str, Any]:
@@ -118,31 +109,6 @@ async def test_cancel_terminates_the_child(spec: TrainSpec) -> None:
     with pytest.raises(Cancelled):
         await asyncio.wait_for(train_in_child(spec, on_event, cancel), DEADLINE)
     assert len(events.seen) >= 1
-    assert_reaped(events.pids)
-
-
-async def test_the_children_fork_from_one_server_that_has_imported_the_libraries(
-    spec: TrainSpec,
-) -> None:
-    """Each job's child is forked from the same fork server (not this process), which
-    imported torch and the training libraries before it forked any: a child starts
-    without importing them again."""
-    events = Children()
-    for _ in range(2):
-        cancel = asyncio.Event()
-
-        def on_event(kind: str, data: dict[str, Any], cancel: asyncio.Event = cancel) -> None:
-            events(kind, data)
-            cancel.set()
-
-        with pytest.raises(Cancelled):
-            await asyncio.wait_for(train_in_child(spec, on_event, cancel), DEADLINE)
-    assert len(events.pids) == 2 and len(events.parents) == 1, (events.pids, events.parents)
-    (server,) = events.parents
-    assert server != os.getpid()
-    argv = Path(f"/proc/{server}/cmdline").read_bytes().decode()  # noqa: ASYNC240
-    assert "multiprocessing.forkserver" in argv
-    assert all(f"'{m}'" in argv for m in ("torch", "peft", "sentence_transformers")), argv
     assert_reaped(events.pids)
 
 

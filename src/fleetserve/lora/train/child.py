@@ -1,20 +1,15 @@
 """Training in a child process, so that serving keeps its cores and its event loop.
 
-:func:`train_in_child` starts a child from a fork server (multiprocessing's
-``forkserver``: a process of its own, started at the first job, that has imported
-torch, transformers, PEFT and sentence-transformers once and holds none of the
-server's threads, locks or torch thread pool). The child lowers its own priority and
-runs :func:`~.trainer.train` at once: a fresh interpreter (``spawn``) spent about 5
-CPU-seconds importing those libraries for every job. Its events come back over a
-pipe as they happen, read by a thread of the parent, and are handed to ``on_event``
-on the event loop. Cancelling (the ``cancel`` event, or cancelling the awaiting task)
-terminates the child; in every path the child is joined before this returns, so none
-is left behind as a zombie. The fork server stays for the next job (about 540 MB
-resident with those libraries, on a 2-core AMD EPYC) and ends with the server.
+:func:`train_in_child` spawns a fresh interpreter (``spawn``: no copy of the server's
+threads, locks or torch thread pool), which lowers its own priority and runs
+:func:`~.trainer.train`. Its events come back over a pipe as they happen, read by a
+thread of the parent, and are handed to ``on_event`` on the event loop. Cancelling
+(the ``cancel`` event, or cancelling the awaiting task) terminates the child; in every
+path the child is joined before this returns, so none is left behind as a zombie.
 
 With a ``memory_limit``, the child caps its own data segment (``RLIMIT_DATA``: the
-private memory it maps, touched or not, heap and anonymous mmaps alike, the imported
-libraries' included) before it trains, so a job that outgrows it fails its own allocations instead of swelling until
+private memory it maps, touched or not, heap and anonymous mmaps alike) before it
+trains, so a job that outgrows it fails its own allocations instead of swelling until
 the kernel's out-of-memory killer picks a process (maybe the server). A child that
 runs out of memory (a ``MemoryError``, torch's "can't allocate memory", a library
 that cannot map) or is killed by SIGKILL, as that killer does, raises
@@ -45,10 +40,6 @@ from .checkpoint import CheckpointMismatch
 from .trainer import TrainResult, TrainSpec, train
 
 OnEvent = Callable[[str, dict[str, Any]], None]
-# what the fork server imports before it forks a child (one that is not installed is
-# left out there, and train() says what is missing): this module, and through it
-# fleetserve's own, too
-PRELOAD = ("torch", "transformers", "peft", "sentence_transformers", "datasets", __name__)
 NICE = 10  # the child's niceness increment: serving goes first
 EXIT_NO_MEMORY = 3  # the child's exit status when it ran out of memory
 GRACE = 5.0  # seconds a child has to exit (after its result, or after SIGTERM)
@@ -82,8 +73,7 @@ async def train_in_child(
     ``memory_limit`` bytes, 0: none) is :class:`OutOfMemory`."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("the training was cancelled")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))  # (read when the fork server starts)
+    ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=child_main, args=(spec, send, memory_limit), name="fleetserve-train", daemon=True
