@@ -1,32 +1,36 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import fields, replace
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleetserve.lora.shapes import linear_shapes
-from fleetserve.lora.train import OutOfMemory, TrainResult, TrainSpec, train, train_in_child
+from fleetserve.lora.train import OutOfMemory, TrainResult, TrainSpec, child, train, train_in_child
 from fleetserve.lora.train.child import describe_error, is_out_of_memory, rebuild_error
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import Cancelled, InvalidInput
 from tests.lora.train import Events, tiny_spec
 from tests.tinymodels import build_bert
+from tests.waiting import async_wait_for
 
 pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
 
 for _name in ("torch", "sentence_transformers", "peft", "datasets", "pytrec_eval"):
     pytest.importorskip(_name, reason=f"training needs {_name} (the train extra)")
 
-DEADLINE = 120.0  # seconds: a spawned child imports torch on a busy machine
+DEADLINE = 120.0  # seconds: the fork server imports torch on a busy machine
 
 
 @pytest.fixture(autouse=True)
@@ -45,16 +49,24 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> TrainSpec:
 
 
 class Children(Events):
-    """Events, and the pids of this process's live children when each came."""
+    """Events, and the pids of this process's live children when each came (and of
+    their parents)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pids: set[int] = set()
+        self.parents: set[int] = set()
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         super().__call__(kind, data)
         live = multiprocessing.active_children()
-        self.pids |= {p.pid for p in live if p.name == "fleetserve-train" and p.pid is not None}
+        pids = {p.pid for p in live if p.name == "fleetserve-train" and p.pid is not None}
+        self.pids |= pids
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                self.parents.add(
+                    int(Path(f"/proc/{pid}/stat").read_text().rsplit(")")[1].split()[1])
+                )
 
 
 def config_of(r: TrainResult) -> dict[str, Any]:
@@ -110,6 +122,59 @@ async def test_cancel_terminates_the_child(spec: TrainSpec) -> None:
         await asyncio.wait_for(train_in_child(spec, on_event, cancel), DEADLINE)
     assert len(events.seen) >= 1
     assert_reaped(events.pids)
+
+
+async def test_the_children_fork_from_one_server_that_has_imported_the_libraries(
+    spec: TrainSpec,
+) -> None:
+    """Each job's child is forked from the same fork server (not this process), which
+    imported torch and the training libraries before it forked any: a child starts
+    without importing them again."""
+    events = Children()
+    for _ in range(2):
+        cancel = asyncio.Event()
+
+        def on_event(kind: str, data: dict[str, Any], cancel: asyncio.Event = cancel) -> None:
+            events(kind, data)
+            cancel.set()
+
+        with pytest.raises(Cancelled):
+            await asyncio.wait_for(train_in_child(spec, on_event, cancel), DEADLINE)
+    assert len(events.pids) == 2 and len(events.parents) == 1, (events.pids, events.parents)
+    (server,) = events.parents
+    assert server != os.getpid()
+    argv = Path(f"/proc/{server}/cmdline").read_bytes().decode()  # noqa: ASYNC240
+    assert "multiprocessing.forkserver" in argv
+    assert all(f"'{m}'" in argv for m in ("torch", "peft", "sentence_transformers")), argv
+    assert_reaped(events.pids)
+
+
+async def test_a_cancel_while_the_child_starts_returns_at_once_and_reaps_it_later(
+    spec: TrainSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first job's start waits for the fork server's imports (seconds): a cancel
+    meanwhile raises at once, and the child is stopped and reaped once it exists."""
+    release, started = threading.Event(), threading.Event()
+    real = BaseProcess.start
+
+    def slow_start(proc: BaseProcess) -> None:  # a fork server still importing
+        started.set()
+        release.wait(60)
+        real(proc)
+
+    monkeypatch.setattr(BaseProcess, "start", slow_start)
+    cancel = asyncio.Event()
+    job = asyncio.ensure_future(train_in_child(spec, Events(), cancel))
+    await asyncio.to_thread(started.wait, DEADLINE)
+    cancel.set()
+    try:
+        with pytest.raises(Cancelled):
+            await asyncio.wait_for(job, 30)  # a wait for the start: never, until release
+        assert child._STOPPING, "the child is stopped once it has started"
+    finally:
+        release.set()
+    await async_wait_for(lambda: not child._STOPPING, DEADLINE)  # started, stopped, joined
+    assert not any(p.name == "fleetserve-train" for p in multiprocessing.active_children())
 
 
 async def test_a_cancel_set_before_the_start_spawns_nothing(spec: TrainSpec) -> None:
