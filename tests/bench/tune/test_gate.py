@@ -26,8 +26,7 @@ from fleetserve.runtimes import create_runtime
 
 from ...conftest import ServerThread, tiny_settings
 from ...tinymodels import build_bert, write_spec
-
-MODEL = "tiny/gate-bert"
+from .conftest import MODEL
 
 
 class Noisy(DenseFamily):
@@ -37,14 +36,6 @@ class Noisy(DenseFamily):
         out = super().forward(items)
         rng = np.random.default_rng(len(items))
         return out + rng.normal(size=out.shape).astype(np.float32) * 0.2 * np.abs(out).mean()
-
-
-@pytest.fixture(scope="module")
-def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gate")
-    cat = root / "catalog"
-    write_spec(cat, MODEL, build_bert(root / "model"), profiles={}, max_seq_len=64)
-    return cat
 
 
 def factory(catalog: Path, noisy: bool = False) -> Any:

@@ -22,16 +22,8 @@ from fleetserve.metrics import Metrics
 from fleetserve.runtimes.head_graph import weights_fingerprint
 
 from ...conftest import tiny_settings
-from ...tinymodels import build_bert, write_spec
-from .test_gate import MODEL, factory
-
-
-@pytest.fixture(scope="module")
-def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("verdicts")
-    cat = root / "catalog"
-    write_spec(cat, MODEL, build_bert(root / "model"), profiles={}, max_seq_len=64)
-    return cat
+from .conftest import MODEL
+from .test_gate import factory
 
 
 class Gate:
