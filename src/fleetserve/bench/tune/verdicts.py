@@ -22,7 +22,6 @@ class Verdicts:
     """The passes under ``root``, one file each (:class:`~fleetserve.catalog.facts.Facts`)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
         self.facts = Facts(root, "quality-gate verdicts")
 
     def key(self, model: str, precision: str, fingerprint: bytes) -> str:
