@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "settings_fields",
             "settings_limits",
             "settings_background",
+            "yamlio",
             "http_limits",
             "lifecycle",
             "aio",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.markup import escape
 
@@ -17,6 +16,7 @@ from .add.source import Refused
 from .sdk import Client
 from .settings import Settings
 from .wire import Conflict, FleetError
+from .yamlio import load_yaml
 
 DEFAULT_CATALOG = "~/.config/fleetserve/catalog"
 ARGS = {"add_source", "add_id", "add_family", "add_budget", "no_tune", "add_server"}
@@ -92,7 +92,7 @@ def run(settings: Settings, args: argparse.Namespace, console: Console) -> int:
 def _on_server(url: str, spec_file: Path, settings: Settings, out: Console, errors: Console) -> int:
     """Serve the written spec on the server at ``url`` now (``POST /v1/models``, an
     admin key). A server that watches the catalog directory may have taken it already."""
-    spec = yaml.safe_load(spec_file.read_text(encoding="utf-8"))
+    spec = load_yaml(spec_file.read_text(encoding="utf-8"))
     try:
         with Client(url, api_key=settings.api_key or None, max_retries=0) as client:
             entry = client.add_model(spec, timeout=120.0)

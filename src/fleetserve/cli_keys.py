@@ -29,6 +29,7 @@ from .gateway.auth import (
     read_keys_file,
 )
 from .settings import Settings
+from .yamlio import load_yaml
 
 # the argparse dests of this command that are not Settings fields
 ARGS = frozenset({"key_tenant", "key_scopes", "key_name", "key_file"})
@@ -114,7 +115,7 @@ def _appended(old: str, entries: list[KeyEntry], entry: KeyEntry, source: str) -
                 return text
     doc = [e.to_dict() for e in [*entries, entry]]
     data: object = doc
-    if old.strip() and isinstance(yaml.safe_load(old), dict):
+    if old.strip() and isinstance(load_yaml(old), dict):
         data = {"keys": doc}
     return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 

@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .yamlio import load_yaml
 
 ENV_PREFIX = "FLEETSERVE_"
 
@@ -172,7 +172,7 @@ def _coerce(f: dataclasses.Field[object], value: Any) -> Any:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping")
     return {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -10,6 +10,7 @@ import yaml
 
 from ..wire import ModelNotFound
 from ..wire.suggest import did_you_mean
+from ..yamlio import load_yaml
 from .complete import Locate, complete_present, locator
 from .sources import is_present, resolve
 from .spec import CostModel, ModelSpec, Profile
@@ -117,7 +118,7 @@ def _one_line(text: object) -> str:
 
 def _parse(text: str, where: str) -> ModelSpec:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

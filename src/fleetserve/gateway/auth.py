@@ -40,6 +40,7 @@ import yaml
 from ..settings import Settings
 from ..wire import Forbidden, InvalidInput, Unauthorized
 from ..wire.adapter_ids import DEFAULT_TENANT, OPEN, TENANT_RE, Principal, Scope
+from ..yamlio import load_yaml
 from .http import Receive, Send, header
 from .http import Scope as AsgiScope
 
@@ -132,7 +133,7 @@ def parse_keys(text: str, source: str) -> list[KeyEntry]:
     """The entries of a keys document (YAML or JSON); ``ValueError`` naming ``source``
     and the problem. An empty document holds no keys."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.MarkedYAMLError as exc:  # no snippet of the text: it may hold a secret
         mark = exc.problem_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
