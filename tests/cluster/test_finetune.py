@@ -8,17 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from fleetserve import Client
 
 from ..conftest import TINY
+from ..extras import needs
 from ..lora.jobs.test_embedded import pairs_file
 from ..tinymodels import build_bert, write_spec
 from ..waiting import wait_for
 from .conftest import start_cluster
 
-pytest.importorskip("sentence_transformers", reason="the train extra is not installed")
+pytestmark = needs("sentence_transformers", extra="train")
 
 
 def test_a_killed_trainer_leaves_its_job_to_another_which_resumes_it(tmp_path: Path) -> None:

@@ -19,10 +19,10 @@ import pytest
 from fleetserve import Client
 
 from ...conftest import TINY, ServerThread, tiny_settings
+from ...extras import needs
 from ...lora.test_serving import reference
 
-pytest.importorskip("sentence_transformers", reason="the train extra is not installed")
-pytest.importorskip("peft", reason="the train extra is not installed")
+pytestmark = needs("sentence_transformers", "peft", extra="train")
 
 WORDS = ["quick", "brown", "fox", "lazy", "dog", "cat", "river", "bank", "money", "water",
          "model", "fleet", "vector", "search", "world", "hello"]  # fmt: skip

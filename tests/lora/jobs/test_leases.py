@@ -30,6 +30,7 @@ from fleetserve.wire import Principal, Scope
 from fleetserve.wire.finetune import Job, JobStatus
 
 from ...conftest import TINY
+from ...extras import missing
 
 ACME = Principal("acme", frozenset({Scope.ADAPTERS_WRITE, Scope.INFER}))
 TTL = 30.0
@@ -235,8 +236,8 @@ def test_two_serve_processes_on_one_cache_never_train_one_job(
     -9 and, once its lease is stale, the job is taken up again (attempt 2) exactly once.
     Fails on the code before: B's start queued the running job again and trained it
     beside A ("the server restarted; job queued again", then attempt 2)."""
-    pytest.importorskip("sentence_transformers", reason="the train extra is not installed")
-    pytest.importorskip("peft", reason="the train extra is not installed")
+    if gone := missing("sentence_transformers", "peft"):  # (not imported here: trained apart)
+        pytest.skip(f"the train extra is not installed ({', '.join(gone)})")
     from fleetserve import Client
 
     cache = tmp_path / "cache"

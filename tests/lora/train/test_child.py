@@ -21,14 +21,14 @@ from fleetserve.lora.train import OutOfMemory, TrainResult, TrainSpec, child, tr
 from fleetserve.lora.train.child import describe_error, is_out_of_memory, rebuild_error
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import Cancelled, InvalidInput
+from tests.extras import TRAIN, needs
 from tests.lora.train import Events, tiny_spec
 from tests.tinymodels import build_bert
 from tests.waiting import async_wait_for
 
-pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
+# seconds each: `make test-fast` leaves it out
+pytestmark = [pytest.mark.slow, needs(*TRAIN, extra="train")]
 
-for _name in ("torch", "sentence_transformers", "peft", "datasets", "pytrec_eval"):
-    pytest.importorskip(_name, reason=f"training needs {_name} (the train extra)")
 
 DEADLINE = 120.0  # seconds: the fork server imports torch on a busy machine
 

@@ -15,11 +15,11 @@ from fleetserve.lora.train.trainer import build_model, spec_fingerprint
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import InvalidInput
 from fleetserve.wire.finetune import Hyperparameters
+from tests.extras import TRAIN, needs
 from tests.lora.train import Events, synthetic_pairs, tiny_spec
 from tests.tinymodels import build_bert
 
-for _name in ("torch", "sentence_transformers", "peft", "datasets", "pytrec_eval"):
-    pytest.importorskip(_name, reason=f"training needs {_name} (the train extra)")
+pytestmark = needs(*TRAIN, extra="train")
 
 
 @dataclass(frozen=True)
