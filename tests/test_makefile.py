@@ -1,0 +1,26 @@
+"""The Makefile's lists that name tests stay true to the tests."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .conftest import BACKGROUND_TUNES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _make_list(name: str) -> set[str]:
+    text = ROOT.joinpath("Makefile").read_text().replace("\\\n", " ")
+    (line,) = [ln for ln in text.splitlines() if re.match(rf"{name}\s*:?=", ln)]
+    return set(line.split("=", 1)[1].split())
+
+
+def test_the_tunes_pytest_collects_every_file_that_holds_a_tune() -> None:
+    """`make test` runs the tests marked ``tunes`` in a pytest of their own that collects
+    only TUNE_TESTS: a file left out there would never run its tunes."""
+    holding = {f"tests/{f}" for f in BACKGROUND_TUNES}
+    for path in ROOT.joinpath("tests").rglob("test_*.py"):
+        if re.search(r"\bmark\.tunes\b", path.read_text()):
+            holding.add(path.relative_to(ROOT).as_posix())
+    assert _make_list("TUNE_TESTS") == holding
