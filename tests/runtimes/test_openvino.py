@@ -171,6 +171,29 @@ def test_converting_without_torch_is_a_clear_error(tiny: Path, tmp_path: Path) -
     assert "no OpenVINO IR in the cache" in r.stdout and "fleetserve[torch]" in r.stdout
 
 
+def test_a_conversion_reports_to_nobody(tiny: Path, tmp_path: Path) -> None:
+    """OpenVINO's converter would report the conversion to Google Analytics (no CI
+    variable, no consent file: on) and keep a client id in ``~/intel``; it takes its
+    no-op stub instead, and writes nothing to the home directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    code = (
+        "from pathlib import Path\n"
+        "from fleetserve.runtimes.openvino import OpenVinoRuntime\n"
+        f"OpenVinoRuntime(cache_dir=Path({str(tmp_path / 'c')!r})).load(Path({str(tiny)!r}))\n"
+        "from openvino.tools.ovc import convert_impl\n"
+        "print(convert_impl.tm.__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")}
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**env, "HOME": str(home)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "openvino.tools.ovc.telemetry_stub"
+    assert list(home.iterdir()) == []
+
+
 def test_a_cached_entry_loads_without_torch(tiny: Path, cached: Path) -> None:
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,13 @@ from .base import (
 from .cache import DEFAULT_CACHE
 
 log = logging.getLogger("fleetserve.runtimes")
+
+# OpenVINO's converter reports every conversion to Google Analytics (openvino-telemetry:
+# on unless a consent file or a CI variable says no), from a process it forks for each
+# report. A server calls out to nobody unasked, and ours may have no route out (a
+# model hub is not reachable either): with that module unimportable, before any of our
+# runtimes imports openvino, the converter takes its own no-op stub.
+sys.modules.setdefault("openvino_telemetry", None)
 
 if TYPE_CHECKING:  # each implementation serves its protocols (checked, never imported here)
     from .external import ExternalRuntime
