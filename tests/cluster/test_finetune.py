@@ -30,13 +30,22 @@ def test_a_killed_trainer_leaves_its_job_to_another_which_resumes_it(tmp_path: P
     try:
         with Client(rc.api, timeout=60) as c:
             f = c.upload_file(pairs_file(tmp_path / "p.jsonl", n=48))
+            # 10 steps an epoch, some 50 a second on an idle 2-core machine: the kill
+            # must land before the last epoch, and the job's events are written once a
+            # second (a third of the ack wait). With 4 epochs, a clean-clone run saw
+            # the job succeed before the kill (it was the run's last test).
             job = c.create_fine_tuning_job(
                 TINY, f["id"], suffix="resumed", margin=-1.0,
-                hyperparameters={"epochs": 4, "batch_size": 4, "rank": 4},
+                hyperparameters={"epochs": 20, "batch_size": 4, "rank": 4},
             )  # fmt: skip
 
-            def events() -> list[dict[str, Any]]:
-                return list(reversed(c.fine_tuning_events(job["id"], limit=100)))
+            def events() -> list[dict[str, Any]]:  # all of them (200 steps), oldest first
+                out: list[dict[str, Any]] = []
+                while page := c.fine_tuning_events(
+                    job["id"], after=out[-1]["id"] if out else None, limit=100
+                ):
+                    out += page
+                return list(reversed(out))
 
             assert wait_for(lambda: any("checkpoint after epoch 1" in e["message"]
                                         for e in events()), timeout=120), events()  # fmt: skip
