@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from fleetserve.bench.tune import hostlock
 from fleetserve.catalog import Catalog
 from fleetserve.cluster import NatsServer
+from fleetserve.fleet import host_share
 from fleetserve.logs import LineHandler
 from fleetserve.server import EmbeddedServer
 from fleetserve.settings import Settings
@@ -36,19 +38,28 @@ TINY_CLASS = "cpu-avx2"
 # the servers the tests start do not tune in the background (--tune auto, the
 # default) unless a test asks for it: a tune would take the cores from the test
 os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subprocesses
-# one background tune per host, and one memory budget split between a host's processes:
-# this session's servers are that host (another test session on the machine, or a
-# fleetserve serving there, is not), and each xdist worker is a host of its own (with
-# one lock for the run, a test's tune waited for another worker's tunes: 72 s rather
-# than 28 s). Every host-wide file (the tune lock and its traffic file, the memory
-# share) lives in the temporary directory, so each worker gets its own, for the
-# servers it runs in this process (whose Settings do not read the environment) and
-# for those it starts as subprocesses. (xdist's groups, which could have kept the
-# tuning tests on one worker, do not hold under pytest 9: xdist 3.8 renames the items'
-# ``_nodeid``, which pytest 9 no longer reads.)
-HOST_TMP = tempfile.mkdtemp(prefix=f"fleetserve-tests-{os.getpid()}-")
-os.environ["TMPDIR"] = tempfile.tempdir = HOST_TMP
-atexit.register(shutil.rmtree, HOST_TMP, True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One background tune per host, and one memory budget split between a host's
+    processes: each xdist worker is a host of its own (with one lock for the run, a
+    test's tune waited for the other worker's tunes: 72 s rather than 28 s). The
+    host-wide files (the tune lock and its traffic file, the memory share) live in the
+    temporary directory by default: each worker takes one of its own, for the servers
+    it runs itself (whose Settings read no environment), and points the servers it
+    starts as subprocesses at the same files. Not through TMPDIR (a test's subprocesses
+    would nest theirs below it, and a Unix socket's path grew too long). A run without
+    xdist is one host, the machine's (pytest's own temporary directories would move
+    below this one). xdist's groups, which could have kept the tuning tests on one
+    worker, do not hold under pytest 9: xdist 3.8 renames the items' ``_nodeid``, which
+    pytest 9 no longer reads."""
+    if not hasattr(config, "workerinput"):
+        return  # not an xdist worker
+    tempfile.tempdir = tempfile.mkdtemp(prefix=f"fleetserve-tests-{os.getpid()}-")
+    atexit.register(shutil.rmtree, tempfile.tempdir, True)
+    os.environ[Settings.env_name("tune_lock")] = str(hostlock.default_path())
+    os.environ[Settings.env_name("memory_share_dir")] = str(host_share.default_dir())
+
 
 # what `make test-fast` leaves out: tests that start a server, a broker or a browser
 # (through these fixtures, by living in these folders, or by starting a ServerThread,
