@@ -46,6 +46,9 @@ async def shared(
             await nc.close()
 
 
+TTL_S = 3.0  # a lease's life without renewals, where a test waits for one to lapse
+
+
 def prefix() -> str:
     return f"ft{time.monotonic_ns()}"
 
@@ -104,13 +107,14 @@ async def test_a_worker_waits_while_another_holds_the_lease_then_takes_over(
     s = settings(tmp_path)
     cls = detect().hardware_class
     p = prefix()
-    async with shared(nats_server, p, "killed") as (killed,):
+    # the bucket's ttl drops a lease (its first opener sets it): with shared()'s 15 s,
+    # the test waited 15 s for the lapse
+    async with shared(nats_server, p, "killed", ttl=TTL_S) as (killed,):
         killed.cls = cls
-        killed.ttl = 1.5
         assert await killed.claim(MODEL)  # and then it dies: no renewals
         nc = await nats.connect(nats_server.url)
         try:
-            mine = FleetTuning(nc.jetstream(), p, cls, "me", ttl=1.5)
+            mine = FleetTuning(nc.jetstream(), p, cls, "me", ttl=TTL_S)
             await mine.open()
             host = Host(s)
             bt = BackgroundTuner(s, host.catalog, host, cls, os.environ, mine)
