@@ -75,7 +75,8 @@ SERVICE_STARTERS = frozenset({"ServerThread", "Services", "EmbeddedServer"})
 
 # the tests whose servers tune in the background: `make test` runs them in a pytest of
 # its own, after the parallel run, two at a time, so that no tune (each held to its
-# time budget) shares the cores with the rest of the suite
+# time budget) shares the cores with the rest of the suite (but for the tests that only
+# compute, at nice 19: marker `soaks`)
 BACKGROUND_TUNES = frozenset(
     f"bench/tune/{m}.py"
     for m in ("test_background", "test_fleetwide", "test_hosttraffic", "test_hostlock")

@@ -24,3 +24,14 @@ def test_the_tunes_pytest_collects_every_file_that_holds_a_tune() -> None:
         if re.search(r"\bmark\.tunes\b", path.read_text()):
             holding.add(path.relative_to(ROOT).as_posix())
     assert _make_list("TUNE_TESTS") == holding
+
+
+def test_the_soak_pytest_collects_every_file_that_only_computes() -> None:
+    """The tests marked ``soaks`` run beside the tunes in a pytest that collects only
+    SOAK_TESTS, and the parallel part leaves them out."""
+    marked = {
+        path.relative_to(ROOT).as_posix()
+        for path in ROOT.joinpath("tests").rglob("test_*.py")
+        if re.search(r"\bmark\.soaks\b", path.read_text())
+    }
+    assert _make_list("SOAK_TESTS") == marked

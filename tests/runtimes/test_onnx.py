@@ -20,6 +20,9 @@ from fleetserve.runtimes.onnx import OnnxRuntime
 
 from ..tiny_onnx import batch, build_head
 
+# compute only (no server, nothing timed): it runs beside the tunes, at nice 19 (Makefile)
+pytestmark = pytest.mark.soaks
+
 TEXTS = ["the quick brown fox", "hello world and the fleet", "a small open model serve"]
 
 

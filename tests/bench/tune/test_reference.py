@@ -25,6 +25,9 @@ from ...tiny_image import build_clip, build_siglip
 from ...tiny_onnx import build_head
 from ...tiny_rerank import build_cross_encoder
 
+# compute only (no server, nothing timed): it runs beside the tunes, at nice 19 (Makefile)
+pytestmark = pytest.mark.soaks
+
 # the tiny tokenizer spells most words letter by letter: a cross-encoder's pairs fit only
 # in this many positions (over it, fleetserve cuts the document and keeps the query, by
 # design, where the library cuts both)
