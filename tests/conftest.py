@@ -4,6 +4,7 @@ import asyncio
 import atexit
 import dataclasses
 import logging
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -55,6 +56,10 @@ def pytest_configure(config: pytest.Config) -> None:
     pytest 9 no longer reads."""
     if not hasattr(config, "workerinput"):
         return  # not an xdist worker
+    # multiprocessing's own directory (its fork server's socket) stays where it was: its
+    # exit removes it, after ours removed this one (it printed a traceback), and its
+    # socket's path stays short
+    multiprocessing.util.get_temp_dir()
     tempfile.tempdir = tempfile.mkdtemp(prefix=f"fleetserve-tests-{os.getpid()}-")
     atexit.register(shutil.rmtree, tempfile.tempdir, True)
     os.environ[Settings.env_name("tune_lock")] = str(hostlock.default_path())

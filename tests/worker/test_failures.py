@@ -125,8 +125,16 @@ def test_crashed_stage_fails_readiness_instead_of_hanging(tiny_catalog: Path) ->
         def boom() -> list[object]:
             raise RuntimeError("injected batch former bug")
 
+        def taken() -> bool:  # pulled, and out of the batch former: in a batch
+            return pulled(srv) >= 1 and srv.call(lambda: len(runner.waiting)) == 0
+
         with ThreadPoolExecutor(4) as pool:
-            futs = [pool.submit(encode, srv) for _ in range(4)]
+            # the first is taken into a batch behind the blocked forward before the others
+            # come: with all four pulled before the first take, one batch held them all,
+            # none met the crash, and none was a 503 (a clean-clone run)
+            futs = [pool.submit(encode, srv)]
+            wait_for(taken, 10, "the first taken into a batch")
+            futs += [pool.submit(encode, srv) for _ in range(3)]
             wait_for(lambda: held(srv) == 4, 10, "the 4 requests to reach the worker")
             srv.call(lambda: setattr(runner.waiting, "take", boom))
             gate.set()
