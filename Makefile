@@ -78,7 +78,7 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 # the reference in their budget and failed. A selection (PYTEST_ARGS) with no test on
 # one side is no failure (pytest's exit 5). That pytest collects only the files that
 # hold them (a whole-suite collection is ~17 CPU-seconds a worker), unless PYTEST_ARGS
-# selects (tests/test_makefile.py keeps the list whole).
+# is given: then it collects what those say (tests/test_makefile.py keeps the list whole).
 TUNE_WORKERS ?= 2
 TUNE_TESTS := tests/bench/tune/test_background.py tests/bench/tune/test_fleetwide.py \
 	tests/bench/tune/test_hosttraffic.py tests/bench/tune/test_hostlock.py \
@@ -89,13 +89,18 @@ TUNE_TESTS := tests/bench/tune/test_background.py tests/bench/tune/test_fleetwid
 # and the parallel part ~70 CPU-seconds less. Their output follows the tunes'.
 SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py
 
+# (the soak's pytest ignores a Ctrl-C, as a shell's background jobs do: the trap stops it)
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
-	@$(BIN)/python -m pytest $(PARALLEL) -m "not tunes and not soaks" --durations=40 $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest $(PARALLEL) -m "not tunes and not soaks" --durations=40 \
+		$(PYTEST_ARGS); rc=$$?; \
 	[ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc; \
-	log=$$(mktemp); \
-	nice -n 19 $(BIN)/python -m pytest -m soaks --durations=5 $(or $(PYTEST_ARGS),$(SOAK_TESTS)) > $$log 2>&1 & soak=$$!; \
-	$(BIN)/python -m pytest -n $(TUNE_WORKERS) --dist load -m tunes --durations=10 $(or $(PYTEST_ARGS),$(TUNE_TESTS)); t=$$?; \
-	wait $$soak; s=$$?; cat $$log; rm -f $$log; \
+	log=$$(mktemp); soak=; trap 'kill $$soak 2>/dev/null; rm -f "$$log"' EXIT; \
+	trap 'exit 130' INT TERM; \
+	nice -n 19 $(BIN)/python -m pytest -m soaks --durations=5 \
+		$(or $(PYTEST_ARGS),$(SOAK_TESTS)) > "$$log" 2>&1 & soak=$$!; \
+	$(BIN)/python -m pytest -n $(TUNE_WORKERS) --dist load -m tunes --durations=10 \
+		$(or $(PYTEST_ARGS),$(TUNE_TESTS)); t=$$?; \
+	wait $$soak; s=$$?; soak=; cat "$$log"; \
 	[ $$rc -eq 5 ] && [ $$t -eq 5 ] && [ $$s -eq 5 ] && exit 5; \
 	for c in $$t $$s; do [ $$c -eq 0 -o $$c -eq 5 ] || exit $$c; done
 

@@ -41,24 +41,23 @@ TINY_CLASS = "cpu-avx2"
 os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subprocesses
 
 
-def pytest_configure(config: pytest.Config) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def _host_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> None:
     """One background tune per host, and one memory budget split between a host's
-    processes: each xdist worker is a host of its own (with one lock for the run, a
-    test's tune waited for the other worker's tunes: 72 s rather than 28 s). The
-    host-wide files (the tune lock and its traffic file, the memory share) live in the
-    temporary directory by default: each worker takes one of its own, for the servers
-    it runs itself (whose Settings read no environment), and points the servers it
-    starts as subprocesses at the same files. Not through TMPDIR (a test's subprocesses
-    would nest theirs below it, and a Unix socket's path grew too long). A run without
-    xdist is one host, the machine's (pytest's own temporary directories would move
-    below this one). xdist's groups, which could have kept the tuning tests on one
-    worker, do not hold under pytest 9: xdist 3.8 renames the items' ``_nodeid``, which
-    pytest 9 no longer reads."""
-    if not hasattr(config, "workerinput"):
-        return  # not an xdist worker
-    # multiprocessing's own directory (its fork server's socket) stays where it was: its
-    # exit removes it, after ours removed this one (it printed a traceback), and its
-    # socket's path stays short
+    processes: each test process is a host of its own, whatever else runs on the machine
+    (a fleetserve serving there, another test session), and so is each xdist worker
+    (with one lock for the run, a test's tune waited for the other worker's tunes: 72 s
+    rather than 28 s). The host-wide files (the tune lock and its traffic file, the
+    memory share) live in the temporary directory by default: this process takes one of
+    its own, for the servers it runs itself (whose Settings read no environment), and
+    points the servers it starts as subprocesses at the same files, whatever the
+    environment said. Not through TMPDIR: a test's subprocesses would nest theirs below
+    it, and a Unix socket's path grew too long. pytest's own temporary directory is
+    found first, and multiprocessing's made (under the machine's), so that neither
+    moves here. (xdist's groups, which could have kept the tuning tests on one worker,
+    do not hold under pytest 9: xdist 3.8 renames the items' ``_nodeid``, which pytest 9
+    no longer reads.)"""
+    tmp_path_factory.getbasetemp()
     multiprocessing.util.get_temp_dir()
     tempfile.tempdir = tempfile.mkdtemp(prefix=f"fleetserve-tests-{os.getpid()}-")
     atexit.register(shutil.rmtree, tempfile.tempdir, True)

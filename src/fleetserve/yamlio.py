@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # (no common base class)
 
 
 def load_yaml(text: str) -> Any:

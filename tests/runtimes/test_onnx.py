@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,29 +47,6 @@ def forbid(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
 
     for name in names:
         monkeypatch.setattr(ox, name, boom)
-
-
-@pytest.mark.slow
-def test_second_load_reuses_the_cache(
-    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    t0 = time.perf_counter()
-    first = load(tiny, tmp_path)
-    cold = time.perf_counter() - t0
-    assert first.export is not None
-    entry = first.export.entry
-    assert entry.parent == tmp_path / "onnx" and entry.name == ox.cache_key(tiny, Head.BASE)
-    assert {p.name for p in entry.iterdir()} == {"model.onnx", "meta.json"}
-    meta = json.loads((entry / "meta.json").read_text())
-    assert meta["head"] == "base" and meta["outputs"] == ["mean", "cls", "hidden"]
-    stamp = (entry / "model.onnx").stat().st_mtime_ns
-    forbid(monkeypatch, "_export_graph")
-    t0 = time.perf_counter()
-    second = load(tiny, tmp_path)
-    warm = time.perf_counter() - t0
-    assert (entry / "model.onnx").stat().st_mtime_ns == stamp
-    assert warm < cold
-    np.testing.assert_array_equal(mean(second, tiny), mean(first, tiny))
 
 
 @pytest.mark.slow

@@ -111,13 +111,14 @@ async def test_a_worker_waits_while_another_holds_the_lease_then_takes_over(
     # the test waited 15 s for the lapse
     async with shared(nats_server, p, "killed", ttl=TTL_S) as (killed,):
         killed.cls = cls
-        assert await killed.claim(MODEL)  # and then it dies: no renewals
         nc = await nats.connect(nats_server.url)
         try:
             mine = FleetTuning(nc.jetstream(), p, cls, "me", ttl=TTL_S)
             await mine.open()
             host = Host(s)
             bt = BackgroundTuner(s, host.catalog, host, cls, os.environ, mine)
+            # taken last, so that the tuner's first look comes well within its ttl
+            assert await killed.claim(MODEL)  # and then it dies: no renewals
             task = asyncio.create_task(bt.run())
             try:
                 await async_wait_for(lambda: "killed tunes it" in bt.states[MODEL].reason, 10)
