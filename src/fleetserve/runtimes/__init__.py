@@ -31,7 +31,8 @@ log = logging.getLogger("fleetserve.runtimes")
 # report. A server calls out to nobody unasked, and ours may have no route out (a
 # model hub is not reachable either): with that module unimportable, before any of our
 # runtimes imports openvino, the converter takes its own no-op stub.
-sys.modules.setdefault("openvino_telemetry", None)
+# (a None entry is what makes an import fail; typeshed allows only modules there)
+sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
 
 if TYPE_CHECKING:  # each implementation serves its protocols (checked, never imported here)
     from .external import ExternalRuntime
