@@ -38,6 +38,10 @@ MODEL = "tiny/auto-bert"
 BUDGET = 30.0  # a quick search of the tiny model, its knee included (45 s fitted only the
 # reference once, in a clean-clone run on a 2-core cpu-avx2)
 PAUSE_S = 8.0  # how long the control test's traffic holds the tune
+# the control test's budget: with 30 s it fitted only the fp32 reference twice, in
+# clean-clone runs on a 2-core cpu-avx512bf16 with another tune beside it (`make test`
+# runs two at a time), after its pause
+PAUSED_BUDGET = 45.0
 
 
 def settings(root: Path, **extra: object) -> Settings:
@@ -128,7 +132,7 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", "fleetserve.bench.tune")
-    s = settings(tmp_path)
+    s = settings(tmp_path, tune_budget=PAUSED_BUDGET)
     host = Host(s)
     assert host.choice(MODEL).how == "rule"
     bt = tuner(s, host)
@@ -169,7 +173,7 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
     run = RunStore(tmp_path / "runs").get(st.run)
     assert run["status"] == "succeeded"
     wall = _seconds(run["finished_at"]) - _seconds(run["started_at"])
-    assert run["elapsed_s"] <= BUDGET + 2
+    assert run["elapsed_s"] <= PAUSED_BUDGET + 2
     assert wall >= run["elapsed_s"] + PAUSE_S - 2  # the pause is not in its own time
 
 
