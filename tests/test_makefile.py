@@ -16,22 +16,23 @@ def _make_list(name: str) -> set[str]:
     return set(line.split("=", 1)[1].split())
 
 
+def _marked(marker: str) -> set[str]:
+    """The test files that name ``pytest.mark.<marker>``."""
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in ROOT.joinpath("tests").rglob("test_*.py")
+        if re.search(rf"\bmark\.{marker}\b", path.read_text())
+    }
+
+
 def test_the_tunes_pytest_collects_every_file_that_holds_a_tune() -> None:
     """`make test` runs the tests marked ``tunes`` in a pytest of their own that collects
     only TUNE_TESTS: a file left out there would never run its tunes."""
-    holding = {f"tests/{f}" for f in BACKGROUND_TUNES}
-    for path in ROOT.joinpath("tests").rglob("test_*.py"):
-        if re.search(r"\bmark\.tunes\b", path.read_text()):
-            holding.add(path.relative_to(ROOT).as_posix())
+    holding = {f"tests/{f}" for f in BACKGROUND_TUNES} | _marked("tunes")
     assert _make_list("TUNE_TESTS") == holding
 
 
 def test_the_soak_pytest_collects_every_file_that_only_computes() -> None:
     """The tests marked ``soaks`` run beside the tunes in a pytest that collects only
     SOAK_TESTS, and the parallel part leaves them out."""
-    marked = {
-        path.relative_to(ROOT).as_posix()
-        for path in ROOT.joinpath("tests").rglob("test_*.py")
-        if re.search(r"\bmark\.soaks\b", path.read_text())
-    }
-    assert _make_list("SOAK_TESTS") == marked
+    assert _make_list("SOAK_TESTS") == _marked("soaks")
