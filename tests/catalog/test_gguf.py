@@ -12,6 +12,8 @@ from fleetserve.catalog import gguf as convert
 from fleetserve.catalog.sources import locate, resolve
 from fleetserve.wire import ModelNotFound
 
+from ..extras import needs
+
 
 @pytest.fixture
 def gguf(tmp_path: Path) -> Path:
@@ -93,3 +95,24 @@ def test_the_conversion_child_writes_nothing_to_the_servers_stderr(
         convert._convert(gguf, out, Console(stderr=True))
     captured = capfd.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+@needs("gguf", extra="generate")
+def test_the_conversion_child_builds_each_name_map_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers asks gguf for the tensor-name map once per submodule; the child
+    builds it once per architecture and depth (a map is only read once built)."""
+    import gguf as lib
+
+    built: list[tuple[Any, int]] = []
+
+    def build(arch: Any, n_blocks: int) -> object:
+        built.append((arch, n_blocks))
+        return object()
+
+    monkeypatch.setattr(lib, "get_tensor_name_map", build)
+    convert._one_name_map_per_shape()
+    arch = lib.MODEL_ARCH.LLAMA
+    first = lib.get_tensor_name_map(arch, 30)
+    assert lib.get_tensor_name_map(arch, 30) is first
+    assert lib.get_tensor_name_map(arch, 2) is not first
+    assert built == [(arch, 30), (arch, 2)]
