@@ -31,7 +31,6 @@ import httpx
 from rich.console import Console
 from rich.markup import escape
 
-from ..fleet.memory import DEFAULT_FRACTION
 from ..logs import child_env
 from ..logs.access import PROBE_HEADER
 from ..settings import Settings
@@ -88,9 +87,8 @@ class Cluster:
         env[Settings.env_name("nats")] = self.nats.url
         if not self.settings.torch_threads:  # share the cores between the workers
             env[Settings.env_name("torch_threads")] = str(max(1, (os.cpu_count() or 1) // self.n))
-        if not self.settings.memory_budget and not self.settings.device.startswith("cuda"):
-            # and the host's memory: each worker's default budget is a share of it
-            env[Settings.env_name("memory_budget")] = f"{DEFAULT_FRACTION * 100 / self.n:g}%"
+        # and the host's memory: on the default budget, each worker registers in the
+        # host's share (fleet.host_share), with every other fleetserve process there
         env.update({Settings.env_name(k): v for k, v in extra.items()})
         return env
 

@@ -42,7 +42,7 @@ from ..catalog import Catalog, ModelSpec
 from ..cluster.children import Proc, spawn
 from ..cluster.presence import announce_forever
 from ..cluster.zygote import Zygote
-from ..fleet.memory import budget_limit, default_budget, parse_size
+from ..fleet.memory import budget_limit, parse_size
 from ..lifecycle import Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, watch_broker
@@ -65,12 +65,13 @@ CHILD = "fleetserve.worker.device_child"
 
 def child_settings(settings: Settings, device: str, n: int) -> Settings:
     """One device process's settings: its share of the cores and, on CPU, where the
-    devices share the host's memory, its share of the memory budget."""
+    devices share the host's memory, its share of a set memory budget (on the default
+    budget each registers in the host's share, ``fleet.host_share``, as every fleetserve
+    process there does)."""
     threads = settings.torch_threads or max(1, len(usable_cores()) // n)
     budget = settings.memory_budget
-    if device.startswith("cpu") and n > 1:
-        whole = parse_size(budget, limit=budget_limit("cpu")) or default_budget("cpu")[0]
-        budget = str(whole // n)
+    if device.startswith("cpu") and n > 1 and budget:
+        budget = str(parse_size(budget, limit=budget_limit("cpu")) // n)
     return dataclasses.replace(
         settings,
         device=runtime_device(device),

@@ -235,6 +235,7 @@ class WorkerProcess(Service):
         queue = self.worker.queue
         while True:
             await asyncio.sleep(1.0)
+            self.fleet.rebudget()  # the host's share as it is now (the heartbeat shows it)
             models = list(self.runners)  # hot adds and removes change them
             with contextlib.suppress(Exception):
                 await queue.refresh(models)
