@@ -85,6 +85,36 @@ async def test_no_probe_while_disconnected() -> None:
     assert not js.probed.is_set() and writes.refused is None
 
 
+async def test_a_probe_that_fails_across_a_reconnect_refuses_nothing() -> None:
+    """nats-server killed and restarted under a probe: its publish times out, but the
+    connection came back meanwhile; that is no full disk (seen in test_heal's kill of
+    nats-server, as a 503 'queue storage full or failing')."""
+    writes, js = Writes(), _FakeJS()
+    reconnects: list[float] = [0.0]
+    probes = 0
+
+    async def publish(subject: str, body: bytes, timeout: float) -> Any:
+        nonlocal probes
+        probes += 1
+        reconnects.append(float(probes))  # the link came back while this one waited
+        raise TimeoutError
+
+    js.publish = publish  # type: ignore[method-assign]
+    task = asyncio.create_task(
+        probe_forever(
+            writes, js, StreamOptions(prefix="t"), 0.01, lambda: True, timeout=0.05,
+            reconnected_at=lambda: reconnects[-1],
+        )
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(5):
+            while probes < 5:
+                await asyncio.sleep(0.01)
+        assert writes.refused is None and writes.storage_full == 0
+    finally:
+        await _stop(task)
+
+
 async def _stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -111,16 +111,22 @@ async def probe_forever(
     interval: float,
     connected: Callable[[], bool],
     timeout: float = 2.0,
+    *,
+    reconnected_at: Callable[[], float] = lambda: 0.0,
 ) -> None:
-    """Probe every ``interval`` seconds (every second while refused) while connected."""
+    """Probe every ``interval`` seconds (every second while refused) while connected.
+    A probe that fails while the connection drops, or across a reconnect
+    (``reconnected_at``: when the connection last came back), says nothing of the
+    store: a broker killed and restarted under a probe is not a full disk."""
     while True:
         await asyncio.sleep(min(interval, 1.0) if writes.refused else interval)
         if not connected():
             continue  # unreachable is the connection's to report
+        since = reconnected_at()
         try:
             await probe(js, options, timeout)
         except Exception as exc:
-            if not connected():
+            if not connected() or reconnected_at() != since:
                 continue
             why = storage_refusal(exc)
             if why is None and isinstance(exc, TimeoutError):

@@ -81,8 +81,9 @@ class JsLink:
         if self.probe_interval > 0:
             self._spawn(
                 probe_forever(
-                    self.writes, js, self.options, self.probe_interval, lambda: self.connected
-                )
+                    self.writes, js, self.options, self.probe_interval, lambda: self.connected,
+                    reconnected_at=lambda: self._reconnected_at,
+                )  # fmt: skip
             )
 
     async def _open(self, nc: Client, js: JetStreamContext) -> None:
