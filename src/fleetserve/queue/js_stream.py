@@ -79,12 +79,15 @@ class JsLink:
         await self._cancels.start(nc)
         self._closed = False
         if self.probe_interval > 0:
-            self._spawn(
-                probe_forever(
-                    self.writes, js, self.options, self.probe_interval, lambda: self.connected,
-                    reconnected_at=lambda: self._reconnected_at,
-                )  # fmt: skip
+            probe = probe_forever(
+                self.writes,
+                js,
+                self.options,
+                self.probe_interval,
+                lambda: self.connected,
+                reconnected_at=lambda: self._reconnected_at,
             )
+            self._spawn(probe)
 
     async def _open(self, nc: Client, js: JetStreamContext) -> None:
         """A role's own start, once connected and the work stream is there."""
