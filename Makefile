@@ -87,8 +87,7 @@ TUNE_TESTS := tests/bench/tune/test_background.py tests/bench/tune/test_fleetwid
 # (marker `soaks`: no server, nothing timed). Two tunes at once leave a quarter of two
 # cores idle; at nice 19 these take that and little else (the tunes took no longer),
 # and the parallel part ~70 CPU-seconds less. Their output follows the tunes'.
-SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py \
-	tests/runtimes/test_contract.py
+SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py
 
 # (the soak's pytest ignores a Ctrl-C, as a shell's background jobs do: the trap stops it)
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)

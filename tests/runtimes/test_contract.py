@@ -15,9 +15,6 @@ from fleetserve.runtimes import Head, Output, Runtime, create_runtime
 
 from ..tiny_onnx import NUM_LABELS, batch, build_head, model_class
 
-# compute only (no server, nothing timed): it runs beside the tunes, at nice 19 (Makefile)
-pytestmark = pytest.mark.soaks
-
 RUNTIME_NAMES = ["torch", "onnx", "openvino"]
 CASES = [
     (Head.BASE, Output.MEAN),
