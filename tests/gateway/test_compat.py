@@ -128,6 +128,16 @@ def test_langchains_openai_embeddings_against_infinitys_route(server: ServerThre
     np.testing.assert_allclose(emb.embed_query(TEXTS[0]), native(server, TINY, TEXTS)[0], atol=1e-6)
 
 
+def test_llamaindexs_openai_embedding_against_infinitys_route(server: ServerThread) -> None:
+    from llama_index.embeddings.openai import OpenAIEmbedding
+
+    # model_name: any served id (``model`` is an enum of OpenAI's own models)
+    emb = OpenAIEmbedding(model_name=TINY, api_base=server.url, api_key="unused", max_retries=0)
+    want = native(server, TINY, TEXTS)
+    np.testing.assert_allclose(emb.get_text_embedding_batch(TEXTS), want, atol=1e-6)
+    np.testing.assert_allclose(emb.get_query_embedding(TEXTS[0]), want[0], atol=1e-6)
+
+
 def test_the_routes_need_a_key_where_keys_are_set(tiny_catalog: Path) -> None:
     srv = ServerThread(tiny_settings(tiny_catalog, api_key="compat-secret-key")).start()
     try:
