@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -71,7 +72,8 @@ def test_second_load_reuses_the_cache(
     entry = first.entry
     assert entry is not None
     assert entry.parent == tmp_path / "openvino" and entry.name == oc.cache_key(tiny, Head.BASE)
-    assert {p.name for p in entry.iterdir()} == {"model.xml", "model.bin", "meta.json"}
+    assert {p.name for p in entry.iterdir()} == {"model.xml", "model.bin", "meta.json", "compiled"}
+    assert not first.from_cache and list((entry / ovr.COMPILED).iterdir())  # compiled, kept
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["head"] == "base" and meta["outputs"] == ["mean", "cls", "hidden"]
     assert meta["openvino"] == ov.get_version() and meta["format"] == oc.FORMAT
@@ -80,7 +82,58 @@ def test_second_load_reuses_the_cache(
     forbid_convert(monkeypatch)
     second = load(tiny, tmp_path)
     assert second.entry == entry and (entry / "model.bin").stat().st_mtime_ns == stamp
+    assert second.from_cache  # imported, not compiled again
     np.testing.assert_array_equal(mean(second, tiny), mean(first, tiny))
+    bf16 = load(tiny, tmp_path, precision="bf16")  # the properties apply at import
+    assert bf16.from_cache and bf16.precision in ("bf16", "fp32")  # (fp32: no bf16 kernels)
+    monkeypatch.undo()
+    assert bf16.precision == load(tiny, tmp_path / "fresh", precision="bf16").precision
+
+
+def test_a_compiled_model_it_cannot_read_is_compiled_again(
+    tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = load(tiny, tmp_path)
+    assert first.entry is not None
+    want = mean(first, tiny)
+    (blob,) = (first.entry / ovr.COMPILED).iterdir()
+    whole = blob.stat().st_size
+    blob.chmod(0o600)
+    blob.write_bytes(blob.read_bytes()[:100])  # truncated
+    with caplog.at_level(logging.WARNING, logger="fleetserve.runtimes.openvino"):
+        again = load(tiny, tmp_path)
+    assert not again.from_cache and "rebuilding" not in caplog.text  # the IR is kept
+    np.testing.assert_allclose(mean(again, tiny), want, rtol=1e-6)
+    assert blob.stat().st_size == whole  # written again, whole
+    assert load(tiny, tmp_path).from_cache
+
+
+@pytest.mark.parametrize(
+    ("blocked", "says"),
+    [
+        ("file", "could not keep"),  # OpenVINO compiles and writes nothing, silently
+        ("link", "cannot keep"),  # OpenVINO refuses the directory: compiled without it
+    ],
+)
+def test_a_compiled_model_cache_it_cannot_write_costs_one_warning(
+    tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, blocked: str, says: str
+) -> None:
+    first = load(tiny, tmp_path)
+    assert first.entry is not None
+    want, cache = mean(first, tiny), first.entry / ovr.COMPILED
+    shutil.rmtree(cache)
+    if blocked == "file":
+        cache.write_text("a file where the directory goes")
+    else:  # a directory that cannot be made, below a file
+        (tmp_path / "a-file").write_text("")
+        cache.symlink_to(tmp_path / "a-file" / "compiled")
+    with caplog.at_level(logging.WARNING, logger="fleetserve.runtimes.openvino"):
+        rt = load(tiny, tmp_path)
+    assert not rt.from_cache and rt.entry == first.entry
+    np.testing.assert_allclose(mean(rt, tiny), want, rtol=1e-6)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"{says} the compiled model in {cache}"), line
+    assert oc.is_complete(first.entry)  # the IR stays
 
 
 def test_the_key_follows_weights_head_and_openvino_version(

@@ -13,6 +13,13 @@ compiles it for the CPU with:
   time, from its one compute thread;
 - ``INFERENCE_NUM_THREADS`` = ``threads`` (0 keeps OpenVINO's default: all cores).
 
+The compiled model is kept beside the IR (OpenVINO's ``CACHE_DIR``: ``<entry>/compiled``),
+so a reload, in this process or the next, imports it rather than compiling the IR again
+(``from_cache`` says which it was). OpenVINO keys it by the IR and the plugin's version
+and applies the compile properties at import; a blob it cannot read it compiles and
+writes again. A cache directory that cannot be used costs one warning, and the model
+compiles without it.
+
 ``run`` feeds the int64 arrays without copying them (``share_inputs``) to one infer
 request and copies out only the requested output, as float32: the request's output
 buffers are overwritten by the next forward. Call ``run`` from one thread. OpenVINO
@@ -51,6 +58,7 @@ PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 _RUNNING = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 _warned: set[tuple[str, str]] = set()
 _core: OvCore | None = None
+COMPILED = "compiled"  # in a cache entry: OpenVINO's compiled-model cache
 
 
 def core() -> OvCore:
@@ -96,6 +104,7 @@ class OpenVinoRuntime:
         self._ports: dict[Output, int] = {}
         self._types = False
         self._bytes = 0
+        self.from_cache = False  # the compiled model was imported from the entry's cache
 
     def config(self) -> dict[str, str]:
         """The compile properties."""
@@ -125,13 +134,35 @@ class OpenVinoRuntime:
         for attempt in range(2):
             entry = ensure_ir(path, head, self.cache_dir, self.console)
             try:
-                return entry, core().compile_model(str(entry / "model.xml"), "CPU", self.config())
+                return entry, self._compile_entry(entry)
             except RuntimeError as exc:  # OpenVINO raises RuntimeError("Exception from src/…")
                 if attempt or not str(exc).startswith("Exception from"):
                     raise
                 log.warning("cache entry %s does not load (%s); rebuilding it", entry, exc)
                 shutil.rmtree(entry, ignore_errors=True)
         raise AssertionError("unreachable")
+
+    def _compile_entry(self, entry: Path) -> OvCompiledModel:
+        """The entry's IR compiled through its compiled-model cache; without the cache
+        (one warning) where OpenVINO cannot use it."""
+        xml, cache = str(entry / "model.xml"), entry / COMPILED
+        try:
+            compiled = core().compile_model(xml, "CPU", self.config() | {"CACHE_DIR": str(cache)})
+        except RuntimeError as exc:
+            if not str(exc).startswith("Exception from"):
+                raise
+            # without the cache: where that fails too, the entry is at fault (the caller's)
+            compiled = core().compile_model(xml, "CPU", self.config())
+            why = str(exc).strip().splitlines()[-1]
+            log.warning(
+                "cannot keep the compiled model in %s (%s); compiled without it", cache, why
+            )
+            self.from_cache = False
+            return compiled
+        self.from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
+        if not self.from_cache and not any(cache.glob("*.blob")):  # OpenVINO wrote nothing
+            log.warning("could not keep the compiled model in %s; the next load compiles", cache)
+        return compiled
 
     def run(
         self,
