@@ -118,6 +118,22 @@ def test_json_object_mode_gives_an_object(adapter: Any) -> None:
         assert choice["message"]["content"].startswith("{")
 
 
+def test_the_grammar_tokenizer_is_built_at_the_first_response_format(tmp_path: Path) -> None:
+    """A load (and so a miss) of a model that serves plain text does not build
+    llguidance's tokenizer; the first request with a response format does, once."""
+    fresh = load_adapter(build_llama(tmp_path, max_positions=128), max_seq_len=128)
+    assert not fresh.grammars.built
+    assert _run(fresh, chat_body("hello", max_tokens=4, temperature=0))["choices"]
+    assert not fresh.grammars.built
+    fmt = {"type": "json_object"}
+    body = chat_body("json", max_tokens=60, temperature=0, response_format=fmt)
+    assert _run(fresh, body)["choices"][0]["message"]["content"].startswith("{")
+    assert fresh.grammars.built
+    built = fresh.grammars.tokenizer
+    _run(fresh, body)
+    assert fresh.grammars.tokenizer is built
+
+
 @pytest.mark.parametrize(
     ("fmt", "field", "words"),
     [
