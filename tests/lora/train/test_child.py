@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import fields, replace
@@ -82,15 +83,25 @@ def gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
 
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary directory this process makes the children's scratch in."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
 def assert_reaped(pids: set[int]) -> None:
     assert pids, "no child was seen"
     assert all(gone(pid) for pid in pids)
     assert not any(p.name == "fleetserve-train" for p in multiprocessing.active_children())
 
 
-async def test_trains_in_a_child_and_relays_events(spec: TrainSpec) -> None:
+async def test_trains_in_a_child_and_relays_events(spec: TrainSpec, scratch: Path) -> None:
     events = Children()
     r = await asyncio.wait_for(train_in_child(spec, events), DEADLINE)
+    assert os.listdir(scratch) == []  # the trainer's output directory is gone
     assert isinstance(r, TrainResult)
     here = train(spec, Events())  # the same spec in this process
     for f in fields(TrainResult):
@@ -215,6 +226,28 @@ async def test_a_child_that_dies_is_an_error_not_a_hang(spec: TrainSpec) -> None
     with pytest.raises(RuntimeError, match=r"died without a result.*SIGKILL"):
         await asyncio.wait_for(train_in_child(spec, on_event), DEADLINE)
     assert_reaped(events.pids)
+
+
+async def test_a_child_killed_while_training_leaves_no_scratch_behind(
+    spec: TrainSpec, scratch: Path
+) -> None:
+    """Killed mid-training, the child runs no cleanup of its own: its scratch directory
+    (the trainer's output directory, which it makes) is removed here once it is reaped."""
+    events = Children()
+    made: list[Path] = []
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        events(kind, data)
+        if kind == "progress" and not made:  # training: the trainer has made its directory
+            made.extend(scratch.iterdir())
+            for pid in events.pids:
+                os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(RuntimeError, match=r"died without a result.*SIGKILL"):
+        await asyncio.wait_for(train_in_child(spec, on_event), DEADLINE)
+    assert_reaped(events.pids)
+    assert len(made) == 1 and made[0].name.startswith("fleetserve-train-")
+    assert os.listdir(scratch) == []
 
 
 async def test_a_child_error_names_it(spec: TrainSpec, tmp_path: Path) -> None:

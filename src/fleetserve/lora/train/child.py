@@ -33,13 +33,16 @@ import importlib
 import multiprocessing
 import os
 import resource
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -88,9 +91,13 @@ async def train_in_child(
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))  # (read when the fork server starts)
     receive, send = ctx.Pipe(duplex=False)
+    # the trainer's output directory is ours: removed once the child is joined, however
+    # it ended (a child terminated or killed runs no cleanup of its own)
+    scratch = tempfile.mkdtemp(prefix="fleetserve-train-")
     proc = ctx.Process(
-        target=child_main, args=(spec, send, memory_limit), name="fleetserve-train", daemon=True
-    )
+        target=child_main, args=(spec, send, memory_limit, scratch), name="fleetserve-train",
+        daemon=True,
+    )  # fmt: skip
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     pump = threading.Thread(
@@ -116,7 +123,7 @@ async def train_in_child(
         return result
     finally:
         stop = asyncio.ensure_future(
-            asyncio.to_thread(_stop, starter, proc, pump, receive, finished)
+            asyncio.to_thread(_stop, starter, proc, pump, receive, finished, scratch)
         )
         _STOPPING.add(stop)
         stop.add_done_callback(_STOPPING.discard)
@@ -263,10 +270,11 @@ def _stop(
     pump: threading.Thread,
     receive: Connection,
     finished: bool,
+    scratch: str,
 ) -> None:
     """Once the start is over, join the child: given a grace period to exit after its
     result, else terminated at once; SIGKILL if SIGTERM does not end it. Then the
-    pipe's reader and end."""
+    pipe's reader and end, and the child's scratch directory."""
     starter.join()  # (a start under way would start a child after the stop)
     if proc.pid is not None:  # started
         if finished:
@@ -281,12 +289,15 @@ def _stop(
         pump.join(GRACE)
     receive.close()
     proc.close()
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 # -- the child --------------------------------------------------------------------
 
 
-def child_main(spec: TrainSpec, send: Connection, memory_limit: int = 0) -> None:
+def child_main(
+    spec: TrainSpec, send: Connection, memory_limit: int = 0, scratch: str | None = None
+) -> None:
     """The child's entry point: cap its memory, train and send events, then the result
     or the error."""
     if memory_limit > 0:
@@ -303,7 +314,7 @@ def child_main(spec: TrainSpec, send: Connection, memory_limit: int = 0) -> None
 
     try:
         _quiet()  # imports libraries: under a memory limit, that can fail too
-        result = train(spec, report)
+        result = train(spec, report, Path(scratch) if scratch else None)
     except BaseException as exc:
         with contextlib.suppress(Exception):  # no memory left even to say so: the exit code
             send.send(("error", describe_error(exc)))

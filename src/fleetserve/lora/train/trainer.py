@@ -15,13 +15,14 @@ from its last finished epoch and a checkpoint of another job is refused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -89,14 +90,16 @@ class TrainResult:
     mined_negatives: int
 
 
-def train(spec: TrainSpec, report: Report) -> TrainResult:
+def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> TrainResult:
     """Train ``spec``; ``report(kind, data)`` gets ``status`` ({message}: loading,
     measuring the base, mining, training, measuring the adapter), ``progress``
     ({step, steps, epoch, loss}, every step) and ``checkpoint`` ({epoch, blob}, every
     epoch). With ``spec.resume``, the LoRA weights of that checkpoint are loaded and
     only the remaining epochs run, with a fresh optimizer and learning-rate schedule
     (warm-up included) over those: the optimizer state is not checkpointed, which
-    keeps checkpoints small. Uses ``spec.threads`` torch threads (process-wide)."""
+    keeps checkpoints small. Uses ``spec.threads`` torch threads (process-wide).
+    ``scratch``: the trainer's output directory (it writes nothing there, but makes it),
+    which the caller removes; None: a temporary one."""
     _check(spec)
     fingerprint = spec_fingerprint(spec)
     start, resumed = (0, None) if spec.resume is None else read_checkpoint(spec.resume, fingerprint)
@@ -136,7 +139,9 @@ def train(spec: TrainSpec, report: Report) -> TrainResult:
     if remaining > 0:
         report("status", {"message": f"training on {len(spec.train)} pairs", "epochs": remaining})
         t0 = time.perf_counter()
-        steps = _fit(spec, model, lora, negatives.rows, remaining, start, fingerprint, report)
+        with _scratch(scratch) as out:
+            steps = _fit(spec, model, lora, negatives.rows, remaining, start, fingerprint, out,
+                         report)  # fmt: skip
         seconds = time.perf_counter() - t0
     report("status", {"message": "measuring the adapter"})
     adapter = evaluate(_encode(model, es.queries), _encode(model, es.passages), es.relevant)
@@ -241,9 +246,11 @@ def _fit(
     epochs: int,
     start: int,
     fingerprint: str,
+    out: str,
     report: Report,
 ) -> int:
-    """Run sentence-transformers' trainer for ``epochs`` epochs; the steps taken."""
+    """Run sentence-transformers' trainer for ``epochs`` epochs (``out``: its output
+    directory); the steps taken."""
     dataset_cls = importlib.import_module("datasets").Dataset  # untyped: Any
     from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.base.sampler import BatchSamplers
@@ -265,32 +272,41 @@ def _fit(
             """No model card: it is not published, and its dataset statistics cost time."""
 
     hp = spec.hyperparameters
+    args = SentenceTransformerTrainingArguments(
+        output_dir=out,
+        num_train_epochs=epochs,
+        per_device_train_batch_size=hp.batch_size,
+        learning_rate=hp.learning_rate,
+        warmup_steps=0.1,  # a fraction of the steps (transformers v5)
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        seed=spec.seed + start,  # a resumed run does not replay epoch 1's order
+        save_strategy="no",
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset_cls.from_dict(columns),
+        loss=MultipleNegativesRankingLoss(model),
+        callbacks=[progress_callback(report, lora, start, epochs, fingerprint)],
+    )
+    trainer.remove_callback(PrinterCallback)  # it prints every log line to stdout
+    trainer.train()
+    return int(trainer.state.global_step)
+
+
+@contextlib.contextmanager
+def _scratch(given: Path | None) -> Iterator[str]:
+    """``given`` (its caller removes it), else a temporary directory."""
+    if given is not None:
+        yield str(given)
+        return
     with tempfile.TemporaryDirectory(prefix="fleetserve-train-") as out:
-        args = SentenceTransformerTrainingArguments(
-            output_dir=out,
-            num_train_epochs=epochs,
-            per_device_train_batch_size=hp.batch_size,
-            learning_rate=hp.learning_rate,
-            warmup_steps=0.1,  # a fraction of the steps (transformers v5)
-            batch_sampler=BatchSamplers.NO_DUPLICATES,
-            seed=spec.seed + start,  # a resumed run does not replay epoch 1's order
-            save_strategy="no",
-            logging_steps=1,
-            report_to=[],
-            use_cpu=True,
-            dataloader_num_workers=0,
-            disable_tqdm=True,
-        )
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=dataset_cls.from_dict(columns),
-            loss=MultipleNegativesRankingLoss(model),
-            callbacks=[progress_callback(report, lora, start, epochs, fingerprint)],
-        )
-        trainer.remove_callback(PrinterCallback)  # it prints every log line to stdout
-        trainer.train()
-        return int(trainer.state.global_step)
+        yield out
 
 
 def progress_callback(
