@@ -19,7 +19,7 @@ import pytest
 
 from fleetserve.lora.shapes import linear_shapes
 from fleetserve.lora.train import OutOfMemory, TrainResult, TrainSpec, child, train, train_in_child
-from fleetserve.lora.train.child import describe_error, is_out_of_memory, rebuild_error
+from fleetserve.lora.train.errors import describe_error, is_out_of_memory, rebuild_error
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import Cancelled, InvalidInput
 from tests.extras import TRAIN, needs

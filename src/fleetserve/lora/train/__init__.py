@@ -10,7 +10,8 @@ sentence-transformers, PEFT, datasets and pytrec_eval are imported only when use
 from __future__ import annotations
 
 from .checkpoint import CheckpointMismatch
-from .child import OutOfMemory, train_in_child
+from .child import train_in_child
+from .errors import OutOfMemory
 from .ireval import EvalSet, Scores, build_eval_set, evaluate
 from .mining import mine, negatives_for
 from .trainer import TrainResult, TrainSpec, spec_fingerprint, train
