@@ -87,7 +87,9 @@ def test_second_load_reuses_the_cache(
     bf16 = load(tiny, tmp_path, precision="bf16")  # the properties apply at import
     assert bf16.from_cache and bf16.precision in ("bf16", "fp32")  # (fp32: no bf16 kernels)
     monkeypatch.undo()
-    assert bf16.precision == load(tiny, tmp_path / "fresh", precision="bf16").precision
+    fresh = load(tiny, tmp_path / "fresh", precision="bf16")  # compiled alone
+    assert not fresh.from_cache and bf16.precision == fresh.precision
+    np.testing.assert_array_equal(mean(bf16, tiny), mean(fresh, tiny))  # the same numbers
 
 
 def test_a_compiled_model_it_cannot_read_is_compiled_again(
