@@ -23,6 +23,7 @@ from .families import AnyFamily, create_family
 from .fleet.host_share import HostShare
 from .fleet.manager import Fleet
 from .fleet.memory import (
+    actual_bytes,
     budget_limit,
     default_budget,
     mib,
@@ -239,6 +240,7 @@ def build_fleet(
         room_wait=settings.room_wait,
         trim=trim,
         budget_now=share.budget if share is not None else None,
+        actual=actual_bytes(device),
     )
     for r in runners.values():
         fleet.add(r)

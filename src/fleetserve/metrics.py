@@ -151,6 +151,20 @@ class Metrics:
         self.memory_budget = Gauge(
             "fleetserve_memory_budget_bytes", "This worker's memory budget.", registry=r
         )
+        self.memory_unaccounted = Gauge(
+            "fleetserve_memory_unaccounted_bytes",
+            "What the process holds for its models beyond what the fleet charges (its "
+            "resident set, or the device's memory, less its base), at the last load or "
+            "eviction; negative: less than charged.",
+            registry=r,
+        )
+        self.memory_drift = Counter(
+            "fleetserve_memory_drift",
+            "Loads and evictions after which the fleet's charge and what the process "
+            "holds differed by more than 10 %, by event (load, evict).",
+            ["event"],
+            registry=r,
+        )
         self.loads = Counter(
             "fleetserve_model_loads", "Model loads by outcome (ok, failed).", ["model", "outcome"],
             registry=r,
@@ -181,6 +195,7 @@ class Metrics:
         for gauge in (self.worker_up, self.resident_models, self.resident_bytes):
             self.registry.unregister(gauge)
         self.registry.unregister(self.memory_budget)
+        self.registry.unregister(self.memory_unaccounted)
         return self
 
     def render(self) -> bytes:

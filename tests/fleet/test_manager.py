@@ -38,11 +38,13 @@ class FakeModel:
         fail: BaseException | None = None,
         oom: int = 0,
         peak_mib: int = 0,
+        load_mib: int = 0,
     ) -> None:
         self.clock = clock
         self.model_id = model_id
         self.size = mib * MIB
         self.peak = peak_mib * MIB
+        self.moment = load_mib * MIB  # what its load holds beside the weights for a while
         self.load_s = load_s
         self.pinned = pinned
         self.keep_alive = keep_alive
@@ -53,7 +55,7 @@ class FakeModel:
         self.gate: asyncio.Event | None = None  # a load waits on it when set
 
     def expected(self) -> Footprint:
-        return Footprint(self.size, self.peak)
+        return Footprint(self.size, self.peak, self.moment)
 
     async def load(self) -> Footprint:
         self.loads += 1
@@ -66,7 +68,7 @@ class FakeModel:
             raise self.fail
         self.clock.now += self.load_s
         self.loaded = True
-        return Footprint(self.size, self.peak)
+        return Footprint(self.size, self.peak, self.moment)
 
     def unload(self) -> None:
         assert self.loaded
@@ -110,6 +112,44 @@ async def test_the_budget_holds_every_weight_and_the_largest_activation_peak() -
     await use(f, "c")  # 90 of weights + 40 of peak would not: one leaves
     assert f.used() <= f.budget and f.state("c") is State.RESIDENT
     assert f.info("a")["bytes"] == 70 * MIB or f.state("a") is State.COLD
+
+
+async def test_a_load_reserves_what_it_holds_for_a_moment_and_lets_it_go_after() -> None:
+    """A load holds the file beside the tensors it builds (and a gate's fp32
+    reference) for a while: charged before it starts, released when it ends. Two 40 MiB
+    models fit a 100 MiB budget, but the second's load, holding 30 MiB more, makes the
+    first leave."""
+    c = Clock()
+    a, b = FakeModel(c, "a", 40, load_mib=30), FakeModel(c, "b", 40, load_mib=30)
+    f = fleet(c, 100, a, b)
+    await use(f, "a")
+    assert f.used() == 40 * MIB  # the moment is over: the weights stay
+    b.gate = asyncio.Event()
+    loading = asyncio.create_task(use(f, "b"))
+    try:
+        while b.loads == 0:  # b's load has begun, and waits on its gate
+            await asyncio.sleep(0)
+        assert f.state("b") is State.LOADING and f.used() == (40 + 30) * MIB
+        assert f.state("a") is State.COLD  # 40 + 40 + 30 would pass the budget
+    finally:
+        b.gate.set()
+    await loading
+    assert f.used() == 40 * MIB and f.state("b") is State.RESIDENT
+    roomy = fleet(c, 110, FakeModel(c, "a", 40, load_mib=30), FakeModel(c, "b", 40, load_mib=30))
+    await use(roomy, "a")
+    await use(roomy, "b")
+    assert roomy.state("a") is State.RESIDENT and roomy.used() == 80 * MIB
+
+
+async def test_a_model_whose_load_cannot_fit_beside_the_pinned_ones_says_so() -> None:
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "p", 50, pinned=True), FakeModel(c, "a", 40, load_mib=20))
+    await use(f, "p")
+    with pytest.raises(Unavailable) as err:
+        await use(f, "a")
+    assert "needs 60.0 MiB to load" in str(err.value) and "50.0 MiB beside the pinned" in str(
+        err.value
+    )
 
 
 async def test_a_model_loads_on_first_use_once() -> None:

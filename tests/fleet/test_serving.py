@@ -176,8 +176,18 @@ def test_a_zipf_trace_over_three_times_the_budget_stays_within_it(
 def test_a_model_kept_alive_by_a_request_is_not_evicted(fleet_server: tuple[Served, int]) -> None:
     srv, budget = fleet_server
     vector(embed(srv.url, "fleet/m11", "stay", **{"X-Keep-Alive": "10m"}))  # the largest
+    evicted = srv.metric("fleetserve_model_evictions_total", reason="pressure")
+    served = 0
     for i in (1, 4, 7, 10, 3, 6, 9):  # more than the rest of the budget holds
-        vector(embed(srv.url, f"fleet/m{i}", "push"))
+        r = embed(srv.url, f"fleet/m{i}", "push")
+        if r.status_code == 503:  # a 19 MiB model's load holds ~40 MiB for a moment
+            message = r.json()["error"]["message"]
+            assert "no room" in message and "fleet/m11" in message, message
+            continue
+        vector(r)
+        served += 1
+    assert served >= 3  # the small ones at least, evicting each other
+    assert srv.metric("fleetserve_model_evictions_total", reason="pressure") > evicted
     assert srv.models()["fleet/m11"]["state"] == "resident"
     refused = 0
     for m in ("fleet/m8", "fleet/m5", "fleet/m2"):  # as large: at most one fits beside it

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..metrics import Metrics
 from ..wire import Unavailable
+from .drift import Drift
 from .member import Footprint, Member, State, held_together, is_oom
 from .policy import Policy, Resident, evictable, victims_until
 from .room import no_room
@@ -44,9 +45,13 @@ class Fleet:
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], None] = lambda: None,
         budget_now: Callable[[], int] | None = None,
+        actual: Callable[[], int] | None = None,
     ) -> None:
         """``budget_now``: the budget as it changes (the default budget's share of the
-        host, ``HostShare.budget``), looked at before each load; None: ``budget``."""
+        host, ``HostShare.budget``), looked at before each load; None: ``budget``.
+        ``actual``: what the process holds now (its resident set; the device's memory
+        on a GPU), checked against the charge after each load and eviction
+        (``drift.py``); None: not checked."""
         self.budget = self._shared = budget
         self._budget_now = budget_now
         self.policy = policy
@@ -59,6 +64,7 @@ class Fleet:
         self.adapters: Callable[[], int] = lambda: 0  # bytes of the hot LoRA adapters
         self._room = asyncio.Lock()  # one making room at a time
         self._changed = asyncio.Event()  # work finished, a model left or loaded
+        self.drift = Drift(actual, metrics) if actual is not None else None
         if metrics is not None:
             metrics.memory_budget.set(budget)
 
@@ -70,7 +76,10 @@ class Fleet:
         """A hot remove, once its work has drained: unloaded if resident, then gone."""
         s = self._slots.get(model)
         if s is not None and s.record is not None:
+            moved = s.held.total
             self._evict(s, "removed")
+            self._trim()
+            self._check("evict", model, moved)
         self._slots.pop(model, None)
         self._changed.set()
         self._gauges()
@@ -219,11 +228,11 @@ class Fleet:
         self.rebudget()
         need = s.measured or s.member.expected()
         try:
-            await self._make_room(model, need, deadline, wait)
+            await self._make_room(model, need.loading(), deadline, wait)
         except Unavailable as err:  # the requests queued behind this one need not wait too
             s.no_room, s.no_room_until = err, self.clock() + 1.0
             raise
-        s.state, s.held, s.error = State.LOADING, need, None
+        s.state, s.held, s.error = State.LOADING, need.loading(), None
         self._gauges()
         already = s.member.loaded  # taken over loaded (the tuner's fleets): no load to log
         t0 = self.clock()  # the injected clock: a load's cost is what eviction weighs
@@ -254,6 +263,8 @@ class Fleet:
             self.metrics.loads.labels(model, "ok").inc()
             self.metrics.load_seconds.labels(model).observe(dt)
         self._gauges()
+        if not already:
+            self._check("load", model, got.weights)
         if got.total > need.total and self.used() > self.budget:
             log.info(
                 "%s holds %.1f MiB, more than the %.1f MiB expected",
@@ -282,7 +293,8 @@ class Fleet:
         ]
         if held_together([*pinned, need]) > self.budget:
             raise Unavailable(
-                f"model {model!r} needs {need.total / MIB:.1f} MiB but the memory budget "
+                f"model {model!r} needs {need.total / MIB:.1f} MiB to load (its weights, "
+                "what its load holds beside them and a batch's activations) but the memory budget "
                 f"({self.budget / MIB:.1f} MiB) leaves "
                 f"{(self.budget - self._pinned_need()) / MIB:.1f} MiB beside the pinned models",
                 retry_after=self.cooldown,
@@ -301,6 +313,7 @@ class Fleet:
                         self._evict(self._slots[r.model], "pressure")
                     if chosen:
                         self._trim()
+                        self._check("evict", chosen[-1].model, sum(r.bytes for r in chosen))
                     return
                 self._changed.clear()
             left = give_up - self.clock()
@@ -399,10 +412,12 @@ class Fleet:
                 for m, s in self._slots.items()
                 if m != keep and s.record is not None and evictable(s.record, now)
             ]
+            moved = sum(s.held.total for s in out)
             for s in out:
                 self._evict(s, reason)
             if out:
                 self._trim()
+                self._check("evict", out[-1].member.model_id, moved)
             return bool(out)
 
     async def relieve(self, model: str) -> bool:
@@ -418,6 +433,9 @@ class Fleet:
             )
             for r in chosen or []:
                 self._evict(self._slots[r.model], "pressure")
+            if chosen:
+                self._trim()
+                self._check("evict", chosen[-1].model, sum(r.bytes for r in chosen))
 
     def _failed(self, s: Slot, exc: BaseException) -> None:
         """Remember why ``s`` failed (``Slot.fail``); cancelled: cold again."""
@@ -431,6 +449,14 @@ class Fleet:
         if self.metrics is not None:
             self.metrics.loads.labels(model, "failed").inc()
         self._gauges()
+
+    def _check(self, event: str, model: str, moved: int) -> None:
+        """The charge against what the process holds (``drift.py``), unless a load is
+        under way (it holds part of its reservation only)."""
+        if self.drift is not None and not any(
+            s.state is State.LOADING for s in self._slots.values()
+        ):
+            self.drift.check(event, model, self.used(), moved)
 
     def _gauges(self) -> None:
         if self.metrics is not None:

@@ -17,17 +17,28 @@ class State(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Footprint:
-    """What a model holds: its weights for as long as it is resident, and the
-    activation peak of one full batch while that batch runs. A worker runs one batch
-    at a time (one compute thread), so the budget holds every resident model's
-    weights plus the largest of their peaks, not the sum of the peaks."""
+    """What a model holds: its weights for as long as it is resident, the activation
+    peak of one full batch while that batch runs, and what its load holds beside the
+    weights for a moment (``load``, charged while it loads: :meth:`loading`). A worker
+    runs one batch at a time (one compute thread), so the budget holds every resident
+    model's weights plus the largest of their peaks, not the sum of the peaks; loads
+    run beside batches, so what a load holds adds to the weights."""
 
     weights: int = 0
     peak: int = 0
+    load: int = 0  # held for a moment by its load, beyond its weights (not in ``total``)
 
     @property
     def total(self) -> int:
         return self.weights + self.peak
+
+    def loading(self) -> Footprint:
+        """What its load reserves until it ends: the weights and what the load holds
+        beside them for a moment (the file read beside the tensors built from it, the
+        quality gate's fp32 reference), and the activation peak of its first batch
+        (the warm-up). The fleet charges this before the load starts and the
+        difference is released when it ends."""
+        return Footprint(self.weights + self.load, self.peak)
 
 
 def held_together(prints: Iterable[Footprint]) -> int:

@@ -117,6 +117,21 @@ def cuda_free_bytes(device: str) -> int:
     return int(free)
 
 
+def cuda_reserved_bytes(device: str) -> int:
+    """What torch's allocator holds on a CUDA device now (never called on CPU)."""
+    import torch
+
+    return int(torch.cuda.memory_reserved(torch.device(device)))
+
+
+def actual_bytes(device: str) -> Callable[[], int]:
+    """What a fleet on ``device`` is checked against (``fleet/drift.py``): the
+    device's memory that torch holds on CUDA, else this process's resident set."""
+    if device.startswith("cuda"):
+        return lambda: cuda_reserved_bytes(device)
+    return rss_bytes
+
+
 def default_budget(device: str, *, root: Path = Path("/")) -> tuple[int, str]:
     """The budget when none is set, and a line saying what it is a fraction of."""
     pct = f"{DEFAULT_FRACTION:.0%}"
@@ -196,7 +211,9 @@ def _gib(n: int) -> str:
 
 __all__ = [
     "DEFAULT_FRACTION",
+    "actual_bytes",
     "cuda_free_bytes",
+    "cuda_reserved_bytes",
     "default_budget",
     "mib",
     "parse_limit",

@@ -11,9 +11,10 @@ from typing import Protocol, Self
 from ..catalog import ModelSpec, Profile
 from ..families import AnyFamily, family_tasks
 from ..fleet.member import Footprint
-from ..fleet.memory import rss_bytes
+from ..fleet.memory import PRECISION_SHARE
 from ..wire import Task
 from .compute import compute_executor
+from .load_watch import LoadWatch
 from .lora_hosting import AdapterHosting
 
 FamilyFactory = Callable[[], AnyFamily]
@@ -125,13 +126,17 @@ class Loadable:
 
     def expected(self) -> Footprint:
         """Measured at its last load; else the weights on disk and the profile's figure
-        (weights plus peak, as the tuner measured them)."""
+        (weights plus peak, as the tuner measured them), and, where a quality gate
+        runs, its fp32 reference beside them while it loads."""
         if self._measured is not None:
             return self._measured
         if self._estimated is None:
             self._estimated = self._estimate() if self._estimate is not None else 0
         weights = self._estimated or self.profile.memory_bytes
-        return Footprint(weights, max(0, self.profile.memory_bytes - weights))
+        reference = 0
+        if self._verify is not None:  # the estimate is at the served precision
+            reference = int(weights / PRECISION_SHARE.get(self.profile.precision, 1.0))
+        return Footprint(weights, max(0, self.profile.memory_bytes - weights), reference)
 
     async def load(self) -> Footprint:
         """Load the model (once; concurrent callers share it); what it holds."""
@@ -140,43 +145,54 @@ class Loadable:
         async with self._load_lock:
             if self.loaded and self._measured is not None:
                 return self._measured
-            loop = asyncio.get_running_loop()
-            before = rss_bytes()
-            # a thread per load: it ends with the load, and its OpenMP pool with it
-            loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+            watch = LoadWatch(self.profile.runtime or self.spec.runtime)
             try:
-                adapter = self._family
-                if adapter is None:
-                    adapter = await loop.run_in_executor(loader, self._factory)
-                await loop.run_in_executor(loader, adapter.load)
-                grown = max(0, rss_bytes() - before)  # a first load's has lazy imports
-                ref = None
-                if self._verify is not None:  # the gate's fp32 reference loads here too
-                    ref = await loop.run_in_executor(loader, self._verify.prepare)
+                return await self._load(watch)
             finally:
-                loader.shutdown(wait=False)
-            weights = adapter.memory_bytes() or grown
-            await loop.run_in_executor(self._forward, adapter.warmup)
-            if self._verify is not None and ref is not None:
-                served = await loop.run_in_executor(self._forward, self._verify.judge, adapter, ref)
-                del ref
-                if served is not adapter:  # the gate swapped in its fp32 reference
-                    rt = served.runtime
-                    self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
-                    weights = served.memory_bytes() or weights
-                adapter = served
-            if self.profile.memory_bytes:  # the tuner measured weights plus peak
-                peak = max(0, self.profile.memory_bytes - weights)
-            elif self._measure is not None:  # (``measure`` keeps what it measured)
-                peak = await loop.run_in_executor(self._forward, self._measure, adapter)
-            else:
-                peak = 0
-            held = Footprint(weights, peak)
-            self.memory = {"weights": weights, "resident_growth": grown, "activation_peak": peak}
-            self._family = adapter
-            self._measured = held
-            self.loaded = self.ever_loaded = True
-            return held
+                watch.abandon()  # (a no-op once done)
+
+    async def _load(self, watch: LoadWatch) -> Footprint:
+        loop = asyncio.get_running_loop()
+        # a thread per load: it ends with the load, and its OpenMP pool with it
+        loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+        try:
+            adapter = self._family
+            if adapter is None:
+                adapter = await loop.run_in_executor(loader, self._factory)
+            await loop.run_in_executor(loader, adapter.load)
+            ref = None
+            if self._verify is not None:  # the gate's fp32 reference loads here too
+                ref = await loop.run_in_executor(loader, self._verify.prepare)
+            grown = watch.loaded()  # a first load's has lazy imports
+        finally:
+            loader.shutdown(wait=False)
+        counted = adapter.memory_bytes() or grown
+        await loop.run_in_executor(self._forward, adapter.warmup)
+        if self._verify is not None and ref is not None:
+            served = await loop.run_in_executor(self._forward, self._verify.judge, adapter, ref)
+            del ref
+            if served is not adapter:  # the gate swapped in its fp32 reference
+                rt = served.runtime
+                self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
+                counted = served.memory_bytes() or counted
+            adapter = served
+        if self.profile.memory_bytes:  # the tuner measured weights plus peak
+            peak = max(0, self.profile.memory_bytes - counted)
+        elif self._measure is not None:  # (``measure`` keeps what it measured)
+            peak = await loop.run_in_executor(self._forward, self._measure, adapter)
+        else:
+            peak = 0
+        cost = watch.done()  # the gate's reference is let go: what stays, and the moment's
+        weights = cost.weights(counted)
+        held = Footprint(weights, peak, cost.transient)
+        self.memory = {
+            "weights": weights, "counted": counted, "resident_growth": cost.grown,
+            "activation_peak": peak, "load_transient": cost.transient,
+        }  # fmt: skip
+        self._family = adapter
+        self._measured = held
+        self.loaded = self.ever_loaded = True
+        return held
 
     def cannot_adopt(self) -> str:
         """Why the served profile cannot change now ("" when it can): a runner of

@@ -90,7 +90,7 @@ class Runner(Member, Protocol):
     loaded: bool
     ever_loaded: bool
     busy_s: float
-    memory: dict[str, int]  # weights, resident_growth, activation_peak (last load)
+    memory: dict[str, int]  # weights, counted, resident_growth, activation_peak, load_transient
 
     @property
     def waiting(self) -> Waiting: ...
