@@ -4,6 +4,9 @@
              BERTs of mixed sizes, three times the memory budget
   cold-load  the pinned model's latency while another model loads, before the fleet
              work (--before TREE) and after (--src, this repository's)
+  copies     copies of one model under distinct ids, a budget for --room of them and a
+             Zipf trace: the resident set's peak growth against the budget, every
+             answer checked, miss and hit latency; before (--before TREE) and after
 
 Each writes a table, then JSON and a PNG beside it under --out, named for this
 machine's hardware class (fleet-trace-<class>, cold-load-<class>).
@@ -21,9 +24,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from . import fleet_cold, fleet_trace
+from . import fleet_cold, fleet_copies, fleet_trace
 from .fleet_models import CACHE
-from .fleet_report import cold_table, trace_table, write
+from .fleet_report import cold_table, copies_table, trace_table, write
 
 ROOT = Path(__file__).resolve().parent.parent
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -72,7 +75,18 @@ def _parser() -> argparse.ArgumentParser:
     cold.add_argument("--cold", dest="cold", action="store_true", default=True, help=fresh)
     kept = "one cache per tree under --log-dir, kept between runs"
     cold.add_argument("--no-cold", dest="cold", action="store_false", help=kept)
-    for s in (t, c):
+    k = sub.add_parser("copies", help="the budget against the resident set, and misses")
+    k.add_argument("--model", default=MINILM, help="a bundled model to copy")
+    k.add_argument("--copies", type=int, default=12)
+    k.add_argument("--room", type=float, default=2.0, help="copies the budget holds")
+    k.add_argument("--requests", type=int, default=120)
+    k.add_argument("--zipf", type=float, default=1.1, help="the Zipf exponent s")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--repeats", type=int, default=1, help="runs per tree, alternated")
+    k.add_argument("--threads", type=int, default=0, help="--torch-threads (0: default)")
+    k.add_argument("--before", default="", help="source tree of the old code (or none)")
+    k.add_argument("--src", default=str(ROOT / "src"), help="the tree after (default: this)")
+    for s in (t, c, k):
         s.add_argument("--out", default="docs/bench", help="directory for JSON and PNG")
         s.add_argument("--log-dir", default=".bench/fleet-logs", help="server logs")
     return p
@@ -111,6 +125,9 @@ def main(argv: Sequence[str] = ()) -> int:
         if args.part == "trace":
             result = fleet_trace.run(args, console)
             table, name = trace_table(result), f"fleet-trace-{facts['hardware_class']}"
+        elif args.part == "copies":
+            result = fleet_copies.run(args, console)
+            table, name = copies_table(result), f"fleet-copies-{facts['hardware_class']}"
         else:
             result = fleet_cold.run(args, console)
             table, name = cold_table(result), f"cold-load-{facts['hardware_class']}"

@@ -94,6 +94,56 @@ def cold_table(result: dict[str, Any]) -> Table:
     return t
 
 
+COPIES_COLUMNS = [
+    ("budget_x", "grown/\nbudget", 2), ("grown_mib", "grown\nMiB", 0), ("wrong", "wrong", 0),
+    ("errors", "err", 0), ("miss_p50_ms", "miss\np50 ms", 0), ("hit_p50_ms", "hit\np50 ms", 1),
+    ("loads", "loads", 0), ("evictions", "evic-\ntions", 0), ("drifts", "drifts", 0),
+]  # fmt: skip
+
+
+def copies_table(result: dict[str, Any]) -> Table:
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title=f"{result['copies']} copies of {result['model'].rsplit('/', 1)[-1]}: medians",
+        caption=(
+            f"{result['trace']['requests']} requests one at a time; budget "
+            f"{result['budget_bytes'] / MIB:.0f} MiB = {result['room']:g} x what one copy "
+            f"holds ({result['one_copy_bytes'] / MIB:.0f} MiB); grown = peak RSS - RSS at "
+            "ready"
+        ),
+    )
+    t.add_column("tree", no_wrap=True)
+    for _, title, _ in COPIES_COLUMNS:
+        t.add_column(title, justify="right", no_wrap=True)
+    for tree, m in result["medians"].items():
+        t.add_row(tree, *[_num(m[k], d) for k, _, d in COPIES_COLUMNS])
+    return t
+
+
+def copies_plot(result: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    trees = list(result["medians"])
+    colors = ["C0", "C1"][: len(trees)]
+    for ax, key, title in zip(
+        axes, ("budget_x", "miss_p50_ms"), ("peak RSS growth / budget", "miss p50 (ms)"),
+        strict=True,
+    ):  # fmt: skip
+        ax.bar(trees, [result["medians"][t][key] or 0 for t in trees], color=colors)
+        ax.set(title=title)
+    axes[0].axhline(1.10, color="k", linestyle="--", linewidth=1, label="target x1.10")
+    axes[0].legend(loc="best")
+    fig.suptitle(
+        f"{result['copies']} copies, budget {result['budget_bytes'] / MIB:.0f} MiB, "
+        f"{result['trace']['requests']} requests (Zipf s={result['trace']['zipf_s']})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plain(v: Any) -> Any:
     """JSON-safe: NaN and infinities as null, tuples as lists."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -109,7 +159,9 @@ def write(out: Path, name: str, result: dict[str, Any], console: Console) -> Pat
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     path.write_text(json.dumps(plain(result), indent=1) + "\n")
-    (trace_plot if name.startswith("fleet-trace") else cold_plot)(result, out / f"{name}.png")
+    plots = {"fleet-trace-": trace_plot, "fleet-copies-": copies_plot}
+    plot = next((f for p, f in plots.items() if name.startswith(p)), cold_plot)
+    plot(result, out / f"{name}.png")
     console.print(f"wrote {path} and {path.with_suffix('.png')}")
     return path
 

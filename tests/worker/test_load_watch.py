@@ -54,7 +54,7 @@ def test_a_runtimes_first_load_in_the_process_is_charged_its_count(
     assert not first.own and first.weights(86 * MIB) == 86 * MIB
     second = load(p, "openvino", 130)
     assert second.own and second.weights(86 * MIB) == 130 * MIB  # what the engine holds
-    assert second.weights(200 * MIB) == 200 * MIB  # never below the runtime's count
+    assert load(p, "openvino", 48).weights(86 * MIB) == 48 * MIB  # (shared pages: less)
     assert load(p, "onnx", 140).weights(86 * MIB) == 86 * MIB  # another runtime: first again
 
 
@@ -122,6 +122,6 @@ async def test_a_reloaded_model_is_charged_what_the_process_holds_for_it(
     held = await runner.load()
     grown = rss_bytes() - before
     counted = runner.memory["counted"]
-    assert held.weights >= counted
+    assert counted > 0
     assert abs(held.weights - grown) <= 0.1 * grown, (held, grown, runner.memory)
     runner.unload()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from fleetserve.fleet.manager import Fleet
 from fleetserve.fleet.policy import GDSF
 from fleetserve.worker.lora_hosting import HotTier
@@ -56,3 +58,70 @@ def test_the_fleet_counts_what_adapters_hold() -> None:
     tier.copies["m"] = 700
     tier.admit("m", "a", 100, Bank())  # type: ignore[arg-type]
     assert fleet.used() == 800
+
+
+async def test_a_torch_copy_makes_room_and_is_charged_before_it_loads() -> None:
+    """A base served on a runtime that cannot take adapters runs adapter batches on a
+    torch copy of itself: charged before it loads (the served model's count), others
+    evicted for it as for a load, then charged its own count. A copy that fails to
+    load is charged nothing."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from fleetserve.catalog import ModelSpec
+    from fleetserve.fleet.manager import State
+    from fleetserve.worker.lora_hosting import AdapterHosting
+
+    from ..fleet.test_manager import MIB, Clock, FakeModel, use
+
+    class Copy:
+        runtime = SimpleNamespace(name="torch", precision="fp32")
+
+        def __init__(self, fail: bool = False) -> None:
+            self.fail = fail
+            self.started, self.go = threading.Event(), threading.Event()
+
+        def load(self) -> None:
+            self.started.set()
+            assert self.go.wait(10)
+            if self.fail:
+                raise RuntimeError("torch copy failed")
+
+        def warmup(self) -> None:
+            pass
+
+        def memory_bytes(self) -> int:
+            return 45 * MIB
+
+    c = Clock()
+    fleet = Fleet(100 * MIB, GDSF(), clock=c, room_wait=0.0)
+    tier = HotTier(cap=10 * MIB)
+    fleet.adapters = lambda: tier.held
+    for m in ("m", "o"):
+        fleet.add(FakeModel(c, m, 40))
+        await use(fleet, m)
+    served = SimpleNamespace(
+        runtime=SimpleNamespace(name="onnx", precision="fp32"), memory_bytes=lambda: 40 * MIB
+    )
+    spec = ModelSpec.from_dict({"id": "m", "sources": ["/w"], "family": "dense"})
+    for fail in (True, False):
+        copy = Copy(fail)
+        hosting = AdapterHosting(spec, lambda: served, ThreadPoolExecutor(1))  # type: ignore[arg-type,return-value]
+        hosting.host(object(), tier)  # type: ignore[arg-type]
+        hosting.torch_factory = lambda copy=copy: copy  # type: ignore[misc]
+        hosting.room = fleet.room_beside
+        task = asyncio.create_task(hosting.prepare())
+        await asyncio.to_thread(copy.started.wait, 10)
+        assert tier.copies == {"m": 40 * MIB}  # charged while it loads ...
+        assert fleet.state("o") is State.COLD and fleet.state("m") is State.RESIDENT
+        assert fleet.used() == 80 * MIB  # ... beside its base, the other evicted for it
+        copy.go.set()
+        if fail:
+            with pytest.raises(RuntimeError, match="torch copy failed"):
+                await task
+            assert tier.copies == {} and fleet.used() == 40 * MIB
+        else:
+            await task
+            assert tier.copies == {"m": 45 * MIB} and fleet.used() == 85 * MIB

@@ -1,18 +1,19 @@
-"""The fleet's accounting checked against what the process holds.
+"""The fleet's charge checked against what the process holds.
 
-After every load and eviction the fleet compares what it charges (``Fleet.used``)
-with what the process holds beyond its own base (its resident set on a CPU, the
-device's allocated memory on a GPU). A difference over ``tolerance`` of the larger of
-the two, and of what the load or eviction moved, is a *drift*: logged with the model
-and the figures, and counted in ``fleetserve_memory_drift_total``; the difference
-itself is the gauge ``fleetserve_memory_unaccounted_bytes`` at every check.
+After every load the fleet compares how the process's resident set (on a GPU, the
+memory torch holds on the device) moved since the last check with how its charge for
+weights moved (``Fleet.held_weights``: activation peaks are charged for the budget, not
+held while idle). The evictions made for the load are in the same interval: an evicted
+model's memory is let go once the last batch that ran on it drops it, which may come
+after the eviction itself, so it is looked at with the load that followed. A
+difference over ``tolerance`` of what the interval moved is a *drift*: logged with the
+model and the figures, and counted in ``fleetserve_memory_drift_total``. The sum of
+the differences since the first check is ``fleetserve_memory_unaccounted_bytes``.
 
-The base is what the process holds beside its models: set at the first check (the
-interpreter, the runtimes' libraries, the first load's imports), and set again after
-a check that finds modules imported since the last one (a first load on another
-runtime imports it, which is the process's cost, not the model's). A check while
-another load is under way is skipped: that load holds some of its reservation, not
-all of it.
+An interval in which modules were imported is not judged (a runtime's first load
+brings its library, the process's cost and not a model's), nor is the first one, nor
+one while another load is under way (the fleet skips those: that load holds part of
+its reservation only). Each drift is reported once, in the interval it happened.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _modules() -> int:
 
 
 class Drift:
-    """Checks of ``accounted`` bytes against ``actual()`` (see the module)."""
+    """Checks of the charge against ``actual()``, interval by interval (see the module)."""
 
     def __init__(
         self,
@@ -47,35 +48,31 @@ class Drift:
         self.metrics = metrics
         self.tolerance = tolerance
         self._modules = modules
-        self.base: int | None = None
-        self._seen = 0  # modules imported at the last check
-        self.last = 0  # the difference at the last check (bytes; + more held than charged)
+        self._last: tuple[int, int, int] | None = None  # (held, charged, modules) then
+        self.unaccounted = 0  # the differences' sum since the first check (bytes)
 
-    def check(self, event: str, model: str, accounted: int, moved: int) -> int | None:
-        """After ``event`` ("load", "evict") of ``model``, which moved ``moved`` bytes:
-        the fleet charges ``accounted``. Returns the drift in bytes when it is over the
-        tolerance (logged and counted), else None."""
+    def check(self, event: str, model: str, charged: int, moved: int) -> int | None:
+        """After ``event`` of ``model``, the fleet charges ``charged`` for weights; the
+        interval since the last check moved ``moved`` bytes of charge (the load's, and
+        the evictions'). The drift in bytes when it is over the tolerance
+        (logged and counted), else None."""
         now, seen = self.actual(), self._modules()
         if now <= 0:  # nothing to read here (no /proc)
             return None
-        if self.base is None or seen != self._seen:
-            self.base, self._seen = now - accounted, seen
-            log.debug(
-                "memory base %.1f MiB (after the %s of %s)", self.base / MIB, event, model
-            )  # fmt: skip
+        last, self._last = self._last, (now, charged, seen)
+        if last is None or last[2] != seen:
             return None
-        held = now - self.base
-        diff = held - accounted
-        self.last = diff
+        grew, added = now - last[0], charged - last[1]
+        diff = grew - added
+        self.unaccounted += diff
         if self.metrics is not None:
-            self.metrics.memory_unaccounted.set(diff)
-        if abs(diff) <= self.tolerance * max(held, accounted, moved):
+            self.metrics.memory_unaccounted.set(self.unaccounted)
+        if abs(diff) <= self.tolerance * max(moved, abs(added), abs(grew)):
             return None
         log.warning(
-            "memory drift after the %s of %s: the process holds %.1f MiB for its models, "
-            "the fleet charges %.1f MiB (%+.1f MiB, %+.0f%%)",
-            event, model, held / MIB, accounted / MIB, diff / MIB,
-            100 * diff / max(accounted, 1),
+            "memory drift at the %s of %s: since the last check the process grew "
+            "%+.1f MiB and the fleet's charge %+.1f MiB (%+.1f MiB unaccounted)",
+            event, model, grew / MIB, added / MIB, diff / MIB,
         )  # fmt: skip
         if self.metrics is not None:
             self.metrics.memory_drift.labels(event).inc()

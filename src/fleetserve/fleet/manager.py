@@ -65,6 +65,7 @@ class Fleet:
         self._room = asyncio.Lock()  # one making room at a time
         self._changed = asyncio.Event()  # work finished, a model left or loaded
         self.drift = Drift(actual, metrics) if actual is not None else None
+        self._evicted = 0  # weights evicted since the last check (what the interval moved)
         if metrics is not None:
             metrics.memory_budget.set(budget)
 
@@ -76,10 +77,8 @@ class Fleet:
         """A hot remove, once its work has drained: unloaded if resident, then gone."""
         s = self._slots.get(model)
         if s is not None and s.record is not None:
-            moved = s.held.total
             self._evict(s, "removed")
             self._trim()
-            self._check("evict", model, moved)
         self._slots.pop(model, None)
         self._changed.set()
         self._gauges()
@@ -313,7 +312,6 @@ class Fleet:
                         self._evict(self._slots[r.model], "pressure")
                     if chosen:
                         self._trim()
-                        self._check("evict", chosen[-1].model, sum(r.bytes for r in chosen))
                     return
                 self._changed.clear()
             left = give_up - self.clock()
@@ -352,6 +350,21 @@ class Fleet:
         s.held = Footprint(before.weights + need.weights, max(before.peak, need.peak))
         self._gauges()
         return before
+
+    async def room_beside(self, model: str, nbytes: int) -> None:
+        """Room for ``nbytes`` more held for resident ``model`` (its torch copy for
+        adapter batches), made as for a load: others are evicted by the policy, never
+        ``model`` itself, and a busy one is waited for within ``room_wait``. The caller
+        charges the bytes (``adapters``) before it awaits anything else."""
+        s = self._slots[model]
+        r = s.record
+        if r is None:
+            raise Unavailable(f"model {model!r} is not resident", retry_after=1.0)
+        s.inflight, r.busy = s.inflight + 1, True  # it is what the room is for
+        try:
+            await self._make_room(model, Footprint(nbytes), self.clock() + self.room_wait, True)
+        finally:
+            self.release(model)
 
     async def settle(self, model: str, held: Footprint | None) -> None:
         """Inside ``holding``, the swap over: resident ``model`` holds ``held`` (the new
@@ -395,6 +408,7 @@ class Fleet:
         r = s.record
         model = s.member.model_id
         log.info("evicting %s (%.1f MiB, %s)", model, s.held.total / MIB, reason)
+        self._evicted += s.held.weights
         s.member.unload()
         if r is not None:
             self.policy.evicted(r)
@@ -412,12 +426,10 @@ class Fleet:
                 for m, s in self._slots.items()
                 if m != keep and s.record is not None and evictable(s.record, now)
             ]
-            moved = sum(s.held.total for s in out)
             for s in out:
                 self._evict(s, reason)
             if out:
                 self._trim()
-                self._check("evict", out[-1].member.model_id, moved)
             return bool(out)
 
     async def relieve(self, model: str) -> bool:
@@ -435,7 +447,6 @@ class Fleet:
                 self._evict(self._slots[r.model], "pressure")
             if chosen:
                 self._trim()
-                self._check("evict", chosen[-1].model, sum(r.bytes for r in chosen))
 
     def _failed(self, s: Slot, exc: BaseException) -> None:
         """Remember why ``s`` failed (``Slot.fail``); cancelled: cold again."""
@@ -450,13 +461,18 @@ class Fleet:
             self.metrics.loads.labels(model, "failed").inc()
         self._gauges()
 
+    def held_weights(self) -> int:
+        """The charge for what is held while idle: resident weights, the hot adapters."""
+        return sum(s.held.weights for s in self._slots.values()) + self.adapters()
+
     def _check(self, event: str, model: str, moved: int) -> None:
         """The charge against what the process holds (``drift.py``), unless a load is
         under way (it holds part of its reservation only)."""
         if self.drift is not None and not any(
             s.state is State.LOADING for s in self._slots.values()
         ):
-            self.drift.check(event, model, self.used(), moved)
+            moved, self._evicted = moved + self._evicted, 0
+            self.drift.check(event, model, self.held_weights(), moved)
 
     def _gauges(self) -> None:
         if self.metrics is not None:

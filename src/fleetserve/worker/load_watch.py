@@ -2,11 +2,12 @@
 a moment beyond that (the file read beside the tensors built from it, the quality
 gate's fp32 reference).
 
-A runtime's own count of a model's bytes leaves out what its engine holds beside the
-weights: on a 2-core AMD EPYC (cpu-avx2) all-MiniLM-L6-v2 counts 86 MiB on ONNX
-Runtime and OpenVINO, and a load of it left 100-140 MiB resident (130 on OpenVINO);
-evicted, the process went back to within 5 MiB. So a model is charged the larger of
-its count and its growth, where the growth is the model's alone: not a runtime's first
+A runtime's own count of a model's bytes is not what the process holds for it: on a
+2-core AMD EPYC (cpu-avx2) all-MiniLM-L6-v2 counts 86 MiB on ONNX Runtime and
+OpenVINO; alone in a process a load of it left 100-140 MiB resident (130 on OpenVINO),
+and evicted, the process went back to within 5 MiB; as the twelfth copy of one model
+in a server (ONNX Runtime), each load grew the process by about 48 MiB. So a model is
+charged its growth where that growth is the model's alone: not a runtime's first
 load in this process (its library and plugins load with it: OpenVINO's first grew the
 process 490 MiB, 270 of which stayed after the eviction), not a load that imported
 modules, and not one that overlapped another load. The heap's free pages are handed
@@ -38,10 +39,12 @@ class Cost:
     own: bool
 
     def weights(self, counted: int) -> int:
-        """What to charge for weights that the runtime counts as ``counted``."""
-        if not counted:
+        """What to charge for weights that the runtime counts as ``counted``: the
+        growth where it is the model's own, else the count (or the growth, where the
+        runtime counts nothing)."""
+        if not counted or (self.own and self.grown > 0):
             return self.grown
-        return max(counted, self.grown) if self.own else counted
+        return counted
 
 
 class LoadWatch:

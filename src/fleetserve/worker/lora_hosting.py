@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -168,6 +168,9 @@ class AdapterHosting:
         self._rehosting: asyncio.Lock | None = None
         self._copy: AnyFamily | None = None  # the base on torch, beside a non-torch runtime
         self.torch_factory: Callable[[], AnyFamily] | None = None  # the model on torch
+        # room in the fleet's budget for bytes more beside this model (its torch copy),
+        # made as for a load (``Fleet.room_beside``); None: no budget to make room in
+        self.room: Callable[[str, int], Awaitable[None]] | None = None
 
     def host(self, source: AdapterSource, tier: HotTier) -> None:
         """Serve adapters of this model: found in ``source``, counted in ``tier``."""
@@ -316,14 +319,25 @@ class AdapterHosting:
                     "take adapters",
                     field="adapter",
                 )
+            assert self._hosting is not None
+            copies = self._hosting[1].copies
+            # charged before it loads, as a load is: the served model's count (its
+            # weights on another runtime), until the copy's own count replaces it
+            estimate = current.memory_bytes()
+            if self.room is not None:
+                await self.room(self.spec.id, estimate)
+            copies[self.spec.id] = estimate  # (nothing awaited since the room was made)
             loop = asyncio.get_running_loop()
             loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
             try:
                 fresh = await loop.run_in_executor(loader, factory)
                 await loop.run_in_executor(loader, fresh.load)
+                await loop.run_in_executor(self._forward, fresh.warmup)
+            except BaseException:
+                copies.pop(self.spec.id, None)
+                raise
             finally:
                 loader.shutdown(wait=False)
-            await loop.run_in_executor(self._forward, fresh.warmup)
             rt = fresh.runtime
             log.info(
                 "%s: batches with adapters run on %s %s (base-only batches stay on %s %s)",
@@ -334,8 +348,7 @@ class AdapterHosting:
                 current.runtime.precision,
             )
             self._copy = fresh
-            assert self._hosting is not None
-            self._hosting[1].copies[self.spec.id] = fresh.memory_bytes()
+            copies[self.spec.id] = fresh.memory_bytes() or estimate
 
     def plan(
         self, keys: list[str | None], host: AnyFamily | None = None
