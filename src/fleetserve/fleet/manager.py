@@ -50,8 +50,8 @@ class Fleet:
         """``budget_now``: the budget as it changes (the default budget's share of the
         host, ``HostShare.budget``), looked at before each load; None: ``budget``.
         ``actual``: what the process holds now (its resident set; the device's memory
-        on a GPU), checked against the charge after each load and eviction
-        (``drift.py``); None: not checked."""
+        on a GPU), checked against the charge at each load, over the interval since
+        the last check, evictions included (``drift.py``); None: not checked."""
         self.budget = self._shared = budget
         self._budget_now = budget_now
         self.policy = policy

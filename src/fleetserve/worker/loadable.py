@@ -42,10 +42,10 @@ class Loadable:
     fetches, converts and loads the weights on a loader thread of its own, so the
     compute thread keeps running other models' batches; only the warm-up, the quality
     gate and the activation-peak batch run on the compute thread. It measures what the
-    model holds: its weights (the runtime's count, else the resident growth) plus the
-    activation peak of a full batch, the profile's own figure where the tuner measured one.
-    The resident growth is kept beside them (a first load's includes lazy imports).
-    Its LoRA adapters are a part it holds: ``adapters``.
+    model holds: its weights (the resident growth where it is the model's own, else the
+    runtime's count: ``load_watch.py``), the activation peak of a full batch (the
+    profile's own figure where the tuner measured one) and what the load held for a
+    moment beyond what stayed. Its LoRA adapters are a part it holds: ``adapters``.
     """
 
     spec: ModelSpec
