@@ -134,3 +134,13 @@ async def test_no_check_while_another_load_holds_part_of_its_reservation() -> No
         slow.gate.set()
     await loading
     assert seen == ["slow"]
+
+
+def test_a_difference_under_the_floor_is_noise_not_drift() -> None:
+    """A 1.2 MiB model whose load the process grew 0.2 MiB for: 83 % off, and 1 MiB,
+    the resident set's own noise (seen on a tiny ColBERT in a test process)."""
+    proc, m = Process(), Metrics()
+    d = Drift(proc, m, modules=lambda: proc.modules)
+    d.check("load", "a", 0, 0)
+    proc.models["tiny"] = MIB // 5
+    assert d.check("load", "tiny", 6 * MIB // 5, 6 * MIB // 5) is None and counted(m) == 0

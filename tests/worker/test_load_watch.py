@@ -24,7 +24,7 @@ class Process:
         monkeypatch.setattr(load_watch, "peak_bytes", lambda: self.high)
         monkeypatch.setattr(load_watch, "reset_peak", self.reset)
         monkeypatch.setattr(load_watch, "_loaded_runtimes", set())
-        monkeypatch.setattr(load_watch, "trim", lambda: None)
+        monkeypatch.setattr(load_watch, "trim_heap", lambda: None)
 
     def reset(self) -> None:
         self.high = self.rss

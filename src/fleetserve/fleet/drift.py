@@ -13,7 +13,9 @@ the differences since the first check is ``fleetserve_memory_unaccounted_bytes``
 An interval in which modules were imported is not judged (a runtime's first load
 brings its library, the process's cost and not a model's), nor is the first one, nor
 one while another load is under way (the fleet skips those: that load holds part of
-its reservation only). Each drift is reported once, in the interval it happened.
+its reservation only). Each drift is reported once, in the interval it happened. A
+difference under ``floor`` (4 MiB) is never one: the resident set moves that much by
+itself.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from ..metrics import Metrics
 log = logging.getLogger("fleetserve.fleet")
 MIB = 1 << 20
 TOLERANCE = 0.10
+FLOOR = 4 * MIB  # below this a difference is the resident set's own noise (a 1 MiB
+# model's load was judged 1.0 MiB off: thread stacks, the allocator's pages)
 
 
 def _modules() -> int:
@@ -42,11 +46,13 @@ class Drift:
         metrics: Metrics | None = None,
         *,
         tolerance: float = TOLERANCE,
+        floor: int = FLOOR,
         modules: Callable[[], int] = _modules,
     ) -> None:
         self.actual = actual
         self.metrics = metrics
         self.tolerance = tolerance
+        self.floor = floor
         self._modules = modules
         self._last: tuple[int, int, int] | None = None  # (held, charged, modules) then
         self.unaccounted = 0  # the differences' sum since the first check (bytes)
@@ -67,7 +73,7 @@ class Drift:
         self.unaccounted += diff
         if self.metrics is not None:
             self.metrics.memory_unaccounted.set(self.unaccounted)
-        if abs(diff) <= self.tolerance * max(moved, abs(added), abs(grew)):
+        if abs(diff) <= max(self.floor, self.tolerance * max(moved, abs(added), abs(grew))):
             return None
         log.warning(
             "memory drift at the %s of %s: since the last check the process grew "
@@ -79,4 +85,4 @@ class Drift:
         return diff
 
 
-__all__ = ["TOLERANCE", "Drift"]
+__all__ = ["FLOOR", "TOLERANCE", "Drift"]

@@ -11,7 +11,7 @@ charged its growth where that growth is the model's alone: not a runtime's first
 load in this process (its library and plugins load with it: OpenVINO's first grew the
 process 490 MiB, 270 of which stayed after the eviction), not a load that imported
 modules, and not one that overlapped another load. The heap's free pages are handed
-back before each reading (``trim``): batches that ran beside the load freed what they
+back before each reading (``trim_heap``): batches that ran beside the load freed what they
 allocated, and glibc kept it.
 """
 
@@ -21,7 +21,7 @@ import itertools
 import sys
 from dataclasses import dataclass
 
-from ..fleet.memory import peak_bytes, reset_peak, rss_bytes, trim
+from ..fleet.memory import peak_bytes, reset_peak, rss_bytes, trim_heap
 
 _loaded_runtimes: set[str] = set()  # runtimes that have loaded a model in this process
 _starts = itertools.count(1)
@@ -59,7 +59,7 @@ class LoadWatch:
         _in_flight += 1
         self.modules = len(sys.modules)
         self.first = runtime not in _loaded_runtimes
-        trim()  # what the heap holds free is not the process's (nor, after, the model's)
+        trim_heap()  # what the heap holds free is not the process's (nor, after, the model's)
         self.before = rss_bytes()
         reset_peak()  # the load's own high-water mark
         self.grown = 0
@@ -79,7 +79,7 @@ class LoadWatch:
         if self._open:
             self._open = False
             _in_flight -= 1
-        trim()  # what the load and the batches beside it let go of, handed back
+        trim_heap()  # what the load and the batches beside it let go of, handed back
         now = rss_bytes()
         own = (
             self.alone
