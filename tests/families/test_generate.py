@@ -235,3 +235,20 @@ def test_a_stream_sent_in_one_piece_is_well_formed_sse(adapter: Any) -> None:
     assert text == full["choices"][0]["message"]["content"]
     assert chunks[-2]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == full["usage"]
+
+
+def test_the_kv_cache_charge_is_what_the_model_caches(adapter: Any) -> None:
+    """What the fleet charges a generation model for its KV cache
+    (``kv_cache_bytes``) is what transformers' cache holds for that many tokens (the
+    tiny llama: 2 layers, 2 key-value heads), so admission and the budget agree."""
+    import torch
+
+    tokens = 37
+    with torch.no_grad():
+        out = adapter.model(torch.arange(tokens).unsqueeze(0), use_cache=True)
+    cache = out.past_key_values
+    held = sum(
+        t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+    )
+    assert held == adapter.kv_cache_bytes(tokens) > 0
+    assert adapter.kv_cache_bytes(2 * tokens) == 2 * held

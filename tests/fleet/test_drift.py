@@ -144,3 +144,18 @@ def test_a_difference_under_the_floor_is_noise_not_drift() -> None:
     d.check("load", "a", 0, 0)
     proc.models["tiny"] = MIB // 5
     assert d.check("load", "tiny", 6 * MIB // 5, 6 * MIB // 5) is None and counted(m) == 0
+
+
+def test_a_kv_cache_held_or_let_go_is_within_the_slack() -> None:
+    """Generation's KV cache is charged whole but allocated as sequences run: a check
+    while it is held (or after it was let go) is judged only beyond it."""
+    proc, m = Process(), Metrics()
+    d = Drift(proc, m, modules=lambda: proc.modules)
+    d.check("load", "g", 0, 0)
+    proc.models["g"], proc.models["kv"] = 90 * MIB, 60 * MIB  # a generation is running
+    assert d.check("load", "g", 90 * MIB, 90 * MIB, slack=64 * MIB) is None
+    del proc.models["kv"]
+    proc.models["a"] = 40 * MIB
+    assert d.check("load", "a", 130 * MIB, 40 * MIB, slack=64 * MIB) is None  # let go
+    proc.models["b"] = 140 * MIB  # 100 MiB over: 36 beyond the slack
+    assert d.check("load", "b", 170 * MIB, 40 * MIB, slack=64 * MIB) == 36 * MIB

@@ -39,12 +39,14 @@ class FakeModel:
         oom: int = 0,
         peak_mib: int = 0,
         load_mib: int = 0,
+        state_mib: int = 0,
     ) -> None:
         self.clock = clock
         self.model_id = model_id
         self.size = mib * MIB
         self.peak = peak_mib * MIB
         self.moment = load_mib * MIB  # what its load holds beside the weights for a while
+        self.state = state_mib * MIB  # what it keeps beside its weights as it serves
         self.load_s = load_s
         self.pinned = pinned
         self.keep_alive = keep_alive
@@ -55,7 +57,7 @@ class FakeModel:
         self.gate: asyncio.Event | None = None  # a load waits on it when set
 
     def expected(self) -> Footprint:
-        return Footprint(self.size, self.peak, self.moment)
+        return Footprint(self.size, self.peak, self.moment, self.state)
 
     async def load(self) -> Footprint:
         self.loads += 1
@@ -68,7 +70,7 @@ class FakeModel:
             raise self.fail
         self.clock.now += self.load_s
         self.loaded = True
-        return Footprint(self.size, self.peak, self.moment)
+        return Footprint(self.size, self.peak, self.moment, self.state)
 
     def unload(self) -> None:
         assert self.loaded
@@ -150,6 +152,18 @@ async def test_a_model_whose_load_cannot_fit_beside_the_pinned_ones_says_so() ->
     assert "needs 60.0 MiB to load" in str(err.value) and "50.0 MiB beside the pinned" in str(
         err.value
     )
+
+
+async def test_a_generators_kv_cache_is_charged_beside_its_weights() -> None:
+    """A generation model keeps its KV cache (at its full token budget) for as long as
+    it is resident, as it keeps its weights: two 30 MiB models with 30 MiB caches do
+    not fit 100 MiB together."""
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "g", 30, state_mib=30), FakeModel(c, "h", 30, state_mib=30))
+    await use(f, "g")
+    assert f.used() == 60 * MIB and f.info("g")["bytes"] == 60 * MIB
+    await use(f, "h")
+    assert f.state("g") is State.COLD and f.used() == 60 * MIB
 
 
 async def test_a_model_loads_on_first_use_once() -> None:

@@ -370,3 +370,18 @@ async def test_an_evicted_generator_lets_go_of_its_adapter_and_serves_after_relo
         assert text == first.outputs[0].generation.text
     finally:
         await stop(task)
+
+
+async def test_a_generator_is_charged_its_kv_cache_at_its_full_token_budget(
+    adapter: Any,
+) -> None:
+    """The KV cache of ``max_batch_tokens`` running tokens (admission holds the
+    running prompts and completions within it) is charged while the model is resident,
+    beside its weights (``Footprint.state``)."""
+    runner = _runner(adapter)
+    runner.unload()
+    held = await runner.load()
+    kv = adapter.kv_cache_bytes(8192)
+    assert held.state == kv == runner.memory["kv_cache"] > 0
+    assert held.kept == held.weights + kv and held.total == held.kept + held.peak
+    runner.unload()

@@ -57,11 +57,13 @@ class Drift:
         self._last: tuple[int, int, int] | None = None  # (held, charged, modules) then
         self.unaccounted = 0  # the differences' sum since the first check (bytes)
 
-    def check(self, event: str, model: str, charged: int, moved: int) -> int | None:
+    def check(self, event: str, model: str, charged: int, moved: int, slack: int = 0) -> int | None:
         """After ``event`` of ``model``, the fleet charges ``charged`` for weights; the
         interval since the last check moved ``moved`` bytes of charge (the load's, and
-        the evictions'). The drift in bytes when it is over the tolerance
-        (logged and counted), else None."""
+        the evictions'). ``slack``: what may be held or not at any moment (the KV caches
+        of generation, allocated as sequences run): a difference within it is none.
+        The drift in bytes when it is over the tolerance (logged and counted), else
+        None."""
         now, seen = self.actual(), self._modules()
         if now <= 0:  # nothing to read here (no /proc)
             return None
@@ -70,6 +72,10 @@ class Drift:
             return None
         grew, added = now - last[0], charged - last[1]
         diff = grew - added
+        if abs(diff) <= slack:
+            diff = 0
+        else:
+            diff -= slack if diff > 0 else -slack
         self.unaccounted += diff
         if self.metrics is not None:
             self.metrics.memory_unaccounted.set(self.unaccounted)

@@ -256,7 +256,7 @@ class Fleet:
             "loaded %s in %.1fs (%.1f MiB)%s",
             model, dt, got.total / MIB, " (it was loaded already)" if already else "",
         )  # fmt: skip
-        s.record = Resident(model, got.weights, dt, pinned=s.member.pinned, last_used=now)
+        s.record = Resident(model, got.kept, dt, pinned=s.member.pinned, last_used=now)
         self.policy.loaded(s.record, now)  # the request that loaded it is used in _use
         if self.metrics is not None:
             self.metrics.loads.labels(model, "ok").inc()
@@ -304,7 +304,7 @@ class Fleet:
                 chosen = victims_until(
                     self.policy,
                     self._records(),
-                    lambda gone: need.weights <= self._free_without(gone, need.peak),
+                    lambda gone: need.kept <= self._free_without(gone, need.peak),
                     self.clock(),
                 )
                 if chosen is not None:
@@ -318,7 +318,7 @@ class Fleet:
             if left <= 0:
                 free = self.budget - self.used(Footprint(0, need.peak))
                 raise no_room(
-                    model, (need.total, need.weights), self.budget, free, self._records(),
+                    model, (need.total, need.kept), self.budget, free, self._records(),
                     lambda m: self._slots[m].held.total, self.clock(), self.cooldown,
                 )  # fmt: skip
             with contextlib.suppress(TimeoutError):
@@ -347,7 +347,9 @@ class Fleet:
         s = self._slots[model]
         await self._make_room(model, need, self.clock(), wait=False)
         before = s.held  # nothing awaited since the room was found: it is still there
-        s.held = Footprint(before.weights + need.weights, max(before.peak, need.peak))
+        s.held = Footprint(
+            before.weights + need.weights, max(before.peak, need.peak), 0, before.state + need.state
+        )
         self._gauges()
         return before
 
@@ -376,7 +378,7 @@ class Fleet:
             return
         s.held = s.measured = held
         if s.record is not None:
-            s.record.bytes = held.weights
+            s.record.bytes = held.kept
         self._gauges()
         if self.used() > self.budget:  # it measured more than expected
             await self._shed(model)
@@ -467,12 +469,14 @@ class Fleet:
 
     def _check(self, event: str, model: str, moved: int) -> None:
         """The charge against what the process holds (``drift.py``), unless a load is
-        under way (it holds part of its reservation only)."""
+        under way (it holds part of its reservation only). The state models serve with
+        (KV caches) is held only while they run: the slack either way."""
         if self.drift is not None and not any(
             s.state is State.LOADING for s in self._slots.values()
         ):
             moved, self._evicted = moved + self._evicted, 0
-            self.drift.check(event, model, self.held_weights(), moved)
+            slack = sum(s.held.state for s in self._slots.values())
+            self.drift.check(event, model, self.held_weights(), moved, slack)
 
     def _gauges(self) -> None:
         if self.metrics is not None:

@@ -27,10 +27,18 @@ class Footprint:
     weights: int = 0
     peak: int = 0
     load: int = 0  # held for a moment by its load, beyond its weights (not in ``total``)
+    state: int = 0  # held beside the weights as it serves (generation's KV cache)
+
+    @property
+    def kept(self) -> int:
+        """What it keeps for as long as it is resident: its weights and the state it
+        serves with (generation's KV cache at its full token budget, allocated as its
+        sequences run)."""
+        return self.weights + self.state
 
     @property
     def total(self) -> int:
-        return self.weights + self.peak
+        return self.kept + self.peak
 
     def loading(self) -> Footprint:
         """What its load reserves until it ends: the weights and what the load holds
@@ -38,15 +46,16 @@ class Footprint:
         quality gate's fp32 reference), and the activation peak of its first batch
         (the warm-up). The fleet charges this before the load starts and the
         difference is released when it ends."""
-        return Footprint(self.weights + self.load, self.peak)
+        return Footprint(self.weights + self.load, self.peak, 0, self.state)
 
 
 def held_together(prints: Iterable[Footprint]) -> int:
-    """What models hold together on one worker: all their weights, the largest peak."""
-    weights = peak = 0
+    """What models hold together on one worker: all they keep (weights and state), the
+    largest peak."""
+    kept = peak = 0
     for f in prints:
-        weights, peak = weights + f.weights, max(peak, f.peak)
-    return weights + peak
+        kept, peak = kept + f.kept, max(peak, f.peak)
+    return kept + peak
 
 
 class Member(Protocol):

@@ -80,6 +80,14 @@ class GenerationRunner(Loadable):
         self._lock = threading.Lock()  # _live and _cost (external mode ends jobs in a pool)
         self._marked: dict[int, str] = {}  # the adapter each running job holds in use
 
+    def state_bytes(self, family: AnyFamily) -> int:
+        """The KV cache of a full budget of running tokens (prompts and completions,
+        ``max_batch_tokens``: admission holds them within it), charged while the model
+        is resident (``Footprint.state``)."""
+        if not isinstance(family, GenerateFamily):
+            return 0
+        return family.kv_cache_bytes(self.waiting.max_batch_tokens)
+
     @property
     def generation_family(self) -> GenerateFamily:
         """The loaded family, as the generate family (streaming, the engine)."""

@@ -184,15 +184,21 @@ class Loadable:
             peak = 0
         cost = watch.done()  # the gate's reference is let go: what stays, and the moment's
         weights = cost.weights(counted)
-        held = Footprint(weights, peak, cost.transient)
+        state = self.state_bytes(adapter)
+        held = Footprint(weights, peak, cost.transient, state)
         self.memory = {
             "weights": weights, "counted": counted, "resident_growth": cost.grown,
-            "activation_peak": peak, "load_transient": cost.transient,
+            "activation_peak": peak, "load_transient": cost.transient, "kv_cache": state,
         }  # fmt: skip
         self._family = adapter
         self._measured = held
         self.loaded = self.ever_loaded = True
         return held
+
+    def state_bytes(self, family: AnyFamily) -> int:
+        """What the model keeps beside its weights as it serves, at its full budget
+        (a generation runner's KV cache); 0 for a runner of batches."""
+        return 0
 
     def cannot_adopt(self) -> str:
         """Why the served profile cannot change now ("" when it can): a runner of

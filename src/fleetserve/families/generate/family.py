@@ -110,6 +110,21 @@ class GenerateFamily(Family[GenItem, GenOptions, GenOutput]):
         ids = self.tokenizer("warm up", add_special_tokens=False)["input_ids"] or [0]
         self.forward([GenItem(ids, SamplingParams(max_tokens=2, temperature=0.0))])
 
+    def kv_cache_bytes(self, tokens: int) -> int:
+        """The KV cache of ``tokens`` tokens at this model's layer and head shapes
+        (keys and values, each layer, each key-value head), in the dtype its
+        activations run at: 2 bytes under fp16 or bf16, else 4. 0 on an external
+        runtime (the server holds it) or before the model is loaded."""
+        if self.model is None:
+            return 0
+        c = self.model.config
+        heads = int(getattr(c, "num_attention_heads", 0) or 0)
+        kv_heads = int(getattr(c, "num_key_value_heads", 0) or heads)
+        head_dim = int(getattr(c, "head_dim", 0) or (c.hidden_size // heads if heads else 0))
+        layers = int(getattr(c, "num_hidden_layers", 0) or 0)
+        size = 2 if self.runtime.precision in ("fp16", "bf16") else 4
+        return 2 * layers * kv_heads * head_dim * max(0, tokens) * size
+
     def memory_bytes(self) -> int:
         if self.model is None:
             return self.runtime.memory_bytes() if self.external else 0
