@@ -2,7 +2,7 @@
 
 After every load the fleet compares how the process's resident set (on a GPU, the
 memory torch holds on the device) moved since the last check with how its charge for
-weights moved (``Fleet.held_weights``: activation peaks are charged for the budget, not
+weights moved (``Slots.weights``: activation peaks are charged for the budget, not
 held while idle). The evictions made for the load are in the same interval: an evicted
 model's memory is let go once the last batch that ran on it drops it, which may come
 after the eviction itself, so it is looked at with the load that followed. A

@@ -26,6 +26,7 @@ from .member import Footprint, Member, State, held_together, is_oom
 from .policy import Policy, Resident, evictable, victims_until
 from .room import no_room
 from .slot import NOTHING, Slot
+from .slots import Slots
 
 log = logging.getLogger("fleetserve.fleet")
 MIB = 1 << 20
@@ -60,7 +61,7 @@ class Fleet:
         self.room_wait = room_wait  # how long a load may wait for busy models to finish
         self.clock = clock
         self._trim = trim
-        self._slots: dict[str, Slot] = {}
+        self._slots = Slots()
         self.adapters: Callable[[], int] = lambda: 0  # bytes of the hot LoRA adapters
         self._room = asyncio.Lock()  # one making room at a time
         self._changed = asyncio.Event()  # work finished, a model left or loaded
@@ -90,31 +91,22 @@ class Fleet:
         return self._slots[model].state
 
     def used(self, extra: Footprint = NOTHING) -> int:
-        """Bytes held: every resident (and loading) model's weights plus the largest
-        activation peak among them (one batch runs at a time), with ``extra`` added,
-        and the hot adapters."""
-        return held_together([*(s.held for s in self._slots.values()), extra]) + self.adapters()
+        """Bytes held (``Slots.held``), with ``extra`` added, and the hot adapters."""
+        return self._slots.held(extra) + self.adapters()
 
     def _free_without(self, gone: Sequence[Resident], peak: int = 0) -> int:
         """The budget left were ``gone`` evicted, beside an activation ``peak``: their
         weights free, and their peaks where they were the largest."""
         leaving = {r.model for r in gone}
-        held = [s.held for m, s in self._slots.items() if m not in leaving]
-        return self.budget - held_together([*held, Footprint(0, peak)]) - self.adapters()
-
-    def _footprint(self, s: Slot) -> Footprint:
-        """What ``s`` holds, or would once loaded."""
-        if s.state in (State.RESIDENT, State.LOADING):
-            return s.held
-        return s.measured or s.member.expected()
+        return self.budget - self._slots.held(Footprint(0, peak), leaving) - self.adapters()
 
     def pinned_bytes(self) -> dict[str, int]:
         """What each pinned model holds alone, or is expected to before it loads."""
-        return {m: self._footprint(s).total for m, s in self._slots.items() if s.member.pinned}
+        return self._slots.pinned_bytes()
 
     def _pinned_need(self) -> int:
         """What the pinned models hold together, or will."""
-        return held_together(self._footprint(s) for s in self._slots.values() if s.member.pinned)
+        return held_together(self._slots.pinned())
 
     def check_budget(self) -> None:
         """Start-up: the pinned models must fit in the budget (a one-line ValueError)."""
@@ -132,7 +124,7 @@ class Fleet:
         failed = s.state is State.FAILED
         return {
             "state": s.state.value,
-            "bytes": self._footprint(s).total,
+            "bytes": self._slots.footprint(s).total,
             "pinned": s.member.pinned,
             "keep_alive": s.member.keep_alive,
             "kept_alive_s": round(self.kept_alive(model), 1),
@@ -287,10 +279,7 @@ class Fleet:
         raise MemoryError(f"out of memory loading {s.member.model_id!r}; nothing left to evict")
 
     async def _make_room(self, model: str, need: Footprint, deadline: float, wait: bool) -> None:
-        pinned = [
-            self._footprint(s) for m, s in self._slots.items() if s.member.pinned and m != model
-        ]
-        if held_together([*pinned, need]) > self.budget:
+        if held_together([*self._slots.pinned(but=model), need]) > self.budget:
             raise Unavailable(
                 f"model {model!r} needs {need.total / MIB:.1f} MiB to load (its weights, "
                 "what its load holds beside them and a batch's activations) but the memory budget "
@@ -303,7 +292,7 @@ class Fleet:
             async with self._room:
                 chosen = victims_until(
                     self.policy,
-                    self._records(),
+                    self._slots.records(),
                     lambda gone: need.kept <= self._free_without(gone, need.peak),
                     self.clock(),
                 )
@@ -318,7 +307,7 @@ class Fleet:
             if left <= 0:
                 free = self.budget - self.used(Footprint(0, need.peak))
                 raise no_room(
-                    model, (need.total, need.kept), self.budget, free, self._records(),
+                    model, (need.total, need.kept), self.budget, free, self._slots.records(),
                     lambda m: self._slots[m].held.total, self.clock(), self.cooldown,
                 )  # fmt: skip
             with contextlib.suppress(TimeoutError):
@@ -403,9 +392,6 @@ class Fleet:
         r = self._slots[model].record
         return 0.0 if r is None else max(0.0, r.keep_until - self.clock())
 
-    def _records(self) -> list[Resident]:
-        return [s.record for s in self._slots.values() if s.record is not None]
-
     def _evict(self, s: Slot, reason: str) -> None:
         r = s.record
         model = s.member.model_id
@@ -441,7 +427,7 @@ class Fleet:
     async def _shed(self, keep: str) -> None:
         """Over budget after a load measured more than expected: evict what may leave."""
         async with self._room:
-            others = [r for r in self._records() if r.model != keep]
+            others = [r for r in self._slots.records() if r.model != keep]
             chosen = victims_until(
                 self.policy, others, lambda gone: self._free_without(gone) >= 0, self.clock()
             )
@@ -463,26 +449,19 @@ class Fleet:
             self.metrics.loads.labels(model, "failed").inc()
         self._gauges()
 
-    def held_weights(self) -> int:
-        """The charge for what is held while idle: resident weights, the hot adapters."""
-        return sum(s.held.weights for s in self._slots.values()) + self.adapters()
-
     def _check(self, event: str, model: str, moved: int) -> None:
-        """The charge against what the process holds (``drift.py``), unless a load is
-        under way (it holds part of its reservation only). The state models serve with
-        (KV caches) is held only while they run: the slack either way."""
-        if self.drift is not None and not any(
-            s.state is State.LOADING for s in self._slots.values()
-        ):
+        """The charge for weights (and the hot adapters) against what the process holds
+        (``drift.py``), unless a load is under way (it holds part of its reservation
+        only). The state models serve with (KV caches) is held only while they run:
+        the slack either way."""
+        if self.drift is not None and not self._slots.loading():
             moved, self._evicted = moved + self._evicted, 0
-            slack = sum(s.held.state for s in self._slots.values())
-            self.drift.check(event, model, self.held_weights(), moved, slack)
+            charged = self._slots.weights() + self.adapters()
+            self.drift.check(event, model, charged, moved, self._slots.states())
 
     def _gauges(self) -> None:
         if self.metrics is not None:
-            self.metrics.resident_models.set(
-                sum(s.state is State.RESIDENT for s in self._slots.values())
-            )
+            self.metrics.resident_models.set(self._slots.resident())
             self.metrics.resident_bytes.set(self.used())
 
 
