@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fleetserve.bench.tune.activation import measure_activation_peak
 
+from ...tiny_generate import build_llama, load_adapter
 from ...tinymodels import build_bert
 
 
@@ -22,7 +23,29 @@ def test_activation_peak_of_a_full_batch_of_a_tiny_dense_model(tmp_path: Path) -
     adapter.load()
     peak = measure_activation_peak(adapter, spec, model, 64 * 512, 64)
     assert peak > 0
-    # generation is measured per decode step elsewhere; a broken adapter measures 0
+    # a generation spec over an adapter that does not generate, a broken one: 0
     generate = dataclasses.replace(spec, family="generate")
     assert measure_activation_peak(adapter, generate, model, 256, 8) == 0
     assert measure_activation_peak(object(), spec, model, 256, 8) == 0  # type: ignore[arg-type]
+
+
+def test_a_generation_models_peak_covers_its_largest_prefill(tmp_path: Path) -> None:
+    """A generation model's batch is its engine's largest prefill (here 8 prompts of one
+    512-token chunk): what is charged covers what such a prefill takes above the
+    weights and the KV cache it leaves (which the fleet charges apart), and fewer rows
+    within the budget are charged less."""
+    from fleetserve.bench.tune.activation import _peak_of
+    from fleetserve.families.generate.chat import GenItem
+    from fleetserve.runtimes import SamplingParams
+
+    path = build_llama(tmp_path / "llama", max_positions=1024)
+    gen = load_adapter(path, max_seq_len=1024)
+    greedy = SamplingParams(max_tokens=1, temperature=0.0)
+    rows = [GenItem([(7 * i + 31 * j) % 259 for j in range(512)], greedy) for i in range(8)]
+    gen.forward(rows)  # the first large prefill grows the heap once, as a server's does
+    actual = _peak_of("cpu", lambda: gen.forward(rows)) - gen.kv_cache_bytes(8 * 512)
+    charged = measure_activation_peak(gen, gen.spec, path, 8 * 513, 8)
+    assert actual > 1 << 20  # the prefill is not lost in the resident set's noise
+    assert charged >= 0.6 * actual, (charged, actual)
+    assert measure_activation_peak(gen, gen.spec, path, 2 * 513, 8) < charged
+    assert measure_activation_peak(gen, gen.spec, path, 8 * 513, 2) < charged  # batch size
