@@ -24,6 +24,7 @@ from .catalog.weights import weights_path
 from .lora.jobs.leases import LeasedJobQueue, StoreLeases, requeue
 from .lora.jobs.manager import FineTuning, TrainLimits
 from .lora.jobs.queue import JobQueue, MemoryJobQueue
+from .lora.jobs.room import Room, TrainMemory
 from .lora.jobs.runner import JobRunner, Train, TrainBase
 from .lora.jobs.store import JobStore
 from .lora.registry import AdapterRegistry
@@ -94,7 +95,15 @@ def job_runner(
     parts: FineTuningParts,
     registry: AdapterRegistry,
     node: str = "",
+    budget: Callable[[], int] | None = None,
+    room: Room | None = None,
 ) -> JobRunner:
+    """``budget`` and ``room``: the CPU fleet's memory budget and its ``beside`` (a
+    training job's share is of that budget, and held in it while the job trains); None
+    where the models' budget is a device's, not the host's."""
+    memory = None
+    if budget is not None and room is not None:
+        memory = TrainMemory(lambda: training_share(settings, budget()), room)
     return JobRunner(
         parts.store,
         parts.queue,
@@ -105,7 +114,17 @@ def job_runner(
         price_per_hour=settings.train_price_per_hour,
         node=node,
         train=limited_trainer(memory_limit(settings)),
+        memory=memory,
     )
+
+
+def training_share(settings: Settings, budget: int) -> int:
+    """``train_memory_share`` in bytes (0: none): a size, or a percent of ``budget``."""
+    from .fleet.memory import parse_limit
+
+    forms = "a size (1GiB, 600MiB), a percent of --memory-budget (25%) or 0 for none"
+    share = settings.train_memory_share
+    return parse_limit(share, "--train-memory-share", limit=budget, forms=forms)
 
 
 def memory_limit(settings: Settings) -> int:

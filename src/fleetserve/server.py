@@ -235,7 +235,12 @@ class EmbeddedServer(Service):
         assert self.adapters is not None and self.finetuning is not None
         registry = self.adapters.registry
         await requeue_unfinished(self.finetuning)
-        runner = job_runner(self.settings, self.catalog, self.finetuning, registry)
+        cpu = not self.settings.device.startswith("cuda")  # the budget is the host's memory
+        runner = job_runner(
+            self.settings, self.catalog, self.finetuning, registry,
+            budget=(lambda: self.fleet.budget) if cpu else None,
+            room=(lambda *a: self.fleet.beside(*a)) if cpu else None,  # the fleet now
+        )  # fmt: skip
         self.spawn("trainer", runner.run())
         self.spawn("train-leases", keep_leases(self.finetuning))  # one owner per job
 

@@ -154,6 +154,15 @@ class Limits:
         "machine's (or cgroup's) memory, or 0 for none. A job over it fails, saying so.",
         groups="training",
     )  # fmt: skip
+    train_memory_share: str = setting(
+        "25%", "What a training job's process may grow by, charged to --memory-budget "
+        "while it runs: a size (1GiB, 600MiB), a percent of the budget, or 0 for none. "
+        "The job makes room for it as a load does (idle models are evicted) or waits for "
+        "room; the trainer runs its batch in micro-batches that fit (sentence-transformers' "
+        "cached loss: the in-batch negatives stay the batch's), and cuts its sequences if "
+        "one does not.",
+        groups="training",
+    )  # fmt: skip
 
 
 __all__ = ["Limits", "setting"]

@@ -425,3 +425,56 @@ async def test_a_member_loaded_already_is_taken_over_without_an_info_line(
         (logging.DEBUG, "loaded taken in 1.0s (10.0 MiB) (it was loaded already)"),
         (logging.INFO, "loaded fresh in 1.0s (10.0 MiB)"),
     ]
+
+
+async def test_a_training_share_makes_room_is_counted_and_lets_go() -> None:
+    """A training job's share of the budget (``beside``) makes room as a load does,
+    evicting an idle model, is counted in what the fleet holds while it runs (a load
+    then has the rest), and is given back when the job ends."""
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "a", 40), FakeModel(c, "b", 40))
+    await use(f, "a")
+    await use(f, "b")
+    told: list[int] = []
+    async with f.beside("training job j1", 50 * MIB, lambda: told.append(1)):
+        assert told == [] and f.used() == 90 * MIB  # one model left for it, at once
+        assert [f.state(m) for m in "ab"].count(State.RESIDENT) == 1
+        cold = "a" if f.state("a") is State.COLD else "b"
+        await use(f, cold)  # 50 + 40 + 40 > 100: the other leaves for it
+        assert f.used() == 90 * MIB and f.state(cold) is State.RESIDENT
+        assert [f.state(m) for m in "ab"].count(State.RESIDENT) == 1
+    assert f.used() == 40 * MIB
+    await use(f, "a")
+    await use(f, "b")
+    assert f.used() == 80 * MIB
+
+
+async def test_a_training_share_waits_for_busy_models_and_says_so_once() -> None:
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "a", 60))
+    await f.acquire("a", timeout=10.0)  # busy: it cannot leave
+    told: list[int] = []
+    entered = asyncio.Event()
+
+    async def train() -> None:
+        async with f.beside("training job j2", 50 * MIB, lambda: told.append(1)):
+            entered.set()
+
+    job = asyncio.create_task(train())
+    for _ in range(20):  # it waits, and does not spin
+        await asyncio.sleep(0)
+    assert told == [1] and not entered.is_set()
+    f.release("a")  # the work is done: "a" may leave now
+    await asyncio.wait_for(job, 2)
+    assert told == [1] and entered.is_set() and f.state("a") is State.COLD
+
+
+async def test_a_training_share_beyond_the_pinned_models_room_is_refused_at_once() -> None:
+    c = Clock()
+    f = fleet(c, 100, FakeModel(c, "p", 70, pinned=True))
+    await use(f, "p")
+    with pytest.raises(Unavailable) as err:
+        async with f.beside("training job j3", 40 * MIB):
+            pass
+    assert "training job j3 needs 40.0 MiB" in str(err.value)
+    assert "leaves 30.0 MiB beside the pinned models" in str(err.value)

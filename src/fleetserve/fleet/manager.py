@@ -91,7 +91,8 @@ class Fleet:
         return self._slots[model].state
 
     def used(self, extra: Footprint = NOTHING) -> int:
-        """Bytes held (``Slots.held``), with ``extra`` added, and the hot adapters."""
+        """Bytes held (``Slots.held``: ``beside`` too), with ``extra`` added, and the
+        hot adapters."""
         return self._slots.held(extra) + self.adapters()
 
     def _free_without(self, gone: Sequence[Resident], peak: int = 0) -> int:
@@ -356,6 +357,46 @@ class Fleet:
             await self._make_room(model, Footprint(nbytes), self.clock() + self.room_wait, True)
         finally:
             self.release(model)
+
+    @contextlib.asynccontextmanager
+    async def beside(
+        self, holder: str, nbytes: int, waiting: Callable[[], None] = lambda: None
+    ) -> AsyncIterator[None]:
+        """``nbytes`` of the budget held for ``holder`` (a training job's process) for
+        the block. Room is made as for a load (the policy evicts idle models, never a
+        pinned one) and waited for as long as it takes while busy or kept-alive models
+        hold it (``waiting`` is called once, then). ``Unavailable`` at once where the
+        pinned models leave too little."""
+        left = self.budget - self._pinned_need()
+        if nbytes > left:
+            raise Unavailable(
+                f"{holder} needs {nbytes / MIB:.1f} MiB of the memory budget "
+                f"({self.budget / MIB:.1f} MiB), which leaves {left / MIB:.1f} MiB beside "
+                "the pinned models",
+                retry_after=self.cooldown,
+            )
+        told = False
+        while True:
+            self.rebudget()
+            try:
+                await self._make_room("", Footprint(nbytes), self.clock() + self.room_wait, True)
+                break
+            except Unavailable:
+                if not told:
+                    waiting()
+                    told = True
+                await self._changed.wait()  # work finished, a model left, a keep-alive ran out
+        key, beside = holder, self._slots.beside
+        while key in beside:  # two holds of one name stay two
+            key += "'"
+        beside[key] = nbytes  # nothing awaited since the room was found
+        self._gauges()
+        try:
+            yield
+        finally:
+            del beside[key]
+            self._changed.set()
+            self._gauges()
 
     async def settle(self, model: str, held: Footprint | None) -> None:
         """Inside ``holding``, the swap over: resident ``model`` holds ``held`` (the new

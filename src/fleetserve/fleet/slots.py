@@ -11,13 +11,18 @@ from .slot import NOTHING, Slot
 
 
 class Slots(dict[str, Slot]):
-    """Every model of one device's fleet, by id."""
+    """Every model of one device's fleet, by id, and what is held beside them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.beside: dict[str, int] = {}  # bytes held beside the models, by holder
 
     def held(self, extra: Footprint = NOTHING, without: Collection[str] = ()) -> int:
         """Bytes held: every resident (and loading) model's weights and state plus the
         largest activation peak among them (one batch runs at a time), ``without``
-        those models, with ``extra`` added."""
-        return held_together([*(s.held for m, s in self.items() if m not in without), extra])
+        those models, with ``extra`` added, and what is held beside them."""
+        models = held_together([*(s.held for m, s in self.items() if m not in without), extra])
+        return models + sum(self.beside.values())
 
     @staticmethod
     def footprint(s: Slot) -> Footprint:

@@ -192,7 +192,12 @@ class WorkerProcess(Service):
 
             tuning = await open_finetuning(self.settings, self.catalog, registry, nats=nc)
             self.jobs = tuning.queue
-            runner = job_runner(self.settings, self.catalog, tuning, registry, self.node)
+            cpu = not self.settings.device.startswith("cuda")  # the budget is the host's memory
+            runner = job_runner(
+                self.settings, self.catalog, tuning, registry, self.node,
+                budget=(lambda: self.fleet.budget) if cpu else None,
+                room=self.fleet.beside if cpu else None,
+            )  # fmt: skip
             self.spawn("trainer", runner.run())  # a broken job fails alone
         await self._tune_in_background(js)
         beat = announce_forever(nc, self.settings.queue_prefix, self.describe)

@@ -75,6 +75,12 @@ def test_a_job_trains_measures_registers_and_serves(server: ServerThread, tmp_pa
             assert 0.0 <= result[key]["recall_at_10"] <= 1.0
         assert result["registered"] and job["fine_tuned_model"] == f"{TINY}:default/tiny-legal@1"
         assert result["epochs"] == 2 and result["steps"] > 0 and result["mined_negatives"] > 0
+        # its share of the server's budget (train_memory_share, 25 %) was held and kept
+        assert server.server is not None
+        memory, budget = result["memory"], server.server.fleet.budget
+        assert abs(memory["share"] - budget // 4) <= 1 and memory["micro_batch"] >= 1
+        assert 0 < memory["peak_growth"] <= 1.1 * memory["share"], memory
+        assert any("MiB of the memory budget held for training" in e["message"] for e in seen)
         kinds = {e["type"] for e in seen}
         assert {"status", "metrics"} <= kinds, seen
         assert any("checkpoint after epoch 1" in e["message"] for e in seen)

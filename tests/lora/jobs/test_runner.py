@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleetserve.catalog.hardware import memory_source
-from fleetserve.finetune_setup import limited_trainer, memory_limit
+from fleetserve.finetune_setup import limited_trainer, memory_limit, training_share
 from fleetserve.lora.bases import StaticBases
 from fleetserve.lora.jobs.manager import FineTuning, TrainLimits
 from fleetserve.lora.jobs.queue import JobRef, MemoryJobQueue
@@ -21,6 +21,7 @@ from fleetserve.lora.jobs.runner import JobRunner, TrainBase
 from fleetserve.lora.jobs.store import ROOT, JobStore
 from fleetserve.lora.registry import AdapterRegistry
 from fleetserve.lora.store import AdapterStore
+from fleetserve.lora.train import TrainSpec
 from fleetserve.lora.validate import Limits
 from fleetserve.settings import Settings
 from fleetserve.storage import MemoryStore
@@ -225,3 +226,96 @@ async def test_a_failed_training_records_its_kind_but_no_hosts_or_paths(
     assert any(f"fine-tuning job {j.id} of {j.tenant} failed: training failed" in m for m in said)
     for internal in ("10.0.0.7", "9000", "s3.internal", "/srv/", "model.bin"):
         assert internal not in message
+
+
+def test_train_memory_share_is_a_size_a_percent_of_the_budget_or_none() -> None:
+    budget = 1 << 30
+    for text, want in (("25%", budget // 4), ("300MiB", 300 << 20), ("0", 0)):
+        assert training_share(Settings.load(overrides={"train_memory_share": text}), budget) == want
+    assert training_share(Settings.load(overrides={}), budget) == budget // 4  # the default
+    with pytest.raises(ValueError, match="--train-memory-share: cannot use 'half'"):
+        training_share(Settings.load(overrides={"train_memory_share": "half"}), budget)
+
+
+async def test_a_job_trains_within_its_share_held_in_the_fleet_and_waits_for_room() -> None:
+    """The job's share of the fleet's budget goes to the trainer (``memory_share``) and
+    is held in the fleet while it trains: here a busy model holds the room, so the job
+    waits (the feed says so once), then trains once the model may leave, and the share
+    is given back when it ends. Today the share is not charged at all."""
+    from fleetserve.fleet.manager import Fleet
+    from fleetserve.fleet.policy import GDSF
+    from fleetserve.lora.jobs.room import TrainMemory
+
+    from ...fleet.test_manager import Clock, FakeModel
+
+    ft, queue, _, _ = setup()
+    clock = Clock()
+    fleet = Fleet(100 << 20, GDSF(), clock=clock, room_wait=0.0)
+    fleet.add(FakeModel(clock, "busy", 60))
+    await fleet.acquire("busy", timeout=10.0)
+    seen: list[tuple[int, int]] = []  # (the spec's share, what the fleet held) at training
+
+    async def base_of(model: str) -> TrainBase:
+        return TrainBase("/nowhere", "mean", True, 32)
+
+    async def train(spec: TrainSpec, on_event: object, cancel: asyncio.Event) -> object:
+        seen.append((spec.memory_share, fleet.used()))
+        raise Cancelled("cancelled while training")  # enough: the share was held
+
+    memory = TrainMemory(lambda: fleet.budget // 2, fleet.beside)
+    runner = JobRunner(ft.store, queue, runner_registry(ft), base_of, train=train,  # type: ignore[arg-type]
+                       memory=memory)  # fmt: skip
+    j = await job(ft)
+    lease = await queue.take(1.0)
+    assert lease is not None
+    handling = asyncio.ensure_future(runner.handle(lease))
+
+    async def waiting() -> bool:
+        events = [e.message for e in await ft.store.events(j.tenant, j.id)]
+        return any("waiting for 50 MiB of the memory budget" in m for m in events)
+
+    await async_wait_for(waiting, 10)
+    assert seen == []  # not before there is room
+    fleet.release("busy")
+    await asyncio.wait_for(handling, 10)
+    assert seen == [(50 << 20, 50 << 20)]  # the model left; the share was held
+    assert fleet.used() == 0  # and given back
+    events = [e.message for e in await ft.store.events(j.tenant, j.id)]
+    assert sum("waiting for 50 MiB" in m for m in events) == 1
+
+
+async def test_a_job_cancelled_while_it_waits_for_room_is_cancelled() -> None:
+    from fleetserve.fleet.manager import Fleet
+    from fleetserve.fleet.policy import GDSF
+    from fleetserve.lora.jobs.room import TrainMemory
+
+    from ...fleet.test_manager import Clock, FakeModel
+
+    ft, queue, _, _ = setup()
+    clock = Clock()
+    fleet = Fleet(100 << 20, GDSF(), clock=clock, room_wait=0.0)
+    fleet.add(FakeModel(clock, "busy", 60))
+    await fleet.acquire("busy", timeout=10.0)
+
+    async def base_of(model: str) -> TrainBase:
+        return TrainBase("/nowhere", "mean", True, 32)
+
+    async def train(*args: object) -> object:
+        raise AssertionError("it never had room to train")
+
+    memory = TrainMemory(lambda: 50 << 20, fleet.beside)
+    runner = JobRunner(ft.store, queue, runner_registry(ft), base_of, train=train,  # type: ignore[arg-type]
+                       memory=memory)  # fmt: skip
+    j = await job(ft)
+    lease = await queue.take(1.0)
+    assert lease is not None
+    handling = asyncio.ensure_future(runner.handle(lease))
+
+    async def waiting() -> bool:
+        return any("waiting for" in e.message for e in await ft.store.events(j.tenant, j.id))
+
+    await async_wait_for(waiting, 10)
+    await ft.cancel(OPEN, j.id)
+    await asyncio.wait_for(handling, 10)
+    done = await ft.job(OPEN, j.id)
+    assert done.status is JobStatus.CANCELLED and fleet.used() == 60 << 20

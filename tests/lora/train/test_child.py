@@ -300,3 +300,40 @@ def test_what_counts_as_out_of_memory() -> None:
     assert str(said) == (
         "the training process ran out of memory (limit 3.0 GiB, train_memory_limit): MemoryError"
     )
+
+
+@pytest.fixture(scope="module")
+def wide_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BERT wide and long enough that a text of 512 tokens costs tens of MiB to train
+    on (hidden 256, 4 layers): what a share has to be fitted to."""
+    return build_bert(tmp_path_factory.mktemp("wide") / "bert", hidden=256, layers=4,
+                      max_positions=512)  # fmt: skip
+
+
+async def test_a_share_runs_the_batch_in_micro_batches_and_the_child_stays_within_it(
+    wide_bert: Path,
+) -> None:
+    """With 400 MiB to grow by, a batch of 8 texts of up to 512 tokens runs a few texts
+    at a time, the feed says how, and the child's resident set grows by no more than
+    the share (within the 10 % the fleet's drift check allows). Without a share the same
+    run is not bounded and says nothing of one."""
+    share = 400 << 20
+    events = Events()
+    spec = replace(tiny_spec(wide_bert), max_seq_len=512, memory_share=share)
+    result = await asyncio.wait_for(train_in_child(spec, events), DEADLINE)
+    memory = result.memory
+    assert memory["share"] == share and 1 <= memory["micro_batch"] < 8
+    assert memory["max_seq_len"] == 512 and result.steps > 0
+    assert 0 < memory["peak_growth"] <= 1.1 * share, memory
+    said = [d["message"] for k, d in events.seen if k == "status"]
+    assert any(f"batches of 8 run {memory['micro_batch']} text" in m for m in said), said
+    free = await asyncio.wait_for(train_in_child(replace(spec, memory_share=0), Events()), DEADLINE)
+    assert set(free.memory) == {"peak_growth"}
+
+
+async def test_a_share_too_small_for_one_text_fails_as_out_of_memory_naming_it(
+    wide_bert: Path,
+) -> None:
+    spec = replace(tiny_spec(wide_bert), max_seq_len=512, memory_share=8 << 20)
+    with pytest.raises(OutOfMemory, match=r"the training share \(8 MiB, train_memory_share\)"):
+        await asyncio.wait_for(train_in_child(spec, Events()), DEADLINE)

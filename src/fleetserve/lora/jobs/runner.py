@@ -6,6 +6,11 @@ JetStream does not redeliver it), writes the feed and the newest checkpoint to t
 store, and watches for a cancel. A worker that dies leaves the job unacked: after
 ``ack_wait`` another trainer takes it and resumes from the last checkpoint. One that
 stops cleanly puts the job back at once. A job started ``max_attempts`` times fails.
+
+With a ``TrainMemory``, the child trains within its share of the fleet's memory
+budget: the runner holds that many bytes of the budget while the child runs (room made
+as for a load, or waited for, and the feed says so), and the trainer fits its batches
+to it (``lora/train/share.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ..registry import AdapterRegistry
 from ..train import CheckpointMismatch, OutOfMemory, TrainResult, TrainSpec, train_in_child
 from .manager import add_event
 from .queue import JobQueue, Lease
+from .room import TrainMemory, held_share
 from .store import JobStore
 
 log = logging.getLogger("fleetserve.train")
@@ -67,6 +73,7 @@ class JobRunner:
         price_per_hour: float = 0.0,
         node: str = "",
         train: Train = _in_child,
+        memory: TrainMemory | None = None,
     ) -> None:
         self.store = store
         self.queue = queue
@@ -77,6 +84,7 @@ class JobRunner:
         self.price_per_hour = price_per_hour
         self.node = node  # which worker trains, in the feed
         self._train = train
+        self.memory = memory
         self.current: str | None = None  # the job id training now
 
     async def run(self) -> None:
@@ -188,12 +196,13 @@ class JobRunner:
             spec = await self._spec(job, resume, feed)
             if cancel.is_set():
                 raise Cancelled("cancelled before training began")
-            try:
-                result = await self._train(spec, feed.on_event, cancel)
-            except CheckpointMismatch as exc:  # not this job's: train from the start
-                feed.note(f"checkpoint refused ({exc}); training from the start")
-                spec = replace(spec, resume=None)
-                result = await self._train(spec, feed.on_event, cancel)
+            async with held_share(self.memory, job.id, spec.memory_share, feed.note, cancel):
+                try:
+                    result = await self._train(spec, feed.on_event, cancel)
+                except CheckpointMismatch as exc:  # not this job's: train from the start
+                    feed.note(f"checkpoint refused ({exc}); training from the start")
+                    spec = replace(spec, resume=None)
+                    result = await self._train(spec, feed.on_event, cancel)
         except Cancelled:
             outcome = (JobStatus.CANCELLED, "cancelled while training", "cancelled", None)
         except FleetError as exc:
@@ -246,7 +255,7 @@ class JobRunner:
             base_path=base.path, pooling=base.pooling, normalize=base.normalize,
             max_seq_len=base.max_seq_len, train=train, validation=validation,
             hyperparameters=job.hyperparameters, threads=self.threads, seed=job.seed,
-            resume=resume,
+            resume=resume, memory_share=self.memory.share() if self.memory else 0,
         )  # fmt: skip
 
     async def _watch(
@@ -291,6 +300,7 @@ class JobRunner:
                       "validation_queries": len({p.query for p in spec.validation})},
             "mined_negatives": r.mined_negatives,
             "threads": spec.threads,
+            "memory": dict(r.memory),  # the child's peak growth; its share, if any
         }  # fmt: skip
         if self.price_per_hour > 0:
             result["price_per_hour"] = self.price_per_hour

@@ -14,7 +14,8 @@ from .child import train_in_child
 from .errors import OutOfMemory
 from .ireval import EvalSet, Scores, build_eval_set, evaluate
 from .mining import mine, negatives_for
-from .trainer import TrainResult, TrainSpec, spec_fingerprint, train
+from .spec import TrainResult, TrainSpec, spec_fingerprint
+from .trainer import train
 
 __all__ = [
     "CheckpointMismatch",

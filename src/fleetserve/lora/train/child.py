@@ -47,7 +47,8 @@ from typing import Any
 
 from ...wire import Cancelled
 from .errors import OutOfMemory, describe_error, is_out_of_memory, limit_text, rebuild_error
-from .trainer import TrainResult, TrainSpec, train
+from .spec import TrainResult, TrainSpec
+from .trainer import train
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 # what the fork server imports before it forks a child (one that is not installed is

@@ -16,30 +16,28 @@ from its last finished epoch and a checkpoint of another job is refused.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
-import json
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ...wire import InvalidInput
-from ...wire.finetune import Hyperparameters, Pair
+from ...wire.finetune import Hyperparameters
 from ..validate import CONFIG, WEIGHTS
 from .checkpoint import (
-    CHECKPOINT_FORMAT,
     CheckpointMismatch,
     load_lora,
     read_checkpoint,
     write_checkpoint,
 )
-from .ireval import INSTALL, Scores, build_eval_set, evaluate
+from .ireval import INSTALL, build_eval_set, evaluate
 from .mining import columns_wanted, given, negatives_for
+from .share import Fit, Watch, encode_batch, encoding_cost, fit
+from .spec import TrainResult, TrainSpec, spec_fingerprint
 
 if TYPE_CHECKING:  # optional: annotations only
     import numpy as np
@@ -54,42 +52,6 @@ BERT_TARGETS = ("query", "key", "value", "dense")
 ENCODE_BATCH = 64
 
 
-@dataclass(frozen=True)
-class TrainSpec:
-    """One training run. ``base_path``: a local Hugging Face model directory;
-    ``pooling``/``normalize``/``max_seq_len``: the served spec's; ``resume``: a
-    checkpoint blob from an earlier run of the same spec."""
-
-    base_path: str
-    pooling: str
-    normalize: bool
-    max_seq_len: int
-    train: tuple[Pair, ...]
-    validation: tuple[Pair, ...]
-    hyperparameters: Hyperparameters
-    threads: int = 1
-    seed: int = 0
-    resume: bytes | None = None
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """The adapter's two files and the figures. ``steps``: optimizer steps this run
-    took; ``train_seconds``: the training loop's wall time (not measuring or mining);
-    ``epochs``: the job's total; ``mined_negatives``: negatives mined over all rows."""
-
-    config: bytes
-    weights: bytes
-    base: Scores
-    adapter: Scores
-    train_seconds: float
-    steps: int
-    epochs: int
-    resumed_from_epoch: int
-    pairs: int
-    mined_negatives: int
-
-
 def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> TrainResult:
     """Train ``spec``; ``report(kind, data)`` gets ``status`` ({message}: loading,
     measuring the base, mining, training, measuring the adapter), ``progress``
@@ -101,6 +63,7 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
     ``scratch``: the trainer's output directory (it writes nothing there, but makes it),
     which the caller removes; None: a temporary one."""
     _check(spec)
+    watch = Watch()  # what the run grows by, from here
     fingerprint = spec_fingerprint(spec)
     start, resumed = (0, None) if spec.resume is None else read_checkpoint(spec.resume, fingerprint)
     if not 0 <= start <= spec.hyperparameters.epochs:
@@ -112,10 +75,17 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
     set_seed(spec.seed)
     hp = spec.hyperparameters
     model = build_model(spec)
+    share, per_text = spec.memory_share, 0
+    if share > 0:  # the share bounds the encoding batches too, by what is left of it
+        per_text = encoding_cost(model, watch)
+
+    def batch() -> int:
+        return encode_batch(share, per_text, ENCODE_BATCH, watch) if share else ENCODE_BATCH
+
     report("status", {"message": "measuring the base model"})
     es = build_eval_set(spec.train, spec.validation)
-    passages = _encode(model, es.passages)
-    base = evaluate(_encode(model, es.queries), passages, es.relevant)
+    passages = _encode(model, es.passages, batch())
+    base = evaluate(_encode(model, es.queries, batch()), passages, es.relevant)
     k = columns_wanted(spec.train, hp.hard_negatives)
     corpus = list(dict.fromkeys(t for p in spec.train for t in (p.positive, *p.negatives)))
     queries = list(dict.fromkeys(p.query for p in spec.train))
@@ -129,26 +99,37 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
         corpus,
         passages[[where[t] for t in corpus]] if need else None,
         queries,
-        _encode(model, queries) if need else None,
+        _encode(model, queries, batch()) if need else None,
     )
     lora = add_lora(model, hp)
     if resumed is not None:
         load_lora(lora, resumed)
     remaining = hp.epochs - start
     steps, seconds = 0, 0.0
+    fitted: Fit | None = None
     if remaining > 0:
+        if spec.memory_share > 0:
+            fitted = fit(model, spec.memory_share, hp.batch_size, spec.max_seq_len, watch)
+            report("status", {"message": fitted.describe(hp.batch_size, spec.max_seq_len)})
         report("status", {"message": f"training on {len(spec.train)} pairs", "epochs": remaining})
         t0 = time.perf_counter()
         with _scratch(scratch) as out:
             steps = _fit(spec, model, lora, negatives.rows, remaining, start, fingerprint, out,
-                         report)  # fmt: skip
+                         report, fitted)  # fmt: skip
         seconds = time.perf_counter() - t0
+        model.max_seq_length = spec.max_seq_len  # measured as served
     report("status", {"message": "measuring the adapter"})
-    adapter = evaluate(_encode(model, es.queries), _encode(model, es.passages), es.relevant)
+    adapter = evaluate(
+        _encode(model, es.queries, batch()), _encode(model, es.passages, batch()), es.relevant
+    )
     config, weights = save_files(lora)
+    memory = {"peak_growth": watch.peak_growth()}
+    if fitted is not None:
+        memory |= {"share": fitted.share, "micro_batch": fitted.micro_batch,
+                   "max_seq_len": fitted.max_seq_len}  # fmt: skip
     return TrainResult(
         config, weights, base, adapter, seconds, steps, hp.epochs, start, len(spec.train),
-        negatives.mined,
+        negatives.mined, memory,
     )  # fmt: skip
 
 
@@ -232,10 +213,8 @@ def add_lora(model: SentenceTransformer, hp: Hyperparameters) -> PeftModel:
     return lora
 
 
-def _encode(model: SentenceTransformer, texts: list[str]) -> NDArray[np.float32]:
-    return model.encode(
-        texts, batch_size=ENCODE_BATCH, convert_to_numpy=True, show_progress_bar=False
-    )
+def _encode(model: SentenceTransformer, texts: list[str], batch: int) -> NDArray[np.float32]:
+    return model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
 
 
 def _fit(
@@ -248,13 +227,17 @@ def _fit(
     fingerprint: str,
     out: str,
     report: Report,
+    fitted: Fit | None = None,
 ) -> int:
     """Run sentence-transformers' trainer for ``epochs`` epochs (``out``: its output
-    directory); the steps taken."""
+    directory), within ``fitted`` where given; the steps taken."""
     dataset_cls = importlib.import_module("datasets").Dataset  # untyped: Any
     from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
     from sentence_transformers.sentence_transformer.training_args import (
         SentenceTransformerTrainingArguments,
     )
@@ -272,6 +255,11 @@ def _fit(
             """No model card: it is not published, and its dataset statistics cost time."""
 
     hp = spec.hyperparameters
+    loss: Any = MultipleNegativesRankingLoss(model)
+    if fitted is not None:
+        model.max_seq_length = fitted.max_seq_len
+        if fitted.micro_batch < hp.batch_size:  # the same loss, a micro-batch at a time
+            loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=fitted.micro_batch)
     args = SentenceTransformerTrainingArguments(
         output_dir=out,
         num_train_epochs=epochs,
@@ -291,7 +279,7 @@ def _fit(
         model=model,
         args=args,
         train_dataset=dataset_cls.from_dict(columns),
-        loss=MultipleNegativesRankingLoss(model),
+        loss=loss,
         callbacks=[progress_callback(report, lora, start, epochs, fingerprint)],
     )
     trainer.remove_callback(PrinterCallback)  # it prints every log line to stdout
@@ -355,32 +343,3 @@ def save_files(lora: PeftModel) -> tuple[bytes, bytes]:
     with tempfile.TemporaryDirectory(prefix="fleetserve-adapter-") as out:
         lora.save_pretrained(out)
         return (Path(out) / CONFIG).read_bytes(), (Path(out) / WEIGHTS).read_bytes()
-
-
-# -- checkpoints ------------------------------------------------------------------
-
-
-def spec_fingerprint(spec: TrainSpec) -> str:
-    """A digest of what the trained weights depend on: the base's files (by content,
-    not path, so another worker's copy matches), the pairs, pooling, sequence length,
-    hyperparameters and seed. Not the threads."""
-    digest = hashlib.sha256()
-    base = Path(spec.base_path)
-    for f in sorted(base.iterdir()):
-        if f.name == "config.json" or f.suffix in (".safetensors", ".bin"):
-            digest.update(f.name.encode() + b"\0")
-            with f.open("rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    digest.update(chunk)
-    described = {
-        "format": CHECKPOINT_FORMAT,
-        "pooling": spec.pooling,
-        "normalize": spec.normalize,
-        "max_seq_len": spec.max_seq_len,
-        "hyperparameters": spec.hyperparameters.to_dict(),
-        "seed": spec.seed,
-        "train": [p.to_dict() for p in spec.train],
-        "validation": [p.to_dict() for p in spec.validation],
-    }
-    digest.update(json.dumps(described, sort_keys=True).encode())
-    return digest.hexdigest()
