@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,24 @@ def test_a_long_text_is_tokenized_once(tmp_path: Path) -> None:
     pairs._tok = counting = Counting(pairs._tok)  # type: ignore[assignment]
     assert pairs.encode(long, [long, short], truncate=True) == want_pairs
     assert len(counting.seen) == 3, [len(t) for t in counting.seen]  # two cuts and short
+
+
+def test_a_reload_does_not_parse_the_tokenizer_again_but_a_new_file_is(tmp_path: Path) -> None:
+    """A model's reload (or another copy of it) reuses the parsed tokenizer of the
+    same file at the same length; another length, or the file rewritten, parses anew,
+    and what it then encodes is the new file's."""
+    path = build_bert(tmp_path / "bert")
+    first, again = TextTokenizer(path, 16), TextTokenizer(path, 16)
+    assert first._tok is again._tok
+    assert TextTokenizer(path, 8)._tok is not first._tok
+    file = path / "tokenizer.json"
+    spec = json.loads(file.read_text())
+    vocab = spec["model"]["vocab"]
+    word = next(w for w in vocab if w.isalpha() and len(w) > 3)
+    before = first.encode([word], truncate=True)[0]
+    vocab[word], spare = 7, vocab[word]  # the same word, another id
+    file.write_text(json.dumps(spec))
+    os.utime(file, ns=(time.time_ns(), time.time_ns() + 1))
+    changed = TextTokenizer(path, 16)
+    assert changed._tok is not first._tok
+    assert changed.encode([word], truncate=True)[0] != before and spare != 7
