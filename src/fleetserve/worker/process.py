@@ -196,7 +196,7 @@ class WorkerProcess(Service):
             runner = job_runner(
                 self.settings, self.catalog, tuning, registry, self.node,
                 budget=(lambda: self.fleet.budget) if cpu else None,
-                room=self.fleet.beside if cpu else None,
+                room=(lambda *a: self.fleet.beside(*a)) if cpu else None,  # the fleet now
             )  # fmt: skip
             self.spawn("trainer", runner.run())  # a broken job fails alone
         await self._tune_in_background(js)

@@ -319,3 +319,27 @@ async def test_a_job_cancelled_while_it_waits_for_room_is_cancelled() -> None:
     await asyncio.wait_for(handling, 10)
     done = await ft.job(OPEN, j.id)
     assert done.status is JobStatus.CANCELLED and fleet.used() == 60 << 20
+
+
+async def test_a_job_taken_up_again_says_its_attempt_with_or_without_a_checkpoint() -> None:
+    """A job whose trainer died before its first checkpoint is started again from the
+    beginning: the feed says which attempt it is. Before, only a resume said so, and a
+    retry without a checkpoint read as a first start."""
+    ft, queue, _, _ = setup()
+
+    async def base_of(model: str) -> TrainBase:
+        return TrainBase("/nowhere", "mean", True, 32)
+
+    async def train(*args: object) -> object:
+        raise Cancelled("cancelled while training")
+
+    runner = JobRunner(ft.store, queue, runner_registry(ft), base_of, train=train)  # type: ignore[arg-type]
+    j = await job(ft)
+    await ft.store.put_job((await ft.job(OPEN, j.id)).with_(attempts=1))  # one trainer died
+    lease = await queue.take(1.0)
+    assert lease is not None
+    await asyncio.wait_for(runner.handle(lease), 10)
+    said = [e.message for e in await ft.store.events(j.tenant, j.id)]
+    assert [m for m in said if m.startswith("training started")] == [
+        "training started (attempt 2)"
+    ], said

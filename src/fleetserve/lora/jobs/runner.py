@@ -180,7 +180,8 @@ class JobRunner:
         job = job.with_(status=JobStatus.RUNNING, started_at=job.started_at or int(time.time()),
                         attempts=job.attempts + 1, owner=token)  # fmt: skip
         await self.store.put_job(job)
-        again = f" (attempt {job.attempts}, resuming from a checkpoint)" if resume else ""
+        again = f" (attempt {job.attempts}{', resuming from a checkpoint' if resume else ''})"
+        again = again if job.attempts > 1 or resume else ""  # a retry says so, checkpoint or not
         where = f" on {self.node}" if self.node else ""
         await add_event(self.store, job, f"training started{where}{again}", type="status",
                         data={"node": self.node, "attempt": job.attempts})  # fmt: skip
