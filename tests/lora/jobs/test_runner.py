@@ -14,9 +14,12 @@ import pytest
 
 from fleetserve.catalog.hardware import memory_source
 from fleetserve.finetune_setup import limited_trainer, memory_limit, training_share
+from fleetserve.fleet.manager import Fleet
+from fleetserve.fleet.policy import GDSF
 from fleetserve.lora.bases import StaticBases
 from fleetserve.lora.jobs.manager import FineTuning, TrainLimits
 from fleetserve.lora.jobs.queue import JobRef, MemoryJobQueue
+from fleetserve.lora.jobs.room import TrainMemory
 from fleetserve.lora.jobs.runner import JobRunner, TrainBase
 from fleetserve.lora.jobs.store import ROOT, JobStore
 from fleetserve.lora.registry import AdapterRegistry
@@ -29,6 +32,8 @@ from fleetserve.wire import OPEN, Cancelled, InvalidInput
 from fleetserve.wire.finetune import Job, JobStatus
 from tests.tinymodels import build_bert
 from tests.waiting import async_wait_for
+
+from ...fleet.test_manager import Clock, FakeModel
 
 
 def pairs(n: int = 8) -> bytes:
@@ -237,42 +242,53 @@ def test_train_memory_share_is_a_size_a_percent_of_the_budget_or_none() -> None:
         training_share(Settings.load(overrides={"train_memory_share": "half"}), budget)
 
 
+async def busy_fleet() -> Fleet:
+    """A 100 MiB fleet whose 60 MiB model is busy: it cannot leave until released."""
+    clock = Clock()
+    fleet = Fleet(100 << 20, GDSF(), clock=clock, room_wait=0.0)
+    fleet.add(FakeModel(clock, "busy", 60))
+    await fleet.acquire("busy", timeout=10.0)
+    return fleet
+
+
+async def nowhere(model: str) -> TrainBase:
+    return TrainBase("/nowhere", "mean", True, 32)
+
+
+async def handled(
+    ft: FineTuning, queue: MemoryJobQueue, runner: JobRunner
+) -> tuple[Job, asyncio.Future[None]]:
+    """A new job, taken and being handled by ``runner`` (its task)."""
+    j = await job(ft)
+    lease = await queue.take(1.0)
+    assert lease is not None
+    return j, asyncio.ensure_future(runner.handle(lease))
+
+
+async def feed(ft: FineTuning, j: Job) -> list[str]:
+    return [e.message for e in await ft.store.events(j.tenant, j.id)]
+
+
 async def test_a_job_trains_within_its_share_held_in_the_fleet_and_waits_for_room() -> None:
     """The job's share of the fleet's budget goes to the trainer (``memory_share``) and
     is held in the fleet while it trains: here a busy model holds the room, so the job
     waits (the feed says so once), then trains once the model may leave, and the share
     is given back when it ends. Today the share is not charged at all."""
-    from fleetserve.fleet.manager import Fleet
-    from fleetserve.fleet.policy import GDSF
-    from fleetserve.lora.jobs.room import TrainMemory
-
-    from ...fleet.test_manager import Clock, FakeModel
-
     ft, queue, _, _ = setup()
-    clock = Clock()
-    fleet = Fleet(100 << 20, GDSF(), clock=clock, room_wait=0.0)
-    fleet.add(FakeModel(clock, "busy", 60))
-    await fleet.acquire("busy", timeout=10.0)
+    fleet = await busy_fleet()
     seen: list[tuple[int, int]] = []  # (the spec's share, what the fleet held) at training
-
-    async def base_of(model: str) -> TrainBase:
-        return TrainBase("/nowhere", "mean", True, 32)
 
     async def train(spec: TrainSpec, on_event: object, cancel: asyncio.Event) -> object:
         seen.append((spec.memory_share, fleet.used()))
         raise Cancelled("cancelled while training")  # enough: the share was held
 
     memory = TrainMemory(lambda: fleet.budget // 2, fleet.beside)
-    runner = JobRunner(ft.store, queue, runner_registry(ft), base_of, train=train,  # type: ignore[arg-type]
+    runner = JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
                        memory=memory)  # fmt: skip
-    j = await job(ft)
-    lease = await queue.take(1.0)
-    assert lease is not None
-    handling = asyncio.ensure_future(runner.handle(lease))
+    j, handling = await handled(ft, queue, runner)
 
     async def waiting() -> bool:
-        events = [e.message for e in await ft.store.events(j.tenant, j.id)]
-        return any("waiting for 50 MiB of the memory budget" in m for m in events)
+        return any("waiting for 50 MiB of the memory budget" in m for m in await feed(ft, j))
 
     await async_wait_for(waiting, 10)
     assert seen == []  # not before there is room
@@ -280,39 +296,23 @@ async def test_a_job_trains_within_its_share_held_in_the_fleet_and_waits_for_roo
     await asyncio.wait_for(handling, 10)
     assert seen == [(50 << 20, 50 << 20)]  # the model left; the share was held
     assert fleet.used() == 0  # and given back
-    events = [e.message for e in await ft.store.events(j.tenant, j.id)]
-    assert sum("waiting for 50 MiB" in m for m in events) == 1
+    assert sum("waiting for 50 MiB" in m for m in await feed(ft, j)) == 1
 
 
 async def test_a_job_cancelled_while_it_waits_for_room_is_cancelled() -> None:
-    from fleetserve.fleet.manager import Fleet
-    from fleetserve.fleet.policy import GDSF
-    from fleetserve.lora.jobs.room import TrainMemory
-
-    from ...fleet.test_manager import Clock, FakeModel
-
     ft, queue, _, _ = setup()
-    clock = Clock()
-    fleet = Fleet(100 << 20, GDSF(), clock=clock, room_wait=0.0)
-    fleet.add(FakeModel(clock, "busy", 60))
-    await fleet.acquire("busy", timeout=10.0)
-
-    async def base_of(model: str) -> TrainBase:
-        return TrainBase("/nowhere", "mean", True, 32)
+    fleet = await busy_fleet()
 
     async def train(*args: object) -> object:
         raise AssertionError("it never had room to train")
 
     memory = TrainMemory(lambda: 50 << 20, fleet.beside)
-    runner = JobRunner(ft.store, queue, runner_registry(ft), base_of, train=train,  # type: ignore[arg-type]
+    runner = JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
                        memory=memory)  # fmt: skip
-    j = await job(ft)
-    lease = await queue.take(1.0)
-    assert lease is not None
-    handling = asyncio.ensure_future(runner.handle(lease))
+    j, handling = await handled(ft, queue, runner)
 
     async def waiting() -> bool:
-        return any("waiting for" in e.message for e in await ft.store.events(j.tenant, j.id))
+        return any("waiting for" in m for m in await feed(ft, j))
 
     await async_wait_for(waiting, 10)
     await ft.cancel(OPEN, j.id)
@@ -327,19 +327,16 @@ async def test_a_job_taken_up_again_says_its_attempt_with_or_without_a_checkpoin
     retry without a checkpoint read as a first start."""
     ft, queue, _, _ = setup()
 
-    async def base_of(model: str) -> TrainBase:
-        return TrainBase("/nowhere", "mean", True, 32)
-
     async def train(*args: object) -> object:
         raise Cancelled("cancelled while training")
 
-    runner = JobRunner(ft.store, queue, runner_registry(ft), base_of, train=train)  # type: ignore[arg-type]
+    runner = JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train)  # type: ignore[arg-type]
     j = await job(ft)
     await ft.store.put_job((await ft.job(OPEN, j.id)).with_(attempts=1))  # one trainer died
     lease = await queue.take(1.0)
     assert lease is not None
     await asyncio.wait_for(runner.handle(lease), 10)
-    said = [e.message for e in await ft.store.events(j.tenant, j.id)]
+    said = await feed(ft, j)
     assert [m for m in said if m.startswith("training started")] == [
         "training started (attempt 2)"
     ], said

@@ -2,9 +2,9 @@
 
 Before the first step the trainer measures what one text costs it: a forward and a
 backward pass of one text at the sequence length, through the LoRA, the resident
-set's peak above what the process held before (the second of two passes: the first
-grows the heap once, as training's first step would). The share, less what the process
-has grown by since the run began (the base model, the scores of the base), buys that
+set's peak above what the process held before (its first pass, freed heap given back
+first: a second pass reused the first's heap and read too little). The share, less
+what the process holds above where the run began (the base model, its scores), buys that
 many texts at once, four fifths of it to leave room for the rest of a step (the loss,
 the optimizer, the allocator's slack). The batch then runs in micro-batches of that
 many texts (sentence-transformers' cached multiple-negatives loss: the batch's in-batch
