@@ -321,6 +321,34 @@ async def test_a_job_cancelled_while_it_waits_for_room_is_cancelled() -> None:
     assert done.status is JobStatus.CANCELLED and fleet.used() == 60 << 20
 
 
+async def test_a_worker_stopping_while_a_job_waits_for_room_puts_the_job_back() -> None:
+    """The worker stops (its runner's task is cancelled) while a job waits for its
+    share: the job goes back on the queue without an attempt, as from training, and
+    the fleet holds nothing for it."""
+    ft, queue, _, _ = setup()
+    fleet = await busy_fleet()
+
+    async def train(*args: object) -> object:
+        raise AssertionError("it never had room to train")
+
+    memory = TrainMemory(lambda: 50 << 20, fleet.beside)
+    runner = JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
+                       memory=memory)  # fmt: skip
+    j = await job(ft)
+    task = asyncio.ensure_future(runner.run())
+
+    async def waiting() -> bool:
+        return any("waiting for" in m for m in await feed(ft, j))
+
+    await async_wait_for(waiting, 10)
+    task.cancel()  # a wait that swallowed the cancel would leave the runner running
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+    back = await ft.job(OPEN, j.id)
+    assert back.status is JobStatus.QUEUED and back.attempts == 0 and back.owner is None
+    assert "the worker stopped; job queued again" in await feed(ft, j)
+    assert fleet.used() == 60 << 20  # the busy model's, and no share
+
+
 async def test_a_job_taken_up_again_says_its_attempt_with_or_without_a_checkpoint() -> None:
     """A job whose trainer died before its first checkpoint is started again from the
     beginning: the feed says which attempt it is. Before, only a resume said so, and a
