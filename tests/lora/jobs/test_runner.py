@@ -299,22 +299,29 @@ async def test_a_job_trains_within_its_share_held_in_the_fleet_and_waits_for_roo
     assert sum("waiting for 50 MiB" in m for m in await feed(ft, j)) == 1
 
 
-async def test_a_job_cancelled_while_it_waits_for_room_is_cancelled() -> None:
-    ft, queue, _, _ = setup()
-    fleet = await busy_fleet()
+def never_room(ft: FineTuning, queue: MemoryJobQueue, fleet: Fleet) -> JobRunner:
+    """A runner whose jobs want 50 MiB of ``fleet`` and must never get to train."""
 
     async def train(*args: object) -> object:
         raise AssertionError("it never had room to train")
 
     memory = TrainMemory(lambda: 50 << 20, fleet.beside)
-    runner = JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
-                       memory=memory)  # fmt: skip
+    return JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
+                     memory=memory)  # fmt: skip
+
+
+async def waits(ft: FineTuning, j: Job) -> bool:
+    """Whether ``j``'s feed says it waits for memory."""
+    return any("waiting for" in m for m in await feed(ft, j))
+
+
+async def test_a_job_cancelled_while_it_waits_for_room_is_cancelled() -> None:
+    ft, queue, _, _ = setup()
+    fleet = await busy_fleet()
+    runner = never_room(ft, queue, fleet)
     j, handling = await handled(ft, queue, runner)
 
-    async def waiting() -> bool:
-        return any("waiting for" in m for m in await feed(ft, j))
-
-    await async_wait_for(waiting, 10)
+    await async_wait_for(lambda: waits(ft, j), 10)
     await ft.cancel(OPEN, j.id)
     await asyncio.wait_for(handling, 10)
     done = await ft.job(OPEN, j.id)
@@ -327,20 +334,11 @@ async def test_a_worker_stopping_while_a_job_waits_for_room_puts_the_job_back() 
     the fleet holds nothing for it."""
     ft, queue, _, _ = setup()
     fleet = await busy_fleet()
-
-    async def train(*args: object) -> object:
-        raise AssertionError("it never had room to train")
-
-    memory = TrainMemory(lambda: 50 << 20, fleet.beside)
-    runner = JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
-                       memory=memory)  # fmt: skip
+    runner = never_room(ft, queue, fleet)
     j = await job(ft)
     task = asyncio.ensure_future(runner.run())
 
-    async def waiting() -> bool:
-        return any("waiting for" in m for m in await feed(ft, j))
-
-    await async_wait_for(waiting, 10)
+    await async_wait_for(lambda: waits(ft, j), 10)
     task.cancel()  # a wait that swallowed the cancel would leave the runner running
     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
     back = await ft.job(OPEN, j.id)
