@@ -89,6 +89,31 @@ def test_the_child_has_its_environment_directory_and_session(
     assert proc.wait(30) == 0
 
 
+def test_a_child_runs_in_the_directory_asked_for(zygote: Zygote, tmp_path: Path) -> None:
+    r, w = os.pipe()
+    try:
+        child = zygote.spawn(CHILD, ["show", "-"], ENV, fds=(0, w, 2), cwd=str(tmp_path))
+    finally:
+        os.close(w)
+    with os.fdopen(r) as out:
+        said = out.readline().split()
+    assert child is not None and said[1] == str(tmp_path) and child.wait(30) == 0
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_quiet_zygotes_own_stdio_is_dev_null(quiet: bool) -> None:
+    """(Its children's are what ``spawn`` passes, as above.)"""
+    z = Zygote(ENV, preload=["json"], quiet=quiet)
+    z.start()
+    try:
+        assert z._wait_ready() and z.proc is not None
+        theirs = [os.readlink(f"/proc/{z.proc.pid}/fd/{fd}") for fd in (0, 1, 2)]
+    finally:
+        z.close()
+    ours = [os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)]
+    assert theirs == (["/dev/null"] * 3 if quiet else ours)
+
+
 def test_the_interpreter_ends_the_child_as_usual(start: Start, tmp_path: Path) -> None:
     flag = tmp_path / "atexit"
     proc, _ = run(start, ["atexit", str(flag)])

@@ -103,8 +103,12 @@ class Zygote:
         *,
         preload: Sequence[str] = PRELOAD,
         free: Sequence[str] = ("FLEETSERVE_",),
+        quiet: bool = False,
     ) -> None:
+        """``quiet``: the zygote's own stdin, stdout and stderr are /dev/null rather than
+        this process's (its children's are whatever ``spawn`` passes)."""
         self.env = dict(env)
+        self.quiet = quiet
         self.preload = list(preload)
         self.free = tuple(free)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -129,6 +133,9 @@ class Zygote:
                 [*cmd, *self.preload],
                 env=self.env,
                 pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL if self.quiet else None,
+                stdout=subprocess.DEVNULL if self.quiet else None,
+                stderr=subprocess.DEVNULL if self.quiet else None,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
@@ -156,8 +163,10 @@ class Zygote:
         *,
         session: bool = True,
         fds: tuple[int, int, int] = (0, 1, 2),
+        cwd: str | None = None,
     ) -> ZygoteChild | None:
-        """``python -m MODULE ARGS`` as a fork of the zygote; ``None`` where it cannot."""
+        """``python -m MODULE ARGS`` as a fork of the zygote, in ``cwd`` (None: this
+        process's); ``None`` where it cannot."""
         if not self.serves(env) or not self._wait_ready() or not self.alive:
             return None
         sock = self.sock
@@ -166,7 +175,7 @@ class Zygote:
             self._sent += 1
             rid = self._sent
             request = {"id": rid, "module": module, "args": list(args), "env": dict(env)}
-            request |= {"cwd": os.getcwd(), "session": session}
+            request |= {"cwd": cwd or os.getcwd(), "session": session}
             try:
                 socket.send_fds(sock, [json.dumps(request).encode()], list(fds))
             except OSError:
