@@ -79,10 +79,12 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 # one side is no failure (pytest's exit 5). That pytest collects only the files that
 # hold them (a whole-suite collection is ~17 CPU-seconds a worker), unless PYTEST_ARGS
 # is given: then it collects what those say (tests/test_makefile.py keeps the list whole).
+# --dist load hands the tests out in this order: the files with the longest tunes first
+# (add's, 53 s, was fifth), so that no long one starts when the other worker is done
 TUNE_WORKERS ?= 2
-TUNE_TESTS := tests/bench/tune/test_background.py tests/bench/tune/test_fleetwide.py \
-	tests/bench/tune/test_hosttraffic.py tests/bench/tune/test_hostlock.py \
-	tests/add/test_tune.py tests/worker/test_devices.py
+TUNE_TESTS := tests/add/test_tune.py tests/bench/tune/test_background.py \
+	tests/bench/tune/test_fleetwide.py tests/worker/test_devices.py \
+	tests/bench/tune/test_hosttraffic.py tests/bench/tune/test_hostlock.py
 # beside the tunes, at nice 19 in a pytest of their own, the tests that only compute
 # (marker `soaks`: no server, nothing timed). Two tunes at once leave a quarter of two
 # cores idle; at nice 19 these take that and little else (the tunes took no longer),

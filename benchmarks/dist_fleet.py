@@ -23,6 +23,7 @@ import httpx
 from fleetserve.cluster.natsd import NatsServer, die_with_parent
 from fleetserve.settings import Settings
 
+from . import launch
 from .targets import HttpTarget, free_port
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root
@@ -82,7 +83,7 @@ class Fleet:
     ) -> None:
         argv = [sys.executable, "-m", module, *args, *flags(values)]
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the child
-        proc = subprocess.Popen(
+        proc = launch.popen(
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -23,6 +23,7 @@ import httpx
 from fleetserve.cluster.natsd import die_with_parent
 from fleetserve.fleet.memory import rss_of
 
+from . import launch
 from .targets import free_port
 
 
@@ -48,7 +49,7 @@ class Server:
         scratch = log_dir / f"{name}.cwd"
         scratch.mkdir(exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives with the child
-        self.proc = subprocess.Popen(
+        self.proc = launch.popen(
             argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,

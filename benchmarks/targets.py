@@ -16,6 +16,8 @@ from typing import IO, Any
 import httpx
 import numpy as np
 
+from . import launch
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -48,7 +50,7 @@ class HttpTarget:
         argv = [a.replace("{port}", str(self.port)) for a in self.argv]
         log = open(log_dir / f"{self.name}.log", "wb")  # noqa: SIM115 - lives with the process
         self.log = log
-        self.proc = subprocess.Popen(
+        self.proc = launch.popen(
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -17,6 +17,7 @@ from rich.console import Console
 from fleetserve.catalog import Catalog
 from fleetserve.cli_models import list_models
 
+from . import forked
 from .conftest import ServerThread, tiny_settings
 from .tinymodels import build_bert, write_spec
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.slow  # seconds each: `make test-fast` leaves it out
 
 def run(*args: str, cwd: Path, columns: str = "200") -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin"} | ({"COLUMNS": columns} if columns else {})
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-m", "fleetserve", "models", *args],
         capture_output=True,
         text=True,

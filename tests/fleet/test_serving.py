@@ -19,6 +19,7 @@ import pytest
 
 from fleetserve.fleet.memory import rss_of
 
+from .. import forked
 from ..cluster.conftest import free_port
 from ..conftest import NO_USER_PROFILES, TINY_CLASS
 from ..tinymodels import build_bert, write_spec
@@ -30,7 +31,8 @@ SHAPES = [(256, 2), (384, 4), (512, 4)]  # hidden, layers: about 4, 19 and 33 Mi
 
 
 class Served:
-    """``python -m fleetserve serve`` on a free port, its output collected."""
+    """``python -m fleetserve serve`` (forked: tests/forked.py) on a free port, its output
+    collected."""
 
     def __init__(self, catalog: Path, home: Path, *args: str, env: dict[str, str] | None = None):
         self.port = free_port()
@@ -39,7 +41,7 @@ class Served:
         cmd += ["--catalog", str(catalog), "--device", "cpu", "--torch-threads", "1"]
         cmd += ["--profile-dir", NO_USER_PROFILES, "--hardware-class", TINY_CLASS, *args]
         base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
-        self.proc = subprocess.Popen(
+        self.proc = forked.popen(
             cmd, env={**base, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
         self.lines: list[str] = []

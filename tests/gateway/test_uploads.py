@@ -28,6 +28,7 @@ from fleetserve.lora.store import AdapterStore
 from fleetserve.storage import MemoryStore
 from fleetserve.wire import Principal
 
+from .. import forked
 from ..lora.kit import ALICE, BASE, BOB, Kit, kit_fixture, registry_on  # noqa: F401
 from .finetune_kit import ALICE as ALICE_KEY
 from .finetune_kit import Served, finetuning, pairs
@@ -285,7 +286,7 @@ def test_stream_parser_gives_the_parts_in_any_chunking(size: int) -> None:
 @pytest.fixture(scope="module")
 def big_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
     root = tmp_path_factory.mktemp("big-uploads")
-    proc = subprocess.Popen(
+    proc = forked.popen(
         [sys.executable, "-m", "tests.gateway.upload_kit", str(root)],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )  # fmt: skip

@@ -30,6 +30,7 @@ from fleetserve.catalog.profiles import Choice, read_profile_file
 from fleetserve.catalog.weights import weights_path
 from fleetserve.settings import Settings
 
+from ... import forked
 from ...conftest import ServerThread
 from ...tinymodels import build_bert, write_spec
 from ...waiting import async_wait_for
@@ -327,7 +328,7 @@ def test_sigterm_during_a_background_tune_stops_the_server_and_the_tune(
 ) -> None:
     s = settings(tmp_path)
     env = {**os.environ, **s.to_env(), Settings.env_name("tune"): "auto"}  # (the default)
-    proc = subprocess.Popen(
+    proc = forked.popen(
         [sys.executable, "-m", "fleetserve", "serve", "--port", "0"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 from fleetserve.catalog import CostModel
 from fleetserve.catalog.profiles import read_profile_file
 
+from ... import forked
 from ...tinymodels import build_bert, write_spec
 
 MODEL = "tiny/tune-bert"
@@ -53,7 +54,7 @@ def test_a_tune_writes_a_profile_with_provenance_and_a_report(
     catalog: Path, tmp_path: Path
 ) -> None:
     argv = tune_argv(catalog, tmp_path, "--max-processes", "1")  # one process: a knee
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    r = forked.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     (cls_dir,) = (tmp_path / "profiles").iterdir()
     pf = read_profile_file(cls_dir / "tiny--tune-bert.yaml", cls_dir.name)
@@ -85,7 +86,7 @@ def test_a_tune_writes_a_profile_with_provenance_and_a_report(
 
 
 def test_ctrl_c_leaves_no_profile_and_says_cancelled(catalog: Path, tmp_path: Path) -> None:
-    proc = subprocess.Popen(
+    proc = forked.popen(
         tune_argv(catalog, tmp_path, budget=120),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -112,7 +113,7 @@ def test_ctrl_c_leaves_no_profile_and_says_cancelled(catalog: Path, tmp_path: Pa
 
 
 def test_a_budget_too_small_says_so_and_writes_nothing(catalog: Path, tmp_path: Path) -> None:
-    r = subprocess.run(
+    r = forked.run(
         tune_argv(catalog, tmp_path, budget=5), capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2
@@ -129,7 +130,7 @@ def test_an_unknown_model_or_absent_weights_is_one_line(
 ) -> None:
     argv = tune_argv(catalog, tmp_path)
     argv[argv.index(MODEL)] = model
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    r = forked.run(argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert says in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -152,7 +153,7 @@ def test_a_run_id_that_cannot_name_the_run_is_one_line(
     argv = tune_argv(catalog, tmp_path, "--run-id", run_id)
     if models == 2:
         argv.insert(argv.index(MODEL) + 1, MODEL)
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    r = forked.run(argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["taken.json"]

@@ -29,6 +29,7 @@ from fleetserve.storage import FileStore
 from fleetserve.wire import Principal, Scope
 from fleetserve.wire.finetune import Job, JobStatus
 
+from ... import forked
 from ...conftest import TINY
 from ...extras import missing
 
@@ -176,7 +177,7 @@ class Serve:
     its training child too), on port 0, over the cache directory ``cache``."""
 
     def __init__(self, catalog: Path, cache: Path) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = forked.popen(
             [sys.executable, "-c", SERVE, str(catalog), str(cache), str(SERVE_TTL)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).parents[3],
             start_new_session=True, text=True,
