@@ -1,21 +1,19 @@
 """Python children for tests, forked from an interpreter that has imported torch.
 
-A fresh ``python -m fleetserve serve`` spends about 5.5 CPU-seconds importing torch and
-transformers before it does anything (2-core AMD EPYC, cpu-avx2), and the suite starts
-a few dozen such children. Each test process keeps one zygote (the product's,
-``fleetserve.cluster.zygote``, which the cluster forks its workers from), started at
-its first use with this process's environment, and forks them from it.
+A fresh ``python -m fleetserve serve`` spends 5.5 to 8.5 CPU-seconds importing torch and
+transformers before it serves (2-core AMD EPYC, cpu-avx2); a fork of an interpreter
+that has imported them, 0.45. The suite starts a few dozen such children. A test
+process forks them from zygotes (the product's, ``fleetserve.cluster.zygote``, which
+the cluster forks its workers from), one for each environment that the preloaded
+libraries or the interpreter's start may read (``IMPORT_ENV``: the hub's, torch's, the
+thread pools', Python's own), started with that environment the second time a child
+asks for it (the first runs fresh: a zygote costs a fresh start's imports), at most
+``MAX_ZYGOTES`` of them. Anything else in a child's environment (``FLEETSERVE_*``,
+``HOME``, ``PATH``, ``COLUMNS``) is read at run time, from the environment it is given.
+A child is a fresh interpreter, as before, where no zygote serves it.
 
 ``popen`` and ``run`` take what ``subprocess.Popen`` and ``subprocess.run`` take, for
 ``[sys.executable, "-m", MODULE, *ARGS]`` or ``[sys.executable, "-c", CODE, *ARGS]``.
-A child is a fresh interpreter, as before, where the zygote cannot serve it:
-
-- its environment differs from the zygote's in a variable that the preloaded libraries
-  or the interpreter's start may read (``IMPORT_ENV``: the hub's, torch's, the thread
-  pools', Python's own). Anything else (``FLEETSERVE_*``, ``HOME``, ``PATH``,
-  ``COLUMNS``) is read at run time, from the environment the child is given;
-- the zygote could not start, or has ended.
-
 What differs from a fresh interpreter is what ``cluster/zygote_main.py`` says: the
 command line (``ps``) is the zygote's, and the child is the zygote's child, not this
 process's (``os.waitpid`` cannot reap it; ``wait`` and ``poll`` here can). Not for a
@@ -52,26 +50,37 @@ CODE = "tests.forked_code"  # runs a ``-c`` program as the interpreter would
 # TESTS_FRESH_CHILDREN=1: every child a fresh interpreter (does a failure need the fork?)
 FRESH = os.environ.get("TESTS_FRESH_CHILDREN") == "1"
 
+MAX_ZYGOTES = 3  # in one process (each holds ~0.5 GB, shared with its children)
+
 _lock = threading.Lock()
-_zygote: Zygote | None = None
+_zygotes: dict[tuple[tuple[str, str], ...], Zygote] = {}
+_asked: dict[tuple[tuple[str, str], ...], int] = {}
+
+
+def read_at_import(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV) and k not in READ_LATER)
+    )
 
 
 class _TestZygote(Zygote):
     def serves(self, env: Mapping[str, str]) -> bool:
-        def read_at_import(e: Mapping[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if k.startswith(IMPORT_ENV) and k not in READ_LATER}
-
         return read_at_import(env) == read_at_import(self.env)
 
 
-def _the_zygote() -> Zygote:
-    global _zygote
+def _zygote_for(env: Mapping[str, str]) -> Zygote | None:
+    """The zygote for this environment; None for the first child that asks (or past
+    ``MAX_ZYGOTES``): it runs fresh."""
+    key = read_at_import(env)
     with _lock:
-        if _zygote is None:
-            _zygote = _TestZygote(dict(os.environ), preload=PRELOAD_TESTS, quiet=True)
-            _zygote.start()
-            atexit.register(_zygote.close)
-        return _zygote
+        if key not in _zygotes:
+            _asked[key] = _asked.get(key, 0) + 1
+            if _asked[key] < 2 or len(_zygotes) >= MAX_ZYGOTES:
+                return None
+            z = _zygotes[key] = _TestZygote(dict(env), preload=PRELOAD_TESTS, quiet=True)
+            z.start()
+            atexit.register(z.close)
+        return _zygotes[key]
 
 
 class Forked:
@@ -216,7 +225,8 @@ def _fork(
             fd, stream = _end(spec, which, text, close)
             fds.append(fd)
             streams.append(stream)
-        child = _the_zygote().spawn(
+        zygote = _zygote_for(env)
+        child = None if zygote is None else zygote.spawn(
             module, args, env, session=session, fds=(fds[0], fds[1], fds[2]),
             cwd=None if cwd is None else os.fspath(cwd),
         )  # fmt: skip

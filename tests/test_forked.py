@@ -22,7 +22,10 @@ SHOW = "import os, sys; print(sys.argv[1:], os.getcwd(), os.environ.get('WHO'));
 
 @pytest.fixture(autouse=True)
 def _forking(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forked, "FRESH", False)  # (whatever TESTS_FRESH_CHILDREN says)
+    """Whatever TESTS_FRESH_CHILDREN says, with this process's zygote for its own
+    environment started (by the first child that asks: it runs fresh)."""
+    monkeypatch.setattr(forked, "FRESH", False)
+    forked.run([PY, "-c", "pass"], timeout=120)
 
 
 def test_a_program_gets_its_arguments_directory_environment_and_exit_code(
@@ -62,11 +65,29 @@ def test_a_signal_and_a_timeout_end_it() -> None:
         forked.run([PY, "-c", "import time; time.sleep(60)"], timeout=0.5)
 
 
-@pytest.mark.parametrize("var", ["HF_HOME", "OMP_NUM_THREADS", "PYTHONPATH"])
-def test_an_environment_read_at_import_gets_a_fresh_interpreter(var: str) -> None:
-    with forked.popen([PY, "-c", "pass"], env={**os.environ, var: "/elsewhere"}) as p:
-        assert isinstance(p, subprocess.Popen)
-    assert p.returncode == 0
-    with forked.popen([PY, "-c", "pass"], env={**os.environ, "FLEETSERVE_X": "1"}) as q:
-        assert isinstance(q, forked.Forked)
+def test_an_environment_read_at_import_gets_a_zygote_of_its_own_the_second_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(forked, "_zygotes", {})
+    monkeypatch.setattr(forked, "_asked", {})
+    code = "import huggingface_hub.constants as c; print(c.HF_HOME)"
+    env = {**os.environ, "HF_HOME": "/elsewhere"}
+    kinds, said = [], []
+    for _ in range(2):
+        with forked.popen([PY, "-c", code], env=env, stdout=subprocess.PIPE, text=True) as p:
+            kinds.append(type(p))
+            out, _ = p.communicate(timeout=120)
+        said.append(out.strip())
+    assert kinds == [subprocess.Popen, forked.Forked] and said == ["/elsewhere"] * 2
+    with forked.popen([PY, "-c", "pass"], env={**env, "FLEETSERVE_X": "1"}) as q:
+        assert isinstance(q, forked.Forked)  # (read when it runs, not at import)
     assert q.returncode == 0
+
+
+def test_past_the_last_zygote_a_child_runs_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "MAX_ZYGOTES", 0)
+    monkeypatch.setattr(forked, "_zygotes", {})
+    for _ in range(2):
+        with forked.popen([PY, "-c", "pass"]) as p:
+            assert isinstance(p, subprocess.Popen)
+        assert p.returncode == 0
