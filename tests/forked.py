@@ -37,7 +37,7 @@ from fleetserve.cluster.zygote import PRELOAD, Zygote, ZygoteChild
 # also imported before the fork: what `fleetserve serve` builds
 PRELOAD_TESTS = (*PRELOAD, "fleetserve.server", "fleetserve.stack")
 # variables that a preloaded library (or the interpreter's start) may read before main():
-# where a child's differ from the zygote's, it starts fresh
+# each set of their values has a zygote of its own
 IMPORT_ENV = (
     "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA", "NVIDIA_",
     "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TOKENIZERS_", "TQDM_", "XDG_",
@@ -213,6 +213,9 @@ def _fork(
     text: bool,
     session: bool,
 ) -> Forked | None:
+    zygote = _zygote_for(env)
+    if zygote is None:
+        return None
     close: list[int] = []  # the child's ends: the zygote has them once it has forked
     streams: list[IO[Any] | None] = []
     fds: list[int] = []
@@ -225,8 +228,7 @@ def _fork(
             fd, stream = _end(spec, which, text, close)
             fds.append(fd)
             streams.append(stream)
-        zygote = _zygote_for(env)
-        child = None if zygote is None else zygote.spawn(
+        child = zygote.spawn(
             module, args, env, session=session, fds=(fds[0], fds[1], fds[2]),
             cwd=None if cwd is None else os.fspath(cwd),
         )  # fmt: skip
