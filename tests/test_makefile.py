@@ -36,3 +36,14 @@ def test_the_soak_pytest_collects_every_file_that_only_computes() -> None:
     """The tests marked ``soaks`` run beside the tunes in a pytest that collects only
     SOAK_TESTS, and the parallel part leaves them out."""
     assert _make_list("SOAK_TESTS") == _marked("soaks")
+
+
+def test_colbert_ai_is_installed_with_the_pins_its_unchecked_reason_names() -> None:
+    """`make serve` installs colbert-ai where the reference check looks for it, with the
+    list the check prints where it is not there."""
+    from fleetserve.bench.tune.reference_colbert import INSTALL, library_dir
+
+    assert _make_list("REFERENCE_COLBERT") == set(INSTALL.split())
+    text = ROOT.joinpath("Makefile").read_text()
+    assert "--target $(VENV)/reference/colbert-ai $(REFERENCE_COLBERT)" in text
+    assert library_dir("").relative_to(ROOT / ".venv") == Path("reference/colbert-ai")

@@ -17,7 +17,7 @@ from .tinymodels import save_tokenizer, wordpiece
 
 QUERY_LENGTH = 8
 DOC_LENGTH = 12
-PUNCT = [",", ".", "!", "?"]
+PUNCT = list(string.punctuation)  # in the vocabulary, as in a real BERT's
 
 
 def build_tokenizer(path: Path, added: tuple[str, ...] = ()) -> int:
@@ -64,6 +64,7 @@ def build_hf_colbert(path: Path, *, out_dim: int = 16, seed: int = 0) -> Path:
         "doc_token_id": "[unused1]",
         "query_maxlen": QUERY_LENGTH,
         "doc_maxlen": DOC_LENGTH,
+        "dim": out_dim,  # as stanford-nlp checkpoints say it (colbert-ai builds its linear by it)
         "mask_punctuation": True,
         "attend_to_mask_tokens": False,
     }

@@ -144,6 +144,14 @@ class Settings(Limits, Background):
         "The Hugging Face cache searched for hf: model sources.",
         groups="catalog",
     )
+    reference_dir: str = setting(
+        "",
+        "Reference libraries that cannot share fleetserve's environment, one folder "
+        "each (colbert-ai, which needs transformers 4, checks stanford-nlp ColBERT "
+        "models). Empty: <the interpreter's prefix>/reference, where `make serve` "
+        "installs them.",
+        groups="catalog",
+    )
     gil_switch_interval: float = setting(
         0.0005,
         "Python's GIL switch interval (s). Short: the forward thread gets the GIL back "

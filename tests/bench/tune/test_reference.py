@@ -18,7 +18,7 @@ from fleetserve.runtimes import Head
 from fleetserve.settings import Settings
 
 from ... import tiny_st
-from ...tiny_colbert import build_pylate_colbert
+from ...tiny_colbert import build_hf_colbert, build_pylate_colbert
 from ...tiny_extract import build_nli_classifier, build_token_classifier
 from ...tiny_generate import build_llama
 from ...tiny_image import build_clip, build_siglip
@@ -287,11 +287,51 @@ def test_a_span_ner_spec_that_cuts_texts_shorter_than_the_model_fails(tmp_path: 
     assert got.status == FAILED and got.reason.startswith("extract: request "), got.reason
 
 
-def test_a_hf_layout_colbert_is_unchecked(tmp_path: Path) -> None:
-    """(a multivector directory without modules.json: the HF/stanford-nlp layout)"""
-    got = check_reference(spec("multivector", tmp_path), tmp_path, settings(tmp_path))
+def test_a_stanford_colbert_passes_against_colbert_ai(tmp_path: Path) -> None:
+    """(a multivector directory without modules.json: the HF/stanford-nlp layout) colbert-ai
+    runs in a process of its own, on the transformers 4 `make serve` installed beside it."""
+    path = build_hf_colbert(tmp_path / "m")
+    ok = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
+    assert ok.status == PASSED, ok.reason
+    assert ok.library == "colbert-ai" and "(transformers 4." in ok.library_version
+    by = {c.name: c for c in ok.checks}
+    assert by["encode"].min_cosine is not None and by["encode"].min_cosine >= 0.9999
+    assert by["score"].ranking_equal is True
+
+
+@pytest.mark.parametrize(
+    ("wrong", "failing"),
+    [
+        ({"options": {"skip_punctuation": "none"}}, "encode"),  # ColBERT masks it in documents
+        ({"options": {"query_length": 6}}, "encode"),  # artifact.metadata says 8
+        ({"normalize": False}, "score"),  # colbert-ai normalizes
+    ],
+)
+def test_a_wrong_stanford_colbert_spec_fails_against_colbert_ai(
+    tmp_path: Path, wrong: dict[str, Any], failing: str
+) -> None:
+    path = build_hf_colbert(tmp_path / "m")
+    got = check_reference(spec("multivector", path, max_seq_len=64, **wrong), path,
+                          settings(tmp_path))  # fmt: skip
+    assert got.status == FAILED and got.reason.startswith(f"{failing}: request "), got.reason
+
+
+def test_a_stanford_colbert_that_colbert_ai_cannot_load_fails_naming_it(tmp_path: Path) -> None:
+    path = build_hf_colbert(tmp_path / "m")
+    (path / "model.safetensors").write_bytes(b"not safetensors")
+    got = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("colbert-ai failed: "), got.reason
+
+
+def test_without_colbert_ai_a_stanford_colbert_is_unchecked_saying_how_to_install(
+    tmp_path: Path,
+) -> None:
+    path = build_hf_colbert(tmp_path / "m")
+    s = Settings.load(env={}, overrides={"device": "cpu", "reference_dir": str(tmp_path / "r")})
+    got = check_reference(spec("multivector", path, max_seq_len=64), path, s)
     assert got.status == UNCHECKED and not got.passed
-    assert "not installed" in got.reason, got.reason
+    assert f"not installed in {tmp_path / 'r' / 'colbert-ai'}" in got.reason, got.reason
+    assert "`make serve` installs it" in got.reason
 
 
 def test_a_pylate_colbert_passes_against_sentence_transformers(tmp_path: Path) -> None:

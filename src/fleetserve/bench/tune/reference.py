@@ -10,7 +10,8 @@ and greedy text):
   runner, fp32 torch, as served (:class:`.harness.Stack`), JSON in and out;
 - through the library the model was made for (:mod:`.reference_libs`):
   sentence-transformers for its models, transformers' model classes and pipelines
-  otherwise.
+  otherwise, colbert-ai for stanford-nlp ColBERT checkpoints (:mod:`.reference_colbert`,
+  in a process of its own).
 
 The result carries the figures per kind of request, the library and its version, and
 on a mismatch one line naming the item (which input, which field) and the difference.
@@ -34,6 +35,7 @@ from ...runtimes import create_runtime
 from ...settings import Settings
 from ...wire import Encoding, FleetError, error_from_body
 from .harness import Stack
+from .reference_colbert import ColbertAi, library_dir
 from .reference_compare import Check, checks
 from .reference_extract import extract_library
 from .reference_libs import Library, NoReference, text_library
@@ -122,7 +124,7 @@ async def check_reference_async(
 
     try:
         device = detect(settings.device).kind if settings.device == "auto" else settings.device
-        lib = library_for(spec, weights, device)
+        lib = library_for(spec, weights, device, settings.reference_dir)
     except NoReference as exc:
         return verdict(exc.library, "", UNCHECKED, str(exc))
     name, ver = lib.name, lib.version
@@ -142,9 +144,12 @@ async def check_reference_async(
     return ReferenceCheck(spec.id, spec.family, name, ver, size, status, reason, tuple(found))
 
 
-def library_for(spec: ModelSpec, weights: Path, device: str) -> Library:
+def library_for(spec: ModelSpec, weights: Path, device: str, reference_dir: str) -> Library:
     """The library ``spec``'s family is checked against; a :class:`NoReference` where
-    there is none here (its package is not installed)."""
+    there is none here (its package is not installed). ``reference_dir``: where the
+    libraries that need an environment of their own are (``--reference-dir``)."""
+    if spec.family == "multivector" and not (weights / "modules.json").is_file():
+        return ColbertAi(weights, library_dir(reference_dir))  # the stanford-nlp layout
     return text_library(spec, weights, device) or extract_library(spec, weights, device)
 
 

@@ -17,8 +17,8 @@ family             reference
                    transformers<5.17, and is installed beside ours without its
                    dependencies: its predictions on our transformers equal its own
                    on 5.16 (``tests/bench/tune/test_reference.py``)
-``multivector``    (PyLate layout: :mod:`.reference_libs`); the HF/stanford-nlp layout
-                   needs colbert-ai, not installed here
+``multivector``    PyLate layout: :mod:`.reference_libs`; HF/stanford-nlp layout:
+                   colbert-ai, in a process of its own (:mod:`.reference_colbert`)
 =================  =================================================================
 """
 
@@ -59,12 +59,6 @@ def extract_library(spec: ModelSpec, weights: Path, device: str) -> Library:
         return CausalLm(weights, device)
     if fam == "span_ner":
         return gliner_library(spec, weights, device)
-    if fam == "multivector":  # a PyLate checkpoint is read by sentence-transformers
-        raise NoReference(
-            "pylate",
-            "a ColBERT checkpoint in the HF/stanford-nlp layout needs the colbert-ai "
-            "package, not installed here: multivector is unchecked",
-        )
     raise NoReference("", f"no reference library for the {fam} family: unchecked")
 
 

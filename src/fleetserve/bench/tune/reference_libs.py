@@ -12,7 +12,7 @@ family             reference
 ``cross_encoder``  sentence-transformers' ``CrossEncoder`` (its activation; softmax
                    over several labels)
 ``multivector``    sentence-transformers' ``MultiVectorEncoder`` (PyLate checkpoints;
-                   the HF/stanford-nlp layout has no library here)
+                   the HF/stanford-nlp layout: colbert-ai, :mod:`.reference_colbert`)
 ``ner``, others    :mod:`.reference_extract`
 =================  =================================================================
 
