@@ -93,21 +93,23 @@ TUNE_WORKERS ?= 2
 TUNE_TESTS := tests/add/test_tune.py tests/bench/tune/test_background.py \
 	tests/bench/tune/test_fleetwide.py tests/worker/test_devices.py \
 	tests/bench/tune/test_hosttraffic.py tests/bench/tune/test_hostlock.py
-# beside the tunes, at nice 19 in a pytest of their own, the tests that only compute
-# (marker `soaks`: no server, nothing timed). Two tunes at once leave a quarter of two
-# cores idle; at nice 19 these take that and little else (the tunes took no longer),
-# and the parallel part ~70 CPU-seconds less. Their output follows the tunes'.
+# beside everything else, at nice 19 in a pytest of their own, the tests that only
+# compute (marker `soaks`: no server, nothing timed). Two tunes at once leave a quarter
+# of two cores idle; at nice 19 these take that and little else (the tunes took no
+# longer), and the parallel part ~70 CPU-seconds less. They start with the parallel
+# part, whose idle moments they take too: started after it, on a 2-core cpu-avx2 they
+# outlasted the tunes by 23 s. Their output follows the tunes'.
 SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py
 
 # (the soak's pytest ignores a Ctrl-C, as a shell's background jobs do: the trap stops it)
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
-	@$(BIN)/python -m pytest $(PARALLEL) -m "not tunes and not soaks" --durations=40 \
-		$(PYTEST_ARGS); rc=$$?; \
-	[ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc; \
-	log=$$(mktemp); soak=; trap 'kill $$soak 2>/dev/null; rm -f "$$log"' EXIT; \
+	@log=$$(mktemp); soak=; trap 'kill $$soak 2>/dev/null; rm -f "$$log"' EXIT; \
 	trap 'exit 130' INT TERM; \
 	nice -n 19 $(BIN)/python -m pytest -m soaks --durations=5 \
 		$(or $(PYTEST_ARGS),$(SOAK_TESTS)) > "$$log" 2>&1 & soak=$$!; \
+	$(BIN)/python -m pytest $(PARALLEL) -m "not tunes and not soaks" --durations=40 \
+		$(PYTEST_ARGS); rc=$$?; \
+	[ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc; \
 	$(BIN)/python -m pytest -n $(TUNE_WORKERS) --dist load -m tunes --durations=10 \
 		$(or $(PYTEST_ARGS),$(TUNE_TESTS)); t=$$?; \
 	wait $$soak; s=$$?; soak=; cat "$$log"; \
