@@ -31,6 +31,8 @@ def main(argv: list[str]) -> int:
     sys.stdout = sys.stderr  # the library prints: not on the replies' channel
     sys.path.insert(0, library)
     os.environ["HF_HUB_OFFLINE"] = "1"  # a local directory: no hub, ever (DESIGN.md)
+    # fp32 on the CPU: on a GPU, colbert-ai would give documents in fp16
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         ck = _load(model)
         from importlib.metadata import version

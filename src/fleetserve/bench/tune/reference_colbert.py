@@ -8,7 +8,13 @@ the transformers it needs into a folder of its own, ``<reference dir>/colbert-ai
 
 Queries are its ``queryFromText`` (``[MASK]`` expansion included), documents its
 ``docFromText`` (padding and masked punctuation left out), both L2-normalized as the
-library gives them; a score is MaxSim over those, as colbert-ai scores.
+library gives them, in fp32 on the CPU; a score is MaxSim over those, as colbert-ai
+scores.
+
+A vocabulary without some ASCII punctuation character makes colbert-ai mask every
+``[UNK]`` in documents (its skiplist takes each character's first token), where
+fleetserve (and sentence-transformers' PyLate reader) skip only the characters the
+vocabulary has; real BERT vocabularies have them all, and so do the tests' tiny ones.
 """
 
 from __future__ import annotations
