@@ -20,7 +20,6 @@ expansion included), a document's as ``docFromText(keep_dims=False)`` gives them
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
@@ -30,9 +29,6 @@ def main(argv: list[str]) -> int:
     out = sys.stdout
     sys.stdout = sys.stderr  # the library prints: not on the replies' channel
     sys.path.insert(0, library)
-    os.environ["HF_HUB_OFFLINE"] = "1"  # a local directory: no hub, ever (DESIGN.md)
-    # fp32 on the CPU: on a GPU, colbert-ai would give documents in fp16
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         ck = _load(model)
         from importlib.metadata import version
@@ -54,6 +50,12 @@ def main(argv: list[str]) -> int:
 
 
 def _load(model: str) -> Any:
+    import torch
+
+    # fp32 on the CPU, as the check serves fleetserve's side: on a GPU colbert-ai would
+    # give documents in fp16 (this process runs nothing else)
+    torch.cuda.is_available = lambda: False
+    torch.cuda.device_count = lambda: 0
     from colbert.infra import ColBERTConfig
     from colbert.modeling.checkpoint import Checkpoint
     from colbert.modeling.colbert import ColBERT
