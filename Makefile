@@ -98,7 +98,8 @@ TUNE_TESTS := tests/add/test_tune.py tests/bench/tune/test_background.py \
 # of two cores idle; at nice 19 these take that and little else (the tunes took no
 # longer), and the parallel part ~70 CPU-seconds less. They start with the parallel
 # part, whose idle moments they take too: started after it, on a 2-core cpu-avx2 they
-# outlasted the tunes by 23 s. Their output follows the tunes'.
+# outlasted the tunes by 23 s; started with it, they were done 135 s before the tunes,
+# and the parallel part took 740 s against 741. Their output follows the tunes'.
 SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py
 
 # (the soak's pytest ignores a Ctrl-C, as a shell's background jobs do: the trap stops it)
