@@ -25,7 +25,8 @@ REFERENCE_NO_DEPS := gliner==0.2.29
 # colbert-ai, the reference of stanford-nlp ColBERT checkpoints, needs transformers 4 (its
 # model class skips what 5 requires): it goes, with the transformers it needs, into a
 # folder of its own, which only the process that runs it puts first on its path; the rest
-# it imports is ours (src/fleetserve/bench/tune/reference_colbert.py keeps the same list)
+# it imports is in .venv (torch, numpy, scipy through sentence-transformers, tqdm)
+# (src/fleetserve/bench/tune/reference_colbert.py keeps the same list)
 REFERENCE_COLBERT := colbert-ai==0.2.22 transformers==4.57.6 tokenizers==0.22.2 \
 	huggingface_hub==0.36.2 ujson==6.1.0 gitpython==3.2.1 gitdb==4.0.12 smmap==5.0.3
 # `make serve`: what every feature the README shows needs (`fleetserve add` checks
@@ -110,7 +111,8 @@ test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
 		$(or $(PYTEST_ARGS),$(SOAK_TESTS)) > "$$log" 2>&1 & soak=$$!; \
 	$(BIN)/python -m pytest $(PARALLEL) -m "not tunes and not soaks" --durations=40 \
 		$(PYTEST_ARGS); rc=$$?; \
-	[ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc; \
+	[ $$rc -eq 0 -o $$rc -eq 5 ] || { echo "the parallel part failed: the tests that" \
+		"only compute (soaks) were stopped" >&2; exit $$rc; }; \
 	$(BIN)/python -m pytest -n $(TUNE_WORKERS) --dist load -m tunes --durations=10 \
 		$(or $(PYTEST_ARGS),$(TUNE_TESTS)); t=$$?; \
 	wait $$soak; s=$$?; soak=; cat "$$log"; \

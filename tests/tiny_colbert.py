@@ -21,7 +21,7 @@ PUNCT = list(string.punctuation)  # in the vocabulary, as in a real BERT's
 
 
 def build_tokenizer(path: Path, added: tuple[str, ...] = ()) -> int:
-    """A BERT WordPiece tokenizer with ColBERT's unused markers and some punctuation;
+    """A BERT WordPiece tokenizer with ColBERT's unused markers and ASCII punctuation;
     returns the vocabulary size (added tokens included)."""
     from tokenizers import AddedToken
 

@@ -24,6 +24,7 @@ from ...tiny_generate import build_llama
 from ...tiny_image import build_clip, build_siglip
 from ...tiny_onnx import build_head
 from ...tiny_rerank import build_cross_encoder
+from ...tinymodels import build_bert
 
 # compute only (no server, nothing timed): it runs beside the tunes, at nice 19 (Makefile)
 pytestmark = pytest.mark.soaks
@@ -321,6 +322,14 @@ def test_a_stanford_colbert_that_colbert_ai_cannot_load_fails_naming_it(tmp_path
     (path / "model.safetensors").write_bytes(b"not safetensors")
     got = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
     assert got.status == FAILED and got.reason.startswith("colbert-ai failed: "), got.reason
+    assert "SafetensorError" in got.reason  # the child's own error, through its pipe
+
+
+def test_a_multivector_model_that_is_no_colbert_checkpoint_is_unchecked(tmp_path: Path) -> None:
+    """(``--family multivector`` over a bare encoder: colbert-ai would make up a projection)"""
+    path = build_bert(tmp_path / "m")
+    got = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
+    assert got.status == UNCHECKED and "neither a PyLate nor a stanford-nlp" in got.reason
 
 
 def test_without_colbert_ai_a_stanford_colbert_is_unchecked_saying_how_to_install(

@@ -371,4 +371,7 @@ def test_the_child_freezes_the_libraries_before_it_trains(spec: TrainSpec) -> No
         assert receive.recv()[0] == "error"
     finally:
         proc.join(DEADLINE)
+        if proc.is_alive():  # (a hung child fails the test, and is not left behind)
+            proc.kill()
+            proc.join()
     assert proc.exitcode == 1

@@ -20,14 +20,18 @@ expansion included), a document's as ``docFromText(keep_dims=False)`` gives them
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 
 def main(argv: list[str]) -> int:
     library, model = argv
-    out = sys.stdout
-    sys.stdout = sys.stderr  # the library prints: not on the replies' channel
+    # the replies' channel is a copy of fd 1; fd 1 itself goes to stderr, for what the
+    # library (and C code, and the processes it starts) print
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     sys.path.insert(0, library)
     try:
         ck = _load(model)
@@ -52,8 +56,8 @@ def main(argv: list[str]) -> int:
 def _load(model: str) -> Any:
     import torch
 
-    # fp32 on the CPU, as the check serves fleetserve's side: on a GPU colbert-ai would
-    # give documents in fp16 (this process runs nothing else)
+    # fp32 on the CPU: on a GPU colbert-ai would give documents in fp16 (this process
+    # runs nothing else)
     torch.cuda.is_available = lambda: False
     torch.cuda.device_count = lambda: 0
     from colbert.infra import ColBERTConfig

@@ -149,8 +149,26 @@ def library_for(spec: ModelSpec, weights: Path, device: str, reference_dir: str)
     there is none here (its package is not installed). ``reference_dir``: where the
     libraries that need an environment of their own are (``--reference-dir``)."""
     if spec.family == "multivector" and not (weights / "modules.json").is_file():
-        return ColbertAi(weights, library_dir(reference_dir))  # the stanford-nlp layout
+        if not _stanford_colbert(weights):
+            raise NoReference(
+                "",
+                "a multivector model that is neither a PyLate nor a stanford-nlp ColBERT "
+                "checkpoint has no reference library: unchecked",
+            )
+        return ColbertAi(weights, library_dir(reference_dir))
     return text_library(spec, weights, device) or extract_library(spec, weights, device)
+
+
+def _stanford_colbert(weights: Path) -> bool:
+    """A ColBERT in the HF/stanford-nlp layout: its ``config.json`` names ``HF_ColBERT``,
+    or its ``artifact.metadata`` (colbert-ai's settings) is there."""
+    if (weights / "artifact.metadata").is_file():
+        return True
+    try:
+        config = json.loads((weights / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "HF_ColBERT" in (config.get("architectures") or [])
 
 
 def _adapter(spec: ModelSpec, weights: Path, settings: Settings) -> AnyFamily:

@@ -19,7 +19,9 @@ vocabulary has; real BERT vocabularies have them all, and so do the tests' tiny 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ INSTALL = (
     "ujson==6.1.0 gitpython==3.2.1 gitdb==4.0.12 smmap==5.0.3"
 )
 CHILD = Path(__file__).with_name("colbert_ai_child.py")
+REPLY_S = 600.0  # the most a load or one request may take before the child is killed
 
 
 def library_dir(reference_dir: str) -> Path:
@@ -56,7 +59,10 @@ class ColbertAi:
     name = PACKAGE
 
     def __init__(self, path: Path, library: Path) -> None:
-        found = {d.metadata["Name"].lower(): d.version for d in distributions(path=[str(library)])}
+        found = {
+            str(d.metadata["Name"] or "").lower(): d.version
+            for d in distributions(path=[str(library)])
+        }
         if PACKAGE not in found:
             raise NoReference(
                 PACKAGE,
@@ -72,7 +78,7 @@ class ColbertAi:
     def load(self) -> None:
         log = tempfile.TemporaryFile("w+")  # noqa: SIM115  # closed with the child
         proc = subprocess.Popen(
-            [sys.executable, "-P", str(CHILD), str(self.library), str(self.path)],
+            [sys.executable, "-P", str(CHILD), str(self.library), str(self.path.resolve())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -84,27 +90,36 @@ class ColbertAi:
 
     def _read(self, key: str) -> Any:
         assert self._proc is not None and self._proc.stdout is not None
-        line = self._proc.stdout.readline()
+        out = self._proc.stdout
+        if not select.select([out], [], [], REPLY_S)[0]:
+            self._proc.kill()
+            raise RuntimeError(f"colbert-ai gave no reply in {REPLY_S:.0f} s: {self._last_words()}")
+        line = out.readline()
         if not line:
             raise RuntimeError(f"colbert-ai's process exited: {self._last_words()}")
-        reply = json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise RuntimeError(f"colbert-ai wrote what is not a reply: {line[:200]!r}") from None
         if "error" in reply:
             raise RuntimeError(f"colbert-ai: {reply['error']}")
         return reply[key]
 
     def _last_words(self) -> str:
-        if self._proc is not None:
-            self._proc.wait()
-        if self._log is None:
-            return ""
+        """The child's exit and the last line it wrote on stderr."""
+        assert self._proc is not None and self._log is not None
+        code = self._proc.wait()
         self._log.seek(0)
         lines = [ln.strip() for ln in self._log.read().splitlines() if ln.strip()]
-        return lines[-1] if lines else "(nothing on stderr)"
+        return f"exit {code}: " + (lines[-1] if lines else "(nothing on stderr)")
 
     def _encode(self, texts: list[str], query: bool) -> list[np.ndarray[Any, Any]]:
         assert self._proc is not None and self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"texts": texts, "query": query}) + "\n")
-        self._proc.stdin.flush()
+        try:
+            self._proc.stdin.write(json.dumps({"texts": texts, "query": query}) + "\n")
+            self._proc.stdin.flush()
+        except OSError:  # it died
+            raise RuntimeError(f"colbert-ai's process exited: {self._last_words()}") from None
         return [np.asarray(m, np.float64) for m in self._read("vectors")]
 
     def reply(self, task: Task, body: dict[str, Any]) -> dict[str, object]:
@@ -118,7 +133,8 @@ class ColbertAi:
 
 def _stop(proc: subprocess.Popen[str], log: IO[str]) -> None:
     if proc.stdin is not None:
-        proc.stdin.close()  # the child's loop ends
+        with contextlib.suppress(OSError):  # (a child already gone)
+            proc.stdin.close()  # the child's loop ends
     try:
         proc.wait(30)
     except subprocess.TimeoutExpired:
