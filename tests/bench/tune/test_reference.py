@@ -319,10 +319,21 @@ def test_a_wrong_stanford_colbert_spec_fails_against_colbert_ai(
 
 def test_a_stanford_colbert_that_colbert_ai_cannot_load_fails_naming_it(tmp_path: Path) -> None:
     path = build_hf_colbert(tmp_path / "m")
-    (path / "model.safetensors").write_bytes(b"not safetensors")
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])  # its header whole, its tensors cut
     got = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
     assert got.status == FAILED and got.reason.startswith("colbert-ai failed: "), got.reason
     assert "SafetensorError" in got.reason  # the child's own error, through its pipe
+
+
+def test_a_stanford_colbert_whose_files_cannot_be_read_fails_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    path = build_hf_colbert(tmp_path / "m")
+    (path / "model.safetensors").write_bytes(b"not safetensors")
+    got = check_reference(spec("multivector", path, max_seq_len=64), path, settings(tmp_path))
+    assert got.status == FAILED and got.reason.startswith("the model's files: "), got.reason
+    assert "model.safetensors: not a safetensors file" in got.reason
 
 
 def test_a_multivector_model_that_is_no_colbert_checkpoint_is_unchecked(tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from ...catalog import ModelSpec, Profile
 from ...catalog.hardware import detect
+from ...catalog.infer_family import shape_of
+from ...catalog.model_files import CheckpointError, read_model_files
 from ...families import AnyFamily, create_family
 from ...gateway import envelope as env_mod
 from ...runtimes import create_runtime
@@ -127,6 +129,8 @@ async def check_reference_async(
         lib = library_for(spec, weights, device, settings.reference_dir)
     except NoReference as exc:
         return verdict(exc.library, "", UNCHECKED, str(exc))
+    except CheckpointError as exc:  # a file that says what the model is cannot be read
+        return verdict("", "", FAILED, f"the model's files: {exc}")
     name, ver = lib.name, lib.version
     loop = asyncio.get_running_loop()
     try:
@@ -147,9 +151,11 @@ async def check_reference_async(
 def library_for(spec: ModelSpec, weights: Path, device: str, reference_dir: str) -> Library:
     """The library ``spec``'s family is checked against; a :class:`NoReference` where
     there is none here (its package is not installed). ``reference_dir``: where the
-    libraries that need an environment of their own are (``--reference-dir``)."""
+    libraries that need an environment of their own are (``--reference-dir``). A
+    multivector checkpoint's layout is the one ``add`` infers (``infer_family.shape_of``);
+    a file that describes it and cannot be read is a :class:`CheckpointError`."""
     if spec.family == "multivector" and not (weights / "modules.json").is_file():
-        if not _stanford_colbert(weights):
+        if shape_of(read_model_files(weights)).kind != "colbert":  # as `add` found it
             raise NoReference(
                 "",
                 "a multivector model that is neither a PyLate nor a stanford-nlp ColBERT "
@@ -157,18 +163,6 @@ def library_for(spec: ModelSpec, weights: Path, device: str, reference_dir: str)
             )
         return ColbertAi(weights, library_dir(reference_dir))
     return text_library(spec, weights, device) or extract_library(spec, weights, device)
-
-
-def _stanford_colbert(weights: Path) -> bool:
-    """A ColBERT in the HF/stanford-nlp layout: its ``config.json`` names ``HF_ColBERT``,
-    or its ``artifact.metadata`` (colbert-ai's settings) is there."""
-    if (weights / "artifact.metadata").is_file():
-        return True
-    try:
-        config = json.loads((weights / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "HF_ColBERT" in (config.get("architectures") or [])
 
 
 def _adapter(spec: ModelSpec, weights: Path, settings: Settings) -> AnyFamily:
