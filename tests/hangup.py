@@ -81,7 +81,17 @@ class AsyncHangup:
 
 def metric(url: str, name: str, **labels: str) -> float:
     """The value of one sample of ``/metrics`` (0 when absent)."""
+    return sample(httpx.get(url + "/metrics", timeout=10).text, name, **labels)
+
+
+def metrics(url: str, names: tuple[str, ...], **labels: str) -> tuple[float, ...]:
+    """Several samples of one scrape of ``/metrics``, so that no step runs between them."""
     text = httpx.get(url + "/metrics", timeout=10).text
+    return tuple(sample(text, name, **labels) for name in names)
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in the text of a scrape (0 when absent)."""
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name):
             continue
