@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.assembly import interactive_tokens
+from fleetserve.assembly import host_tier_bytes, interactive_tokens
 from fleetserve.catalog import CostModel
 from fleetserve.catalog.profiles import Choice
 from fleetserve.catalog.spec import Profile
@@ -98,3 +98,19 @@ async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     await runner.load()
     assert calls == ["torch", "torch", "torch"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("100%", 1 << 30), ("400%", 4 << 30), ("512MiB", 512 << 20), ("0", 0), ("off", 0)],
+)
+def test_the_host_tier_is_a_size_or_a_percent_of_the_budget_above_100_too(
+    text: str, expected: int
+) -> None:
+    assert host_tier_bytes(text, 1 << 30) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "-5%", "x%", "inf%"])
+def test_a_bad_host_tier_is_one_line_naming_the_flag(text: str) -> None:
+    with pytest.raises(ValueError, match=r"^--host-tier: cannot use .*0/off$"):
+        host_tier_bytes(text, 1 << 30)

@@ -23,10 +23,12 @@ from .families import AnyFamily, create_family
 from .fleet.host_share import HostShare
 from .fleet.manager import Fleet
 from .fleet.memory import (
+    OFF,
     actual_bytes,
     budget_limit,
     default_budget,
     mib,
+    parse_limit,
     parse_size,
     trim,
     weights_estimate,
@@ -34,7 +36,7 @@ from .fleet.memory import (
 from .fleet.policy import make_policy
 from .metrics import Metrics
 from .runtimes import create_runtime
-from .runtimes.head_graph import weights_fingerprint
+from .runtimes.cache import weights_fingerprint
 from .settings import Settings
 from .wire import FleetError
 from .worker import ModelRunner
@@ -195,6 +197,7 @@ def build_runner(
             spec, profile, make_family, metrics, settings.max_batch_tokens,
             eager=eager, verify=verify, measure=measure, estimate=estimate,
             max_adapters=settings.max_adapters_per_batch,
+            may_sleep=settings.host_tier.strip().lower() not in OFF,
             interactive_tokens=interactive_tokens(choice, settings),
             hold=settings.interactive_hold, age_limit=settings.batch_age_limit,
         )  # fmt: skip
@@ -216,6 +219,24 @@ def interactive_tokens(choice: Choice, settings: Settings) -> int:
     if running < tuned:
         cap = max(64, cap * running // tuned // 64 * 64)
     return cap
+
+
+TIER_FORMS = "bytes, a size (2GiB), a percent of --memory-budget (100%, 400%) or 0/off"
+
+
+def host_tier_bytes(text: str, budget: int) -> int:
+    """``--host-tier``: bytes, a size, or a percent of the memory budget (above 100 %
+    too: the page cache may hold more than the process); 0 for ``OFF``."""
+    raw = text.strip()
+    if raw.endswith("%") and raw.lower() not in OFF:
+        try:
+            pct = float(raw[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 < pct < float("inf"):
+            raise ValueError(f"--host-tier: cannot use {raw!r}; give {TIER_FORMS}")
+        return int(pct / 100 * budget)
+    return parse_limit(raw, "--host-tier", limit=budget, forms=TIER_FORMS)
 
 
 def build_fleet(
@@ -241,6 +262,7 @@ def build_fleet(
         trim=trim,
         budget_now=share.budget if share is not None else None,
         actual=actual_bytes(device),
+        host_budget=host_tier_bytes(settings.host_tier, budget),
     )
     for r in runners.values():
         fleet.add(r)
@@ -248,8 +270,11 @@ def build_fleet(
         why += f", split {share.parts()} ways with the other fleetserve processes on this host"
     fleet.check_budget()
     how = f"--memory-budget {settings.memory_budget}" if settings.memory_budget else why
+    tier = "no host tier"
+    if fleet.host.budget:
+        tier = f"a host tier of {mib(fleet.host.budget)} for sleeping models"
     logging.getLogger("fleetserve.fleet").info(
-        "memory budget %s (%s); evicting by %s", mib(fleet.budget), how, settings.eviction
+        "memory budget %s (%s); %s; evicting by %s", mib(fleet.budget), how, tier, settings.eviction
     )
     return fleet
 

@@ -151,6 +151,16 @@ class Metrics:
         self.memory_budget = Gauge(
             "fleetserve_memory_budget_bytes", "This worker's memory budget.", registry=r
         )
+        self.sleeping_bytes = Gauge(
+            "fleetserve_sleeping_bytes",
+            "Weights of sleeping models, held by the host tier (the page cache on a CPU).",
+            registry=r,
+        )
+        self.host_tier_budget = Gauge(
+            "fleetserve_host_tier_budget_bytes",
+            "This worker's host-tier budget for sleeping models (0: none sleep).",
+            registry=r,
+        )
         self.memory_unaccounted = Gauge(
             "fleetserve_memory_unaccounted_bytes",
             "What the process's resident set (or the device's memory) grew beyond the "
@@ -165,8 +175,8 @@ class Metrics:
             registry=r,
         )
         self.loads = Counter(
-            "fleetserve_model_loads", "Model loads by outcome (ok, failed).", ["model", "outcome"],
-            registry=r,
+            "fleetserve_model_loads", "Model loads by outcome (ok, woken, failed).",
+            ["model", "outcome"], registry=r,
         )  # fmt: skip
         self.load_seconds = Histogram(
             "fleetserve_model_load_seconds",
@@ -177,8 +187,16 @@ class Metrics:
         )
         self.evictions = Counter(
             "fleetserve_model_evictions",
-            "Models evicted, by reason: pressure (room for another), oom.",
+            "Models evicted, by reason: pressure (room for another), oom, host tier (a "
+            "sleeping model dropped for want of host-tier room), removed.",
             ["model", "reason"],
+            registry=r,
+        )
+        self.sleeps = Counter(
+            "fleetserve_model_sleeps",
+            "Evictions that put the model to sleep (its weights left memory, a host-side "
+            "copy stayed) instead of unloading it.",
+            ["model"],
             registry=r,
         )
         self.misses = Counter(
@@ -193,8 +211,9 @@ class Metrics:
         unlabelled gauges, whose 0 would read as a worker down (or an empty fleet)."""
         for gauge in (self.worker_up, self.resident_models, self.resident_bytes):
             self.registry.unregister(gauge)
-        self.registry.unregister(self.memory_budget)
-        self.registry.unregister(self.memory_unaccounted)
+        for g in (self.memory_budget, self.memory_unaccounted, self.sleeping_bytes):
+            self.registry.unregister(g)
+        self.registry.unregister(self.host_tier_budget)
         return self
 
     def render(self) -> bytes:

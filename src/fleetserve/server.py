@@ -219,6 +219,7 @@ class EmbeddedServer(Service):
                 ready_in=self.ready_in,
                 alive=self.alive,
                 models_info=self.models_info,
+                memory=lambda: self.fleet.memory(),  # the fleet of the moment
                 interactive_cost=lambda model: self.choices[model].profile.interactive_cost,
                 release_keep_alive=self._release_keep_alive,
             ),

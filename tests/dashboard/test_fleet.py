@@ -113,7 +113,8 @@ def test_heartbeat_figures_carry_the_counters_and_survive_odd_beats() -> None:
             "models": {"m/a": {"state": "resident", "bytes": 40}, "m/b": "junk"},
             "adapters": {"m/a": ["t/x@1"]}}  # fmt: skip
     w = normalize(beat)
-    assert w["memory"] == {"budget": 100, "used": 40, "host": 0}  # an older worker's
+    older = {"budget": 100, "used": 40, "host": 0, "host_tier_budget": 0, "host_tier_used": 0}
+    assert w["memory"] == older  # an older worker's
     assert [(m["id"], m["state"], m["adapters"]) for m in w["models"]] == [
         ("m/a", "resident", ["t/x@1"]),
         ("m/b", "cold", []),
@@ -121,7 +122,10 @@ def test_heartbeat_figures_carry_the_counters_and_survive_odd_beats() -> None:
     assert w["counters"]["put_backs"] == {"m/a": 3}
     odd = normalize({"id": 7, "memory": "lots", "models": [1, 2], "counters": None})
     assert odd["id"] == "7" and odd["models"] == []
-    assert odd["memory"] == {"budget": 0, "used": 0, "host": 0}
+    assert odd["memory"] == dict.fromkeys(("budget", "used", "host"), 0) | {
+        "host_tier_budget": 0,
+        "host_tier_used": 0,
+    }
 
 
 def test_after_n_requests_the_embedded_figures_are_right(fleet_server: ServerThread) -> None:

@@ -84,6 +84,8 @@ def test_the_fleet_view_follows_traffic_live(catalog_server: ServerThread, tmp_p
         assert b.evaluate(
             "!!document.querySelector(\"[data-worker] [data-resident='tiny/dense-bert']\")"
         )
+        tier = b.text("[data-worker] .memtier")  # sleeping models' budget, beside the budget
+        assert tier.startswith("asleep: 0 of a ") and "host tier" in tier, tier
         no_sideways_scroll(b)
         assert b.evaluate(TILE.format("requests")) == "0"
         before = section_pixels(b, tmp_path / "before.png")

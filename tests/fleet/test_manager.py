@@ -40,6 +40,8 @@ class FakeModel:
         peak_mib: int = 0,
         load_mib: int = 0,
         state_mib: int = 0,
+        sleeps: bool = False,
+        wake_s: float = 0.01,
     ) -> None:
         self.clock = clock
         self.model_id = model_id
@@ -55,6 +57,10 @@ class FakeModel:
         self.loads = 0
         self.loaded = False
         self.gate: asyncio.Event | None = None  # a load waits on it when set
+        self.sleeps = sleeps  # it can sleep (``Member.sleep``)
+        self.asleep = False
+        self.wake_s = wake_s
+        self.wakes = 0
 
     def expected(self) -> Footprint:
         return Footprint(self.size, self.peak, self.moment, self.state)
@@ -68,13 +74,23 @@ class FakeModel:
             raise MemoryError("cannot allocate")
         if self.fail is not None:
             raise self.fail
-        self.clock.now += self.load_s
-        self.loaded = True
+        if self.asleep:
+            self.wakes += 1
+            self.clock.now += self.wake_s
+        else:
+            self.clock.now += self.load_s
+        self.loaded, self.asleep = True, False
         return Footprint(self.size, self.peak, self.moment, self.state)
 
+    def sleep(self) -> int:
+        if not (self.sleeps and self.loaded):
+            return 0
+        self.loaded, self.asleep = False, True
+        return self.size
+
     def unload(self) -> None:
-        assert self.loaded
-        self.loaded = False
+        assert self.loaded or self.asleep
+        self.loaded = self.asleep = False
 
 
 def fleet(

@@ -146,10 +146,10 @@ def test_one_tenant_keeps_only_its_share_alive_and_another_tenants_model_loads(
         r = embed(srv, B, ACME, "24h")  # its second: beyond its one
         assert r.status_code == 200 and r.headers["x-keep-alive-applied"] == "0", r.headers
         fill_budget(srv, catalog)
-        r = embed(srv, C, BETA)  # B, not kept alive, makes room
+        r = embed(srv, C, BETA)  # B, not kept alive, makes room (it sleeps: torch)
         assert r.status_code == 200, r.text
         states = {m: srv.server.fleet.state(m).value for m in (A, B, C)}  # type: ignore[union-attr]
-        assert states == {A: "resident", B: "cold", C: "resident"}, states
+        assert states == {A: "resident", B: "sleeping", C: "resident"}, states
     finally:
         srv.stop()
 

@@ -108,7 +108,7 @@ def worker_state(
         "host": socket.gethostname(),
         "ready": ready,
         "device": device,
-        "memory": {"budget": fleet.budget, "used": fleet.used(), "host": process_limit_bytes()},
+        "memory": {**fleet.memory(), "host": process_limit_bytes()},
         "models": {
             m: {**fleet.info(m), **({"tuning": tuning(m)} if tuning else {})} for m in runners
         },
@@ -150,6 +150,8 @@ def normalize(beat: Mapping[str, Any]) -> dict[str, Any]:
             "budget": _int(memory.get("budget")),
             "used": _int(memory.get("used")),
             "host": _int(memory.get("host")),
+            "host_tier_budget": _int(memory.get("host_tier_budget")),
+            "host_tier_used": _int(memory.get("host_tier_used")),
         },
         "models": models,
         "counters": {

@@ -7,6 +7,8 @@ leave it waits a little for work to finish, then answers 503 with Retry-After. A
 that fails to load is marked failed with the reason; its requests get that reason
 until a cool-down passes, then the next one tries again. The rest keep serving. A
 model swapped to a new profile loads it beside the served one (``worker.swap``).
+Under pressure a model that can sleep does so before it is evicted: its weights leave
+the memory budget for the host tier's (``host_tier.py``), and its next use wakes it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from ..metrics import Metrics
 from ..wire import Unavailable
 from .drift import Drift
+from .host_tier import HostTier
 from .member import Footprint, Member, State, held_together, is_oom
 from .policy import Policy, Resident, evictable, victims_until
 from .room import no_room
@@ -47,9 +50,12 @@ class Fleet:
         trim: Callable[[], None] = lambda: None,
         budget_now: Callable[[], int] | None = None,
         actual: Callable[[], int] | None = None,
+        host_budget: int = 0,
     ) -> None:
         """``budget_now``: the budget as it changes (the default budget's share of the
         host, ``HostShare.budget``), looked at before each load; None: ``budget``.
+        ``host_budget``: bytes of sleeping models' weights the host tier holds (0:
+        none sleeps; evicted models unload).
         ``actual``: what the process holds now (its resident set; the device's memory
         on a GPU), checked against the charge at each load, over the interval since
         the last check, evictions included (``drift.py``); None: not checked."""
@@ -67,8 +73,10 @@ class Fleet:
         self._changed = asyncio.Event()  # work finished, a model left or loaded
         self.drift = Drift(actual, metrics) if actual is not None else None
         self._evicted = 0  # weights evicted since the last check (what the interval moved)
+        self.host = HostTier(host_budget, policy)
         if metrics is not None:
             metrics.memory_budget.set(budget)
+            metrics.host_tier_budget.set(host_budget)
 
     # -- membership and state ---------------------------------------------------
     def add(self, member: Member) -> None:
@@ -80,6 +88,8 @@ class Fleet:
         if s is not None and s.record is not None:
             self._evict(s, "removed")
             self._trim()
+        elif s is not None and s.state is State.SLEEPING:
+            self._drop_sleeper(s, "removed")
         self._slots.pop(model, None)
         self._changed.set()
         self._gauges()
@@ -119,6 +129,15 @@ class Fleet:
                 f"--memory-budget {self.budget / MIB:.1f} MiB is below the pinned models' "
                 f"total {total / MIB:.1f} MiB ({parts})"
             )
+
+    def memory(self) -> dict[str, int]:
+        """The budgets and what is held against them: the models' (``used``), and the
+        host tier's (the weights of sleeping models)."""
+        return {
+            "budget": self.budget, "used": self.used(),
+            "host_tier_budget": self.host.budget, "host_tier_used": self.host.used,
+            "sleeping": len(self.host),
+        }  # fmt: skip
 
     def info(self, model: str) -> dict[str, Any]:
         s = self._slots[model]
@@ -170,7 +189,7 @@ class Fleet:
             try:
                 if s.no_room is not None and self.clock() < s.no_room_until:
                     raise s.no_room.fresh()  # the attempt just before ours found none
-                if s.state in (State.COLD, State.LOADING) or (
+                if s.state in (State.COLD, State.LOADING, State.SLEEPING) or (
                     s.state is State.FAILED and s.failed_at + self.cooldown <= self.clock()
                 ):
                     await self._load(s, deadline, wait)
@@ -224,6 +243,7 @@ class Fleet:
         except Unavailable as err:  # the requests queued behind this one need not wait too
             s.no_room, s.no_room_until = err, self.clock() + 1.0
             raise
+        woken = s.state is State.SLEEPING and self.host.remove(model)
         s.state, s.held, s.error = State.LOADING, need.loading(), None
         self._gauges()
         already = s.member.loaded  # taken over loaded (the tuner's fleets): no load to log
@@ -244,15 +264,17 @@ class Fleet:
         now = self.clock()
         dt = now - t0
         s.state, s.held, s.measured = State.RESIDENT, got, got
+        if not woken:  # (a wake that failed loaded it: its seconds are not a load's either)
+            s.load_s = dt
         log.log(
             logging.DEBUG if already else logging.INFO,
-            "loaded %s in %.1fs (%.1f MiB)%s",
+            "%s %s in %.1fs (%.1f MiB)%s", "woke" if woken else "loaded",
             model, dt, got.total / MIB, " (it was loaded already)" if already else "",
         )  # fmt: skip
         s.record = Resident(model, got.kept, dt, pinned=s.member.pinned, last_used=now)
         self.policy.loaded(s.record, now)  # the request that loaded it is used in _use
         if self.metrics is not None:
-            self.metrics.loads.labels(model, "ok").inc()
+            self.metrics.loads.labels(model, "woken" if woken else "ok").inc()
             self.metrics.load_seconds.labels(model).observe(dt)
         self._gauges()
         if not already:
@@ -321,6 +343,8 @@ class Fleet:
         of it (it is not evicted, like one with work in flight); yields its state."""
         s = self._slots[model]
         async with s.lock:
+            if s.state is State.SLEEPING:  # a new profile loads afresh
+                self._drop_sleeper(s, "swap")
             r = s.record if s.state is State.RESIDENT else None
             if r is not None:
                 s.inflight, r.busy = s.inflight + 1, True
@@ -434,14 +458,46 @@ class Fleet:
         return 0.0 if r is None else max(0.0, r.keep_until - self.clock())
 
     def _evict(self, s: Slot, reason: str) -> None:
+        """``s`` leaves the memory budget: asleep in the host tier where it can sleep
+        (not when removed), else unloaded."""
         r = s.record
         model = s.member.model_id
-        log.info("evicting %s (%.1f MiB, %s)", model, s.held.total / MIB, reason)
+        asleep = self.host.budget > 0 and reason != "removed" and s.member.sleep() > 0
+        log.info(
+            "%s %s (%.1f MiB, %s)", "sleeping" if asleep else "evicting", model,
+            s.held.total / MIB, reason,
+        )  # fmt: skip
         self._evicted += s.held.weights
-        s.member.unload()
+        if not asleep:
+            s.member.unload()
         if r is not None:
             self.policy.evicted(r)
-        s.state, s.held, s.record = State.COLD, NOTHING, None
+        weights = s.held.weights
+        s.state, s.held, s.record = State.SLEEPING if asleep else State.COLD, NOTHING, None
+        if self.metrics is not None:
+            self.metrics.evictions.labels(model, reason).inc()
+            if asleep:
+                self.metrics.sleeps.labels(model).inc()
+        if asleep and r is not None:
+            self._to_host(s, r, weights)
+        self._gauges()
+
+    def _to_host(self, s: Slot, r: Resident, weights: int) -> None:
+        """``s`` sleeps: into the host tier, priced by its next full load; those that
+        no longer fit there leave for good."""
+        asleep = Resident(r.model, weights, s.load_s or r.reload_s, last_used=r.last_used)
+        asleep.hits = max(0, r.hits - 1)
+        self.policy.used(asleep, self.clock())  # scored as it stands, its uses kept
+        for model in self.host.add(asleep):
+            self._drop_sleeper(self._slots[model], "host tier")
+
+    def _drop_sleeper(self, s: Slot, reason: str) -> None:
+        """A sleeping model leaves for good (its weights already left memory)."""
+        model = s.member.model_id
+        log.info("evicting %s, asleep (%s)", model, reason)
+        self.host.remove(model)
+        s.member.unload()
+        s.state = State.COLD
         if self.metrics is not None:
             self.metrics.evictions.labels(model, reason).inc()
         self._gauges()
@@ -504,6 +560,7 @@ class Fleet:
         if self.metrics is not None:
             self.metrics.resident_models.set(self._slots.resident())
             self.metrics.resident_bytes.set(self.used())
+            self.metrics.sleeping_bytes.set(self.host.used)
 
 
 __all__ = ["Fleet", "Member", "State", "is_oom"]

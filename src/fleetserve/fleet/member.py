@@ -12,6 +12,7 @@ class State(enum.StrEnum):
     COLD = "cold"
     LOADING = "loading"
     RESIDENT = "resident"
+    SLEEPING = "sleeping"  # loaded, its weights out of memory (the host tier holds them)
     FAILED = "failed"
 
 
@@ -82,7 +83,12 @@ class Member(Protocol):
         ...
 
     async def load(self) -> Footprint:
-        """Load it (off the compute thread); what it now holds."""
+        """Load it (off the compute thread), or wake it if it sleeps; what it now holds."""
+        ...
+
+    def sleep(self) -> int:
+        """Let its weights' memory go and keep it loaded, to wake cheaply at its next
+        ``load``; the bytes let go (0: it cannot sleep, and stays as it was)."""
         ...
 
     def unload(self) -> None: ...

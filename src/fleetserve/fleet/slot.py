@@ -20,6 +20,7 @@ class Slot:
     state: State = State.COLD
     held: Footprint = NOTHING  # while resident (or reserved while loading)
     measured: Footprint | None = None  # what its last load measured
+    load_s: float = 0.0  # how long its last load took (not a wake)
     inflight: int = 0
     error: FleetError | None = None
     failed_at: float = 0.0

@@ -96,6 +96,7 @@ class Gateway:
         self.not_ready = hooks.not_ready
         self.ready_in = hooks.ready_in
         self.models_info = hooks.models_info or self._catalog_info
+        self.memory = hooks.memory
         # X-Keep-Alive's caps; ends a model's keep-alive where it lives (None: not here)
         self.keep_alives = KeepAlives(settings.max_keep_alive, settings.max_kept_alive_per_tenant)
         self.release_keep_alive = hooks.release_keep_alive
@@ -172,7 +173,9 @@ class Gateway:
                 said: dict[str, object] = {"ready": ok, **({"reason": why} if why else {})}
                 await respond(send, *body_response(200 if ok else 503, said, accept))
             elif method == "GET" and path == "/v1/models":
-                body = {"object": "list", "data": self.models_info()}
+                body: dict[str, object] = {"object": "list", "data": self.models_info()}
+                if self.memory is not None:
+                    body["memory"] = self.memory()
                 await respond(send, *body_response(200, body, accept))
             elif (released := released_model(method, path)) is not None:
                 assert principal is not None

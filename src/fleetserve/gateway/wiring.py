@@ -37,7 +37,8 @@ def _default_cost(_model: str) -> int:
 class Hooks:
     """The process's answers: ``ready`` for ``/readyz`` and admission (``not_ready``:
     what else ``/readyz`` waits for, and says); ``alive`` for ``/healthz`` (False: a
-    stage crashed); ``models_info`` for ``/v1/models`` (None: the catalog);
+    stage crashed); ``models_info`` for ``/v1/models`` (None: the catalog) and
+    ``memory`` beside it (the fleet's budgets and use, where the fleet is in-process);
     each model's interactive threshold in predicted tokens (its profile's);
     ``release_keep_alive`` ends a model's keep-alive where it lives (None: not here);
     ``on_startup`` and ``on_shutdown`` run at the ASGI lifespan's."""
@@ -47,6 +48,7 @@ class Hooks:
     not_ready: Callable[[], str] | None = None  # why /readyz is 503, said in its body
     ready_in: Callable[[], float | None] | None = None  # seconds to ready, if estimated
     models_info: Callable[[], list[dict[str, Any]]] | None = None
+    memory: Callable[[], dict[str, int]] | None = None
     interactive_cost: Callable[[str], int] = _default_cost
     release_keep_alive: Callable[[str], Awaitable[float]] | None = None
     on_startup: Hook | None = None

@@ -21,6 +21,7 @@ from .base import (
     Output,
     Runtime,
     SamplingParams,
+    Sleeps,
 )
 from .cache import DEFAULT_CACHE
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # each implementation serves its protocols (checked, never im
     from .torch import TorchRuntime
 
     _torch: type[ModuleRuntime] = TorchRuntime
+    _torch_sleeps: type[Sleeps] = TorchRuntime
     _onnx: type[Runtime] = OnnxRuntime
     _openvino: type[Runtime] = OpenVinoRuntime
     _external: type[Runtime] = ExternalRuntime
@@ -62,7 +64,10 @@ def create_runtime(
         from .torch import TorchRuntime
 
         compile = name == "torch_compile"
-        return TorchRuntime(device=device, precision=precision, threads=threads, compile=compile)
+        return TorchRuntime(
+            device=device, precision=precision, threads=threads, compile=compile,
+            cache_dir=cache_dir,
+        )  # fmt: skip
     if name == "onnx":
         from .onnx import OnnxRuntime
 
@@ -123,6 +128,7 @@ __all__ = [
     "Output",
     "Runtime",
     "SamplingParams",
+    "Sleeps",
     "create_runtime",
     "import_runtimes",
 ]

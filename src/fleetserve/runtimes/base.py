@@ -92,6 +92,28 @@ class ModuleRuntime(Runtime, Autocasting, Protocol):
         ...
 
 
+@runtime_checkable
+class Sleeps(Protocol):
+    """A runtime whose loaded model can sleep: its weights leave the process's memory
+    while a host-side copy stays (a mapped file the page cache holds), and it wakes
+    without reading, parsing or converting anything (``mapped.py``)."""
+
+    def prepare_sleep(self) -> int:
+        """Run on a mapped copy of the weights from now on (written once per weights);
+        the bytes a sleep would let go, 0 where it cannot sleep (on the loader thread,
+        after ``load``)."""
+        ...
+
+    def sleep(self) -> int:
+        """Let the weights' memory go; the bytes let go (0: it could not, and stays as
+        it was)."""
+        ...
+
+    def wake(self) -> None:
+        """Bring the weights back into memory, ahead of the next batch."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to sample one sequence (the generation family's and the external runtime's)."""

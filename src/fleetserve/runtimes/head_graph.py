@@ -3,7 +3,7 @@ head, wrapped so that every output of that head (``OUTPUTS``), pooling and SPLAD
 included, is an output of one graph.
 
 Importing this module needs neither torch nor transformers (serving from a cache reads
-``OUTPUTS`` and the weights' fingerprint); ``head_graph`` imports them to convert.
+``OUTPUTS``); ``head_graph`` imports them to convert.
 """
 
 from __future__ import annotations
@@ -28,18 +28,7 @@ OUTPUTS: dict[Head, tuple[Output, ...]] = {
     Head.TOKEN_CLASSIFICATION: (Output.LOGITS,),
 }
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 Feed = dict[str, Array]
-
-
-def weights_fingerprint(path: Path) -> bytes:
-    """The bytes of config.json, then each weight file's name, size and mtime: cheap to
-    read (no large file is opened), and new weights in the same directory change it."""
-    parts = [(path / "config.json").read_bytes()]
-    for f in sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()):
-        st = f.stat()
-        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return b"".join(parts)
 
 
 def per_token(head: Head, output: Output) -> bool:

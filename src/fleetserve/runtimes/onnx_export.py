@@ -26,8 +26,8 @@ from rich.console import Console
 
 from ..catalog.entries import build_entry
 from .base import Head, Output
-from .cache import DEFAULT_CACHE
-from .head_graph import OUTPUTS, head_graph, per_token, weights_fingerprint
+from .cache import DEFAULT_CACHE, weights_fingerprint
+from .head_graph import OUTPUTS, head_graph, per_token
 from .onnx_guard import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
 
 log = logging.getLogger("fleetserve.runtimes.onnx")

@@ -23,7 +23,8 @@ from rich.console import Console
 
 from ..catalog.entries import build_entry
 from .base import Head
-from .head_graph import OUTPUTS, head_graph, weights_fingerprint
+from .cache import weights_fingerprint
+from .head_graph import OUTPUTS, head_graph
 
 try:
     import openvino as ov

@@ -31,7 +31,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..wire.values import Array
 from .base import Head, Output
+from .cache import DEFAULT_CACHE
 from .checked_load import UNREAD_BY_ENCODERS, load_checked
+from .mapped import Mapping, map_weights, mapped_key
 
 if TYPE_CHECKING:
     from ..lora.mixed import LoraBank
@@ -66,7 +68,12 @@ def resolve_device(device: str) -> str:
 class TorchRuntime:
     """``compile``: run the forward through ``torch.compile`` (dynamic shapes), which
     compiles on the first batch and again on shapes it has not specialized for; the
-    tuner offers it as ``torch_compile`` and keeps it only where that pays."""
+    tuner offers it as ``torch_compile`` and keeps it only where that pays.
+
+    On a CPU, a model may sleep (``Sleeps``): ``prepare_sleep`` puts its weights on a
+    mapped copy in ``cache_dir/mapped/`` (``mapped.py``). Not with ``compile`` (the
+    compiled graph holds the tensors it was traced with) nor once LoRA adapters wrap
+    its linears (their banks change in place)."""
 
     name = "torch"
     takes_adapters = True  # LoRA adapters, mixed per row (lora_bank)
@@ -78,6 +85,7 @@ class TorchRuntime:
         threads: int = 0,
         *,
         compile: bool = False,
+        cache_dir: Path = DEFAULT_CACHE,
     ) -> None:
         if precision not in _DTYPES:
             raise ValueError(f"precision must be one of {sorted(_DTYPES)}, not {precision!r}")
@@ -90,6 +98,9 @@ class TorchRuntime:
         self._model: torch.nn.Module | None = None
         self._bank: LoraBank | None = None
         self.head = Head.BASE
+        self.cache_dir = Path(cache_dir)
+        self._path: Path | None = None
+        self._mapping: Mapping | None = None
 
     def load(self, path: Path, head: Head = Head.BASE) -> None:
         on_cuda = self.device.startswith("cuda")
@@ -103,6 +114,7 @@ class TorchRuntime:
         self._forward = torch.compile(self._model, dynamic=True) if self.compile else self._model
         self._bank = None
         self.head = head
+        self._path, self._mapping = Path(path), None
 
     def lora_bank(self) -> LoraBank:
         """The loaded model's LoRA adapters (mixed per row; see :mod:`fleetserve.lora`).
@@ -116,6 +128,32 @@ class TorchRuntime:
             self._bank = LoraBank(self.model, match_modules, dtype=_DTYPES[self.precision])
             self._forward = self._model
         return self._bank
+
+    def prepare_sleep(self) -> int:
+        if self._mapping is None and self._can_sleep():
+            assert self._model is not None and self._path is not None
+            key = mapped_key(self._path, self.head.value, self.precision)
+            self._mapping = map_weights(self._model, self.cache_dir / "mapped" / key)
+            # every page in now, as a wake brings them: a batch reads only its tokens'
+            # rows of the embeddings, so the load would measure (and charge) less
+            self._mapping.populate()
+        return self._mapping.nbytes if self._mapping is not None else 0
+
+    def _can_sleep(self) -> bool:
+        return (
+            self._model is not None and self.device == "cpu" and not self.compile
+            and self._bank is None
+        )  # fmt: skip
+
+    def sleep(self) -> int:
+        if self._mapping is None or not self._can_sleep():
+            return 0
+        self._mapping.release()
+        return self._mapping.nbytes
+
+    def wake(self) -> None:
+        if self._mapping is not None:
+            self._mapping.populate()
 
     @property
     def model(self) -> torch.nn.Module:

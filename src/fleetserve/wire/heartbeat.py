@@ -41,6 +41,8 @@ class Memory(msgspec.Struct):
     budget: int
     used: int
     host: int | UnsetType = UNSET
+    host_tier_budget: int | UnsetType = UNSET  # for sleeping models' weights (0: none)
+    host_tier_used: int | UnsetType = UNSET
 
 
 class DeviceBeat(msgspec.Struct):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -12,11 +13,13 @@ from ..catalog import ModelSpec, Profile
 from ..families import AnyFamily, family_tasks
 from ..fleet.member import Footprint
 from ..fleet.memory import PRECISION_SHARE
+from ..runtimes import Sleeps
 from ..wire import Task
 from .compute import compute_executor
 from .load_watch import LoadWatch
 from .lora_hosting import AdapterHosting
 
+log = logging.getLogger("fleetserve.fleet")
 FamilyFactory = Callable[[], AnyFamily]
 
 
@@ -46,6 +49,12 @@ class Loadable:
     runtime's count: ``load_watch.py``), the activation peak of a full batch (the
     profile's own figure where the tuner measured one) and what the load held for a
     moment beyond what stayed. Its LoRA adapters are a part it holds: ``adapters``.
+
+    With ``may_sleep`` (the fleet has a host tier and the model is not pinned), a load
+    puts the weights on a mapped copy where its runtime can (``Sleeps``); under
+    pressure the fleet then asks it to ``sleep`` before it evicts, and the next
+    ``load`` wakes it: no read, conversion, warm-up or gate, the footprint its load
+    measured. A wake that fails falls back to a load.
     """
 
     spec: ModelSpec
@@ -70,6 +79,7 @@ class Loadable:
         verify: Verify | None = None,
         measure: Measure | None = None,
         estimate: Callable[[], int] | None = None,
+        may_sleep: bool = False,
     ) -> None:
         """``adapter`` is a loaded-on-demand adapter, or a factory that builds one.
         ``verify`` runs on the loaded adapter (on the compute thread) and returns the
@@ -90,6 +100,8 @@ class Loadable:
         else:
             self._family, self._factory = None, adapter
         self.eager = eager
+        self.may_sleep = may_sleep and not spec.pinned
+        self.sleeping = False  # loaded, with its weights let go (``sleep``)
         self._load_lock = None
         self._verify = verify
         self._forward = compute_executor()  # shared: one OpenMP pool per process
@@ -145,6 +157,8 @@ class Loadable:
         async with self._load_lock:
             if self.loaded and self._measured is not None:
                 return self._measured
+            if self.sleeping and (woken := await self._woken()) is not None:
+                return woken
             watch = LoadWatch(self.profile.runtime or self.spec.runtime)
             try:
                 return await self._load(watch)
@@ -160,6 +174,9 @@ class Loadable:
             if adapter is None:
                 adapter = await loop.run_in_executor(loader, self._factory)
             await loop.run_in_executor(loader, adapter.load)
+            mapped = 0
+            if self.may_sleep:
+                mapped = await loop.run_in_executor(loader, self._map, adapter)
             ref = None
             if self._verify is not None:  # the gate's fp32 reference loads here too
                 ref = await loop.run_in_executor(loader, self._verify.prepare)
@@ -172,6 +189,7 @@ class Loadable:
             served = await loop.run_in_executor(self._forward, self._verify.judge, adapter, ref)
             del ref
             if served is not adapter:  # the gate swapped in its fp32 reference
+                mapped = 0  # (it is not on the mapped copy)
                 rt = served.runtime
                 self.profile = replace(self.profile, runtime=rt.name, precision=rt.precision)
                 counted = served.memory_bytes() or counted
@@ -183,7 +201,8 @@ class Loadable:
         else:
             peak = 0
         cost = watch.done()  # the gate's reference is let go: what stays, and the moment's
-        weights = cost.weights(counted)
+        # at least what a wake brings back (and a sleep lets go): the mapped weights
+        weights = max(cost.weights(counted), mapped)
         state = self.state_bytes(adapter)
         held = Footprint(weights, peak, cost.transient, state)
         self.memory = {
@@ -194,6 +213,45 @@ class Loadable:
         self._measured = held
         self.loaded = self.ever_loaded = True
         return held
+
+    def _map(self, family: AnyFamily) -> int:
+        """Put the weights on a mapped copy (``mapped.py``), where the runtime can; the
+        bytes mapped. A copy that cannot be written (a full disk) leaves the model as it
+        loaded: it is evicted instead of put to sleep."""
+        if isinstance(rt := family.runtime, Sleeps):
+            try:
+                return rt.prepare_sleep()
+            except OSError as exc:
+                log.warning("%s: weights left unmapped (it cannot sleep): %s", self.spec.id, exc)
+        return 0
+
+    def sleep(self) -> int:
+        """Let the weights' memory go and keep the loaded model, to wake in milliseconds;
+        the bytes let go (0: it cannot sleep, and the fleet unloads it instead). Its
+        LoRA adapters leave as on ``unload``."""
+        family = self._family
+        if not self.loaded or family is None or not isinstance(rt := family.runtime, Sleeps):
+            return 0
+        released = rt.sleep()
+        if released:
+            self.adapters.unhost()
+            self.loaded, self.sleeping = False, True
+        return released
+
+    async def _woken(self) -> Footprint | None:
+        """A sleeping model's weights back in memory: what its load measured (``None``:
+        the wake failed, and it is dropped for a load)."""
+        family, measured = self._family, self._measured
+        try:
+            if family is None or measured is None or not isinstance(rt := family.runtime, Sleeps):
+                raise RuntimeError("nothing to wake")
+            await asyncio.to_thread(rt.wake)
+        except Exception as exc:
+            log.warning("%s: the wake failed (%s); loading it again", self.spec.id, exc)
+            self.unload()
+            return None
+        self.sleeping, self.loaded = False, True
+        return measured
 
     def state_bytes(self, family: AnyFamily) -> int:
         """What the model keeps beside its weights as it serves, at its full budget
@@ -220,6 +278,7 @@ class Loadable:
         if other.loaded != self.loaded:
             raise ValueError(f"model {self.spec.id}: a loaded runner adopts a loaded one only")
         old = self._family
+        self.sleeping = False  # a sleeping one adopts as if cold: it loads the new one
         self._family, self._factory = other._family, other._factory
         self.profile, self._profile0 = other.profile, other._profile0
         self._measured, self._estimated = other._measured, other._estimated
@@ -246,5 +305,5 @@ class Loadable:
         """Drop the adapter (the fleet frees the memory after): it loads again on use."""
         self.adapters.unhost()
         self._family = None
-        self.loaded = False
+        self.loaded = self.sleeping = False
         self.profile = self._profile0

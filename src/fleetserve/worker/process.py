@@ -128,7 +128,8 @@ class WorkerProcess(Service):
             ready=self.ready,
             url=f"http://{self.settings.host}:{self.port}",
             device=self.settings.device,
-            memory=Memory(budget=self.fleet.budget, used=self.fleet.used()),
+            memory=Memory(budget=self.fleet.budget, used=self.fleet.used(),
+                host_tier_budget=self.fleet.host.budget, host_tier_used=self.fleet.host.used),
             idle=self.worker is not None and self.worker.idle,
             models={
                 m: ModelBeat(loaded=r.loaded, **self.fleet.info(m), precision=r.profile.precision,

@@ -146,11 +146,12 @@ class ModelRunner(Loadable):
         measure: Measure | None = None,
         estimate: Callable[[], int] | None = None,
         max_adapters: int = 16,
+        may_sleep: bool = False,
         interactive_tokens: int = 0,
         hold: float = 5.0,
         age_limit: float = 2.0,
     ) -> None:
-        super().__init__(spec, profile, adapter, eager, verify, measure, estimate)
+        super().__init__(spec, profile, adapter, eager, verify, measure, estimate, may_sleep)
         self.metrics = metrics
         tokens = max_batch_tokens or profile.max_batch_tokens
         self.waiting = BatchFormer(

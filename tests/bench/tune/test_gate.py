@@ -204,7 +204,7 @@ async def test_a_reload_of_weights_that_passed_compares_nothing_again(
     judged again."""
     from fleetserve.catalog import Profile
     from fleetserve.metrics import Metrics
-    from fleetserve.runtimes.head_graph import weights_fingerprint
+    from fleetserve.runtimes.cache import weights_fingerprint
     from fleetserve.worker import ModelRunner
 
     path = build_bert(tmp_path / "model")

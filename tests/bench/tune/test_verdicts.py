@@ -19,7 +19,7 @@ from fleetserve.bench.tune.verdicts import Verdicts
 from fleetserve.catalog import facts
 from fleetserve.families import AnyFamily
 from fleetserve.metrics import Metrics
-from fleetserve.runtimes.head_graph import weights_fingerprint
+from fleetserve.runtimes.cache import weights_fingerprint
 
 from ...conftest import tiny_settings
 from .conftest import MODEL

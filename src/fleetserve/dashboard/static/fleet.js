@@ -136,6 +136,7 @@
         el("div", { class: "memline" }, bar,
           el("span", { class: "memtext", text: budget ?
             `${bytes(used)} of ${bytes(budget)} (${fmt.pct(share)})` : "memory not reported" })),
+        hostTier(mem),
         el("ul", { class: "chips" }, held.map((m) => el("li", {
           class: `chip st-${str(m.state)}`, "data-resident": str(m.id), title: m.error ? str(m.error) : `${str(m.state)}, ${bytes(m.bytes)}${m.pinned ? ", pinned" : ""}` },
           el("span", { class: "chip-name", text: str(m.id) }),
@@ -143,6 +144,13 @@
           cold ? el("li", { class: "chip cold", text: `${cold} cold` }) : null,
           !models.length ? el("li", { class: "chip cold", text: "no models" }) : null));
     })));
+  }
+
+  // the host tier: sleeping models' weights, which leave the memory budget for it
+  function hostTier(mem) {
+    const tier = num(mem.host_tier_budget);
+    return tier ? el("div", { class: "memtier", "data-host-tier": String(tier),
+      text: `asleep: ${bytes(num(mem.host_tier_used))} of a ${bytes(tier)} host tier` }) : null;
   }
 
   function chipText(m) {
