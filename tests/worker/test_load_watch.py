@@ -92,6 +92,29 @@ def test_overlapping_loads_and_imports_are_not_the_models_growth(
     assert Cost(50 * MIB, 0, own=False).weights(0) == 50 * MIB  # no count: the growth
 
 
+def test_a_load_during_which_another_model_slept_or_woke_is_not_steady(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another model put to sleep (or unloaded) after this load's weights were in
+    lowers the resident set it ends at, and its high-water mark reads as this load's
+    moment: such a transient is not to be trusted over a steady one (``Loadable``
+    keeps the smaller)."""
+    p = Process(monkeypatch)
+    load(p, "torch", 10)
+    assert load(p, "torch", 30).steady
+    w = LoadWatch("torch")
+    p.grow(30)
+    w.loaded()
+    p.rss -= 33 * MIB  # a model of 33 MiB slept meanwhile
+    load_watch.moved()
+    cost = w.done()
+    assert cost.transient == 33 * MIB and not cost.steady
+    a, b = LoadWatch("torch"), LoadWatch("torch")
+    a.loaded(), b.loaded()
+    assert not a.done().steady and not b.done().steady  # two loads at once
+    assert load(p, "torch", 5).steady
+
+
 async def test_a_reloaded_model_is_charged_what_the_process_holds_for_it(
     tmp_path: Path,
 ) -> None:

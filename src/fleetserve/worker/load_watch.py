@@ -27,6 +27,14 @@ _loaded_runtimes: set[str] = set()  # runtimes that have loaded a model in this 
 _starts = itertools.count(1)
 _last_start = 0
 _in_flight = 0
+_moves = 0  # models that let memory go or took it back without a load (unload, sleep, wake)
+
+
+def moved() -> None:
+    """A model let its memory go or took it back outside a load (an unload, a sleep,
+    a wake): a load under way sees its own high-water mark shifted by it."""
+    global _moves
+    _moves += 1
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Cost:
     grown: int
     transient: int
     own: bool
+    steady: bool = True  # nothing else loaded, woke, slept or left during it
 
     def weights(self, counted: int) -> int:
         """What to charge for weights that the runtime counts as ``counted``: the
@@ -56,6 +65,7 @@ class LoadWatch:
         self.runtime = runtime
         self.alone = _in_flight == 0
         self.start = _last_start = next(_starts)
+        self.moves = _moves
         _in_flight += 1
         self.modules = len(sys.modules)
         self.first = runtime not in _loaded_runtimes
@@ -89,7 +99,8 @@ class LoadWatch:
         )
         _loaded_runtimes.add(self.runtime)
         transient = max(0, self.high - now) if self.high else 0
-        return Cost(max(0, now - self.before), transient, own)
+        steady = self.alone and _last_start == self.start and _moves == self.moves
+        return Cost(max(0, now - self.before), transient, own, steady)
 
     def abandon(self) -> None:
         """The load failed: it is no longer in flight."""

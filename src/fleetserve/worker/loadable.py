@@ -16,7 +16,7 @@ from ..fleet.memory import PRECISION_SHARE
 from ..runtimes import Sleeps
 from ..wire import Task
 from .compute import compute_executor
-from .load_watch import LoadWatch
+from .load_watch import LoadWatch, moved
 from .lora_hosting import AdapterHosting
 
 log = logging.getLogger("fleetserve.fleet")
@@ -204,10 +204,13 @@ class Loadable:
         # at least what a wake brings back (and a sleep lets go): the mapped weights
         weights = max(cost.weights(counted), mapped)
         state = self.state_bytes(adapter)
-        held = Footprint(weights, peak, cost.transient, state)
+        transient = cost.transient
+        if not cost.steady and self._measured is not None:  # others' memory moved in it
+            transient = min(transient, self._measured.load)
+        held = Footprint(weights, peak, transient, state)
         self.memory = {
             "weights": weights, "counted": counted, "resident_growth": cost.grown,
-            "activation_peak": peak, "load_transient": cost.transient, "kv_cache": state,
+            "activation_peak": peak, "load_transient": transient, "kv_cache": state,
         }  # fmt: skip
         self._family = adapter
         self._measured = held
@@ -233,6 +236,7 @@ class Loadable:
         if not self.loaded or family is None or not isinstance(rt := family.runtime, Sleeps):
             return 0
         released = rt.sleep()
+        moved()
         if released:
             self.adapters.unhost()
             self.loaded, self.sleeping = False, True
@@ -245,6 +249,7 @@ class Loadable:
         try:
             if family is None or measured is None or not isinstance(rt := family.runtime, Sleeps):
                 raise RuntimeError("nothing to wake")
+            moved()
             await asyncio.to_thread(rt.wake)
         except Exception as exc:
             log.warning("%s: the wake failed (%s); loading it again", self.spec.id, exc)
@@ -304,6 +309,8 @@ class Loadable:
     def unload(self) -> None:
         """Drop the adapter (the fleet frees the memory after): it loads again on use."""
         self.adapters.unhost()
+        if self._family is not None:
+            moved()
         self._family = None
         self.loaded = self.sleeping = False
         self.profile = self._profile0
