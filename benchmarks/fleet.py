@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--threads", type=int, default=0, help="--torch-threads (0: default)")
     k.add_argument("--before", default="", help="source tree of the old code (or none)")
     k.add_argument("--src", default=str(ROOT / "src"), help="the tree after (default: this)")
+    k.add_argument("--runtime", default="", help="the copies' runtime at fp32 (default: rules)")
+    k.add_argument("--host-tier", default="", help="--host-tier values to compare: off,100%%")
     for s in (t, c, k):
         s.add_argument("--out", default="docs/bench", help="directory for JSON and PNG")
         s.add_argument("--log-dir", default=".bench/fleet-logs", help="server logs")

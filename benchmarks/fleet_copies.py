@@ -8,7 +8,11 @@ bytes: ``--room`` times what one copy really holds, measured first as the server
 resident growth over its first request. Per run: the resident set sampled every 50 ms
 (its peak growth over the budget is the figure), every answer against the first
 copy's (the weights are the same), and each request's latency, a miss where the
-server's load counter moved during it.
+server's load counter moved during it: a wake, where a sleeping copy woke
+(``--host-tier``), else a load. ``--host-tier off,100%`` compares evicting with
+sleeping in one run (each value a server of the tree after, alternated);
+``--runtime torch`` puts the copies on torch fp32 (sleep needs it) instead of the
+profile the rules pick.
 """
 
 from __future__ import annotations
@@ -37,13 +41,14 @@ from .fleet_server import RssSampler, Server
 MIB = 1 << 20
 PREFIX = "copies/"
 SUMMARY = (
-    "budget_x", "grown_mib", "wrong", "errors", "miss_p50_ms", "hit_p50_ms", "loads",
-    "evictions", "drifts",
+    "budget_x", "grown_mib", "wrong", "errors", "miss_p50_ms", "wake_p50_ms", "hit_p50_ms",
+    "loads", "wakes", "evictions", "drifts",
 )  # fmt: skip
 
 
-def catalog(model: str, copies: int, root: Path) -> tuple[Path, list[str]]:
-    """``copies`` specs of the bundled ``model`` (``copies/<name>-NN``, unpinned)."""
+def catalog(model: str, copies: int, root: Path, runtime: str = "") -> tuple[Path, list[str]]:
+    """``copies`` specs of the bundled ``model`` (``copies/<name>-NN``, unpinned), on
+    ``runtime`` at fp32 where one is named."""
     bundled = resources.files("fleetserve.catalog") / "models"
     base = next(
         d
@@ -55,6 +60,9 @@ def catalog(model: str, copies: int, root: Path) -> tuple[Path, list[str]]:
     shutil.rmtree(cat, ignore_errors=True)
     cat.mkdir(parents=True)
     ids = [f"{PREFIX}{model.rsplit('/', 1)[-1]}-{i:02d}" for i in range(copies)]
+    if runtime:
+        cpu = {**base.get("budgets", {}).get("cpu", {}), "runtime": runtime, "precision": "fp32"}
+        base = {**base, "runtime": runtime, "profiles": {"cpu": cpu}}
     for i, mid in enumerate(ids):
         (cat / f"copy-{i:02d}.yaml").write_text(
             yaml.safe_dump({**base, "id": mid, "pinned": False})
@@ -63,11 +71,12 @@ def catalog(model: str, copies: int, root: Path) -> tuple[Path, list[str]]:
     return cat, ids
 
 
-def serve_args(cat: Path, budget: int, threads: int, cache: Path) -> list[str]:
+def serve_args(cat: Path, budget: int, threads: int, cache: Path, host_tier: str = "") -> list[str]:
     return [
         "--catalog", str(cat.resolve()), "--models", PREFIX + "*", "--device", "cpu",
         "--memory-budget", str(budget), "--cache-dir", str(cache), "--log-level", "warning",
         *(["--torch-threads", str(threads)] if threads else []),
+        *(["--host-tier", host_tier] if host_tier else []),
     ]  # fmt: skip
 
 
@@ -98,31 +107,35 @@ def probe(cat: Path, ids: list[str], src: Path, args: argparse.Namespace) -> tup
 
 def run_once(
     tree: str, src: Path, run: int, cat: Path, budget: int, trace: list[str], reference: Any,
-    args: argparse.Namespace,
+    args: argparse.Namespace, host_tier: str = "",
 ) -> dict[str, Any]:  # fmt: skip
     log_dir = Path(args.log_dir)
     cache = log_dir / "cache"  # shared: exports and compiled models are made once
-    srv = Server(
-        f"copies-{tree}-{run}", serve_args(cat, budget, args.threads, cache), log_dir, src=src
-    )
+    name = f"copies-{tree}-{run}".replace("%", "pct")
+    srv = Server(name, serve_args(cat, budget, args.threads, cache, host_tier), log_dir, src=src)
     wrong = errors = 0
     hits: list[float] = []
     misses: list[float] = []
+    wakes: list[float] = []
     try:
         srv.wait_ready()
         ready = rss_of(srv.pid)
         with RssSampler(srv.pid) as rss, httpx.Client(timeout=300) as client:
-            loads = srv.metrics(outcome="ok").get("fleetserve_model_loads_total", 0.0)
+            loads = _loads(srv)
             for model in trace:
                 dt, _, vec = embed(client, srv.url, model)
-                now = srv.metrics(outcome="ok").get("fleetserve_model_loads_total", 0.0)
-                (misses if now > loads else hits).append(dt)
+                now = _loads(srv)
+                if now[0] > loads[0]:
+                    misses.append(dt)
+                else:
+                    (wakes if now[1] > loads[1] else hits).append(dt)
                 loads = now
                 if vec is None:
                     errors += 1
                 elif not np.allclose(vec, reference, atol=1e-4):
                     wrong += 1
         m = srv.metrics()
+        loaded = _loads(srv)[0]
     finally:
         srv.stop()
     grown = rss.peak - ready
@@ -132,20 +145,32 @@ def run_once(
         "grown_mib": grown / MIB, "budget_x": grown / budget,
         "miss_p50_ms": percentile(misses, 0.5) * 1e3 if misses else None,
         "miss_p99_ms": percentile(misses, 0.99) * 1e3 if misses else None,
+        "wake_p50_ms": percentile(wakes, 0.5) * 1e3 if wakes else None,
+        "wake_p99_ms": percentile(wakes, 0.99) * 1e3 if wakes else None,
         "hit_p50_ms": percentile(hits, 0.5) * 1e3 if hits else None,
-        "misses": len(misses), "loads": m.get("fleetserve_model_loads_total", 0.0),
+        "misses": len(misses), "wakes": len(wakes), "loads": loaded,
+        "sleeps": m.get("fleetserve_model_sleeps_total", 0.0),
         "evictions": m.get("fleetserve_model_evictions_total", 0.0),
         "drifts": m.get("fleetserve_memory_drift_total", 0.0),
         "rss_samples": rss.samples,
     }  # fmt: skip
 
 
+def _loads(srv: Server) -> tuple[float, float]:
+    """The server's loads and wakes so far."""
+    loads = "fleetserve_model_loads_total"
+    return (srv.metrics(outcome="ok").get(loads, 0.0), srv.metrics(outcome="woken").get(loads, 0.0))
+
+
 def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     root = Path(args.log_dir)
-    cat, ids = catalog(args.model, args.copies, root)
+    cat, ids = catalog(args.model, args.copies, root, args.runtime)
     trees = {"after": tree_src(Path(args.src))}
     if args.before:
         trees = {"before": tree_src(Path(args.before)), **trees}
+    tiers = {"": ""}  # each tree's label suffix -> --host-tier
+    if args.host_tier:
+        tiers = {f" tier={t}": t for t in args.host_tier.split(",")}
     with console.status("measuring what one copy holds…"):
         one, reference = probe(cat, ids, trees["after"], args)
     budget = int(args.room * one)
@@ -160,13 +185,14 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         f"Zipf s={args.zipf}, {len(set(trace))} copies asked for"
     )
     runs: list[dict[str, Any]] = []
+    variants = [(t + s, t, tier) for t in trees for s, tier in tiers.items()]
     for r in range(args.repeats):
-        for tree in trees if r % 2 == 0 else list(trees)[::-1]:
-            with console.status(f"run {r + 1}/{args.repeats}: {tree}…"):
-                res = run_once(tree, trees[tree], r, cat, budget, trace, reference, args)
+        for label, tree, tier in variants if r % 2 == 0 else variants[::-1]:
+            with console.status(f"run {r + 1}/{args.repeats}: {label}…"):
+                res = run_once(label, trees[tree], r, cat, budget, trace, reference, args, tier)
             runs.append(res)
             console.print(
-                f"  {tree} ({res['version']}): grew {res['grown_mib']:.0f} MiB = "
+                f"  {label} ({res['version']}): grew {res['grown_mib']:.0f} MiB = "
                 f"x{res['budget_x']:.2f} the budget, miss p50 {res['miss_p50_ms'] or 0:.0f} ms, "
                 f"{res['wrong']} wrong, {res['errors']} errors"
             )
@@ -177,7 +203,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             else None
             for k in SUMMARY
         }
-        for t in trees
+        for t in (label for label, _, _ in variants)
     }
     return {
         "model": args.model, "copies": args.copies, "one_copy_bytes": one,
