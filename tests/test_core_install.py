@@ -50,6 +50,7 @@ EXTRA_BOUND = frozenset(
         "fleetserve.lora.mixed",
         "fleetserve.runtimes.onnx",
         "fleetserve.runtimes.onnx_export",
+        "fleetserve.runtimes.mapped",
         "fleetserve.runtimes.onnx_guard",
         "fleetserve.runtimes.openvino",
         "fleetserve.runtimes.openvino_convert",

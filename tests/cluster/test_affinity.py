@@ -51,8 +51,11 @@ def test_workers_keep_the_models_they_hold_and_do_not_thrash(
             )
 
         wait_for(settled, 10, lambda: httpx.get(rc.api + "/v1/models").json())
-        loads = rc.worker_metric('fleetserve_model_loads_total{model="aff/a",outcome="ok"}')
-        loads += rc.worker_metric('fleetserve_model_loads_total{model="aff/b",outcome="ok"}')
+        loads = sum(  # a wake from sleep counts: a model traded back and forth wakes
+            rc.worker_metric(f'fleetserve_model_loads_total{{model="{m}",outcome="{how}"}}')
+            for m in MODELS
+            for how in ("ok", "woken")
+        )
         # each model loaded once, and a few times more while heartbeats spread (9 seen
         # once in a full run on 2 busy cores): not once every other request (~80), as
         # two workers that pull anything would

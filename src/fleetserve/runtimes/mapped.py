@@ -25,9 +25,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..catalog.entries import build_entry
+from ..catalog.rules import install_hint
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("mapped weights need torch: " + install_hint("torch")) from exc
+
 from .cache import WEIGHT_SUFFIXES, weights_fingerprint
 
 log = logging.getLogger("fleetserve.runtimes")

@@ -1,7 +1,7 @@
 """Affinity: which models a worker on a shared queue pulls for, and when.
 
 Loading a model costs seconds; serving one already resident costs milliseconds. So a
-worker pulls first for the models it holds (resident, loading or asleep), together with cold
+worker pulls first for the models it holds (resident or loading), together with cold
 ones whose oldest request has waited ``wait`` seconds: their holders do not keep up,
 and another copy pays. Other cold models it takes only when idle and no other live
 worker holds them (from the heartbeats). A model that failed to load here is left to
@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from ..fleet.manager import Fleet, State
 from ..queue import Consumer, Message
 
-HELD = (State.RESIDENT, State.LOADING, State.SLEEPING)  # a wake costs milliseconds
+# a sleeping model counts as cold: pulled for as a held one, it would be woken here
+# while another worker holds it resident, and the two would trade it back and forth
+HELD = (State.RESIDENT, State.LOADING)
 
 
 @dataclass(frozen=True)
