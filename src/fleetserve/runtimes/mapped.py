@@ -1,8 +1,8 @@
 """Weights on a mapped file, so that a model can sleep (the fleet's host tier).
 
 A torch model that may sleep runs on a copy of its weights in the runtimes' cache
-(``cache_dir/mapped/<key>.pt``, written once per weights, head and precision, the way
-ONNX exports are): :func:`map_weights` loads that file with ``mmap`` and puts its
+(``cache_dir/mapped/<key>/weights.pt``, written once per weights, head and precision, as
+the ONNX exports are): :func:`map_weights` loads that file with ``mmap`` and puts its
 tensors in place of the module's own. The process's memory then holds the weights as
 pages of that file. To sleep, :meth:`Mapping.release` drops those pages from the
 process (``madvise(MADV_DONTNEED)``): its resident set falls by the weights, while the
