@@ -75,14 +75,6 @@ class Settings(Limits, Background):
         "limit, else of physical RAM; of free device memory on CUDA).",
         groups="runtime",
     )
-    host_tier: str = setting(
-        "100%",
-        "Memory for sleeping models (the host tier): under pressure a model that can sleep "
-        "(torch on a CPU) lets its weights go from the memory budget and keeps them in "
-        "a mapped file the page cache holds, to wake in milliseconds; bytes, a size or a "
-        "percent of --memory-budget; 0 or off: evicted models unload.",
-        groups="runtime",
-    )
     memory_share_dir: str = setting(
         "",
         "Where the processes on this host that run on the default --memory-budget "

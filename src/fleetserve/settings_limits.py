@@ -14,7 +14,18 @@ from .settings_fields import setting
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on HTTP parsing, request size, uploads, keep-alive and training input."""
+    """Bounds on HTTP parsing, request size, uploads, keep-alive, sleeping models and
+    training input."""
+
+    # -- memory for sleeping models (the fleet's host tier) ----------------------------
+    host_tier: str = setting(
+        "100%",
+        "Memory for sleeping models (the host tier): under pressure a model that can sleep "
+        "(torch on a CPU) lets its weights go from the memory budget and keeps them in "
+        "a mapped file the page cache holds, to wake in milliseconds; bytes, a size or a "
+        "percent of --memory-budget; 0 or off: evicted models unload.",
+        groups="runtime",
+    )
 
     # -- sizes of bodies, uploads and training texts -----------------------------------
     max_body_bytes: int = setting(
