@@ -1,7 +1,8 @@
 """``python -m benchmarks fleet``: the fleet manager, measured in real servers.
 
   trace      cost-aware eviction (gdsf) against LRU: the same Zipf trace over random
-             BERTs of mixed sizes, three times the memory budget
+             BERTs of mixed sizes, three times the memory budget; --runtimes
+             torch,openvino mixes runtimes, whose reloads (and wakes) cost differently
   cold-load  the pinned model's latency while another model loads, before the fleet
              work (--before TREE) and after (--src, this repository's)
   copies     copies of one model under distinct ids, a budget for --room of them and a
@@ -9,7 +10,8 @@
              answer checked, miss and hit latency; before (--before TREE) and after
 
 Each writes a table, then JSON and a PNG beside it under --out, named for this
-machine's hardware class (fleet-trace-<class>, cold-load-<class>).
+machine's hardware class (fleet-trace-<class>, fleet-trace-torch-openvino-<class>,
+cold-load-<class>).
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
         "pinned model holds, measured, + a third of the other models' weights)",
     )
     t.add_argument("--model-dir", default=str(CACHE), help="where the models are cached")
+    t.add_argument(
+        "--runtimes",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=["torch"],
+        help="the unpinned models' runtimes, in equal shares (torch,openvino: reload "
+        "costs that differ by runtime, not only by size)",
+    )
+    t.add_argument("--host-tier", default="", help="--host-tier of the server (default its own)")
     c = sub.add_parser("cold-load", help="pinned-model latency while a model loads")
     c.add_argument("--before", default="", help="source tree of the old code (or none)")
     c.add_argument("--src", default=str(ROOT / "src"), help="the tree after (default: this)")
@@ -126,7 +136,8 @@ def main(argv: Sequence[str] = ()) -> int:
     try:
         if args.part == "trace":
             result = fleet_trace.run(args, console)
-            table, name = trace_table(result), f"fleet-trace-{facts['hardware_class']}"
+            mix = "" if args.runtimes == ["torch"] else "-".join(args.runtimes) + "-"
+            table, name = trace_table(result), f"fleet-trace-{mix}{facts['hardware_class']}"
         elif args.part == "copies":
             result = fleet_copies.run(args, console)
             table, name = copies_table(result), f"fleet-copies-{facts['hardware_class']}"

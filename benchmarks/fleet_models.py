@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ class Model:
     layers: int
     bytes: int  # of weights on disk
     pinned: bool
+    runtime: str = "torch"
 
 
 def shapes(n: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -42,6 +44,14 @@ def shapes(n: int, seed: int = 0) -> list[tuple[int, int]]:
     rest = [SHAPES[(i + 1) % len(SHAPES)] for i in range(n - 1)]
     random.Random(seed).shuffle(rest)
     return [SHAPES[0], *rest][:n]
+
+
+def runtime_shares(n: int, runtimes: Sequence[str], seed: int = 1) -> list[str]:
+    """``n`` runtimes, each of ``runtimes`` in turn, shuffled apart from the shapes'
+    order (another seed), so that a model's runtime says nothing of its size or rank."""
+    out = [runtimes[i % len(runtimes)] for i in range(n)]
+    random.Random(seed).shuffle(out)
+    return out
 
 
 def _tokenizer(path: Path) -> None:
@@ -101,7 +111,7 @@ def spec(model: Model) -> dict[str, Any]:
     return {
         "id": model.id,
         "family": "dense",
-        "runtime": "torch",
+        "runtime": model.runtime,
         "sources": [str(model.path.resolve())],
         "pooling": "mean",
         "normalize": True,
@@ -112,16 +122,25 @@ def spec(model: Model) -> dict[str, Any]:
     }
 
 
-def fleet(n: int, cache: Path = CACHE, catalog: Path | None = None) -> tuple[Path, list[Model]]:
-    """``n`` models (``fleet/m0`` pinned), built or found in ``cache``, and a catalog of
-    them (``cache/catalog-<n>`` unless given). The bundled pinned models are overridden
-    as unpinned so that only these count against the budget."""
+def fleet(
+    n: int,
+    cache: Path = CACHE,
+    catalog: Path | None = None,
+    runtimes: Sequence[str] = ("torch",),
+) -> tuple[Path, list[Model]]:
+    """``n`` models (``fleet/m0`` pinned, on torch), built or found in ``cache``, and a
+    catalog of them (``cache/catalog-<n>`` unless given). The others take ``runtimes``
+    in a seeded shuffle of equal shares, so that neither popularity nor size says which.
+    The bundled pinned models are overridden as unpinned so that only these count
+    against the budget."""
+    rest = runtime_shares(n - 1, runtimes)
     models = []
     for i, (hidden, layers) in enumerate(shapes(n)):
         path = cache / f"h{hidden}-l{layers}-s{i}"
         size = build(path, i, hidden, layers)
-        models.append(Model(f"fleet/m{i}", path, hidden, layers, size, i == 0))
-    cat = catalog or cache / f"catalog-{n}"
+        runtime = "torch" if i == 0 else rest[i - 1]
+        models.append(Model(f"fleet/m{i}", path, hidden, layers, size, i == 0, runtime))
+    cat = catalog or cache / f"catalog-{n}-{'-'.join(runtimes)}"
     shutil.rmtree(cat, ignore_errors=True)
     cat.mkdir(parents=True)
     for m in models:

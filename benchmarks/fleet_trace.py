@@ -30,7 +30,8 @@ POLICIES = ("gdsf", "lru")
 MIB = 1 << 20
 # the figures compared across policies (medians over repeats), and their ratios
 STATS = (
-    "requests", "errors", "p50_ms", "p99_ms", "misses", "loads", "load_s", "evictions",
+    "requests", "errors", "p50_ms", "p99_ms", "misses", "loads", "wakes", "load_s",
+    "evictions",
     "peak_rss", "ready_rss", "wall_s",
 )  # fmt: skip
 
@@ -66,22 +67,33 @@ async def replay(url: str, trace: list[str], concurrency: int) -> list[tuple[flo
     return out
 
 
-def serve_args(catalog: Path, budget: int, policy: str, threads: int) -> list[str]:
+def serve_args(
+    catalog: Path, budget: int, policy: str, threads: int, host_tier: str = ""
+) -> list[str]:
+    tier = ["--host-tier", host_tier] if host_tier else []
     return [
         "--catalog", str(catalog.resolve()), "--device", "cpu",
         "--torch-threads", str(threads), "--memory-budget", str(budget),
         "--eviction", policy, "--hardware-class", "cpu-avx2",
-        "--profile-dir", "/dev/null/x", "--log-level", "warning",
+        "--profile-dir", "/dev/null/x", "--log-level", "warning", *tier,
     ]  # fmt: skip
 
 
-def probe_pinned(catalog: Path, models: list[Model], threads: int, log_dir: Path) -> int:
-    """What the pinned model holds once loaded, as the server measures it."""
+def probe_pinned(
+    catalog: Path, models: list[Model], threads: int, log_dir: Path, host_tier: str = ""
+) -> int:
+    """What the pinned model holds once loaded, as the server measures it. Each other
+    model is asked for once too, with room for all, so that what a first load builds
+    and keeps (exports, OpenVINO's IR and compiled model, mapped copies) is there before
+    either policy runs: the trace then measures reloads alone, the same for both."""
     pinned = next(m for m in models if m.pinned)
     roomy = 2 * sum(m.bytes for m in models) + (4 << 30)
-    srv = Server("fleet-probe", serve_args(catalog, roomy, "lru", threads), log_dir)
+    srv = Server("fleet-probe", serve_args(catalog, roomy, "lru", threads, host_tier), log_dir)
     try:
         srv.wait_ready()
+        for m in models:
+            body = {"model": m.id, "input": [SENTENCE]}
+            httpx.post(srv.url + "/v1/embeddings", json=body, timeout=600).raise_for_status()
         return int(srv.models()[pinned.id]["bytes"])
     finally:
         srv.stop()
@@ -92,17 +104,22 @@ def run_once(
 ) -> dict[str, Any]:
     log_dir = Path(args.log_dir)
     srv = Server(
-        f"fleet-{policy}-{run}", serve_args(catalog, budget, policy, args.threads), log_dir
+        f"fleet-{policy}-{run}",
+        serve_args(catalog, budget, policy, args.threads, args.host_tier),
+        log_dir,
     )
     try:
         srv.wait_ready()
-        before, ok0 = srv.metrics(), srv.metrics(outcome="ok")
+        before, ok0, w0 = srv.metrics(), srv.metrics(outcome="ok"), srv.metrics(outcome="woken")
         ready_rss = rss_of(srv.pid)
+        asked = sorted(set(trace))
+        per_model0 = {m: srv.metrics(model=m) for m in asked}
         with RssSampler(srv.pid) as rss:
             t0 = time.perf_counter()
             answers = asyncio.run(replay(srv.url, trace, args.concurrency))
             wall = time.perf_counter() - t0
-        after, ok1 = srv.metrics(), srv.metrics(outcome="ok")
+        after, ok1, w1 = srv.metrics(), srv.metrics(outcome="ok"), srv.metrics(outcome="woken")
+        per_model1 = {m: srv.metrics(model=m) for m in asked}
     finally:
         srv.stop()
 
@@ -110,6 +127,7 @@ def run_once(
         return a.get(name, 0.0) - b.get(name, 0.0)
 
     ok = [dt for dt, status in answers if status == 200]
+    woken = (w1, w0)
     loads = grew("fleetserve_model_loads_total", ok1, ok0)
     return {
         "policy": policy,
@@ -120,12 +138,21 @@ def run_once(
         "p99_ms": percentile(ok, 0.99) * 1e3,
         "misses": grew("fleetserve_model_misses_total"),
         "loads": loads,
+        "wakes": grew("fleetserve_model_loads_total", *woken),
+        "sleeps": grew("fleetserve_model_sleeps_total"),
         "failed_loads": grew("fleetserve_model_loads_total") - loads,
         "load_s": grew("fleetserve_model_load_seconds_sum"),
         "evictions": grew("fleetserve_model_evictions_total"),
         "peak_rss": rss.peak,
         "ready_rss": ready_rss,
         "rss_samples": rss.samples,
+        "per_model": {  # over the trace: loads and wakes together, and their seconds
+            m: {
+                "load_s": grew("fleetserve_model_load_seconds_sum", per_model1[m], per_model0[m]),
+                "loads": grew("fleetserve_model_load_seconds_count", per_model1[m], per_model0[m]),
+            }
+            for m in asked
+        },
         "wall_s": wall,
     }  # fmt: skip
 
@@ -146,15 +173,14 @@ def ratios(med: dict[str, dict[str, float]], a: str = "gdsf", b: str = "lru") ->
 
 def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     with console.status(f"building {args.models} models under {args.model_dir}…"):
-        catalog, models = fleet(args.models, Path(args.model_dir))
+        catalog, models = fleet(args.models, Path(args.model_dir), runtimes=args.runtimes)
     total = sum(m.bytes for m in models)
     pinned = next(m for m in models if m.pinned)
+    with console.status("loading each model once (what a first load builds, kept)…"):
+        held = probe_pinned(catalog, models, args.threads, Path(args.log_dir), args.host_tier)
     if args.budget:
         budget, how = parse_size(args.budget, limit=1 << 50), f"--budget {args.budget}"
-        held = pinned.bytes
     else:
-        with console.status("measuring what the pinned model holds…"):
-            held = probe_pinned(catalog, models, args.threads, Path(args.log_dir))
         rest = [m.bytes for m in models if not m.pinned]
         room = max(sum(rest) // 3, max(rest, default=0) * 3 // 2)  # the largest fits
         budget = held + room

@@ -11,7 +11,7 @@ import yaml
 
 from benchmarks.fleet import main
 from benchmarks.fleet_cold import windows
-from benchmarks.fleet_models import Model, build, spec, unpin_bundled
+from benchmarks.fleet_models import Model, build, runtime_shares, spec, unpin_bundled
 from benchmarks.fleet_server import parse_metrics
 from benchmarks.fleet_trace import zipf_trace
 
@@ -81,6 +81,17 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert sum(run["evictions"] for run in data["runs"]) > 0
     assert set(data["ratios_gdsf_over_lru"]) >= {"p99_ms", "loads", "load_s"}
     assert sum(m["pinned"] for m in data["models"]) == 1
+    assert {m["runtime"] for m in data["models"]} == {"torch"}
+    for run in data["runs"]:  # a reload of a sleeping model is a wake, counted apart
+        assert run["wakes"] >= 0 and set(run["per_model"]) <= {m["id"] for m in data["models"]}
+        assert sum(v["loads"] for v in run["per_model"].values()) == run["loads"] + run["wakes"]
+
+
+def test_the_runtimes_take_equal_shares_apart_from_size_and_rank() -> None:
+    got = runtime_shares(15, ["torch", "openvino"])
+    assert (got.count("torch"), got.count("openvino")) == (8, 7)
+    assert got == runtime_shares(15, ["torch", "openvino"])  # seeded
+    assert got != sorted(got) and runtime_shares(3, ["torch"]) == ["torch"] * 3
 
 
 @pytest.fixture
