@@ -26,7 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from . import fleet_cold, fleet_copies, fleet_trace
+from . import fleet_calibrate, fleet_cold, fleet_copies, fleet_trace
 from .fleet_models import CACHE
 from .fleet_report import cold_table, copies_table, trace_table, write
 
@@ -53,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--budget",
         default="",
-        help="bytes, a size (200MiB) or a percent of all the weights (empty: what the "
-        "pinned model holds, measured, + a third of the other models' weights)",
+        help="bytes, a size (200MiB) or a percent of what all the models hold (empty: "
+        "what the pinned model holds + a third of what the others hold; each measured "
+        "by a first load)",
     )
     t.add_argument("--model-dir", default=str(CACHE), help="where the models are cached")
     t.add_argument(
@@ -136,6 +137,7 @@ def main(argv: Sequence[str] = ()) -> int:
     try:
         if args.part == "trace":
             result = fleet_trace.run(args, console)
+            result["sim"] = fleet_calibrate.predict(result)
             mix = "" if args.runtimes == ["torch"] else "-".join(args.runtimes) + "-"
             table, name = trace_table(result), f"fleet-trace-{mix}{facts['hardware_class']}"
         elif args.part == "copies":

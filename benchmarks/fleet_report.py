@@ -42,7 +42,7 @@ def trace_table(result: dict[str, Any]) -> Table:
         caption=(
             f"{result['trace']['requests']} requests per run; budget "
             f"{result['budget_bytes'] / MIB:.0f} MiB ({result['budget_how']}); grown = "
-            "peak RSS - RSS at ready, against the budget less the pinned model"
+            "peak RSS - RSS at ready, against the budget less the pinned model" + _simulated(result)
         ),
     )
     t.add_column("policy", no_wrap=True)
@@ -60,6 +60,19 @@ def trace_table(result: dict[str, Any]) -> Table:
             *[_ratio(a[k] / b[k] if b[k] else None) for k, _, _ in TRACE_COLUMNS[1:]],
         )
     return t
+
+
+def _simulated(result: dict[str, Any]) -> str:
+    """The simulator's gdsf/lru load seconds over the measured models, where run."""
+    sim = result.get("sim") or {}
+    if sim.get("load_s_gdsf_over_lru") is None:
+        return ""
+    runs = sim["runs"]
+    return (
+        f"; simulated with the measured costs: gdsf/lru load s x"
+        f"{sim['load_s_gdsf_over_lru']:.2f} ({runs['gdsf']['loads']} against "
+        f"{runs['lru']['loads']} loads)"
+    )
 
 
 COLD_COLUMNS = [

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,63 @@ async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     await runner.load()
     assert calls == ["torch", "torch", "torch"]
+
+
+async def test_what_a_load_held_is_the_next_processs_reserve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights a load measured alone are kept on disk (``<cache_dir>/held``): the
+    next process reserves them before its first load, not the files' size (an ONNX
+    Runtime session holds 1.5 times its export), and a load beside others (its growth
+    not its own) is charged them where the runtime counts less. New weights at the same
+    path go back to the files."""
+    from fleetserve.assembly import build_catalog, build_runner
+    from fleetserve.fleet.drift import FLOOR
+    from fleetserve.fleet.memory import weights_estimate
+    from fleetserve.metrics import Metrics
+    from fleetserve.worker import loadable
+    from fleetserve.worker.load_watch import Cost
+
+    from .conftest import NO_USER_PROFILES, TINY_CLASS
+    from .tinymodels import build_bert, write_spec
+
+    model = build_bert(tmp_path / "model")
+    write_spec(tmp_path / "catalog", "tiny/held", model)
+    s = Settings.load(
+        overrides={"catalog": str(tmp_path / "catalog"), "device": "cpu",
+                   "hardware_class": TINY_CLASS, "profile_dir": NO_USER_PROFILES,
+                   "cache_dir": str(tmp_path / "cache")}
+    )  # fmt: skip
+    files = weights_estimate(model, "fp32")
+
+    def runner() -> object:
+        return build_runner(build_catalog(s).get("tiny/held"), s, Metrics())
+
+    first = runner()
+    assert first.expected().weights == files  # type: ignore[attr-defined]
+    estimate = first._estimate  # type: ignore[attr-defined]
+    held = (await first.load()).weights  # type: ignore[attr-defined]
+    # a torch model holds what its files say, within the resident set's noise: none kept
+    assert abs(held - files) <= FLOOR and not (tmp_path / "cache" / "held").exists()
+    estimate.remember(3 * files + FLOOR)  # as an engine with its own copies measures
+    (fact,) = (tmp_path / "cache" / "held").glob("*.json")
+    assert json.loads(fact.read_text())["bytes"] == 3 * files + FLOOR
+    assert runner().expected().weights == 3 * files + FLOOR  # type: ignore[attr-defined]
+
+    class Beside(loadable.LoadWatch):  # another model loads at the same time
+        def done(self) -> Cost:
+            return dataclasses.replace(super().done(), own=False)
+
+    monkeypatch.setattr(loadable, "LoadWatch", Beside)
+    beside = runner()
+    assert (await beside.load()).weights == 3 * files + FLOOR  # type: ignore[attr-defined]
+    assert beside.memory["counted"] < 3 * files  # type: ignore[attr-defined]
+    for f in model.glob("*.safetensors"):  # written again: a new mtime
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert runner().expected().weights == files  # type: ignore[attr-defined]
+    shutil.rmtree(model)  # weights not (or no longer) on disk: nothing to reserve yet
+    assert runner().expected().weights == 0  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

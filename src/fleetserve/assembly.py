@@ -31,7 +31,6 @@ from .fleet.memory import (
     parse_limit,
     parse_size,
     trim,
-    weights_estimate,
 )
 from .fleet.policy import make_policy
 from .metrics import Metrics
@@ -40,6 +39,7 @@ from .runtimes.cache import weights_fingerprint
 from .settings import Settings
 from .wire import FleetError
 from .worker import ModelRunner
+from .worker.estimate import KeptWeights
 from .worker.gen_runner import GenerationRunner
 from .worker.runner import Runner
 
@@ -177,13 +177,22 @@ def build_runner(
             peaks[key] = peak
         return peaks[key]
 
-    def estimate() -> int:  # before the first load: the weights on disk, at this precision
-        found = locate(
-            spec.sources,
-            Path(settings.hf_cache).expanduser(),
-            Path(settings.cache_dir).expanduser(),
-        )
-        return weights_estimate(found, profile.precision) if found is not None else 0
+    def found() -> Path | None:  # the weights on disk, where they are
+        return locate(spec.sources, Path(settings.hf_cache).expanduser(), cache_dir)
+
+    def held_key() -> str | None:  # what the weights hold depends on besides themselves
+        path = found()
+        try:
+            fingerprint = weights_fingerprint(path) if path is not None else None
+        except OSError:  # no config.json to key on
+            fingerprint = None
+        if fingerprint is None:  # (not there yet: fetched at its load) none kept
+            return None
+        return facts.fact_key(spec.id, spec.family, runtime_name, profile.precision,
+                              engine(runtime_name), fingerprint)  # fmt: skip
+
+    held = facts.Facts(cache_dir / "held", "weights as loaded")
+    estimate = KeptWeights(held, held_key, found, profile.precision, spec.id)
 
     runner: ModelRunner | GenerationRunner
     if spec.family == "generate":

@@ -76,12 +76,17 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     for run in data["runs"]:
         assert run["requests"] == 20 and run["errors"] == 0, run
         assert run["loads"] >= 1 and run["load_s"] > 0 and run["peak_rss"] > 0
-    rest = sum(m["bytes"] for m in data["models"] if not m["pinned"])
+    rest = sum(m["held"] for m in data["models"] if not m["pinned"])
     assert data["budget_bytes"] - data["pinned_held_bytes"] < rest  # not everything fits
     assert sum(run["evictions"] for run in data["runs"]) > 0
     assert set(data["ratios_gdsf_over_lru"]) >= {"p99_ms", "loads", "load_s"}
     assert sum(m["pinned"] for m in data["models"]) == 1
     assert {m["runtime"] for m in data["models"]} == {"torch"}
+    assert set(data["sim"]["runs"]) == {"gdsf", "lru"}  # the simulator, fed these costs
+    pinned = next(m["id"] for m in data["models"] if m["pinned"])
+    _, trace = zipf_trace([m["id"] for m in data["models"]], 20, 1.1, 0)
+    for run in data["sim"]["runs"].values():  # the trace's requests, less the pinned's
+        assert run["requests"] == sum(t != pinned for t in trace) and run["loads"] >= 1
     for run in data["runs"]:  # a reload of a sleeping model is a wake, counted apart
         assert run["wakes"] >= 0 and set(run["per_model"]) <= {m["id"] for m in data["models"]}
         assert sum(v["loads"] for v in run["per_model"].values()) == run["loads"] + run["wakes"]

@@ -1,6 +1,7 @@
 """Small facts a load computes once, kept on local disk: the quality gate's passes
-(``gate/``), a model's activation peak (``peak/``). A restart, a device child or
-another worker of the host reads them instead of computing them again.
+(``gate/``), a model's activation peak (``peak/``), what its weights hold as loaded
+(``held/``). A restart, a device child or another worker of the host reads them
+instead of computing them again.
 
 A fact is ``<root>/<key>.json``, its key a digest of everything the fact depends on.
 It is written whole or not at all (a temporary file, then ``os.replace``). A file that

@@ -29,7 +29,7 @@ from ..metrics import Metrics
 from ..wire import AdapterNotFound, FleetError, InternalError, Unavailable
 from .admission import Event, WaitQueue, cost
 from .batcher import Job
-from .loadable import FamilyFactory, Loadable, Measure, Verify
+from .loadable import Estimate, FamilyFactory, Loadable, Measure, Verify
 from .runner import JobSink
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class GenerationRunner(Loadable):
         eager: bool = True,
         verify: Verify | None = None,
         measure: Measure | None = None,
-        estimate: Callable[[], int] | None = None,
+        estimate: Estimate | None = None,
         max_adapters: int = 16,
     ) -> None:
         super().__init__(spec, profile, adapter, eager, verify, measure, estimate)

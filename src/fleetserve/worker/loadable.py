@@ -36,6 +36,16 @@ class Verify(Protocol):
 Measure = Callable[[AnyFamily], int]  # a loaded adapter -> its activation peak (bytes)
 
 
+class Estimate(Protocol):
+    """What a model's weights will hold before it loads, and what a load found: the
+    weights a load measured, kept for the next process (an ONNX Runtime or OpenVINO
+    model holds 1.5 to 2.5 times its files: the engine's own copies)."""
+
+    def __call__(self) -> int: ...
+
+    def remember(self, weights: int) -> None: ...
+
+
 class Loadable:
     """Loading and unloading shared by runners; the fleet manager decides when.
 
@@ -67,7 +77,7 @@ class Loadable:
     _forward: ThreadPoolExecutor
     _verify: Verify | None
     _measure: Measure | None
-    _estimate: Callable[[], int] | None
+    _estimate: Estimate | None
     _measured: Footprint | None
 
     def __init__(
@@ -78,14 +88,15 @@ class Loadable:
         eager: bool,
         verify: Verify | None = None,
         measure: Measure | None = None,
-        estimate: Callable[[], int] | None = None,
+        estimate: Estimate | None = None,
         may_sleep: bool = False,
     ) -> None:
         """``adapter`` is a loaded-on-demand adapter, or a factory that builds one.
         ``verify`` runs on the loaded adapter (on the compute thread) and returns the
         adapter to serve: a quality gate may swap in another. ``measure`` gives the
         activation peak of a full batch when the profile has no figure; ``estimate``
-        the footprint before the first load (from the weights on disk)."""
+        the weights before the first load (what an earlier process's load measured, else
+        the weights on disk), and it keeps what each full load measures."""
         self.spec = spec
         self.profile = profile
         self._profile0 = profile
@@ -203,6 +214,11 @@ class Loadable:
         cost = watch.done()  # the gate's reference is let go: what stays, and the moment's
         # at least what a wake brings back (and a sleep lets go): the mapped weights
         weights = max(cost.weights(counted), mapped)
+        if self._estimate is not None:
+            if cost.own and cost.grown > 0:  # measured alone: kept for the next process
+                self._estimate.remember(weights)
+            else:  # beside other loads: the count, or what a load alone measured
+                weights = max(weights, self._estimate())
         state = self.state_bytes(adapter)
         transient = cost.transient
         if not cost.steady and self._measured is not None:  # others' memory moved in it

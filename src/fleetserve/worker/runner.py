@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, Self
 
 from ..catalog import ModelSpec, Profile
@@ -15,7 +15,7 @@ from ..metrics import Metrics
 from ..wire import AdapterNotFound, FleetError, InternalError, Task
 from .adapter_wait import as_fleet_error
 from .batcher import BatchFormer, Job, WorkItem
-from .loadable import FamilyFactory, Loadable, Measure, Verify
+from .loadable import Estimate, FamilyFactory, Loadable, Measure, Verify
 from .lora_hosting import AdapterHosting
 
 __all__ = ["FamilyFactory", "JobSink", "Loadable", "Measure", "ModelRunner", "Runner", "Verify"]
@@ -144,7 +144,7 @@ class ModelRunner(Loadable):
         eager: bool = True,
         verify: Verify | None = None,
         measure: Measure | None = None,
-        estimate: Callable[[], int] | None = None,
+        estimate: Estimate | None = None,
         max_adapters: int = 16,
         may_sleep: bool = False,
         interactive_tokens: int = 0,

@@ -1,0 +1,83 @@
+"""The fleet simulator (``fleetserve bench sim fleet``'s engine) fed with what the trace
+measured, to set its prediction of GDSF against LRU beside the real one.
+
+Each model enters with what it held (charged at its first load, with room for all), its
+cost per (re)load (the trace's load and wake seconds over their count, both policies'
+runs pooled: a torch model that sleeps mostly wakes), and its service time (one hit,
+timed at the first load's pass). The requests are the trace's own, in its order, on one
+worker; the pinned model and its requests stay out (it never leaves), and so do its
+bytes from the budget. Arrivals are Poisson, at the rate that keeps compute
+``UTILIZATION`` busy: the real trace's closed-loop clients keep the server saturated,
+which an open queue models only near full load.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, replace
+from typing import Any
+
+from fleetserve.bench.sim.fleet import FleetParams, FleetWorkload, Model, simulate_fleet
+
+from .fleet_trace import POLICIES, zipf_trace
+
+UTILIZATION = 0.9
+WORKERS = 1
+
+
+def measured_models(result: dict[str, Any]) -> list[Model]:
+    """The unpinned models of a trace's result, as the simulator takes them."""
+    reqs = result["trace"]["requests"]
+    _, trace = zipf_trace(
+        [m["id"] for m in result["models"]],
+        reqs,
+        result["trace"]["zipf_s"],
+        result["trace"]["seed"],
+    )
+    out = []
+    for m in result["models"]:
+        if m["pinned"] or m["id"] not in trace:
+            continue
+        per = [r["per_model"][m["id"]] for r in result["runs"] if m["id"] in r["per_model"]]
+        n = sum(p["loads"] for p in per)
+        cost = sum(p["load_s"] for p in per) / n if n else 0.0
+        out.append(Model(m["id"], m["held"], cost, m["hit_s"], trace.count(m["id"]) / reqs))
+    return out
+
+
+def predict(result: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """Each policy's simulated run over the measured models and the trace's requests."""
+    models = measured_models(result)
+    index = {m.name: k for k, m in enumerate(models)}
+    _, trace = zipf_trace(
+        [m["id"] for m in result["models"]],
+        result["trace"]["requests"],
+        result["trace"]["zipf_s"],
+        result["trace"]["seed"],
+    )
+    which = [index[t] for t in trace if t in index]
+    rng = random.Random(seed)
+    wl = FleetWorkload(tuple(models), [rng.expovariate(1.0) for _ in which], which)
+    budget = result["budget_bytes"] - result["pinned_held_bytes"]
+    largest = max(m.bytes for m in models)
+    params = replace(
+        FleetParams(),
+        models=len(models),
+        memory_budget=budget,
+        size_classes=((max(1, largest >> 20), 1.0),),  # checked against the budget only
+        batch=result["concurrency"],
+        utilization=UTILIZATION,
+        requests_per_worker=max(len(which), 10),  # (checked only: the requests are these)
+        warmup=0.0,
+    )
+    runs = {
+        p: asdict(simulate_fleet(wl, WORKERS, params, affinity=False, eviction=p)) for p in POLICIES
+    }
+    ratio = runs["gdsf"]["load_s"] / runs["lru"]["load_s"] if runs["lru"]["load_s"] else None
+    return {
+        "models": [asdict(m) for m in models],
+        "budget_bytes": budget,
+        "utilization": UTILIZATION,
+        "runs": runs,
+        "load_s_gdsf_over_lru": ratio,
+    }
