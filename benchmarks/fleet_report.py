@@ -209,10 +209,16 @@ def trace_plot(result: dict[str, Any], path: Path) -> None:
         for i, p in enumerate(policies):  # each run, over its median
             ys = [r[key] for r in result["runs"] if r["policy"] == p]
             ax.plot([i] * len(ys), ys, "k.", alpha=0.6)
+        if key == "load_s" and result.get("sim"):  # the simulator, fed the measured costs
+            sim = [result["sim"]["runs"][p]["load_s"] for p in policies]
+            ax.plot(range(len(policies)), sim, "rx", markersize=10, label="simulated")
+            ax.legend(loc="lower right")
         ax.set(title=title)
+    runtimes = sorted({m.get("runtime", "torch") for m in result["models"]})
     fig.suptitle(
-        f"{len(result['models'])} models, budget {result['budget_bytes'] / MIB:.0f} MiB, "
-        f"{result['trace']['requests']} requests (Zipf s={result['trace']['zipf_s']})"
+        f"{len(result['models'])} models ({', '.join(runtimes)}), budget "
+        f"{result['budget_bytes'] / MIB:.0f} MiB, {result['trace']['requests']} requests "
+        f"(Zipf s={result['trace']['zipf_s']})"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
