@@ -37,8 +37,11 @@ def test_what_a_load_measured_is_the_next_processs_estimate(tmp_path: Path) -> N
     assert kept(tmp_path, key="other")() == FILES  # other weights or engine: the files
 
 
-def test_a_load_within_the_noise_of_the_files_keeps_nothing(tmp_path: Path) -> None:
+def test_a_load_within_the_noise_of_the_files_or_below_them_keeps_nothing(
+    tmp_path: Path,
+) -> None:
     kept(tmp_path).remember(FILES + FLOOR)  # a torch model: what its files say
+    kept(tmp_path).remember(FILES // 2)  # a mapped file, half touched: it will hold all
     assert facts(tmp_path) == [] and kept(tmp_path)() == FILES
 
 
@@ -54,6 +57,8 @@ def test_a_kept_figure_is_written_again_only_past_the_noise_and_5_percent(
     assert fact.stat().st_mtime_ns == before and k() == 4 * FILES
     k.remember(3 * FILES)
     assert k() == 3 * FILES
+    k.remember(FILES // 2)  # kept as measured, but never reserved below the files
+    assert k() == FILES
 
 
 def test_weights_that_cannot_be_keyed_keep_nothing(tmp_path: Path) -> None:

@@ -44,18 +44,21 @@ class KeptWeights:
         self.precision = precision
         self.model = model
 
+    def files(self) -> int:
+        path = self.locate()
+        return weights_estimate(path, self.precision) if path is not None else 0
+
     def __call__(self) -> int:
         key = self.key()
         found = self.kept.get(key) if key is not None else None
         held = found.get("bytes") if found is not None else None
-        if isinstance(held, int) and held > 0:
-            return held
-        path = self.locate()
-        return weights_estimate(path, self.precision) if path is not None else 0
+        return max(held if isinstance(held, int) else 0, self.files())
 
     def remember(self, weights: int) -> None:
-        """Kept where the files' size is off by more than the resident set's own noise
-        (``FLOOR``): a torch model is what its files say. A kept figure is written again
+        """Kept where it passes the files' size by more than the resident set's own
+        noise (``FLOOR``): a torch model is what its files say, and one whose load
+        touched only part of them (a mapped safetensors file, the embedding rows a
+        warm-up reads) comes to hold them as it serves. A kept figure is written again
         where a load differs from it by more than that noise and 5 %."""
         key = self.key()
         if key is None:
@@ -63,9 +66,7 @@ class KeptWeights:
         found = self.kept.get(key)
         was = found.get("bytes") if found is not None else None
         if not isinstance(was, int):
-            path = self.locate()
-            files = weights_estimate(path, self.precision) if path is not None else 0
-            if abs(weights - files) <= FLOOR:
+            if weights <= self.files() + FLOOR:
                 return
         elif abs(weights - was) <= max(FLOOR, was // 20):
             return
