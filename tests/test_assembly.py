@@ -53,6 +53,21 @@ def test_load_runtimes_name_the_profiles_and_the_gates_torch() -> None:
     assert load_runtimes(spec, Choice(fp32, "rule", "")) == {"torch"}
 
 
+def one_tiny_model(tmp_path: Path, model_id: str) -> tuple[Path, Settings]:
+    """A tiny BERT under ``model_id``, its catalog, and settings with a cache of its own."""
+    from .conftest import NO_USER_PROFILES, TINY_CLASS
+    from .tinymodels import build_bert, write_spec
+
+    model = build_bert(tmp_path / "model")
+    write_spec(tmp_path / "catalog", model_id, model)
+    s = Settings.load(
+        overrides={"catalog": str(tmp_path / "catalog"), "device": "cpu",
+                   "hardware_class": TINY_CLASS, "profile_dir": NO_USER_PROFILES,
+                   "cache_dir": str(tmp_path / "cache")}
+    )  # fmt: skip
+    return model, s
+
+
 async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -64,16 +79,7 @@ async def test_a_reload_measures_the_activation_peak_once_per_engine_and_weights
     from fleetserve.assembly import build_catalog, build_runner
     from fleetserve.metrics import Metrics
 
-    from .conftest import NO_USER_PROFILES, TINY_CLASS
-    from .tinymodels import build_bert, write_spec
-
-    model = build_bert(tmp_path / "model")
-    write_spec(tmp_path / "catalog", "tiny/peak", model)
-    s = Settings.load(
-        overrides={"catalog": str(tmp_path / "catalog"), "device": "cpu",
-                   "hardware_class": TINY_CLASS, "profile_dir": NO_USER_PROFILES,
-                   "cache_dir": str(tmp_path / "cache")}
-    )  # fmt: skip
+    model, s = one_tiny_model(tmp_path, "tiny/peak")
     calls: list[str] = []
 
     def measured(adapter: object, *args: object) -> int:
@@ -117,16 +123,7 @@ async def test_what_a_load_held_is_the_next_processs_reserve(
     from fleetserve.worker import loadable
     from fleetserve.worker.load_watch import Cost
 
-    from .conftest import NO_USER_PROFILES, TINY_CLASS
-    from .tinymodels import build_bert, write_spec
-
-    model = build_bert(tmp_path / "model")
-    write_spec(tmp_path / "catalog", "tiny/held", model)
-    s = Settings.load(
-        overrides={"catalog": str(tmp_path / "catalog"), "device": "cpu",
-                   "hardware_class": TINY_CLASS, "profile_dir": NO_USER_PROFILES,
-                   "cache_dir": str(tmp_path / "cache")}
-    )  # fmt: skip
+    model, s = one_tiny_model(tmp_path, "tiny/held")
     files = weights_estimate(model, "fp32")
 
     def runner() -> object:
