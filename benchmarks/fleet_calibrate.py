@@ -25,15 +25,14 @@ UTILIZATION = 0.9
 WORKERS = 1
 
 
-def measured_models(result: dict[str, Any]) -> list[Model]:
+def the_trace(result: dict[str, Any]) -> list[str]:
+    """The trace's requests, drawn again from its seed."""
+    t = result["trace"]
+    return zipf_trace([m["id"] for m in result["models"]], t["requests"], t["zipf_s"], t["seed"])[1]
+
+
+def measured_models(result: dict[str, Any], trace: list[str]) -> list[Model]:
     """The unpinned models of a trace's result, as the simulator takes them."""
-    reqs = result["trace"]["requests"]
-    _, trace = zipf_trace(
-        [m["id"] for m in result["models"]],
-        reqs,
-        result["trace"]["zipf_s"],
-        result["trace"]["seed"],
-    )
     out = []
     for m in result["models"]:
         if m["pinned"] or m["id"] not in trace:
@@ -41,20 +40,16 @@ def measured_models(result: dict[str, Any]) -> list[Model]:
         per = [r["per_model"][m["id"]] for r in result["runs"] if m["id"] in r["per_model"]]
         n = sum(p["loads"] for p in per)
         cost = sum(p["load_s"] for p in per) / n if n else 0.0
-        out.append(Model(m["id"], m["held"], cost, m["hit_s"], trace.count(m["id"]) / reqs))
+        share = trace.count(m["id"]) / len(trace)
+        out.append(Model(m["id"], m["held"], cost, m["hit_s"], share))
     return out
 
 
 def predict(result: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     """Each policy's simulated run over the measured models and the trace's requests."""
-    models = measured_models(result)
+    trace = the_trace(result)
+    models = measured_models(result, trace)
     index = {m.name: k for k, m in enumerate(models)}
-    _, trace = zipf_trace(
-        [m["id"] for m in result["models"]],
-        result["trace"]["requests"],
-        result["trace"]["zipf_s"],
-        result["trace"]["seed"],
-    )
     which = [index[t] for t in trace if t in index]
     rng = random.Random(seed)
     wl = FleetWorkload(tuple(models), [rng.expovariate(1.0) for _ in which], which)
