@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from fleetserve.lifecycle import Service
@@ -269,6 +270,14 @@ async def test_idle_keepalive_closed() -> None:
         writer.write(GET)
         assert (await one_response(reader))[0] == 200
         assert await answer(reader, 3.0) == b""
+
+
+def test_the_default_keepalive_outlasts_a_default_httpx_client() -> None:
+    """A server that closes an idle connection as its client reuses it loses that
+    request unanswered (httpx.ReadError). With both at 5 s, a CI run lost one; a
+    server's 0.2 s against a client's 0.2 s, one request every 0.2 s, lost 23 of 300
+    (a client's 0.1 s: none). So the server's default waits longer than httpx's."""
+    assert Settings().http_keepalive_timeout > 2 * httpx.Limits().keepalive_expiry
 
 
 async def test_connection_cap_503_with_error_body() -> None:

@@ -74,8 +74,11 @@ class Limits:
         groups="http pool",
     )  # fmt: skip
     http_keepalive_timeout: float = setting(
-        5.0, "Seconds an idle kept-alive connection stays open.", groups="http pool"
-    )
+        15.0, "Seconds an idle kept-alive connection stays open. Keep it above the idle "
+        "expiry of the clients and balancers in front (httpx's is 5 s): a request sent on "
+        "a connection as the server closes it fails with a connection error, unanswered.",
+        groups="http pool",
+    )  # fmt: skip
     http_max_connections: int = setting(
         1024, "Open connections one HTTP server holds; beyond: 503 and closed. 0: no limit.",
         groups="http pool",

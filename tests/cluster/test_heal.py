@@ -74,11 +74,13 @@ async def _embed_all(
             await fired.wait()
             during()
 
-        tasks = [asyncio.create_task(one(t)) for t in texts]
-        if during is not None:
-            tasks.append(asyncio.create_task(trigger()))
-        results = await asyncio.gather(*tasks)
-    return list(results[: len(texts)]), refused
+        # a task group: one request that raises cancels and awaits the others before
+        # the client closes (gather left them, and their sockets, to a later test)
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(one(t)) for t in texts]
+            if during is not None:
+                tg.create_task(trigger())
+    return [t.result() for t in tasks], refused
 
 
 def _check(results: list[Any], want: np.ndarray[Any, Any]) -> None:
