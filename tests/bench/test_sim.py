@@ -351,6 +351,29 @@ def test_fleet_gdsf_reloads_less_than_lru_when_costs_differ() -> None:
         assert g.load_s < 0.8 * lr.load_s
 
 
+@pytest.mark.parametrize("eviction", ["gdsf", "lru"])
+def test_a_closed_loop_never_has_more_in_flight_than_its_clients(eviction: str) -> None:
+    """``clients=4``: each request is sent when an earlier one is answered, in the
+    trace's order, so at most 4 are open at any moment and each load serves the few
+    that wait for it. Poisson arrivals at 90 % of compute let the queue grow during a
+    load (calibrated against a real torch+OpenVINO trace, benchmarks/fleet_calibrate.py,
+    the open queue counted a third of the server's misses)."""
+    p = replace(FLEET_SMALL, memory_budget=2 * GIB, requests_per_worker=1500, warmup=0.0,
+                batch=4, utilization=0.9)  # fmt: skip
+    wl = make_fleet_workload(p, 1, 1)
+    sim = FleetSim(wl, 1, replace(p, clients=4), affinity=False, eviction=eviction, check=True)
+    closed = sim.run()
+    sent, done = sim.arr, sim.done
+    assert sent[:4] == [0.0] * 4 and sent == sorted(sent)
+    for i in range(4, len(sent)):  # sent as an earlier one was answered, none before
+        assert sent[i] in done[:i] and sum(d > sent[i] for d in done[:i]) < 4
+    assert closed.completed == len(wl.which) and closed.rate_rps == closed.throughput_rps
+    opened = simulate_fleet(wl, 1, p, affinity=False, eviction=eviction)
+    assert closed.loads > 1.5 * opened.loads  # one load served many requests there
+    with pytest.raises(ValueError, match="clients"):
+        replace(p, clients=-1)
+
+
 def test_fleet_bad_inputs() -> None:
     assert parse_bytes("3GiB") == parse_bytes("3G") == 3 * GIB
     assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000

@@ -42,6 +42,11 @@ def _fleet_args(argv: Sequence[str]) -> argparse.Namespace:
         "--utilization", type=float, default=d.utilization, help="of compute: sets the rate"
     )
     p.add_argument(
+        "--clients", type=int, default=d.clients,
+        help="a closed loop of this many clients, each sending its next request when its "
+        "last is answered (as a benchmark's are); 0: Poisson arrivals at --utilization",
+    )  # fmt: skip
+    p.add_argument(
         "--affinity-wait",
         type=float,
         default=d.affinity_wait_s,
@@ -79,6 +84,7 @@ def main(argv: Sequence[str] = ()) -> int:
         memory_budget=parse_bytes(args.memory_budget),
         batch=args.batch,
         utilization=args.utilization,
+        clients=args.clients,
         affinity_wait_s=args.affinity_wait,
         slow_share=args.slow_share,
         requests_per_worker=args.requests_per_worker,
@@ -105,8 +111,8 @@ def main(argv: Sequence[str] = ()) -> int:
         cmp = compare(cfgs, params, args.seed, args.jobs, step)
     runtime = time.perf_counter() - t0
     rows = fleet_rows(cmp.runs)
-    util = f"{params.utilization:.0%}"
-    title = f"fleet memory, {fmt_budget(params.memory_budget)}/worker, {util} busy (simulated)"
+    load = f"{params.clients} clients" if params.clients else f"{params.utilization:.0%} busy"
+    title = f"fleet memory, {fmt_budget(params.memory_budget)}/worker, {load} (simulated)"
     console.print(fleet_table(rows, title))
     findings = fleet_findings(rows)
     for line in findings:

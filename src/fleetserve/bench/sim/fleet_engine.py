@@ -53,8 +53,11 @@ class FleetSim:
         self.reload = [m.reload_s for m in wl.models]
         self.service = [m.service_s for m in wl.models]
         self.rate = p.utilization * workers / wl.mean_service_s
-        scale = 1.0 / self.rate
-        self.arr = list(accumulate(g * scale for g in wl.gaps))
+        self.closed = p.clients  # a closed loop: arrivals are set as the clients send
+        if self.closed:
+            self.arr = [math.inf] * len(wl.which)
+        else:
+            self.arr = list(accumulate(g * (1.0 / self.rate) for g in wl.gaps))
         self.which = wl.which
         self.index = {m.name: k for k, m in enumerate(wl.models)}
         n = len(self.arr)
@@ -71,12 +74,13 @@ class FleetSim:
         self.loading = [-1] * workers
         self.local: list[dict[int, list[int]]] = [{} for _ in range(workers)]
         self.computing = [-1] * workers  # the model of the batch in flight
+        self.batched = [0] * workers  # its requests
         self.holders: list[set[int]] = [set() for _ in range(nm)]  # resident or loading
         self.idle: dict[int, None] = dict.fromkeys(range(workers))  # compute free, in order
         self.heap: list[tuple[float, int, int, int]] = []
         self.seq = count()
         i0 = min(n - 1, int(n * p.warmup))
-        self.first, self.t0, self.t1 = i0, self.arr[i0], self.arr[-1]
+        self.first, self.t0, self.t1 = i0, self.arr[i0], self.arr[-1]  # (closed: as sent)
         self.loads = self.evictions = 0
         self.load_s = self.busy_s = 0.0
 
@@ -85,6 +89,10 @@ class FleetSim:
     def run(self) -> FleetRun:
         arr, heap, n = self.arr, self.heap, len(self.arr)
         i = 0
+        if self.closed:  # each client sends its first request; the rest follow answers
+            for _ in range(min(self.closed, n)):
+                self._send(0.0)
+            i = n
         while i < n or heap:
             if i < n and (not heap or arr[i] <= heap[0][0]):
                 t = arr[i]
@@ -100,7 +108,22 @@ class FleetSim:
                 self._load_done(x, t)
             elif self.q[x] and self.idle:  # _KICK: a model lost a holder
                 self._wake(self.q[x][0], t)
+        if self.closed:  # the measured span ends with the last answer
+            self.t1 = max(self.done)
         return self._metrics()
+
+    def _send(self, t: float) -> None:
+        """A client sends the trace's next request (the closed loop)."""
+        i = self.arrived
+        if i >= len(self.arr):
+            return
+        self.arr[i] = t
+        if i == self.first:
+            self.t0 = t
+        self.q[self.which[i]].append(i)
+        self.arrived = i + 1
+        if self.idle:
+            self._wake(i, t)
 
     def _push(self, t: float, kind: int, x: int) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, x))
@@ -127,6 +150,9 @@ class FleetSim:
         m = self.computing[w]
         self.computing[w] = -1
         self.res[w][m].busy = False
+        if self.closed:  # each answered client sends its next
+            for _ in range(self.batched[w]):
+                self._send(t)
         self._decide(w, t)
 
     def _load_done(self, w: int, t: float) -> None:
@@ -307,6 +333,7 @@ class FleetSim:
         for rid in rids:
             self.done[rid] = end
         self.computing[w] = m
+        self.batched[w] = len(rids)
         overlap = min(end, self.t1) - max(t, self.t0)
         if overlap > 0:
             self.busy_s += overlap
@@ -325,7 +352,7 @@ class FleetSim:
             workers=self.nw,
             affinity=self.affinity,
             eviction=self.eviction,
-            rate_rps=self.rate,
+            rate_rps=measured / span if self.closed else self.rate,
             requests=measured,
             miss_rate=sum(self.missed[first:]) / measured,
             loads=self.loads,

@@ -58,6 +58,9 @@ class FleetParams:
     affinity_wait_s: float = 2.0
     requests_per_worker: int = 5000
     warmup: float = 0.2
+    # a closed loop: this many clients, each sending the trace's next request when its
+    # last is answered (as a benchmark's clients do); 0: Poisson arrivals (utilization)
+    clients: int = 0
 
     def __post_init__(self) -> None:
         if self.models < 1 or self.batch < 1:
@@ -76,6 +79,8 @@ class FleetParams:
             )
         if self.requests_per_worker < 10 or not 0 <= self.warmup < 0.9:
             raise ValueError("need 10+ requests per worker and a warmup fraction below 0.9")
+        if self.clients < 0:
+            raise ValueError("clients must be 0 (open arrivals) or more")
         if self.load_mib_s <= 0 or self.affinity_wait_s < 0:
             raise ValueError("need a positive load speed and a non-negative affinity wait")
 
@@ -95,8 +100,13 @@ class FleetParams:
             f"{self.service_s_per_gib * 1000:g} ms per GiB) x lognormal(sigma "
             f"{self.service_sigma:g}); a batch (up to {self.batch} requests of one model) "
             "costs the sum",
-            f"Poisson arrivals at {self.utilization:.0%} of the fleet's compute; "
-            f"{self.requests_per_worker} requests per worker, the first "
+            (
+                f"a closed loop of {self.clients} clients, each sending its next request "
+                "when its last is answered"
+                if self.clients
+                else f"Poisson arrivals at {self.utilization:.0%} of the fleet's compute"
+            )
+            + f"; {self.requests_per_worker} requests per worker, the first "
             f"{self.warmup:.0%} left out of the metrics",
             f"memory budget {fmt_bytes(self.memory_budget)} per worker (resident + "
             "loading); loads on a loader thread, one at a time, while the worker keeps "
