@@ -11,12 +11,13 @@
 
 Each writes a table, then JSON and a PNG beside it under --out, named for this
 machine's hardware class (fleet-trace-<class>, fleet-trace-torch-openvino-<class>,
-cold-load-<class>).
+fleet-trace-torch-openvino-budget-50pct-<class> with --budget 50%, cold-load-<class>).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import time
 from collections.abc import Sequence
@@ -128,6 +129,15 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+def trace_name(args: argparse.Namespace, hardware_class: str) -> str:
+    """fleet-trace-<class>; with other runtimes, or a budget given, named for them too
+    (fleet-trace-torch-openvino-budget-50pct-<class>), beside the default's."""
+    mix = "" if args.runtimes == ["torch"] else "-".join(args.runtimes) + "-"
+    if args.budget:
+        mix += "budget-" + re.sub(r"[^0-9A-Za-z.]+", "", args.budget.replace("%", "pct")) + "-"
+    return f"fleet-trace-{mix}{hardware_class}"
+
+
 def main(argv: Sequence[str] = ()) -> int:
     args = _parser().parse_args(list(argv))
     console = Console(width=80)
@@ -138,8 +148,7 @@ def main(argv: Sequence[str] = ()) -> int:
         if args.part == "trace":
             result = fleet_trace.run(args, console)
             result["sim"] = fleet_calibrate.predict(result)
-            mix = "" if args.runtimes == ["torch"] else "-".join(args.runtimes) + "-"
-            table, name = trace_table(result), f"fleet-trace-{mix}{facts['hardware_class']}"
+            table, name = trace_table(result), trace_name(args, facts["hardware_class"])
         elif args.part == "copies":
             result = fleet_copies.run(args, console)
             table, name = copies_table(result), f"fleet-copies-{facts['hardware_class']}"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from benchmarks.fleet import main
+from benchmarks.fleet import _parser, main, trace_name
 from benchmarks.fleet_cold import windows
 from benchmarks.fleet_models import Model, build, runtime_shares, spec, unpin_bundled
 from benchmarks.fleet_server import parse_metrics
@@ -93,6 +93,19 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     for run in data["runs"]:  # a reload of a sleeping model is a wake, counted apart
         assert run["wakes"] >= 0 and set(run["per_model"]) <= {m["id"] for m in data["models"]}
         assert sum(v["loads"] for v in run["per_model"].values()) == run["loads"] + run["wakes"]
+
+
+def test_a_trace_is_named_for_its_runtimes_and_a_budget_given() -> None:
+    def name(*argv: str) -> str:
+        return trace_name(_parser().parse_args(["trace", *argv]), "cpu-avx2")
+
+    assert name() == "fleet-trace-cpu-avx2"
+    assert name("--runtimes", "torch,openvino") == "fleet-trace-torch-openvino-cpu-avx2"
+    assert (
+        name("--runtimes", "torch,openvino", "--budget", "50%")
+        == "fleet-trace-torch-openvino-budget-50pct-cpu-avx2"
+    )
+    assert name("--budget", "200 MiB") == "fleet-trace-budget-200MiB-cpu-avx2"
 
 
 def test_the_runtimes_take_equal_shares_apart_from_size_and_rank() -> None:
