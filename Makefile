@@ -107,7 +107,8 @@ SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py
 # on their core: with three test processes and their servers on two cores, that spin
 # took the cores from the others. Asleep instead, tests/families, runtimes, fleet and
 # lora took 305 and 322 CPU-seconds rather than 383 and 405 (187 and 196 s rather than
-# 234 and 250 s, -n 3, cpu-avx2). Tests only: a server keeps libgomp's default.
+# 234 and 250 s, -n 3, cpu-avx2); the whole parallel part, 734 s against 758 (a clean
+# clone each, same machine). Tests only: a server keeps libgomp's default.
 test test-fast: export OMP_WAIT_POLICY = PASSIVE
 
 # (the soak's pytest ignores a Ctrl-C, as a shell's background jobs do: the trap stops it)
