@@ -88,6 +88,35 @@ async def test_a_broken_record_fails_alone_and_the_next_job_runs() -> None:
         task.cancel()
 
 
+async def test_a_finished_record_follows_the_event_that_says_why() -> None:
+    """Whoever sees a job finished finds its last event: the record is written after
+    it (a cancel's caller read the events as soon as the record said cancelled, and a CI
+    run found no "cancelled while training" among them). Before: record, then event."""
+    ft, queue, runner, bases = setup()
+    j = await job(ft)
+    seen: list[tuple[str, str]] = []  # (status, last event) at each finished record
+    put_job = ft.store.put_job
+
+    async def watched(record: Job) -> None:
+        if record.status.finished:
+            events, _ = await ft.events(OPEN, record.id, limit=1)
+            seen.append((record.status.value, events[0]["message"]))
+        await put_job(record)
+
+    ft.store.put_job = watched  # type: ignore[method-assign]
+    bases.go.set()
+    lease = await queue.take(1.0)
+    assert lease is not None
+    await runner.handle(lease)  # fails: no weights for m
+    queued = await job(ft)
+    await ft.cancel(OPEN, queued.id)  # cancelled while queued
+    assert seen == [
+        ("failed", "no weights for m here"),
+        ("cancelled", "cancelled before training began"),
+    ], seen
+    assert (await ft.job(OPEN, j.id)).status is JobStatus.FAILED
+
+
 async def test_a_job_started_too_often_fails_saying_so() -> None:
     ft, queue, runner, _ = setup()
     j = await job(ft)

@@ -254,7 +254,7 @@ async def requeue(store: JobStore, queue: JobQueue, job: Job, message: str) -> b
     except Overloaded as exc:  # more left over than the queue now holds
         error = {"code": exc.code, "message": exc.message, "field": None, "param": None}
         failed = job.with_(status=JobStatus.FAILED, error=error)
-        await store.put_job(failed)
         await add_event(store, failed, exc.message, level="error", type="status")
+        await store.put_job(failed)  # (after its event, as the runner's _finish)
         return False
     return True

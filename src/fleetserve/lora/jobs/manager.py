@@ -189,8 +189,8 @@ class FineTuning:
         except (Overloaded, Unavailable) as exc:  # never left "queued" with no message
             error = {"code": exc.code, "message": exc.message, "field": None, "param": None}
             failed = job.with_(status=JobStatus.FAILED, error=error, finished_at=int(time.time()))
-            await self.store.put_job(failed)
             await add_event(self.store, failed, exc.message, level="error", type="status")
+            await self.store.put_job(failed)
             raise
         return job
 
@@ -242,8 +242,8 @@ class FineTuning:
         await self.store.request_cancel(job.tenant, job.id)
         if job.status in (JobStatus.VALIDATING_FILES, JobStatus.QUEUED):
             job = job.with_(status=JobStatus.CANCELLED, finished_at=int(time.time()))
-            await self.store.put_job(job)
             await add_event(self.store, job, "cancelled before training began", type="status")
+            await self.store.put_job(job)  # (after its event, as the runner's _finish)
             return job
         deadline = time.monotonic() + CANCEL_WAIT
         while time.monotonic() < deadline:

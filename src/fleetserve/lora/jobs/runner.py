@@ -329,12 +329,14 @@ class JobRunner:
         await self._finish(done, JobStatus.SUCCEEDED, f"job succeeded; the adapter is {said}")
 
     async def _finish(self, job: Job, status: JobStatus, message: str) -> None:
+        """The last event, then the finished record: whoever sees the job finished (a
+        cancel that waits for it, a client polling) finds the event that says why."""
         job = job.with_(status=status, finished_at=int(time.time()))
+        level = "error" if status is JobStatus.FAILED else "info"
+        await add_event(self.store, job, message, level=level, type="status")
         await self.store.put_job(job)
         with contextlib.suppress(Exception):
             await self.store.drop_leftovers(job.tenant, job.id)
-        level = "error" if status is JobStatus.FAILED else "info"
-        await add_event(self.store, job, message, level=level, type="status")
         log.log(
             logging.WARNING if status is JobStatus.FAILED else logging.INFO,
             "fine-tuning job %s of %s %s: %s", job.id, job.tenant, status.value, message,
