@@ -263,6 +263,9 @@ def test_a_regex_target_modules_must_match_a_tensor(kit: Kit) -> None:
 
 EVIL = "(a+)+$"  # backtracks exponentially in Python's re on a run of a's and a mismatch
 EVIL_MODULE = "a" * 28 + "!"  # 13.1 s of the GIL in Python's re; doubles per extra a
+# "at once" against that: a tenth of it, as wall time on a loaded machine (RE2 took
+# 0.54 s, the adapter's validation included, in a whole-suite run on two cores)
+AT_ONCE_S = 1.3
 
 
 def evil_weights(weights: bytes) -> bytes:
@@ -284,7 +287,7 @@ async def test_a_regex_from_a_key_without_admin_is_a_403(kit: Kit) -> None:
         await registry_on(store, kit).create(
             ALICE, "evil", config, evil_weights(kit.lora.weights), base=BASE
         )
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < AT_ONCE_S
     msg = info.value.message
     assert "target_modules" in msg and "regex" in msg and "admin scope" in msg, msg
     assert "list of module names" in msg and info.value.field == "config"
@@ -300,7 +303,7 @@ async def test_an_admins_regex_is_matched_by_re2_within_the_bound(kit: Kit) -> N
     t0 = time.perf_counter()
     with pytest.raises(InvalidInput, match="matches no module"):
         await reg.create(ADMIN, "alice/evil", kit.lora.with_config(target_modules=EVIL), weights)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < AT_ONCE_S
     good = kit.lora.with_config(target_modules=r".*\.(query|value)")
     info = await reg.create(ADMIN, "alice/good", good, kit.lora.weights, base=BASE)
     assert set(info.manifest.target_modules) == {
