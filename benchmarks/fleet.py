@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
         "costs that differ by runtime, not only by size)",
     )
     t.add_argument("--host-tier", default="", help="--host-tier of the server (default its own)")
+    t.add_argument(
+        "--held",
+        choices=("probe", "learned"),
+        default="probe",
+        help="what each run's server finds kept of what the models hold: what the probe "
+        "measured (probe), or what the runs before it measured too (learned)",
+    )
     c = sub.add_parser("cold-load", help="pinned-model latency while a model loads")
     c.add_argument("--before", default="", help="source tree of the old code (or none)")
     c.add_argument("--src", default=str(ROOT / "src"), help="the tree after (default: this)")

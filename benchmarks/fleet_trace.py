@@ -8,6 +8,14 @@ loads each model once with room for all: what they hold sets the budget, and wha
 first load builds and keeps on disk is there for every run. What each run cost comes
 from the server's own metrics (differences over the trace) and its resident set
 sampled every 50 ms.
+
+The servers share one ``--cache-dir`` under ``--log-dir``: what a first load builds
+is made once, and nothing another process kept (a test's server, an earlier
+invocation) is read. What a load measures each model to hold is kept there too
+(``held/``), and the next server charges it: with ``--held probe`` (the default) each
+run starts from what the probe measured, so no policy inherits what the run before it
+learned; with ``--held learned`` each run keeps what the runs before it measured, as
+a server restarted on its own cache does.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -71,11 +80,11 @@ async def replay(url: str, trace: list[str], concurrency: int) -> list[tuple[flo
 
 
 def serve_args(
-    catalog: Path, budget: int, policy: str, threads: int, host_tier: str = ""
+    catalog: Path, budget: int, policy: str, threads: int, cache: Path, host_tier: str = ""
 ) -> list[str]:
     tier = ["--host-tier", host_tier] if host_tier else []
     return [
-        "--catalog", str(catalog.resolve()), "--device", "cpu",
+        "--catalog", str(catalog.resolve()), "--device", "cpu", "--cache-dir", str(cache),
         "--torch-threads", str(threads), "--memory-budget", str(budget),
         "--eviction", policy, "--hardware-class", "cpu-avx2",
         "--profile-dir", "/dev/null/x", "--log-level", "warning", *tier,
@@ -92,7 +101,8 @@ def probe(
     copies) on disk before either policy runs: the trace then measures reloads alone,
     the same for both. Beside each, the seconds of one hit after its load."""
     roomy = 4 * sum(m.bytes for m in models) + (4 << 30)
-    srv = Server("fleet-probe", serve_args(catalog, roomy, "lru", threads, host_tier), log_dir)
+    args = serve_args(catalog, roomy, "lru", threads, cache_of(log_dir), host_tier)
+    srv = Server("fleet-probe", args, log_dir)
     try:
         srv.wait_ready()
         hit_s = {}
@@ -108,13 +118,35 @@ def probe(
         srv.stop()
 
 
+def cache_of(log_dir: Path) -> Path:
+    """The servers' ``--cache-dir``; its ``held/`` is what loads measured."""
+    return log_dir.resolve() / "cache"
+
+
+def keep_probed(log_dir: Path) -> None:
+    """What the probe measured each model to hold, kept aside for ``restore_probed``."""
+    held = cache_of(log_dir) / "held"
+    shutil.rmtree(log_dir / "held-probed", ignore_errors=True)
+    if held.is_dir():
+        shutil.copytree(held, log_dir / "held-probed")
+
+
+def restore_probed(log_dir: Path) -> None:
+    held = cache_of(log_dir) / "held"
+    shutil.rmtree(held, ignore_errors=True)
+    if (log_dir / "held-probed").is_dir():
+        shutil.copytree(log_dir / "held-probed", held)
+
+
 def run_once(
     policy: str, run: int, catalog: Path, budget: int, trace: list[str], args: argparse.Namespace
 ) -> dict[str, Any]:
     log_dir = Path(args.log_dir)
+    if args.held == "probe":
+        restore_probed(log_dir)
     srv = Server(
         f"fleet-{policy}-{run}",
-        serve_args(catalog, budget, policy, args.threads, args.host_tier),
+        serve_args(catalog, budget, policy, args.threads, cache_of(log_dir), args.host_tier),
         log_dir,
     )
     try:
@@ -131,8 +163,10 @@ def run_once(
         after, ok1, w1 = srv.metrics(), srv.metrics(outcome="ok"), srv.metrics(outcome="woken")
         outcome_failed1 = srv.metrics(outcome="failed")
         per_model1 = {m: srv.metrics(model=m) for m in asked}
+        listed = srv.models()  # what each model is charged now (as it last loaded)
     finally:
         srv.stop()
+    drifts = srv.log_path.read_text(errors="replace").count("memory drift")
 
     def grew(name: str, a: dict[str, float] = after, b: dict[str, float] = before) -> float:
         return a.get(name, 0.0) - b.get(name, 0.0)
@@ -165,6 +199,8 @@ def run_once(
             for m in asked
         },
         "wall_s": wall,
+        "charged_at_end": {m: listed[m].get("bytes", 0) for m in asked if m in listed},
+        "drift_warnings": drifts,
     }  # fmt: skip
 
 
@@ -189,6 +225,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     pinned = next(m for m in models if m.pinned)
     with console.status("loading each model once (what a first load builds, kept)…"):
         probed = probe(catalog, models, args.threads, Path(args.log_dir), args.host_tier)
+    keep_probed(Path(args.log_dir))
     charged = {k: v[0] for k, v in probed.items()}
     held = charged[pinned.id]
     if args.budget:
