@@ -5,7 +5,7 @@ a load, and leaves for good only when the host tier is full (``fleet/host_tier.p
 from __future__ import annotations
 
 from fleetserve.fleet.manager import State
-from fleetserve.fleet.policy import LRU
+from fleetserve.fleet.policy import GDSF, LRU, Resident
 
 from ..hangup import sample
 from .test_manager import MIB, Clock, FakeModel, fleet, use
@@ -92,3 +92,42 @@ async def test_a_sleeping_model_removed_or_swapped_leaves_for_good() -> None:
     async with f.holding("b") as state:  # a new profile: loaded afresh, not woken
         assert state is State.COLD
     assert not b.asleep and f.host.used == 0
+
+
+class Prices(GDSF):
+    """GDSF, noting the price (``reload_s``) of each use it is told of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, float]] = []
+
+    def used(self, r: Resident, now: float) -> None:
+        self.seen.append((r.model, round(r.reload_s, 4)))
+        super().used(r, now)
+
+
+async def test_a_model_that_sleeps_is_priced_by_its_wake_not_its_load() -> None:
+    """What evicting a model costs its next use is a wake where it would sleep, a load
+    where it cannot; before its own first wake, another model's wake per byte prices it.
+    Before: priced by its last load (a torch model's first took 0.4 to 0.7 s on a
+    2-core cpu-avx2, its wakes 3 to 20 ms), a sleeper outranked OpenVINO models that
+    cannot sleep and reload in 0.2 to 0.4 s, and GDSF evicted those first."""
+    c = Clock()
+    a, b, d = (FakeModel(c, m, 40, load_s=0.6, sleeps=True, wake_s=0.01) for m in "abd")
+    o = FakeModel(c, "o", 40, load_s=0.3)
+    prices = Prices()
+    f = fleet(c, 85, a, b, d, o, policy=prices, host_budget=200 * MIB)
+    await use(f, "a")  # no wake seen yet: its load prices it
+    await use(f, "b")
+    await use(f, "o")  # a sleeps: into the host tier, priced by its load
+    assert f.state("a") is State.SLEEPING
+    await use(f, "a")  # woken in 10 ms: that is its price now; b (0.6) sleeps, not o
+    assert f.state("b") is State.SLEEPING and f.state("o") is State.RESIDENT
+    await use(f, "d")  # never woken: priced by a's wake, per byte; a sleeps, not o
+    assert f.state("a") is State.SLEEPING and f.state("o") is State.RESIDENT
+    assert prices.seen == [
+        ("a", 0.6), ("b", 0.6), ("a", 0.6), ("o", 0.3),  # a into the host tier at 0.6
+        ("b", 0.6), ("a", 0.01),  # b into the host tier; a woken
+        ("a", 0.6), ("d", 0.01),  # a into the host tier; d loaded
+    ]  # fmt: skip
+    assert o.loads == 1  # the model that cannot sleep was never evicted

@@ -91,6 +91,12 @@ class Member(Protocol):
         ``load``; the bytes let go (0: it cannot sleep, and stays as it was)."""
         ...
 
+    @property
+    def sleeps(self) -> bool:
+        """Whether it could sleep now (``sleep``): loaded, with its weights where a
+        wake finds them again (a mapped copy)."""
+        ...
+
     def unload(self) -> None: ...
 
 

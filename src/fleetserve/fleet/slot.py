@@ -21,6 +21,7 @@ class Slot:
     held: Footprint = NOTHING  # while resident (or reserved while loading)
     measured: Footprint | None = None  # what its last load measured
     load_s: float = 0.0  # how long its last load took (not a wake)
+    wake_s: float = 0.0  # how long its last wake took (0: never woken)
     inflight: int = 0
     error: FleetError | None = None
     failed_at: float = 0.0

@@ -113,6 +113,7 @@ class Loadable:
         self.eager = eager
         self.may_sleep = may_sleep and not spec.pinned
         self.sleeping = False  # loaded, with its weights let go (``sleep``)
+        self._mapped = 0  # the bytes its last load put on a mapped copy (``_map``)
         self._load_lock = None
         self._verify = verify
         self._forward = compute_executor()  # shared: one OpenMP pool per process
@@ -230,6 +231,7 @@ class Loadable:
         }  # fmt: skip
         self._family = adapter
         self._measured = held
+        self._mapped = mapped
         self.loaded = self.ever_loaded = True
         return held
 
@@ -243,6 +245,15 @@ class Loadable:
             except OSError as exc:
                 log.warning("%s: weights left unmapped (it cannot sleep): %s", self.spec.id, exc)
         return 0
+
+    @property
+    def sleeps(self) -> bool:
+        """Loaded on a mapped copy of its weights: ``sleep`` would let them go."""
+        family = self._family
+        return (
+            self.loaded and self._mapped > 0 and family is not None
+            and isinstance(family.runtime, Sleeps)
+        )  # fmt: skip
 
     def sleep(self) -> int:
         """Let the weights' memory go and keep the loaded model, to wake in milliseconds;
