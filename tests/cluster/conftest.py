@@ -19,7 +19,7 @@ from fleetserve.cluster.zygote import Zygote
 from fleetserve.logs import child_env
 from fleetserve.settings import Settings
 
-from ..conftest import NO_USER_PROFILES, TINY, TINY_CLASS
+from ..conftest import NO_USER_PROFILES, TINY, TINY_CACHE, TINY_CLASS
 from ..tinymodels import build_bert, write_spec
 from ..waiting import wait_for
 
@@ -91,6 +91,7 @@ def start_cluster(catalog: Path, tmp: Path, workers: int = 2, **settings: Any) -
         "request_timeout": 30.0,
         "hardware_class": TINY_CLASS,
         "profile_dir": NO_USER_PROFILES,
+        "cache_dir": TINY_CACHE,  # not the user's: what its loads measured is kept there
     }
     base.update(settings)
     base["port"] = free_port()  # a fixed port, so the test knows where the gateway listens
@@ -118,13 +119,21 @@ def running(cluster_catalog: Path, tmp_path: Path) -> Iterator[RunningCluster]:
 def free_port() -> int:
     """A free port below the kernel's ephemeral range: the gateway's fixed port. One
     the kernel handed out (bind to 0, then close) could be handed out again at once,
-    to nats-server's or a worker's port-0 bind, before the gateway takes it."""
+    to nats-server's or a worker's port-0 bind, before the gateway takes it. Each
+    pytest-xdist worker draws from its own share of the range: drawn from all of it,
+    two workers' clusters once took the same port, and one test read the other's
+    gateway (its own could not listen: "Address already in use")."""
     import random
     import socket
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    bottom = max(1024, low - 12000)
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    share = (low - bottom) // workers
+    first = bottom + share * (int(worker) % workers if worker.isdigit() else 0)
     for _ in range(200):
-        port = random.randrange(max(1024, low - 12000), low)
+        port = random.randrange(first, first + share)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -156,6 +165,7 @@ class ClusterCommand:
             "FLEETSERVE_TORCH_THREADS": "1",
             "FLEETSERVE_HARDWARE_CLASS": TINY_CLASS,
             "FLEETSERVE_PROFILE_DIR": NO_USER_PROFILES,
+            "FLEETSERVE_CACHE_DIR": TINY_CACHE,
             "FLEETSERVE_QUEUE_PREFIX": f"heal{next(_prefixes)}",
             **env,
         }
