@@ -72,6 +72,7 @@ class Fleet:
         self._slots = Slots()
         self.adapters: Callable[[], int] = lambda: 0  # bytes of the hot LoRA adapters
         self._room = asyncio.Lock()  # one making room at a time
+        self._pressed = asyncio.Lock()  # one load at a time among those that must evict
         self._changed = asyncio.Event()  # work finished, a model left or loaded
         self.drift = Drift(actual, metrics) if actual is not None else None
         self._evicted = 0  # weights evicted since the last check (what the interval moved)
@@ -239,9 +240,25 @@ class Fleet:
                 self.metrics.memory_budget.set(now)
 
     async def _load(self, s: Slot, deadline: float, wait: bool) -> None:
-        model = s.member.model_id
+        """Load (or wake) ``s``. A load that must evict to fit waits for the one before
+        it that had to: loads at once each reserved their room, and evicted models that
+        the next request wanted back. On a 16-model trace with 4 clients (1,000
+        requests, a budget of half of what the models hold, 2-core cpu-avx2) this made
+        74 and 78 loads (gdsf, lru) where all at once made 94 and 98, and 22.0 and
+        22.7 s of loading against 31.8 and 30.8, p99 about the same. A load that fits,
+        and a wake, run at once (every load one at a time made 48 and 65 loads, but
+        would hold a model that fits behind a long conversion)."""
         self.rebudget()
         need = s.measured or s.member.expected()
+        loading = need.loading()
+        if s.state is State.SLEEPING or loading.kept <= self._free_without((), loading.peak):
+            await self._load_now(s, need, deadline, wait)
+            return
+        async with self._pressed:
+            await self._load_now(s, need, deadline, wait)
+
+    async def _load_now(self, s: Slot, need: Footprint, deadline: float, wait: bool) -> None:
+        model = s.member.model_id
         try:
             await self._make_room(model, need.loading(), deadline, wait)
         except Unavailable as err:  # the requests queued behind this one need not wait too
