@@ -502,9 +502,9 @@ async def test_loads_that_must_evict_run_one_at_a_time_and_loads_that_fit_at_onc
     one at a time made 74 and 78 loads (gdsf, lru) where all at once made 94 and 98.
     A load that must evict waits for the one before it; a load that fits does not."""
     c = Clock()
-    a, b, d = (FakeModel(c, m, 40) for m in "abd")
+    a, b, d, e = (FakeModel(c, m, 40) for m in "abde")
     small = FakeModel(c, "small", 10)
-    f = fleet(c, 95, a, b, d, small)
+    f = fleet(c, 95, a, b, d, e, small)
     await use(f, "a")
     await use(f, "b")  # 80 of 95: full
     d.gate, small.gate = asyncio.Event(), asyncio.Event()
@@ -518,6 +518,9 @@ async def test_loads_that_must_evict_run_one_at_a_time_and_loads_that_fit_at_onc
     for _ in range(20):
         await asyncio.sleep(0)
     assert a.loads == 1 and f.state("a") is State.COLD  # not begun: d's load holds on
+    with pytest.raises(Unavailable, match="another load is making room"):
+        await f.acquire("e", timeout=0.05)  # its deadline passes as it waits: 503
+    assert e.loads == 0
     small.gate.set()
     await fits
     d.gate.set()

@@ -247,15 +247,27 @@ class Fleet:
         74 and 78 loads (gdsf, lru) where all at once made 94 and 98, and 22.0 and
         22.7 s of loading against 31.8 and 30.8, p99 about the same. A load that fits,
         and a wake, run at once (every load one at a time made 48 and 65 loads, but
-        would hold a model that fits behind a long conversion)."""
+        would hold a model that fits behind a long conversion); so does one that may
+        not wait (``wait=False``: its request can go back to a shared queue). The wait
+        ends at ``deadline``: 503, Retry-After."""
         self.rebudget()
         need = s.measured or s.member.expected()
         loading = need.loading()
-        if s.state is State.SLEEPING or loading.kept <= self._free_without((), loading.peak):
+        fits = loading.kept <= self._free_without((), loading.peak)
+        if s.state is State.SLEEPING or fits or not wait:
             await self._load_now(s, need, deadline, wait)
             return
-        async with self._pressed:
+        try:
+            await asyncio.wait_for(self._pressed.acquire(), max(0.0, deadline - self.clock()))
+        except TimeoutError:
+            raise Unavailable(
+                f"model {s.member.model_id!r} waits for room: another load is making room",
+                retry_after=1.0,
+            ) from None
+        try:
             await self._load_now(s, need, deadline, wait)
+        finally:
+            self._pressed.release()
 
     async def _load_now(self, s: Slot, need: Footprint, deadline: float, wait: bool) -> None:
         model = s.member.model_id
