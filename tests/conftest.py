@@ -20,7 +20,7 @@ from fleetserve.bench.tune import hostlock
 from fleetserve.catalog import Catalog
 from fleetserve.cluster import NatsServer
 from fleetserve.fleet import host_share
-from fleetserve.logs import LineHandler
+from fleetserve.logs import CHILD_ENV, LineHandler
 from fleetserve.server import EmbeddedServer
 from fleetserve.settings import Settings
 
@@ -39,6 +39,10 @@ TINY_CLASS = "cpu-avx2"
 # the servers the tests start do not tune in the background (--tune auto, the
 # default) unless a test asks for it: a tune would take the cores from the test
 os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subprocesses
+# the libraries' progress bars off here and in what the tests start, as in fleetserve's
+# own children: a supervisor forked from the tests' zygote (tests/forked.py) then has its
+# workers' environment, and forks its own zygote rather than importing torch again
+os.environ.update(CHILD_ENV)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -24,6 +24,10 @@ def main(argv: list[str]) -> int:
         print(torch.rand(1).item(), flush=True)
     if what == "atexit":
         atexit.register(lambda: Path(arg).write_text("ran"))
+    if what == "raise":
+        raise RuntimeError(arg)
+    if what == "say":  # the message as SystemExit's: on stderr, and exit 1
+        sys.exit(arg)
     return 0
 
 

@@ -19,6 +19,7 @@ from fleetserve.cluster.zygote import Zygote
 from fleetserve.logs import child_env
 from fleetserve.settings import Settings
 
+from .. import forked
 from ..conftest import NO_USER_PROFILES, TINY, TINY_CACHE, TINY_CLASS
 from ..tinymodels import build_bert, write_spec
 from ..waiting import wait_for
@@ -178,7 +179,8 @@ class ClusterCommand:
 
         cmd = [sys.executable, "-m", "fleetserve", "cluster", "--workers", str(self.workers),
                "--port", str(self.port), "--store-dir", str(self.tmp / "js")]  # fmt: skip
-        self.proc = subprocess.Popen(
+        # forked from the tests' zygote: the cluster forks its workers' zygote in turn
+        self.proc = forked.popen(
             cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
         threading.Thread(target=self._read, daemon=True).start()

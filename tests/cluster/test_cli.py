@@ -15,6 +15,7 @@ import pytest
 
 from fleetserve.cli import main
 
+from .. import forked
 from ..conftest import TINY, TINY_CLASS
 from .conftest import free_port
 
@@ -36,7 +37,7 @@ def test_cluster_serves_and_ctrl_c_stops_everything(cluster_catalog: Path) -> No
     port = free_port()
     env = {**os.environ, "FLEETSERVE_CATALOG": str(cluster_catalog), "FLEETSERVE_MODELS": TINY,
            "FLEETSERVE_DEVICE": "cpu", "FLEETSERVE_HARDWARE_CLASS": TINY_CLASS}  # fmt: skip
-    proc = subprocess.Popen(
+    proc = forked.popen(  # (the cluster forks its workers' zygote: tests/cluster/conftest.py)
         [sys.executable, "-m", "fleetserve", "cluster", "--workers", "2", "--port", str(port)],
         env=env,
         stderr=subprocess.PIPE,

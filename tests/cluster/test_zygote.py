@@ -171,3 +171,31 @@ def test_each_fork_draws_its_own_random_numbers() -> None:
         assert draws[0] != draws[1] and all(draws)
     finally:
         z.close()
+
+
+def test_a_process_holding_the_imports_forks_its_zygote(tmp_path: Path) -> None:
+    """``Zygote.forks``: only one thread (numpy's BLAS pool, one thread per core, is
+    held to none), its environment the children's, every preload imported. The fork's
+    children end as a fresh interpreter's: exit codes, tracebacks, SystemExit's message,
+    their own exit handlers and not the parent's, and a Ctrl-C."""
+    flag = tmp_path / "flag"
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.zygote_forker", str(flag)],
+        env={**ENV, "OPENBLAS_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "forks True",
+        "forks with an import missing False",
+        "forks for another HF_HOME False",
+        "forks beside a thread False",
+        "zygote is our child True",
+        "exit 3",
+        "raise 1 RuntimeError: boom",
+        "say 1 a message",
+        "atexit 0 ran",
+        "sigint -2",
+        "parent's handler ran in a child False",
+        "zygote ended 0",
+    ]
+    assert flag.read_text() == "the parent's"  # at the parent's own end

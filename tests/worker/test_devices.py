@@ -35,6 +35,7 @@ from fleetserve.settings import Settings
 from fleetserve.wire.heartbeat import Heartbeat
 from fleetserve.worker.cores import core_share, runtime_device
 
+from .. import forked
 from ..conftest import TINY, ServerThread, tiny_settings
 from ..waiting import wait_for
 
@@ -168,7 +169,7 @@ def stack(nats_server: NatsServer, tiny_catalog: Path) -> Iterator[tuple[Gateway
     env = {**os.environ, "COLUMNS": "400"}  # one line per message
     pids: set[int] = set()
     with tempfile.TemporaryFile() as log:
-        worker = subprocess.Popen(
+        worker = forked.popen(  # from the tests' zygote: the host forks its devices' zygote
             cmd, stdout=log, stderr=log, env=env, start_new_session=True,
             preexec_fn=die_with_parent,
         )  # fmt: skip

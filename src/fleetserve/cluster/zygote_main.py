@@ -21,12 +21,17 @@ What differs from a fresh interpreter: its command line (``/proc/PID/cmdline``, 
 is the zygote's, and ``sys.path[0]`` is the directory the zygote started in. The zygote
 is one process all its children depend on: killed, it takes them with it (each dies
 with its parent), and its client starts fresh interpreters from then on.
+
+:func:`become` is the same zygote as a fork of a process that has already imported
+what it preloads (``Zygote.start`` forks where it can), less the imports.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
+import logging
 import os
 import runpy
 import select
@@ -34,8 +39,10 @@ import signal
 import socket
 import sys
 import threading
+import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from ..fleet.memory import freeze_imports
 from .natsd import die_with_parent
@@ -147,14 +154,73 @@ def serve(sock: socket.socket, loaded: list[str]) -> Request:
             send(sock, {"id": req["id"], "pid": pid})
 
 
+def _run(req: Request) -> None:
+    """In a child: its module, as ``python -m`` runs it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = [req.module, *req.args]
+    runpy.run_module(req.module, run_name="__main__", alter_sys=True)
+
+
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the client, which stops us
-    req = serve(sock, preload(argv[1:]))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.argv = [req.module, *req.args]
-    runpy.run_module(req.module, run_name="__main__", alter_sys=True)
+    _run(serve(sock, preload(argv[1:])))
+
+
+# what a fresh interpreter leaves at their defaults (SIGINT: ignored here, as in main)
+_DEFAULT_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCHLD")
+
+
+def become(sock: socket.socket, names: Sequence[str], parent: int, quiet: bool) -> NoReturn:
+    """In a fork of ``parent``: the zygote, as ``main`` is, on ``sock``. The fork holds
+    its parent's imports, and a copy of its stack, which neither the zygote nor any of
+    its children may unwind into: each ends here, with ``os._exit``, once it has done
+    what an interpreter does at its end (joined its threads, run the exit handlers
+    registered since the fork, flushed its streams)."""
+    code, interrupted = 0, False
+    try:
+        os.setsid()
+        die_with_parent()
+        if os.getppid() != parent:  # the parent died before the line above: so do we
+            raise SystemExit(0)
+        if quiet:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(null)
+        for name in _DEFAULT_SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        atexit._clear()  # the parent's are the parent's
+        atexit.register(logging.shutdown)
+        _run(serve(sock, preload(list(names))))
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException as exc:  # as an interpreter would: the traceback, and exit 1
+        traceback.print_exc()  # (or for a Ctrl-C, the end by SIGINT)
+        code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
+    finally:
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]  # (the interpreter's own)
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if interrupted:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+        finally:
+            os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """``SystemExit.code`` as the interpreter turns it into an exit status."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
