@@ -204,7 +204,7 @@ class Zygote:
         (a fork copies no other, nor any lock one holds)."""
         return (
             all(name in sys.modules for name in self.preload)
-            and self.serves(os.environ)
+            and self.serves(dict(os.environ))
             and _threads() == 1
         )
 
