@@ -43,6 +43,11 @@ os.environ.setdefault(Settings.env_name("tune"), "off")  # servers run as subpro
 # own children: a supervisor forked from the tests' zygote (tests/forked.py) then has its
 # workers' environment, and forks its own zygote rather than importing torch again
 os.environ.update(CHILD_ENV)
+# what scikit-learn sets at its import (for Intel's OpenMP, which reads them at its
+# load), set first: the environments the tests take before that import and after it
+# are then one (tests/forked.py starts a zygote for each)
+os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
+os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -44,8 +44,11 @@ IMPORT_ENV = (
     "LD_", "MALLOC_", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONSAFEPATH",
     "PYTHONWARNINGS", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONSTARTUP",
 )  # fmt: skip
-# ... but for these, which torch sets at run time and reads where it uses them
-READ_LATER = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+# ... but for these, which libraries set at run time and read where they use them:
+# torch's, and tokenizers' (set by transformers' generation, datasets and gliner as they
+# run, so that a test process's environment gained it midway: the environments taken
+# before and after were two zygotes' in 22 and 24 children of one run)
+READ_LATER = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM"})
 CODE = "tests.forked_code"  # runs a ``-c`` program as the interpreter would
 # TESTS_FRESH_CHILDREN=1: every child a fresh interpreter (does a failure need the fork?)
 FRESH = os.environ.get("TESTS_FRESH_CHILDREN") == "1"

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from fleetserve.cluster.zygote import Zygote
@@ -45,6 +46,9 @@ def main(flag: Path) -> None:
     print("forks beside a thread", z.forks())
     stop.set()
     t.join()
+    deadline = time.monotonic() + 10  # joined, its task may linger a moment
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     z.start()
     assert z.proc is not None and not isinstance(z.proc, subprocess.Popen)
     print("zygote is our child", os.waitpid(z.proc.pid, os.WNOHANG) == (0, 0))
