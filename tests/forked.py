@@ -71,19 +71,27 @@ class _TestZygote(Zygote):
         return read_at_import(env) == read_at_import(self.env)
 
 
-def _zygote_for(env: Mapping[str, str]) -> Zygote | None:
-    """The zygote for this environment; None for the first child that asks (or past
-    ``MAX_ZYGOTES``): it runs fresh."""
+def _zygote_for(env: Mapping[str, str], *, now: bool = False) -> Zygote | None:
+    """The zygote for this environment; None for the first child that asks unless
+    ``now`` (or past ``MAX_ZYGOTES``): it runs fresh."""
     key = read_at_import(env)
     with _lock:
         if key not in _zygotes:
             _asked[key] = _asked.get(key, 0) + 1
-            if _asked[key] < 2 or len(_zygotes) >= MAX_ZYGOTES:
+            if (_asked[key] < 2 and not now) or len(_zygotes) >= MAX_ZYGOTES:
                 return None
             z = _zygotes[key] = _TestZygote(dict(env), preload=PRELOAD_TESTS, quiet=True)
             z.start()
             atexit.register(z.close)
         return _zygotes[key]
+
+
+def zygote_for(env: Mapping[str, str]) -> Zygote | None:
+    """The zygote for children of this environment that fleetserve starts itself (a
+    cluster's workers, tests/cluster/conftest.py), started now if it is not yet: the
+    one this process's own children of that environment fork from. None where every
+    child is fresh (``TESTS_FRESH_CHILDREN=1``, or past ``MAX_ZYGOTES``)."""
+    return None if FRESH else _zygote_for(env, now=True)
 
 
 class Forked:

@@ -37,20 +37,14 @@ def cluster_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cat
 
 
-_zygotes: list[Zygote] = []
-
-
 @pytest.fixture(scope="session", autouse=True)
-def zygote() -> Iterator[Zygote]:
-    """One zygote for this test process's clusters: each worker (and each restart) is a
-    fork of it, without ~3 CPU-seconds of imports. The tests' environment differs
-    between tests only in ``PYTEST_*``, which no preloaded library reads."""
-    z = Zygote(child_env(dict(os.environ)), free=("FLEETSERVE_", "PYTEST_"))
-    z.start()
-    _zygotes.append(z)
-    yield z
-    _zygotes.remove(z)
-    z.close()
+def zygote() -> Zygote | None:
+    """The tests' zygote for the clusters' environment (tests/forked.py), the one the
+    tests' own children of this environment fork from: each worker (and each restart)
+    is a fork of it, without ~3 CPU-seconds of imports, and this process starts one
+    zygote rather than two. Their environment differs from it only in ``FLEETSERVE_*``
+    and ``PYTEST_*``, which no preloaded library reads."""
+    return forked.zygote_for(child_env(dict(os.environ)))
 
 
 class RunningCluster:
@@ -101,7 +95,7 @@ def start_cluster(catalog: Path, tmp: Path, workers: int = 2, **settings: Any) -
         workers,
         {**os.environ},
         store_dir=str(tmp / "js"),
-        zygote=_zygotes[0] if _zygotes else None,
+        zygote=forked.zygote_for(child_env(dict(os.environ))),
     )
     api = cluster.start()
     if not cluster.wait_ready(api, timeout=120):
