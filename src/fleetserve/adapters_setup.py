@@ -100,7 +100,7 @@ def host_adapters(
     cache = AdapterCache.from_settings(registry, settings, node)
     cap = parse_size(settings.adapter_hot_bytes, limit=fleet.budget)
     tier = HotTier(cap)
-    fleet.adapters = lambda: tier.held
+    fleet.room.adapters = lambda: tier.held
     hosting = Hosting(cache, tier)
     for r in runners.values():
         hosting.host(r)

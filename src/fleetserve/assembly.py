@@ -280,8 +280,8 @@ def build_fleet(
     fleet.check_budget()
     how = f"--memory-budget {settings.memory_budget}" if settings.memory_budget else why
     tier = "no host tier"
-    if fleet.host.budget:
-        tier = f"a host tier of {mib(fleet.host.budget)} for sleeping models"
+    if fleet.room.host.budget:
+        tier = f"a host tier of {mib(fleet.room.host.budget)} for sleeping models"
     logging.getLogger("fleetserve.fleet").info(
         "memory budget %s (%s); %s; evicting by %s", mib(fleet.budget), how, tier, settings.eviction
     )

@@ -240,7 +240,7 @@ class EmbeddedServer(Service):
         runner = job_runner(
             self.settings, self.catalog, self.finetuning, registry,
             budget=(lambda: self.fleet.budget) if cpu else None,
-            room=(lambda *a: self.fleet.beside(*a)) if cpu else None,  # the fleet now
+            room=(lambda *a: self.fleet.room.beside(*a)) if cpu else None,  # the fleet now
         )  # fmt: skip
         self.spawn("trainer", runner.run())
         self.spawn("train-leases", keep_leases(self.finetuning))  # one owner per job

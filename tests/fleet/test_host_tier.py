@@ -20,13 +20,13 @@ async def test_under_pressure_a_model_sleeps_and_its_next_use_wakes_it() -> None
     assert f.state("a") is State.SLEEPING and f.state("b") is State.RESIDENT
     assert a.asleep and a.loads == 1
     assert f.used() == 60 * MIB  # a's weights left the memory budget ...
-    assert f.host.used == 60 * MIB  # ... for the host tier's
+    assert f.room.host.used == 60 * MIB  # ... for the host tier's
     assert f.info("a")["state"] == "sleeping" and f.info("a")["bytes"] == 60 * MIB
     t0 = c.now
     await use(f, "a")  # woken: no load
     assert a.wakes == 1 and a.loads == 2 and c.now - t0 < 0.1
     assert f.state("a") is State.RESIDENT and f.state("b") is State.SLEEPING
-    assert f.used() == 60 * MIB and f.host.used == 60 * MIB
+    assert f.used() == 60 * MIB and f.room.host.used == 60 * MIB
     assert f.metrics is not None
     text = f.metrics.render().decode()
     assert sample(text, "fleetserve_model_loads_total", model="a", outcome="woken") == 1
@@ -50,7 +50,7 @@ async def test_a_full_host_tier_lets_its_cheapest_sleeper_go_for_good() -> None:
     assert f.state("last") is State.RESIDENT
     assert f.state("slow") is State.SLEEPING and f.state("mid") is State.SLEEPING
     assert f.state("fast") is State.COLD and not fast.asleep and not fast.loaded
-    assert f.host.used == 100 * MIB
+    assert f.room.host.used == 100 * MIB
     await use(f, "fast")  # a load, not a wake
     assert fast.wakes == 0 and fast.loads == 2
 
@@ -61,7 +61,7 @@ async def test_a_model_larger_than_the_host_tier_is_evicted_and_without_one_none
     f = fleet(c, 100, big, small, host_budget=50 * MIB)
     await use(f, "big")
     await use(f, "small")
-    assert f.state("big") is State.COLD and not big.asleep and f.host.used == 0
+    assert f.state("big") is State.COLD and not big.asleep and f.room.host.used == 0
     c2 = Clock()
     a, b = FakeModel(c2, "a", 80, sleeps=True), FakeModel(c2, "b", 80, sleeps=True)
     off = fleet(c2, 100, a, b)  # host_budget 0: the default of a bare Fleet
@@ -76,7 +76,7 @@ async def test_a_model_that_cannot_sleep_is_evicted_as_before() -> None:
     f = fleet(c, 100, a, b, host_budget=200 * MIB, policy=LRU())
     await use(f, "a")
     await use(f, "b")
-    assert f.state("a") is State.COLD and f.host.used == 0
+    assert f.state("a") is State.COLD and f.room.host.used == 0
 
 
 async def test_a_sleeping_model_removed_or_swapped_leaves_for_good() -> None:
@@ -88,10 +88,10 @@ async def test_a_sleeping_model_removed_or_swapped_leaves_for_good() -> None:
     await use(f, "d")
     assert f.state("a") is State.SLEEPING and f.state("b") is State.SLEEPING
     f.remove("a")
-    assert not a.asleep and "a" not in f.host and f.host.used == 60 * MIB
-    async with f.holding("b") as state:  # a new profile: loaded afresh, not woken
+    assert not a.asleep and "a" not in f.room.host and f.room.host.used == 60 * MIB
+    async with f.swaps.holding("b") as state:  # a new profile: loaded afresh, not woken
         assert state is State.COLD
-    assert not b.asleep and f.host.used == 0
+    assert not b.asleep and f.room.host.used == 0
 
 
 class Prices(GDSF):

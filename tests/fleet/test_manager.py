@@ -303,7 +303,7 @@ async def test_a_released_keep_alive_lets_a_waiting_model_load() -> None:
 async def test_a_load_waits_for_busy_work_to_finish_within_room_wait() -> None:
     c = Clock()
     f = fleet(c, 50, FakeModel(c, "a", 30), FakeModel(c, "b", 30))
-    f.room_wait = 5.0
+    f.room.room_wait = 5.0
     await f.acquire("a", timeout=10.0)
     waiting = asyncio.create_task(f.acquire("b", timeout=10.0))
     await asyncio.sleep(0.01)  # a window in which a load that did not wait would finish
@@ -452,7 +452,7 @@ async def test_a_training_share_makes_room_is_counted_and_lets_go() -> None:
     await use(f, "a")
     await use(f, "b")
     told: list[int] = []
-    async with f.beside("training job j1", 50 * MIB, lambda: told.append(1)):
+    async with f.room.beside("training job j1", 50 * MIB, lambda: told.append(1)):
         assert told == [] and f.used() == 90 * MIB  # one model left for it, at once
         assert [f.state(m) for m in "ab"].count(State.RESIDENT) == 1
         cold = "a" if f.state("a") is State.COLD else "b"
@@ -473,7 +473,7 @@ async def test_a_training_share_waits_for_busy_models_and_says_so_once() -> None
     entered = asyncio.Event()
 
     async def train() -> None:
-        async with f.beside("training job j2", 50 * MIB, lambda: told.append(1)):
+        async with f.room.beside("training job j2", 50 * MIB, lambda: told.append(1)):
             entered.set()
 
     job = asyncio.create_task(train())
@@ -490,7 +490,7 @@ async def test_a_training_share_beyond_the_pinned_models_room_is_refused_at_once
     f = fleet(c, 100, FakeModel(c, "p", 70, pinned=True))
     await use(f, "p")
     with pytest.raises(Unavailable) as err:
-        async with f.beside("training job j3", 40 * MIB):
+        async with f.room.beside("training job j3", 40 * MIB):
             pass
     assert "training job j3 needs 40.0 MiB" in str(err.value)
     assert "leaves 30.0 MiB beside the pinned models" in str(err.value)

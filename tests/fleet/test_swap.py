@@ -223,7 +223,7 @@ async def test_room_beside_is_made_by_the_policy_never_from_a_pinned_model(
             await s.load(m)
         need = new.expected().weights
         # room for the new weights only once the idle model's weights leave
-        s.fleet.budget = s.fleet.used() + need - idle.memory["weights"] // 2
+        s.fleet.room.budget = s.fleet.used() + need - idle.memory["weights"] // 2
         result = await swap_profile(s.fleet, target, new)
         assert result.swapped, result.reason
         assert s.fleet.state(IDLE) is State.COLD  # evicted by the policy
@@ -238,7 +238,7 @@ async def test_no_room_beside_refuses_and_the_old_profile_keeps_serving(setup: S
     async with Serving({MODEL: target, PINNED: pinned}) as s:
         await s.load(PINNED)
         await s.load(MODEL)
-        s.fleet.budget = s.fleet.used() + new.expected().weights // 2  # the old and half
+        s.fleet.room.budget = s.fleet.used() + new.expected().weights // 2  # the old and half
         served, used, info = target.family, s.fleet.used(), s.fleet.info(MODEL)
         result = await swap_profile(s.fleet, target, new)
         assert not result.swapped
@@ -273,7 +273,7 @@ async def test_an_evicted_model_adopts_and_its_next_load_uses_the_new_profile(
     new = runner(setup, MODEL, NEW)
     async with Serving({MODEL: old, IDLE: idle}) as s:
         await s.load(MODEL)
-        s.fleet.budget = s.fleet.used() + idle.expected().weights // 2  # for one of the two
+        s.fleet.room.budget = s.fleet.used() + idle.expected().weights // 2  # for one of the two
         await s.load(IDLE)
         assert s.fleet.state(MODEL) is State.COLD
         measured_old = s.fleet.info(MODEL)["bytes"]  # what its next load would reserve
@@ -284,7 +284,7 @@ async def test_an_evicted_model_adopts_and_its_next_load_uses_the_new_profile(
         # room for the new profile's reservation or for IDLE, not both: each load's
         # measured peak (resident growth) varies, so the room is set from what is
         # reserved now, not from the first load's figures
-        s.fleet.budget = s.fleet.used() + new.expected().total - 1
+        s.fleet.room.budget = s.fleet.used() + new.expected().total - 1
         check(setup, TEXTS[5:8], await s.encode(MODEL, TEXTS[5:8]))  # reloads, IDLE leaves
         assert s.fleet.state(IDLE) is State.COLD
         serves(old, NEW, setup.settings)

@@ -54,7 +54,7 @@ def test_the_fleet_counts_what_adapters_hold() -> None:
     tier = HotTier(cap=1000)
     fleet = Fleet(10_000, GDSF())
     assert fleet.used() == 0
-    fleet.adapters = lambda: tier.held
+    fleet.room.adapters = lambda: tier.held
     tier.copies["m"] = 700
     tier.admit("m", "a", 100, Bank())  # type: ignore[arg-type]
     assert fleet.used() == 800
@@ -98,7 +98,7 @@ async def test_a_torch_copy_makes_room_and_is_charged_before_it_loads() -> None:
     c = Clock()
     fleet = Fleet(100 * MIB, GDSF(), clock=c, room_wait=0.0)
     tier = HotTier(cap=10 * MIB)
-    fleet.adapters = lambda: tier.held
+    fleet.room.adapters = lambda: tier.held
     for m in ("m", "o"):
         fleet.add(FakeModel(c, m, 40))
         await use(fleet, m)

@@ -10,28 +10,28 @@ model swapped to a new profile loads it beside the served one (``worker.swap``).
 Under pressure a model that can sleep does so before it is evicted: its weights leave
 the memory budget for the host tier's (``host_tier.py``), and its next use wakes it.
 The policy prices a resident model by what bringing it back would cost: a wake where
-it would sleep, else a load (``eviction_cost``).
+it would sleep, else a load (``Room.price``). Making room, evicting and holding bytes
+beside the models are ``room.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..metrics import Metrics
 from ..wire import Unavailable
 from .drift import Drift
-from .host_tier import HostTier
-from .member import Footprint, Member, State, held_together, is_oom
-from .policy import Policy, Resident, evictable, victims_until
-from .room import no_room
+from .member import Footprint, Member, State, is_oom
+from .policy import Policy, Resident
+from .room import Room
 from .slot import NOTHING, Slot
 from .slots import Slots
+from .swaps import Swaps
 
 log = logging.getLogger("fleetserve.fleet")
 MIB = 1 << 20
@@ -61,26 +61,28 @@ class Fleet:
         ``actual``: what the process holds now (its resident set; the device's memory
         on a GPU), checked against the charge at each load, over the interval since
         the last check, evictions included (``drift.py``); None: not checked."""
-        self.budget = self._shared = budget
-        self._budget_now = budget_now
         self.policy = policy
         self.metrics = metrics
         self.cooldown = cooldown  # before a failed model's load is retried
-        self.room_wait = room_wait  # how long a load may wait for busy models to finish
         self.clock = clock
         self._trim = trim
         self._slots = Slots()
-        self.adapters: Callable[[], int] = lambda: 0  # bytes of the hot LoRA adapters
-        self._room = asyncio.Lock()  # one making room at a time
+        self.room = Room(
+            self._slots, budget, policy, metrics=metrics, cooldown=cooldown,
+            room_wait=room_wait, clock=clock, trim=trim, budget_now=budget_now,
+            host_budget=host_budget,
+        )  # fmt: skip
         self._pressed = asyncio.Lock()  # one load at a time among those that must evict
-        self._changed = asyncio.Event()  # work finished, a model left or loaded
         self.drift = Drift(actual, metrics) if actual is not None else None
-        self._evicted = 0  # weights evicted since the last check (what the interval moved)
-        self._wake_per_byte = 0.0  # the last wake's seconds per byte it brought back
-        self.host = HostTier(host_budget, policy)
+        self.swaps = Swaps(self._slots, self.room)  # a new profile beside the served one
         if metrics is not None:
             metrics.memory_budget.set(budget)
             metrics.host_tier_budget.set(host_budget)
+
+    @property
+    def budget(self) -> int:
+        """The memory budget's bytes now (``Room.rebudget``)."""
+        return self.room.budget
 
     # -- membership and state ---------------------------------------------------
     def add(self, member: Member) -> None:
@@ -90,13 +92,13 @@ class Fleet:
         """A hot remove, once its work has drained: unloaded if resident, then gone."""
         s = self._slots.get(model)
         if s is not None and s.record is not None:
-            self._evict(s, "removed")
+            self.room.evict(s, "removed")
             self._trim()
         elif s is not None and s.state is State.SLEEPING:
-            self._drop_sleeper(s, "removed")
+            self.room.drop_sleeper(s, "removed")
         self._slots.pop(model, None)
-        self._changed.set()
-        self._gauges()
+        self.room.changed.set()
+        self.room.gauges()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._slots)
@@ -104,29 +106,18 @@ class Fleet:
     def state(self, model: str) -> State:
         return self._slots[model].state
 
-    def used(self, extra: Footprint = NOTHING) -> int:
-        """Bytes held (``Slots.held``: ``beside`` too), with ``extra`` added, and the
-        hot adapters."""
-        return self._slots.held(extra) + self.adapters()
-
-    def _free_without(self, gone: Sequence[Resident], peak: int = 0) -> int:
-        """The budget left were ``gone`` evicted, beside an activation ``peak``: their
-        weights free, and their peaks where they were the largest."""
-        leaving = {r.model for r in gone}
-        return self.budget - self._slots.held(Footprint(0, peak), leaving) - self.adapters()
+    def used(self) -> int:
+        """Bytes held (``Room.used``)."""
+        return self.room.used()
 
     def pinned_bytes(self) -> dict[str, int]:
         """What each pinned model holds alone, or is expected to before it loads."""
         return self._slots.pinned_bytes()
 
-    def _pinned_need(self) -> int:
-        """What the pinned models hold together, or will."""
-        return held_together(self._slots.pinned())
-
     def check_budget(self) -> None:
         """Start-up: the pinned models must fit in the budget (a one-line ValueError)."""
         pinned = self.pinned_bytes()
-        total = self._pinned_need()
+        total = self.room.pinned_need()
         if total > self.budget:
             parts = ", ".join(f"{m} {b / MIB:.1f} MiB" for m, b in pinned.items())
             raise ValueError(
@@ -139,8 +130,8 @@ class Fleet:
         host tier's (the weights of sleeping models)."""
         return {
             "budget": self.budget, "used": self.used(),
-            "host_tier_budget": self.host.budget, "host_tier_used": self.host.used,
-            "sleeping": len(self.host),
+            "host_tier_budget": self.room.host.budget, "host_tier_used": self.room.host.used,
+            "sleeping": len(self.room.host),
         }  # fmt: skip
 
     def info(self, model: str) -> dict[str, Any]:
@@ -212,33 +203,21 @@ class Fleet:
             raise s.error.fresh(retry_after=max(1.0, round(left)))
 
     def release(self, model: str) -> None:
-        s = self._slots[model]
-        s.inflight = max(0, s.inflight - 1)
-        if s.record is not None:
-            s.record.busy = s.inflight > 0
-        if s.inflight == 0:
-            self._changed.set()
+        if self._slots[model].give():
+            self.room.changed.set()
 
     def _use(self, s: Slot, keep_alive: float | None) -> None:
         now = self.clock()
-        s.inflight += 1
+        s.take()
         r = s.record
         assert r is not None
-        r.busy = True
         r.last_used = now
         keep = s.member.keep_alive if keep_alive is None else keep_alive
         r.keep_until = max(r.keep_until, now + keep)
-        r.reload_s = self.eviction_cost(s, r.bytes, r.reload_s)  # (a wake seen since)
+        r.reload_s = self.room.price(s, r.bytes, r.reload_s)  # (a wake seen since)
         self.policy.used(r, now)
 
     # -- loading and making room --------------------------------------------------
-    def rebudget(self) -> None:
-        """The budget as ``budget_now`` says (the host's share), looked at before a load."""
-        if self._budget_now is not None and (now := self._budget_now()) != self._shared:
-            self._shared = self.budget = now
-            if self.metrics is not None:
-                self.metrics.memory_budget.set(now)
-
     async def _load(self, s: Slot, deadline: float, wait: bool) -> None:
         """Load (or wake) ``s``. A load that must evict to fit waits for the one before
         it that had to: loads at once each reserved their room, and evicted models that
@@ -250,10 +229,10 @@ class Fleet:
         would hold a model that fits behind a long conversion); so does one that may
         not wait (``wait=False``: its request can go back to a shared queue). The wait
         ends at ``deadline``: 503, Retry-After."""
-        self.rebudget()
+        self.room.rebudget()
         need = s.measured or s.member.expected()
         loading = need.loading()
-        fits = loading.kept <= self._free_without((), loading.peak)
+        fits = loading.kept <= self.room.free_without((), loading.peak)
         if s.state is State.SLEEPING or fits or not wait:
             await self._load_now(s, need, deadline, wait)
             return
@@ -270,15 +249,15 @@ class Fleet:
             self._pressed.release()
 
     async def _load_now(self, s: Slot, need: Footprint, deadline: float, wait: bool) -> None:
-        model = s.member.model_id
+        model, loading = s.member.model_id, need.loading()
         try:
-            await self._make_room(model, need.loading(), deadline, wait)
+            await self.room.make(model, loading, deadline, wait)
         except Unavailable as err:  # the requests queued behind this one need not wait too
             s.no_room, s.no_room_until = err, self.clock() + 1.0
             raise
-        woken = s.state is State.SLEEPING and self.host.remove(model)
-        s.state, s.held, s.error = State.LOADING, need.loading(), None
-        self._gauges()
+        woken = s.state is State.SLEEPING and self.room.host.remove(model)
+        s.state, s.held, s.error = State.LOADING, loading, None
+        self.room.gauges()
         already = s.member.loaded  # taken over loaded (the tuner's fleets): no load to log
         t0 = self.clock()  # the injected clock: a load's cost is what eviction weighs
         try:
@@ -293,13 +272,13 @@ class Fleet:
             assert s.error is not None
             raise s.error.fresh() from None
         finally:
-            self._changed.set()
+            self.room.changed.set()
         now = self.clock()
         dt = now - t0
         s.state, s.held, s.measured = State.RESIDENT, got, got
         if woken:  # (a wake that failed loaded it: its seconds are not a load's either)
             s.wake_s = dt
-            self._wake_per_byte = dt / max(got.kept, 1)
+            self.room.wake_per_byte = dt / max(got.kept, 1)
         else:
             s.load_s = dt
         log.log(
@@ -307,13 +286,13 @@ class Fleet:
             "%s %s in %.1fs (%.1f MiB)%s", "woke" if woken else "loaded",
             model, dt, got.total / MIB, " (it was loaded already)" if already else "",
         )  # fmt: skip
-        cost = self.eviction_cost(s, got.kept, dt)
+        cost = self.room.price(s, got.kept, dt)
         s.record = Resident(model, got.kept, cost, pinned=s.member.pinned, last_used=now)
         self.policy.loaded(s.record, now)  # the request that loaded it is used in _use
         if self.metrics is not None:
             self.metrics.loads.labels(model, "woken" if woken else "ok").inc()
             self.metrics.load_seconds.labels(model).observe(dt)
-        self._gauges()
+        self.room.gauges()
         if not already:
             self._check("load", model, got.weights)
         if got.total > need.total and self.used() > self.budget:
@@ -321,22 +300,7 @@ class Fleet:
                 "%s holds %.1f MiB, more than the %.1f MiB expected",
                 model, got.total / MIB, need.total / MIB,
             )  # fmt: skip
-            await self._shed(model)
-
-    def eviction_cost(self, s: Slot, kept: int, dt: float) -> float:
-        """What evicting ``s`` would cost its next use, the price the policy weighs: a
-        wake where it would sleep (its last wake's seconds; before its first, this
-        fleet's last wake per byte times its ``kept`` bytes), else a load (its last's,
-        or ``dt``, the seconds it just took). On a 16-model trace (2-core cpu-avx2) a
-        torch model that sleeps first loaded in 0.4 to 0.7 s and woke in 3 to 20 ms:
-        priced by its load, it outranked OpenVINO models that cannot sleep and reload
-        in 0.2 to 0.4 s, and GDSF evicted those first."""
-        if self.host.budget > 0 and s.member.sleeps:
-            if s.wake_s:
-                return s.wake_s
-            if self._wake_per_byte:
-                return self._wake_per_byte * kept
-        return s.load_s or dt
+            await self.room.shed(model)
 
     async def _load_once(self, s: Slot) -> Footprint | None:
         """One load; ``None`` after an out-of-memory error that evicting others may cure
@@ -349,75 +313,9 @@ class Fleet:
             traceback.clear_frames(exc.__traceback__)
             oom = exc
         del oom
-        if await self._evict_all(s.member.model_id, "oom"):
+        if await self.room.evict_all(s.member.model_id, "oom"):
             return None
         raise MemoryError(f"out of memory loading {s.member.model_id!r}; nothing left to evict")
-
-    async def _make_room(self, model: str, need: Footprint, deadline: float, wait: bool) -> None:
-        if held_together([*self._slots.pinned(but=model), need]) > self.budget:
-            raise Unavailable(
-                f"model {model!r} needs {need.total / MIB:.1f} MiB to load (its weights, "
-                "what its load holds beside them and a batch's activations) but the memory budget "
-                f"({self.budget / MIB:.1f} MiB) leaves "
-                f"{(self.budget - self._pinned_need()) / MIB:.1f} MiB beside the pinned models",
-                retry_after=self.cooldown,
-            )
-        give_up = min(deadline, self.clock() + (self.room_wait if wait else 0.0))
-        while True:
-            async with self._room:
-                chosen = victims_until(
-                    self.policy,
-                    self._slots.records(),
-                    lambda gone: need.kept <= self._free_without(gone, need.peak),
-                    self.clock(),
-                )
-                if chosen is not None:
-                    for r in chosen:
-                        self._evict(self._slots[r.model], "pressure")
-                    if chosen:
-                        self._trim()
-                    return
-                self._changed.clear()
-            left = give_up - self.clock()
-            if left <= 0:
-                free = self.budget - self.used(Footprint(0, need.peak))
-                raise no_room(
-                    model, (need.total, need.kept), self.budget, free, self._slots.records(),
-                    lambda m: self._slots[m].held.total, self.clock(), self.cooldown,
-                )  # fmt: skip
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-
-    # -- a new profile beside the served one (worker.swap) ------------------------
-    @contextlib.asynccontextmanager
-    async def holding(self, model: str) -> AsyncIterator[State]:
-        """``model``'s slot for the block (no load of it starts) and, if resident, a use
-        of it (it is not evicted, like one with work in flight); yields its state."""
-        s = self._slots[model]
-        async with s.lock:
-            if s.state is State.SLEEPING:  # a new profile loads afresh
-                self._drop_sleeper(s, "swap")
-            r = s.record if s.state is State.RESIDENT else None
-            if r is not None:
-                s.inflight, r.busy = s.inflight + 1, True
-            try:
-                yield s.state
-            finally:
-                if r is not None:
-                    self.release(model)
-
-    async def reserve_beside(self, model: str, need: Footprint) -> Footprint:
-        """Inside ``holding``: room for ``need`` beside resident ``model``, made as for a
-        load (the policy evicts others) but never waited for (``Unavailable``), counted
-        as ``model``'s until ``settle``. Returns what it held before."""
-        s = self._slots[model]
-        await self._make_room(model, need, self.clock(), wait=False)
-        before = s.held  # nothing awaited since the room was found: it is still there
-        s.held = Footprint(
-            before.weights + need.weights, max(before.peak, need.peak), 0, before.state + need.state
-        )
-        self._gauges()
-        return before
 
     async def room_beside(self, model: str, nbytes: int) -> None:
         """Room for ``nbytes`` more held for resident ``model`` (its torch copy for
@@ -425,69 +323,13 @@ class Fleet:
         ``model`` itself, and a busy one is waited for within ``room_wait``. The caller
         charges the bytes (``adapters``) before it awaits anything else."""
         s = self._slots[model]
-        r = s.record
-        if r is None:
+        if s.record is None:
             raise Unavailable(f"model {model!r} is not resident", retry_after=1.0)
-        s.inflight, r.busy = s.inflight + 1, True  # it is what the room is for
+        s.take()  # it is what the room is for
         try:
-            await self._make_room(model, Footprint(nbytes), self.clock() + self.room_wait, True)
+            await self.room.make(model, Footprint(nbytes), self.clock() + self.room.room_wait, True)
         finally:
             self.release(model)
-
-    @contextlib.asynccontextmanager
-    async def beside(
-        self, holder: str, nbytes: int, waiting: Callable[[], None] = lambda: None
-    ) -> AsyncIterator[None]:
-        """``nbytes`` of the budget held for ``holder`` (a training job's process) for
-        the block. Room is made as for a load (the policy evicts idle models, never a
-        pinned one) and waited for as long as it takes while busy or kept-alive models
-        hold it (``waiting`` is called once, then). ``Unavailable`` at once where the
-        pinned models leave too little."""
-        left = self.budget - self._pinned_need()
-        if nbytes > left:
-            raise Unavailable(
-                f"{holder} needs {nbytes / MIB:.1f} MiB of the memory budget "
-                f"({self.budget / MIB:.1f} MiB), which leaves {left / MIB:.1f} MiB beside "
-                "the pinned models",
-                retry_after=self.cooldown,
-            )
-        told = False
-        while True:
-            self.rebudget()
-            try:
-                await self._make_room("", Footprint(nbytes), self.clock() + self.room_wait, True)
-                break
-            except Unavailable:
-                if not told:
-                    waiting()
-                    told = True
-                await self._changed.wait()  # work finished, a model left, a keep-alive ran out
-        key, beside = holder, self._slots.beside
-        while key in beside:  # two holds of one name stay two
-            key += "'"
-        beside[key] = nbytes  # nothing awaited since the room was found
-        self._gauges()
-        try:
-            yield
-        finally:
-            del beside[key]
-            self._changed.set()
-            self._gauges()
-
-    async def settle(self, model: str, held: Footprint | None) -> None:
-        """Inside ``holding``, the swap over: resident ``model`` holds ``held`` (the new
-        profile's, or what ``reserve_beside`` returned if none came); ``None``: it is not
-        resident, and its next load makes room for its new profile's expected bytes."""
-        s = self._slots[model]
-        if held is None:
-            s.measured = None
-            return
-        s.held = s.measured = held
-        if s.record is not None:
-            s.record.bytes = held.kept
-        self._gauges()
-        if self.used() > self.budget:  # it measured more than expected
-            await self._shed(model)
 
     def release_keep_alive(self, model: str) -> float:
         """An admin ends ``model``'s keep-alive: it may leave under pressure now (once idle).
@@ -499,7 +341,7 @@ class Fleet:
         r.keep_until = 0.0
         for s in self._slots.values():  # those just refused for want of room try again
             s.no_room, s.no_room_until = None, 0.0
-        self._changed.set()
+        self.room.changed.set()
         if left:
             log.info("%s: keep-alive released (%.0fs were left)", model, left)
         return left
@@ -509,94 +351,22 @@ class Fleet:
         r = self._slots[model].record
         return 0.0 if r is None else max(0.0, r.keep_until - self.clock())
 
-    def _evict(self, s: Slot, reason: str) -> None:
-        """``s`` leaves the memory budget: asleep in the host tier where it can sleep
-        (not when removed), else unloaded."""
-        r = s.record
-        model = s.member.model_id
-        asleep = self.host.budget > 0 and reason != "removed" and s.member.sleep() > 0
-        log.info(
-            "%s %s (%.1f MiB, %s)", "sleeping" if asleep else "evicting", model,
-            s.held.total / MIB, reason,
-        )  # fmt: skip
-        self._evicted += s.held.weights
-        if not asleep:
-            s.member.unload()
-        if r is not None:
-            self.policy.evicted(r)
-        weights = s.held.weights
-        s.state, s.held, s.record = State.SLEEPING if asleep else State.COLD, NOTHING, None
-        if self.metrics is not None:
-            self.metrics.evictions.labels(model, reason).inc()
-            if asleep:
-                self.metrics.sleeps.labels(model).inc()
-        if asleep and r is not None:
-            self._to_host(s, r, weights)
-        self._gauges()
-
-    def _to_host(self, s: Slot, r: Resident, weights: int) -> None:
-        """``s`` sleeps: into the host tier, priced by its next full load; those that
-        no longer fit there leave for good."""
-        asleep = Resident(r.model, weights, s.load_s or r.reload_s, last_used=r.last_used)
-        asleep.hits = max(0, r.hits - 1)
-        self.policy.used(asleep, self.clock())  # scored as it stands, its uses kept
-        for model in self.host.add(asleep):
-            self._drop_sleeper(self._slots[model], "host tier")
-
-    def _drop_sleeper(self, s: Slot, reason: str) -> None:
-        """A sleeping model leaves for good (its weights already left memory)."""
-        model = s.member.model_id
-        log.info("evicting %s, asleep (%s)", model, reason)
-        self.host.remove(model)
-        s.member.unload()
-        s.state = State.COLD
-        if self.metrics is not None:
-            self.metrics.evictions.labels(model, reason).inc()
-        self._gauges()
-
-    async def _evict_all(self, keep: str, reason: str) -> bool:
-        """Out of memory: evict every model that may leave except ``keep``."""
-        async with self._room:
-            now = self.clock()
-            out = [
-                s
-                for m, s in self._slots.items()
-                if m != keep and s.record is not None and evictable(s.record, now)
-            ]
-            for s in out:
-                self._evict(s, reason)
-            if out:
-                self._trim()
-            return bool(out)
-
     async def relieve(self, model: str) -> bool:
         """An out-of-memory error in ``model``'s batch: make room by evicting others."""
-        return await self._evict_all(model, "oom")
-
-    async def _shed(self, keep: str) -> None:
-        """Over budget after a load measured more than expected: evict what may leave."""
-        async with self._room:
-            others = [r for r in self._slots.records() if r.model != keep]
-            chosen = victims_until(
-                self.policy, others, lambda gone: self._free_without(gone) >= 0, self.clock()
-            )
-            for r in chosen or []:
-                self._evict(self._slots[r.model], "pressure")
-            if chosen:
-                self._trim()
+        return await self.room.evict_all(model, "oom")
 
     def _failed(self, s: Slot, exc: BaseException) -> None:
         """Remember why ``s`` failed (``Slot.fail``); cancelled: cold again."""
         model = s.member.model_id
         if not isinstance(exc, Exception):  # cancelled: cold again, nothing to remember
             s.state, s.held = State.COLD, NOTHING
-            self._gauges()
+            self.room.gauges()
             return
         with_reason = s.fail(exc, self.clock(), self.cooldown)
         log.warning("%s failed to load: %s", model, with_reason.message)
         if self.metrics is not None:
             self.metrics.loads.labels(model, "failed").inc()
-        self._gauges()
+        self.room.gauges()
 
     def _check(self, event: str, model: str, moved: int) -> None:
         """The charge for weights (and the hot adapters) against what the process holds
@@ -604,15 +374,9 @@ class Fleet:
         only). The state models serve with (KV caches) is held only while they run:
         the slack either way."""
         if self.drift is not None and not self._slots.loading():
-            moved, self._evicted = moved + self._evicted, 0
-            charged = self._slots.weights() + self.adapters()
+            moved, self.room.evicted = moved + self.room.evicted, 0
+            charged = self._slots.weights() + self.room.adapters()
             self.drift.check(event, model, charged, moved, self._slots.states())
-
-    def _gauges(self) -> None:
-        if self.metrics is not None:
-            self.metrics.resident_models.set(self._slots.resident())
-            self.metrics.resident_bytes.set(self.used())
-            self.metrics.sleeping_bytes.set(self.host.used)
 
 
 __all__ = ["Fleet", "Member", "State", "is_oom"]

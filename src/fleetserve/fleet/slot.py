@@ -30,6 +30,19 @@ class Slot:
     no_room: FleetError | None = None  # the last attempt found no room ...
     no_room_until: float = 0.0  # ... and those queued behind it get that answer until
 
+    def take(self) -> None:
+        """One use more: a request's, or a hold that keeps it from eviction as one."""
+        self.inflight += 1
+        if self.record is not None:
+            self.record.busy = True
+
+    def give(self) -> bool:
+        """One use back; whether it is idle now."""
+        self.inflight = max(0, self.inflight - 1)
+        if self.record is not None:
+            self.record.busy = self.inflight > 0
+        return self.inflight == 0
+
     def fail(self, exc: Exception, now: float, cooldown: float) -> FleetError:
         """Its load failed at ``now``: remember why, the message only, none of the
         load's frames (they hold whatever it had allocated); its requests get that

@@ -121,6 +121,7 @@ class WorkerProcess(Service):
         return (self.worker is None or self.worker.failed is None) and self.failed_stage() is None
 
     def describe(self) -> Heartbeat:
+        host = self.fleet.room.host  # the tier of sleeping models
         return Heartbeat(
             id=self.node,
             pid=os.getpid(),
@@ -129,7 +130,7 @@ class WorkerProcess(Service):
             url=f"http://{self.settings.host}:{self.port}",
             device=self.settings.device,
             memory=Memory(budget=self.fleet.budget, used=self.fleet.used(),
-                host_tier_budget=self.fleet.host.budget, host_tier_used=self.fleet.host.used),
+                host_tier_budget=host.budget, host_tier_used=host.used),
             idle=self.worker is not None and self.worker.idle,
             models={
                 m: ModelBeat(loaded=r.loaded, **self.fleet.info(m), precision=r.profile.precision,
@@ -197,7 +198,7 @@ class WorkerProcess(Service):
             runner = job_runner(
                 self.settings, self.catalog, tuning, registry, self.node,
                 budget=(lambda: self.fleet.budget) if cpu else None,
-                room=(lambda *a: self.fleet.beside(*a)) if cpu else None,  # the fleet now
+                room=(lambda *a: self.fleet.room.beside(*a)) if cpu else None,  # the fleet now
             )  # fmt: skip
             self.spawn("trainer", runner.run())  # a broken job fails alone
         await self._tune_in_background(js)
@@ -241,7 +242,7 @@ class WorkerProcess(Service):
         queue = self.worker.queue
         while True:
             await asyncio.sleep(1.0)
-            self.fleet.rebudget()  # the host's share as it is now (the heartbeat shows it)
+            self.fleet.room.rebudget()  # the host's share as it is now (the heartbeat shows it)
             models = list(self.runners)  # hot adds and removes change them
             with contextlib.suppress(Exception):
                 await queue.refresh(models)

@@ -80,22 +80,22 @@ async def swap_profile(fleet: Fleet, runner: Runner, new: Runner) -> SwapResult:
     busy = runner.cannot_adopt()
     if busy:
         return result(False, busy, runner.expected().total)
-    async with fleet.holding(model) as state:  # no load of it starts, nor eviction
+    async with fleet.swaps.holding(model) as state:  # no load of it starts, nor eviction
         if state is not State.RESIDENT:
             before = runner.expected().total
             runner.adopt(new)
-            await fleet.settle(model, None)
+            await fleet.swaps.settle(model, None)
             why = f"adopted {label(runner)} while {state.value}: its next load uses it"
             return result(True, why, before, runner.expected().total)
         need = new.expected()
         try:
-            held = await fleet.reserve_beside(model, need)
+            held = await fleet.swaps.reserve(model, need)
         except FleetError as err:
             return result(False, f"refused: {err.message}", runner.expected().total)
         try:
             got = await new.load()
         except BaseException as exc:  # cancelled too: the room is given back
-            await fleet.settle(model, held)
+            await fleet.swaps.settle(model, held)
             if not isinstance(exc, Exception):
                 raise
             what = "out of memory" if is_oom(exc) else "failed"
@@ -105,10 +105,10 @@ async def swap_profile(fleet: Fleet, runner: Runner, new: Runner) -> SwapResult:
         busy = runner.cannot_adopt()  # a sequence may have started while it loaded
         if busy:
             new.unload()
-            await fleet.settle(model, held)
+            await fleet.swaps.settle(model, held)
             return result(False, busy, held.total)
         runner.adopt(new)  # between batches: nothing awaited since the check
-        await fleet.settle(model, got)
+        await fleet.swaps.settle(model, got)
         why = f"swapped to {label(runner)} ({held.total / MIB:.1f} -> {got.total / MIB:.1f} MiB)"
         return result(True, why, held.total, got.total)
 

@@ -311,7 +311,7 @@ async def test_a_job_trains_within_its_share_held_in_the_fleet_and_waits_for_roo
         seen.append((spec.memory_share, fleet.used()))
         raise Cancelled("cancelled while training")  # enough: the share was held
 
-    memory = TrainMemory(lambda: fleet.budget // 2, fleet.beside)
+    memory = TrainMemory(lambda: fleet.budget // 2, fleet.room.beside)
     runner = JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
                        memory=memory)  # fmt: skip
     j, handling = await handled(ft, queue, runner)
@@ -334,7 +334,7 @@ def never_room(ft: FineTuning, queue: MemoryJobQueue, fleet: Fleet) -> JobRunner
     async def train(*args: object) -> object:
         raise AssertionError("it never had room to train")
 
-    memory = TrainMemory(lambda: 50 << 20, fleet.beside)
+    memory = TrainMemory(lambda: 50 << 20, fleet.room.beside)
     return JobRunner(ft.store, queue, runner_registry(ft), nowhere, train=train,  # type: ignore[arg-type]
                      memory=memory)  # fmt: skip
 

@@ -1,7 +1,7 @@
 """A training job's share of the fleet's memory budget, held while its child trains.
 
 The runner asks ``held_share`` for the share (``train_memory_share``, its bytes as the
-budget is now): it waits for room in the fleet (``Fleet.beside``: idle models are
+budget is now): it waits for room in the fleet (``Room.beside``: idle models are
 evicted as for a load) until there is some or the job is cancelled, and the feed says
 once that it waits; the bytes are counted in the fleet until the block ends.
 """
