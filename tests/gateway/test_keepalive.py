@@ -118,7 +118,7 @@ def fill_budget(srv: ServerThread, catalog: tuple[Path, Path]) -> None:
     assert srv.server is not None
     fleet = srv.server.fleet
     weights = sum(f.stat().st_size for f in (catalog[0].parent / "m0").glob("*.safetensors"))
-    srv.call(lambda: setattr(fleet, "budget", fleet.used() + weights // 2))
+    srv.call(lambda: setattr(fleet.room, "budget", fleet.used() + weights // 2))
 
 
 def test_a_day_long_keep_alive_is_cut_to_the_cap_and_the_reply_says_so(
