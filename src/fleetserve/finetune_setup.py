@@ -115,6 +115,7 @@ def job_runner(
         node=node,
         train=limited_trainer(memory_limit(settings)),
         memory=memory,
+        miner=settings.train_miner,
     )
 
 
@@ -163,7 +164,7 @@ def base_resolver(settings: Settings, catalog: Catalog) -> Callable[[str], Await
             raise InvalidInput(
                 f"no weights for {model} here: {exc.message}", field="model"
             ) from None
-        return TrainBase(str(path), spec.pooling, spec.normalize, spec.max_seq_len)
+        return TrainBase(str(path), spec.pooling, spec.normalize, spec.max_seq_len, spec.family)
 
     return base_of
 

@@ -72,6 +72,12 @@ class Background:
         "(a job's margin overrides it).",
         groups="training",
     )  # fmt: skip
+    train_miner: str = setting(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "The catalog's bi-encoder that a reranker's job (a cross-encoder base) mines hard "
+        "negatives with and retrieves the held-out queries' candidates with.",
+        groups="training",
+    )
     train_validation_fraction: float = setting(
         0.2,
         "Fraction of the queries held out to measure a job without a validation_file.",

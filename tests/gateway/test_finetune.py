@@ -274,7 +274,13 @@ async def test_jobs_create_get_list_and_pages(http: httpx.AsyncClient) -> None:
 
 BAD_JOBS = [
     ({"model": "tiny/nope"}, "model", "unknown base model 'tiny/nope'"),
-    ({"model": "tiny/rerank"}, "model", "cross_encoder family"),
+    ({"task": "rerank"}, "model", "dense family: a 'rerank' job trains a cross_encoder base"),
+    (
+        {"model": "tiny/rerank", "hyperparameters": {"hard_negatives": 0}},
+        "training_file",
+        "no pair in training_file",
+    ),
+    ({"task": "classify"}, "task", "task must be one of embed, rerank"),
     ({"hyperparameters": {"rank": 0}}, "hyperparameters.rank", "between 1 and 64"),
     ({"hyperparameters": {"learning_rate": "fast"}}, "hyperparameters.learning_rate", "number"),
     ({"hyperparameters": {"dropout": 0.1}}, "hyperparameters.dropout", "unknown hyperparameter"),

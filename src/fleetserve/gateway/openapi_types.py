@@ -330,6 +330,7 @@ class JobCreate(msgspec.Struct, forbid_unknown_fields=True):
     validation_fraction: float | None = None
     margin: float | None = None
     seed: int | None = None
+    task: str | None = None  # "embed" (a dense base) or "rerank" (a cross-encoder)
 
 
 class JobObject(msgspec.Struct):

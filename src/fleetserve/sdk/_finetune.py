@@ -130,13 +130,16 @@ class FineTuneMethods:
         validation_fraction: float | None = None,
         margin: float | None = None,
         seed: int | None = None,
+        task: str | None = None,
         timeout: float | None = None,
     ) -> FineTuningJob:
-        """Queue a job training a LoRA of ``model`` on a file's pairs; the job."""
+        """Queue a job training a LoRA of ``model`` on a file's pairs; the job.
+        ``task``: ``embed`` (a dense base) or ``rerank`` (a cross-encoder); unset, the
+        base's family decides."""
         body = job_body(
             model, training_file, validation_file=validation_file,
             hyperparameters=hyperparameters, suffix=suffix,
-            validation_fraction=validation_fraction, margin=margin, seed=seed,
+            validation_fraction=validation_fraction, margin=margin, seed=seed, task=task,
         )  # fmt: skip
         return self._send(create(body), timeout)
 
@@ -255,12 +258,13 @@ class AsyncFineTuneMethods:
         validation_fraction: float | None = None,
         margin: float | None = None,
         seed: int | None = None,
+        task: str | None = None,
         timeout: float | None = None,
     ) -> FineTuningJob:
         body = job_body(
             model, training_file, validation_file=validation_file,
             hyperparameters=hyperparameters, suffix=suffix,
-            validation_fraction=validation_fraction, margin=margin, seed=seed,
+            validation_fraction=validation_fraction, margin=margin, seed=seed, task=task,
         )  # fmt: skip
         return await self._send(create(body), timeout)
 

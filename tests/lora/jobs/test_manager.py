@@ -25,7 +25,7 @@ from fleetserve.wire import (
 )
 from fleetserve.wire.finetune import JobStatus
 
-FAMILIES = {"tiny/dense": "dense", "tiny/rerank": "cross_encoder"}
+FAMILIES = {"tiny/dense": "dense", "tiny/rerank": "cross_encoder", "tiny/ner": "ner"}
 ACME = Principal("acme", frozenset({Scope.ADAPTERS_WRITE, Scope.INFER}))
 OTHER = Principal("other", frozenset({Scope.ADAPTERS_WRITE, Scope.INFER}))
 
@@ -71,7 +71,15 @@ async def test_a_job_is_queued_once_with_its_events() -> None:
     ("body", "field", "words"),
     [
         ({"model": "nope"}, "model", "unknown base model 'nope'"),
-        ({"model": "tiny/rerank"}, "model", "cross_encoder family"),
+        ({"model": "tiny/ner"}, "model", "ner family: fine-tuning jobs train dense bases"),
+        ({"model": "tiny/dense", "task": "rerank"}, "model", "'rerank' job trains a cross_enc"),
+        ({"model": "tiny/rerank", "task": "embed"}, "model", "'embed' job trains a dense"),
+        ({"task": "classify"}, "task", "task must be one of embed, rerank"),
+        (
+            {"model": "tiny/rerank", "hyperparameters": {"hard_negatives": 0}},
+            "training_file",
+            "no pair in training_file .* brings any",
+        ),
         ({"model": "tiny/dense", "training_file": ""}, "training_file", "required"),
         ({"hyperparameters": {"epochs": 0}}, "hyperparameters.epochs", "between 1"),
         ({"validation_fraction": 0.9}, "validation_fraction", "between 0.01 and 0.5"),
@@ -89,6 +97,36 @@ async def test_a_bad_job_names_its_field_and_queues_nothing(
         await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id, **body})
     assert err.value.field == field
     assert await queue.take(0.01) is None and await ft.jobs(ACME) == []
+
+
+async def test_a_reranker_job_mines_negatives_unless_told_and_may_bring_its_own() -> None:
+    """A cross-encoder base trains a reranker: three negatives per pair unless the job
+    says; with none mined, the pairs' own negatives are what it learns from."""
+    ft, queue = make()
+    f = await ft.create_file(ACME, "a.jsonl", pairs(8))
+    job = await ft.create_job(ACME, {"model": "tiny/rerank", "training_file": f.id})
+    assert job.hyperparameters.hard_negatives == 3
+    said = await ft.create_job(
+        ACME,
+        {
+            "model": "tiny/rerank",
+            "training_file": f.id,
+            "task": "rerank",
+            "hyperparameters": {"hard_negatives": 1},
+        },
+    )
+    assert said.hyperparameters.hard_negatives == 1
+    rows = [{"query": f"question {i % 4}", "positive": f"answer {i}", "negative": ["no"]}
+            for i in range(8)]  # fmt: skip
+    own = await ft.create_file(
+        ACME, "b.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()
+    )
+    none = await ft.create_job(ACME, {"model": "tiny/rerank", "training_file": own.id,
+                                      "hyperparameters": {"hard_negatives": 0}})  # fmt: skip
+    assert none.hyperparameters.hard_negatives == 0
+    dense = await ft.create_job(ACME, {"model": "tiny/dense", "training_file": f.id})
+    assert dense.hyperparameters.hard_negatives == 0  # an embedder's default is unchanged
+    assert [(await queue.take(0.1)) is not None for _ in range(4)] == [True] * 4
 
 
 async def test_files_belong_to_their_tenant() -> None:

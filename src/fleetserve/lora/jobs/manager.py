@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,16 @@ from ..pairs_check import MAX_WARNINGS, Checked
 from .queue import JobQueue, JobRef
 from .store import JobStore
 
-TRAINABLE = ("dense",)  # families a job can train (cross-encoders: not yet)
+RERANKER_FAMILY = "cross_encoder"  # a base of this family trains as a reranker
+TASKS = {"embed": "dense", "rerank": RERANKER_FAMILY}  # a job's task: its base's family
+TRAINABLE = tuple(TASKS.values())  # families a job can train
+# a reranker's negatives per pair when the job does not say: its own, then mined (a
+# reranker reorders what a retriever found, so it learns from those near misses; it
+# has no in-batch negatives to fall back on)
+RERANK_HARD_NEGATIVES = 3
 JOB_FIELDS = (
     "model", "training_file", "validation_file", "hyperparameters", "suffix",
-    "validation_fraction", "margin", "seed",
+    "validation_fraction", "margin", "seed", "task",
 )  # fmt: skip
 CANCEL_WAIT = 5.0  # seconds a cancel waits for the trainer to stop a running job
 
@@ -147,12 +153,7 @@ class FineTuning:
         family = self.family(model)
         if family is None:
             raise InvalidInput(f"unknown base model {model!r}: not in the catalog", field="model")
-        if family not in TRAINABLE:
-            raise InvalidInput(
-                f"model {model!r} is of the {family} family, which fine-tuning jobs cannot "
-                f"train yet (trainable: {', '.join(TRAINABLE)})",
-                field="model",
-            )
+        _check_task(body.get("task"), model, family)
         hp = Hyperparameters.from_dict(body.get("hyperparameters"), max_rank=self.limits.max_rank)
         fraction = _fraction(body.get("validation_fraction"), self.limits.validation_fraction)
         margin = _margin(body.get("margin"), self.limits.margin)
@@ -174,6 +175,8 @@ class FineTuning:
             await self.store.file(principal.tenant, validation)
         else:  # a 400 now if nothing can be held out
             await self._can_hold_out(principal.tenant, training, fraction)
+        if family == RERANKER_FAMILY:
+            hp = await self._reranker(principal.tenant, body.get("hyperparameters"), hp, training)
         job = Job(
             id=job_id, tenant=principal.tenant, model=model, training_file=training,
             suffix=suffix, hyperparameters=hp, validation_file=validation,
@@ -203,6 +206,27 @@ class FineTuning:
             await asyncio.to_thread(split_by_query, pairs, fraction)
         elif not two:
             raise one_query()
+
+    async def _reranker(
+        self, tenant: str, raw: object, hp: Hyperparameters, training: str
+    ) -> Hyperparameters:
+        """A reranker's hyperparameters: ``RERANK_HARD_NEGATIVES`` unless the job sets
+        ``hard_negatives``; set to 0, the pairs must bring negatives of their own (a
+        400 naming ``training_file`` if none does)."""
+        said = isinstance(raw, dict) and raw.get("hard_negatives", "auto") != "auto"
+        if not said:
+            return replace(hp, hard_negatives=RERANK_HARD_NEGATIVES)
+        if hp.hard_negatives == 0:
+            pairs = await self.store.pairs(tenant, training)
+            if not any(p.negatives for p in pairs):
+                raise InvalidInput(
+                    "a reranker learns to rank a query's candidates, and no pair in "
+                    f"training_file {training!r} brings any (its negatives) while "
+                    "hyperparameters.hard_negatives is 0, so none are mined: add "
+                    "negatives to the pairs, or leave hard_negatives to its default",
+                    field="training_file",
+                )
+        return hp
 
     async def jobs(self, principal: Principal) -> list[Job]:
         """The caller's jobs; an admin key's: every tenant's."""
@@ -262,6 +286,21 @@ def _admin(principal: Principal) -> bool:
 def _can_write(principal: Principal) -> None:
     if not principal.can(Scope.ADAPTERS_WRITE):
         raise Forbidden("fine-tuning needs a key with the adapters:write scope", field="scope")
+
+
+def _check_task(task: object, model: str, family: str) -> None:
+    """A 400 naming ``model`` when its family trains no task, or not the ``task``
+    asked for (``embed``: a dense base; ``rerank``: a cross-encoder; absent: either)."""
+    if task is not None and task not in TASKS:
+        raise InvalidInput(f"task must be one of {', '.join(TASKS)}, not {task!r}", field="task")
+    if family not in TRAINABLE or (task is not None and TASKS[str(task)] != family):
+        wants = (
+            f"a {str(task)!r} job trains a {TASKS[str(task)]} base"
+            if task is not None
+            else "fine-tuning jobs train " + " and ".join(
+                f"{f} bases ({t})" for t, f in TASKS.items())
+        )  # fmt: skip
+        raise InvalidInput(f"model {model!r} is of the {family} family: {wants}", field="model")
 
 
 def _file_id(value: object, name: str, *, required: bool = False) -> str | None:

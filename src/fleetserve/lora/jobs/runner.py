@@ -29,8 +29,17 @@ from ...wire.errors import brief
 from ...wire.finetune import Job, JobEvent, JobStatus, Pair
 from ..pairs import split_by_query
 from ..registry import AdapterRegistry
-from ..train import CheckpointMismatch, OutOfMemory, TrainResult, TrainSpec, train_in_child
-from .manager import add_event
+from ..train import (
+    EMBED,
+    RERANK,
+    CheckpointMismatch,
+    Miner,
+    OutOfMemory,
+    TrainResult,
+    TrainSpec,
+    train_in_child,
+)
+from .manager import RERANKER_FAMILY, add_event
 from .queue import JobQueue, Lease
 from .room import TrainMemory, held_share
 from .store import JobStore
@@ -41,12 +50,14 @@ TICK = 0.5  # seconds between flushes of the feed and looks at the cancel flag
 
 @dataclass(frozen=True)
 class TrainBase:
-    """What training needs of a base model: its weights here and how it pools."""
+    """What training needs of a base model: its weights here, how it pools, and its
+    family (a ``cross_encoder`` trains as a reranker, with the runner's miner)."""
 
     path: str
     pooling: str
     normalize: bool
     max_seq_len: int
+    family: str = "dense"
 
 
 Train = Callable[
@@ -74,7 +85,10 @@ class JobRunner:
         node: str = "",
         train: Train = _in_child,
         memory: TrainMemory | None = None,
+        miner: str = "",
     ) -> None:
+        """``miner``: the catalog's bi-encoder a reranker's job mines and retrieves
+        with (``train_miner``)."""
         self.store = store
         self.queue = queue
         self.registry = registry
@@ -85,6 +99,7 @@ class JobRunner:
         self.node = node  # which worker trains, in the feed
         self._train = train
         self.memory = memory
+        self.miner = miner
         self.current: str | None = None  # the job id training now
 
     async def run(self) -> None:
@@ -252,12 +267,35 @@ class JobRunner:
             )
         feed.note(f"{len(train)} pairs to train on, {len({p.query for p in validation})} "
                   "held-out queries to measure with")  # fmt: skip
+        kind, miner = EMBED, None
+        if base.family == RERANKER_FAMILY:
+            kind, miner = RERANK, await self._miner()
+            feed.note(f"a reranker: {self.miner} mines its negatives and retrieves the "
+                      "candidates it is measured on")  # fmt: skip
         return TrainSpec(
             base_path=base.path, pooling=base.pooling, normalize=base.normalize,
             max_seq_len=base.max_seq_len, train=train, validation=validation,
             hyperparameters=job.hyperparameters, threads=self.threads, seed=job.seed,
             resume=resume, memory_share=self.memory.share() if self.memory else 0,
+            kind=kind, miner=miner,
         )  # fmt: skip
+
+    async def _miner(self) -> Miner:
+        """The miner's weights here, and how it pools; an ``InvalidInput`` naming
+        ``model`` (the job's base needs it) when it is not a dense model of the catalog
+        with weights here."""
+        try:
+            m = await self.base_of(self.miner) if self.miner else None
+        except InvalidInput as exc:
+            raise InvalidInput(f"a reranker's job needs its miner (train_miner): "
+                               f"{exc.message}", field="model") from None  # fmt: skip
+        if m is None or m.family != "dense":
+            raise InvalidInput(
+                f"a reranker's job needs a dense bi-encoder to mine with; train_miner is "
+                f"{self.miner!r}" + (f", a {m.family} model" if m is not None else ""),
+                field="model",
+            )
+        return Miner(m.path, m.pooling, m.normalize, m.max_seq_len)
 
     async def _watch(
         self, job: Job, token: str, feed: _Feed, cancel: asyncio.Event, stop: asyncio.Event

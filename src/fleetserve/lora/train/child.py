@@ -48,7 +48,8 @@ from typing import Any
 from ...fleet.memory import freeze_imports
 from ...wire import Cancelled
 from .errors import OutOfMemory, describe_error, is_out_of_memory, limit_text, rebuild_error
-from .spec import TrainResult, TrainSpec
+from .rerank import train_reranker
+from .spec import RERANK, TrainResult, TrainSpec
 from .trainer import train
 
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -312,7 +313,8 @@ def child_main(
         # torch, transformers, peft, sentence-transformers and datasets walked 500,000
         # objects (0.26 s each, on a 2-core AMD EPYC)
         freeze_imports()
-        result = train(spec, report, Path(scratch) if scratch else None)
+        run = train_reranker if spec.kind == RERANK else train
+        result = run(spec, report, Path(scratch) if scratch else None)
     except BaseException as exc:
         with contextlib.suppress(Exception):  # no memory left even to say so: the exit code
             send.send(("error", describe_error(exc)))

@@ -88,22 +88,32 @@ def evaluate(
     ``queries`` (row i's relevant passages: ``relevant[i]``); the run handed to
     pytrec_eval is each query's top ``k``. A query without a relevant passage, or no
     query at all, is a ``ValueError`` (it would be left out of the means silently)."""
-    try:
-        import pytrec_eval
-    except ImportError as exc:
-        raise RuntimeError(f"retrieval evaluation needs pytrec_eval: {INSTALL}") from exc
     if len(queries) == 0 or len(queries) != len(relevant):
         raise ValueError(f"{len(queries)} query vectors for {len(relevant)} relevance sets")
-    if any(not rel for rel in relevant):
-        raise ValueError("every query needs at least one relevant passage")
     n = len(passages)
     if any(not 0 <= j < n for rel in relevant for j in rel):
         raise ValueError(f"a relevant passage index is outside 0..{n - 1}")
     scores = unit_rows(queries) @ unit_rows(passages).T
     best = top_k(scores, max(k, 10))
-    run = {f"q{i}": {f"d{j}": float(scores[i, j]) for j in best[i]} for i in range(len(queries))}
+    run = [{int(j): float(scores[i, j]) for j in best[i]} for i in range(len(queries))]
+    return evaluate_run(run, relevant)
+
+
+def evaluate_run(run: Sequence[dict[int, float]], relevant: Sequence[set[int]]) -> Scores:
+    """nDCG@10 and recall@10 of a ranking: ``run[i]`` scores query i's candidates (by
+    passage index; a relevant passage left out of them counts as not found), with
+    pytrec_eval. ``ValueError`` as :func:`evaluate` says."""
+    try:
+        import pytrec_eval
+    except ImportError as exc:
+        raise RuntimeError(f"retrieval evaluation needs pytrec_eval: {INSTALL}") from exc
+    if len(run) == 0 or len(run) != len(relevant):
+        raise ValueError(f"{len(run)} rankings for {len(relevant)} relevance sets")
+    if any(not rel for rel in relevant):
+        raise ValueError("every query needs at least one relevant passage")
+    ranked = {f"q{i}": {f"d{j}": s for j, s in row.items()} for i, row in enumerate(run)}
     qrels = {f"q{i}": {f"d{j}": 1 for j in rel} for i, rel in enumerate(relevant)}
-    per_query = pytrec_eval.RelevanceEvaluator(qrels, set(MEASURES)).evaluate(run)
+    per_query = pytrec_eval.RelevanceEvaluator(qrels, set(MEASURES)).evaluate(ranked)
     return Scores(
         ndcg_at_10=float(np.mean([v["ndcg_cut_10"] for v in per_query.values()])),
         recall_at_10=float(np.mean([v["recall_10"] for v in per_query.values()])),

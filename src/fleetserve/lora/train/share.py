@@ -19,6 +19,10 @@ batches the share also bounds: one text's inference pass is measured the same wa
 once the model is loaded, and the batch holds as many as fit (at most the trainer's
 64). Those texts are never cut: the scores are the served model's.
 
+A reranker's run (``rerank.py``) measures the same way with one (query, passage) pair
+for a text; its batches run in micro-batches by gradient accumulation (its loss is
+per pair, so the gradient is the same).
+
 The run's peak growth (over all of it: measuring, mining, training, measuring again)
 is returned with the result, so that a caller can check it against the share.
 """
@@ -33,7 +37,7 @@ from ...fleet.memory import peak_bytes, reset_peak, rss_bytes, trim
 from .errors import OutOfMemory
 
 if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.model import BaseModel  # a bi- or cross-encoder
 
 MIN_SEQ_LEN = 32  # the shortest sequences a run is cut to
 GROWTH = 3  # at most what doubling the length multiplies a text's cost by (attention: 4)
@@ -89,7 +93,7 @@ class Watch:
         return max(0, max(self._seen, peak_bytes()) - self.start)
 
 
-def encoding_cost(model: SentenceTransformer, watch: Watch) -> int:
+def encoding_cost(model: BaseModel, watch: Watch) -> int:
     """What encoding one text at the model's sequence length takes (no gradients)."""
     import torch
 
@@ -110,9 +114,7 @@ def encode_batch(share: int, per_text: int, most: int, watch: Watch) -> int:
     return max(1, min(most, int(room * HEADROOM // per_text)))
 
 
-def fit(
-    model: SentenceTransformer, share: int, batch_size: int, max_seq_len: int, watch: Watch
-) -> Fit:
+def fit(model: BaseModel, share: int, batch_size: int, max_seq_len: int, watch: Watch) -> Fit:
     """The micro-batch and sequence length that fit ``share`` bytes of growth."""
     room = share - watch.grown()
     seq = min(MIN_SEQ_LEN, max_seq_len)
@@ -135,7 +137,7 @@ def fit(
     return Fit(share, room, per_text, micro, seq)
 
 
-def _per_text(model: SentenceTransformer, seq: int, watch: Watch) -> int:
+def _per_text(model: BaseModel, seq: int, watch: Watch) -> int:
     """A training pass's peak over one text of ``seq`` tokens."""
     model.max_seq_length = seq
     model.train()
@@ -146,12 +148,12 @@ def _per_text(model: SentenceTransformer, seq: int, watch: Watch) -> int:
         model.eval()
 
 
-def _measured(model: SentenceTransformer, run: Callable[[Any], object], watch: Watch) -> int:
+def _measured(model: BaseModel, run: Callable[[Any], object], watch: Watch) -> int:
     """The peak of ``run`` over one text at the model's sequence length, above what was
     held before it. Its first run: a second would reuse the heap the first freed, which
     the resident set still holds, and read less than a batch of fresh texts takes."""
     text = " ".join(["measure"] * (2 * (model.max_seq_length or 512)))  # cut to the length
-    features = model.preprocess([text])
+    features = model.preprocess([(text, text) if _pairs(model) else text])
     trim()
     watch.reset()
     before = rss_bytes()
@@ -159,8 +161,16 @@ def _measured(model: SentenceTransformer, run: Callable[[Any], object], watch: W
     return max(1, peak_bytes() - before)
 
 
-def _step(model: SentenceTransformer, features: Any) -> None:
-    out = model(dict(features))["sentence_embedding"]
+def _pairs(model: BaseModel) -> bool:
+    """Whether ``model`` reads (query, passage) pairs: a cross-encoder."""
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    return isinstance(model, CrossEncoder)
+
+
+def _step(model: BaseModel, features: Any) -> None:
+    got = model(dict(features))
+    out = got["scores"] if _pairs(model) else got["sentence_embedding"]
     out.float().pow(2).sum().backward()
     model.zero_grad(set_to_none=True)
     del out

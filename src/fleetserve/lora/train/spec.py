@@ -1,10 +1,13 @@
 """What one training run is (``TrainSpec``), what it gives back (``TrainResult``), and
-the fingerprint its checkpoints carry (``spec_fingerprint``)."""
+the fingerprint its checkpoints carry (``spec_fingerprint``). A run trains an embedder
+(``EMBED``: a dense base, bi-encoder losses) or a reranker (``RERANK``: a cross-encoder
+base, whose hard negatives a bi-encoder, the ``Miner``, mines)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,13 +15,28 @@ from ...wire.finetune import Hyperparameters, Pair
 from .checkpoint import CHECKPOINT_FORMAT
 from .ireval import Scores
 
+EMBED, RERANK = "embed", "rerank"  # what a run trains: an embedder, a reranker
+
+
+@dataclass(frozen=True)
+class Miner:
+    """The bi-encoder a reranker's run retrieves with: its local Hugging Face model
+    directory and the served spec's pooling, normalisation and sequence length."""
+
+    path: str
+    pooling: str
+    normalize: bool
+    max_seq_len: int
+
 
 @dataclass(frozen=True)
 class TrainSpec:
     """One training run. ``base_path``: a local Hugging Face model directory;
     ``pooling``/``normalize``/``max_seq_len``: the served spec's; ``resume``: a
     checkpoint blob from an earlier run of the same spec; ``memory_share``: the bytes
-    the run may grow by (``share.py``; 0: as much as it takes)."""
+    the run may grow by (``share.py``; 0: as much as it takes); ``kind``: ``EMBED`` or
+    ``RERANK`` (then ``miner`` mines its negatives and picks the candidates it is
+    measured on, and ``pooling``/``normalize`` are not used)."""
 
     base_path: str
     pooling: str
@@ -31,6 +49,8 @@ class TrainSpec:
     seed: int = 0
     resume: bytes | None = None
     memory_share: int = 0
+    kind: str = EMBED
+    miner: Miner | None = None
 
 
 @dataclass(frozen=True)
@@ -57,15 +77,13 @@ class TrainResult:
 def spec_fingerprint(spec: TrainSpec) -> str:
     """A digest of what the trained weights depend on: the base's files (by content,
     not path, so another worker's copy matches), the pairs, pooling, sequence length,
-    hyperparameters and seed. Not the threads."""
+    hyperparameters and seed; a reranker's, its miner's files and settings too. Not the
+    threads."""
     digest = hashlib.sha256()
-    base = Path(spec.base_path)
-    for f in sorted(base.iterdir()):
-        if f.name == "config.json" or f.suffix in (".safetensors", ".bin"):
-            digest.update(f.name.encode() + b"\0")
-            with f.open("rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    digest.update(chunk)
+    _weights(digest.update, Path(spec.base_path))
+    if spec.miner is not None:
+        digest.update(b"miner\0")
+        _weights(digest.update, Path(spec.miner.path))
     described = {
         "format": CHECKPOINT_FORMAT,
         "pooling": spec.pooling,
@@ -76,8 +94,23 @@ def spec_fingerprint(spec: TrainSpec) -> str:
         "train": [p.to_dict() for p in spec.train],
         "validation": [p.to_dict() for p in spec.validation],
     }
+    if spec.kind != EMBED:  # (an embedder's fingerprint is what it was before kinds)
+        described["kind"] = spec.kind
+    if spec.miner is not None:
+        m = spec.miner
+        described["miner"] = [m.pooling, m.normalize, m.max_seq_len]
     digest.update(json.dumps(described, sort_keys=True).encode())
     return digest.hexdigest()
 
 
-__all__ = ["TrainResult", "TrainSpec", "spec_fingerprint"]
+def _weights(update: Callable[[bytes], None], model: Path) -> None:
+    """A model directory's config and weights, by content, into a digest's ``update``."""
+    for f in sorted(model.iterdir()):
+        if f.name == "config.json" or f.suffix in (".safetensors", ".bin"):
+            update(f.name.encode() + b"\0")
+            with f.open("rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    update(chunk)
+
+
+__all__ = ["EMBED", "RERANK", "Miner", "TrainResult", "TrainSpec", "spec_fingerprint"]

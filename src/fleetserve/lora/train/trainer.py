@@ -37,7 +37,7 @@ from .checkpoint import (
 from .ireval import INSTALL, build_eval_set, evaluate
 from .mining import columns_wanted, given, negatives_for
 from .share import Fit, Watch, encode_batch, encoding_cost, fit
-from .spec import TrainResult, TrainSpec, spec_fingerprint
+from .spec import EMBED, TrainResult, TrainSpec, spec_fingerprint
 
 if TYPE_CHECKING:  # optional: annotations only
     import numpy as np
@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # optional: annotations only
     from numpy.typing import NDArray
     from peft import PeftModel
     from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.model import BaseModel
 
 Report = Callable[[str, dict[str, Any]], None]
 POOLINGS = ("mean", "cls")  # fleetserve's spellings, which are sentence-transformers' too
@@ -62,14 +63,14 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
     keeps checkpoints small. Uses ``spec.threads`` torch threads (process-wide).
     ``scratch``: the trainer's output directory (it writes nothing there, but makes it),
     which the caller removes; None: a temporary one."""
-    _check(spec)
+    check_spec(spec)
     watch = Watch()  # what the run grows by, from here
     fingerprint = spec_fingerprint(spec)
     start, resumed = (0, None) if spec.resume is None else read_checkpoint(spec.resume, fingerprint)
     if not 0 <= start <= spec.hyperparameters.epochs:
         raise CheckpointMismatch(f"the checkpoint is of epoch {start}, not one of this run's")
     report("status", {"message": "loading the base model"})
-    _imports().set_num_threads(spec.threads)
+    libraries().set_num_threads(spec.threads)
     from transformers import set_seed
 
     set_seed(spec.seed)
@@ -113,7 +114,7 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
             report("status", {"message": fitted.describe(hp.batch_size, spec.max_seq_len)})
         report("status", {"message": f"training on {len(spec.train)} pairs", "epochs": remaining})
         t0 = time.perf_counter()
-        with _scratch(scratch) as out:
+        with scratch_dir(scratch) as out:
             steps = _fit(spec, model, lora, negatives.rows, remaining, start, fingerprint, out,
                          report, fitted)  # fmt: skip
         seconds = time.perf_counter() - t0
@@ -133,8 +134,10 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
     )  # fmt: skip
 
 
-def _check(spec: TrainSpec) -> None:
-    if spec.pooling not in POOLINGS:
+def check_spec(spec: TrainSpec) -> None:
+    """What any run needs: pairs to train on and to measure with, a base here; an
+    embedder, a pooling it can train for."""
+    if spec.kind == EMBED and spec.pooling not in POOLINGS:
         raise InvalidInput(
             f"a LoRA can be trained for mean or cls pooling, not {spec.pooling!r}", field="model"
         )
@@ -148,7 +151,7 @@ def _check(spec: TrainSpec) -> None:
         raise FileNotFoundError(f"base model directory {spec.base_path} does not exist")
 
 
-def _imports() -> ModuleType:
+def libraries() -> ModuleType:
     """torch, once sentence-transformers, PEFT and datasets are known to be there."""
     try:
         importlib.import_module("datasets")
@@ -161,43 +164,52 @@ def _imports() -> ModuleType:
 
 
 def build_model(spec: TrainSpec) -> SentenceTransformer:
-    """A SentenceTransformer of the base at fp32: Transformer (truncating at the
-    spec's ``max_seq_len``), the spec's pooling, then Normalize if it normalizes. The
+    """The dense base as a SentenceTransformer (:func:`bi_encoder`)."""
+    return bi_encoder(spec.base_path, spec.pooling, spec.normalize, spec.max_seq_len)
+
+
+def bi_encoder(path: str, pooling: str, normalize: bool, max_seq_len: int) -> SentenceTransformer:
+    """A SentenceTransformer of the model at ``path`` at fp32: Transformer (truncating at
+    ``max_seq_len``), the served spec's pooling, then Normalize if it normalizes. The
     directory's own ``modules.json``, if any, is not used: the spec decides."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     transformer = Transformer(
-        spec.base_path, max_seq_length=spec.max_seq_len, model_kwargs={"dtype": torch.float32}
+        path, max_seq_length=max_seq_len, model_kwargs={"dtype": torch.float32}
     )
-    modules: list[Any] = [transformer, Pooling(transformer.get_embedding_dimension(), spec.pooling)]
-    if spec.normalize:
+    modules: list[Any] = [transformer, Pooling(transformer.get_embedding_dimension(), pooling)]
+    if normalize:
         modules.append(Normalize())
     return SentenceTransformer(modules=modules, device="cpu")
 
 
-def lora_targets(hf_model: torch.nn.Module) -> tuple[list[str] | str, list[str]]:
+def lora_targets(
+    hf_model: torch.nn.Module, pooler: bool = False
+) -> tuple[list[str] | str, list[str]]:
     """BERT's attention and feed-forward Linear layers by name when it has them, else
-    PEFT's ``all-linear``; and the Linear layers of a pooler to leave out (its output
-    is not the served embedding, so they would get no gradient)."""
+    PEFT's ``all-linear``; and the Linear layers of a pooler to leave out (an
+    embedder's: its output is not the served embedding, so they would get no gradient),
+    unless ``pooler`` (a cross-encoder's head reads it)."""
     import torch
 
     linear = [n for n, m in hf_model.named_modules() if isinstance(m, torch.nn.Linear)]
-    exclude = [n for n in linear if "pooler" in n.split(".")]
+    exclude = [] if pooler else [n for n in linear if "pooler" in n.split(".")]
     leaves = {n.rsplit(".", 1)[-1] for n in linear if n not in exclude}
     return (list(BERT_TARGETS) if set(BERT_TARGETS) <= leaves else "all-linear"), exclude
 
 
-def add_lora(model: SentenceTransformer, hp: Hyperparameters) -> PeftModel:
-    """Wrap ``model``'s transformer (``model[0].model``) in a PEFT LoRA and return the
-    PEFT model. (sentence-transformers' own ``add_adapter`` needs a newer PEFT.)"""
+def add_lora(model: BaseModel, hp: Hyperparameters, pooler: bool = False) -> PeftModel:
+    """Wrap ``model``'s transformer (``model[0].model``: a bi- or cross-encoder's) in a
+    PEFT LoRA and return the PEFT model (``pooler``: :func:`lora_targets`).
+    (sentence-transformers' own ``add_adapter`` needs a newer PEFT.)"""
     import torch
     from peft import LoraConfig, get_peft_model
 
     hf_model = model[0].model
     assert isinstance(hf_model, torch.nn.Module)  # the Transformer module's model
-    targets, exclude = lora_targets(hf_model)
+    targets, exclude = lora_targets(hf_model, pooler)
     alpha: Any = int(hp.alpha) if hp.alpha.is_integer() else hp.alpha  # PEFT types it int
     config = LoraConfig(
         r=hp.rank,
@@ -231,7 +243,6 @@ def _fit(
 ) -> int:
     """Run sentence-transformers' trainer for ``epochs`` epochs (``out``: its output
     directory), within ``fitted`` where given; the steps taken."""
-    dataset_cls = importlib.import_module("datasets").Dataset  # untyped: Any
     from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer.losses import (
@@ -241,19 +252,13 @@ def _fit(
     from sentence_transformers.sentence_transformer.training_args import (
         SentenceTransformerTrainingArguments,
     )
-    from transformers.trainer_callback import PrinterCallback
 
-    columns: dict[str, list[str]] = {
+    columns: dict[str, list[Any]] = {
         "anchor": [p.query for p in spec.train],
         "positive": [p.positive for p in spec.train],
     }
     for c in range(len(negatives[0]) if negatives else 0):
         columns[f"negative_{c + 1}"] = [row[c] for row in negatives]
-
-    class Trainer(SentenceTransformerTrainer):
-        def add_model_card_callback(self, default_args_dict: dict[str, object]) -> None:
-            """No model card: it is not published, and its dataset statistics cost time."""
-
     hp = spec.hyperparameters
     loss: Any = MultipleNegativesRankingLoss(model)
     if fitted is not None:
@@ -261,34 +266,55 @@ def _fit(
         if fitted.micro_batch < hp.batch_size:  # the same loss, a micro-batch at a time
             loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=fitted.micro_batch)
     args = SentenceTransformerTrainingArguments(
-        output_dir=out,
-        num_train_epochs=epochs,
+        **trainer_args(spec, epochs, start, out),
         per_device_train_batch_size=hp.batch_size,
-        learning_rate=hp.learning_rate,
-        warmup_steps=0.1,  # a fraction of the steps (transformers v5)
         batch_sampler=BatchSamplers.NO_DUPLICATES,
-        seed=spec.seed + start,  # a resumed run does not replay epoch 1's order
-        save_strategy="no",
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
+    callback = progress_callback(report, lora, start, epochs, fingerprint)
+    return run_trainer(SentenceTransformerTrainer, model, args, columns, loss, callback)
+
+
+def trainer_args(spec: TrainSpec, epochs: int, start: int, out: str) -> dict[str, Any]:
+    """The training arguments both trainers share (``out``: their output directory)."""
+    return {
+        "output_dir": out,
+        "num_train_epochs": epochs,
+        "learning_rate": spec.hyperparameters.learning_rate,
+        "warmup_steps": 0.1,  # a fraction of the steps (transformers v5)
+        "seed": spec.seed + start,  # a resumed run does not replay epoch 1's order
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "report_to": [],
+        "use_cpu": True,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+    }
+
+
+def run_trainer(
+    trainer_cls: Any, model: Any, args: Any, columns: dict[str, list[Any]], loss: Any,
+    callback: Any,
+) -> int:  # fmt: skip
+    """Train with ``trainer_cls`` (a sentence-transformers trainer) on ``columns``,
+    quietly and without a model card; the optimizer steps taken."""
+    dataset_cls = importlib.import_module("datasets").Dataset  # untyped: Any
+    from transformers.trainer_callback import PrinterCallback
+
+    class Trainer(trainer_cls):  # type: ignore[misc]
+        def add_model_card_callback(self, default_args_dict: dict[str, object]) -> None:
+            """No model card: it is not published, and its dataset statistics cost time."""
+
     trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=dataset_cls.from_dict(columns),
-        loss=loss,
-        callbacks=[progress_callback(report, lora, start, epochs, fingerprint)],
-    )
+        model=model, args=args, train_dataset=dataset_cls.from_dict(columns), loss=loss,
+        callbacks=[callback],
+    )  # fmt: skip
     trainer.remove_callback(PrinterCallback)  # it prints every log line to stdout
     trainer.train()
     return int(trainer.state.global_step)
 
 
 @contextlib.contextmanager
-def _scratch(given: Path | None) -> Iterator[str]:
+def scratch_dir(given: Path | None) -> Iterator[str]:
     """``given`` (its caller removes it), else a temporary directory."""
     if given is not None:
         yield str(given)
