@@ -3,7 +3,9 @@ training spec on a tiny BERT."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +62,15 @@ class Events:
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [d for k, d in self.seen if k == kind]
+
+
+@contextlib.contextmanager
+def keeping_threads() -> Iterator[None]:
+    """A run sets torch's threads process-wide: the block's caller gets its own back."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -9,7 +9,6 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import fields, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -28,20 +27,14 @@ from tests.tinymodels import build_bert
 from tests.waiting import async_wait_for
 
 # seconds each: `make test-fast` leaves it out
-pytestmark = [pytest.mark.slow, needs(*TRAIN, extra="train")]
+pytestmark = [
+    pytest.mark.slow,
+    needs(*TRAIN, extra="train"),
+    pytest.mark.usefixtures("torch_threads"),
+]
 
 
 DEADLINE = 120.0  # seconds: the fork server imports torch on a busy machine
-
-
-@pytest.fixture(autouse=True)
-def _threads() -> Iterator[None]:
-    """train() here sets torch's threads process-wide: give the other tests theirs back."""
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ held-out candidates retrieved by a tiny bi-encoder (the miner)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,11 +26,11 @@ from fleetserve.lora.train.rerank import CANDIDATES, rerank
 from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import InvalidInput
 from tests.extras import TRAIN, needs
-from tests.lora.train import Events, tiny_spec
+from tests.lora.train import Events, keeping_threads, tiny_spec
 from tests.tiny_rerank import build_cross_encoder
 from tests.tinymodels import build_bert
 
-pytestmark = needs(*TRAIN, extra="train")
+pytestmark = [needs(*TRAIN, extra="train"), pytest.mark.usefixtures("torch_threads")]
 
 
 @dataclass(frozen=True)
@@ -40,16 +39,6 @@ class Run:
     spec: TrainSpec
     result: TrainResult
     events: Events
-
-
-@pytest.fixture(autouse=True)
-def _threads() -> Iterator[None]:
-    """A run sets torch's threads process-wide: give the other tests theirs back."""
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 def reranker_spec(root: Path) -> TrainSpec:
@@ -64,12 +53,9 @@ def reranker_spec(root: Path) -> TrainSpec:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    import torch
-
-    before = torch.get_num_threads()
     spec, events = reranker_spec(tmp_path_factory.mktemp("rerank")), Events()
-    result = train_reranker(spec, events)
-    torch.set_num_threads(before)
+    with keeping_threads():
+        result = train_reranker(spec, events)
     return Run(Path(spec.base_path), spec, result, events)
 
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,10 +15,10 @@ from fleetserve.lora.validate import Limits, validate
 from fleetserve.wire import InvalidInput
 from fleetserve.wire.finetune import Hyperparameters
 from tests.extras import TRAIN, needs
-from tests.lora.train import Events, synthetic_pairs, tiny_spec
+from tests.lora.train import Events, keeping_threads, synthetic_pairs, tiny_spec
 from tests.tinymodels import build_bert
 
-pytestmark = needs(*TRAIN, extra="train")
+pytestmark = [needs(*TRAIN, extra="train"), pytest.mark.usefixtures("torch_threads")]
 
 
 @dataclass(frozen=True)
@@ -30,25 +29,12 @@ class Run:
     events: Events
 
 
-@pytest.fixture(autouse=True)
-def _threads() -> Iterator[None]:
-    """train() sets torch's threads process-wide: give the other tests theirs back."""
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    import torch
-
-    before = torch.get_num_threads()
     base = build_bert(tmp_path_factory.mktemp("train") / "bert")
     spec, events = tiny_spec(base), Events()
-    result = train(spec, events)
-    torch.set_num_threads(before)
+    with keeping_threads():
+        result = train(spec, events)
     return Run(base, spec, result, events)
 
 

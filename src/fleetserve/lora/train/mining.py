@@ -8,7 +8,7 @@ easy ones. Pure numpy: the caller encodes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,6 +173,32 @@ def negatives_for(
     rows = [r[:columns] for r in rows]
     count = sum(max(0, columns - len(g)) for g in own)
     return Negatives(rows, columns, count)
+
+
+def pairs_negatives(
+    pairs: Sequence[Pair],
+    hard_negatives: int,
+    passages: Sequence[str],
+    passage_vectors: NDArray[np.float32],
+    encode: Callable[[list[str]], NDArray[np.float32]],
+    mining: Callable[[], None] = lambda: None,
+) -> Negatives:
+    """A run's negative columns: ``hard_negatives`` per pair (:func:`columns_wanted`),
+    each pair's own, then mined from ``passages`` (every passage the run has seen, with
+    their encodings) for the queries ``encode`` encodes; ``mining`` is called first
+    when any pair needs mined ones."""
+    k = columns_wanted(pairs, hard_negatives)
+    corpus = list(dict.fromkeys(t for p in pairs for t in (p.positive, *p.negatives)))
+    queries = list(dict.fromkeys(p.query for p in pairs))
+    need = k > 0 and any(len(given(p, k)) < k for p in pairs)  # as negatives_for counts
+    if need:
+        mining()
+    where = {t: j for j, t in enumerate(passages)}
+    return negatives_for(
+        pairs, k, corpus,
+        passage_vectors[[where[t] for t in corpus]] if need else None,
+        queries, encode(queries) if need else None,
+    )  # fmt: skip
 
 
 def _ids(where: dict[str, int], texts: Sequence[str]) -> set[int]:

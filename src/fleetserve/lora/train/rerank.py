@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ...wire import InvalidInput
 from .checkpoint import CheckpointMismatch, load_lora, read_checkpoint
 from .ireval import EvalSet, Scores, build_eval_set, evaluate_run, top_k, unit_rows
-from .mining import Negatives, columns_wanted, given, negatives_for
+from .mining import Negatives, pairs_negatives
 from .share import Fit, Watch, encode_batch, encoding_cost, fit
 from .spec import TrainResult, TrainSpec, spec_fingerprint
 from .trainer import (
@@ -147,20 +147,13 @@ def _retrieve(
 
     passages = encode(es.passages)
     candidates = top_k(unit_rows(encode(es.queries)) @ unit_rows(passages).T, CANDIDATES)
-    k = columns_wanted(spec.train, spec.hyperparameters.hard_negatives)
-    corpus = list(dict.fromkeys(t for p in spec.train for t in (p.positive, *p.negatives)))
-    queries = list(dict.fromkeys(p.query for p in spec.train))
-    need = k > 0 and any(len(given(p, k)) < k for p in spec.train)  # as negatives_for counts
-    if need:
-        report("status", {"message": "mining hard negatives with the miner"})
-    where = {t: j for j, t in enumerate(es.passages)}
-    negatives = negatives_for(
+    negatives = pairs_negatives(
         spec.train,
-        k,
-        corpus,
-        passages[[where[t] for t in corpus]] if need else None,
-        queries,
-        encode(queries) if need else None,
+        spec.hyperparameters.hard_negatives,
+        es.passages,
+        passages,
+        encode,
+        lambda: report("status", {"message": "mining hard negatives with the miner"}),
     )
     return candidates, negatives  # the miner goes with this frame
 

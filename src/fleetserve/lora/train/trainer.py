@@ -35,7 +35,7 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .ireval import INSTALL, build_eval_set, evaluate
-from .mining import columns_wanted, given, negatives_for
+from .mining import pairs_negatives
 from .share import Fit, Watch, encode_batch, encoding_cost, fit
 from .spec import EMBED, TrainResult, TrainSpec, spec_fingerprint
 
@@ -87,21 +87,11 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
     es = build_eval_set(spec.train, spec.validation)
     passages = _encode(model, es.passages, batch())
     base = evaluate(_encode(model, es.queries, batch()), passages, es.relevant)
-    k = columns_wanted(spec.train, hp.hard_negatives)
-    corpus = list(dict.fromkeys(t for p in spec.train for t in (p.positive, *p.negatives)))
-    queries = list(dict.fromkeys(p.query for p in spec.train))
-    need = k > 0 and any(len(given(p, k)) < k for p in spec.train)  # as negatives_for counts
-    if need:
-        report("status", {"message": "mining hard negatives with the base model"})
-    where = {t: j for j, t in enumerate(es.passages)}
-    negatives = negatives_for(
-        spec.train,
-        k,
-        corpus,
-        passages[[where[t] for t in corpus]] if need else None,
-        queries,
-        _encode(model, queries, batch()) if need else None,
-    )
+    negatives = pairs_negatives(
+        spec.train, hp.hard_negatives, es.passages, passages,
+        lambda texts: _encode(model, texts, batch()),
+        lambda: report("status", {"message": "mining hard negatives with the base model"}),
+    )  # fmt: skip
     lora = add_lora(model, hp)
     if resumed is not None:
         load_lora(lora, resumed)
