@@ -21,6 +21,7 @@ COMMANDS = {
     "families": ("families", "every model family, HTTP against in-process"),
     "fleet": ("fleet", "eviction policies on a Zipf trace; latency during a cold load"),
     "lora": ("lora", "mixed-adapter batches against the base and one adapter per batch"),
+    "lora-slots": ("lora_slots", "LoRA slots in the OpenVINO graph against the base IR"),
     "priority": ("priority", "queries under bulk load; the broker hop; against infinity"),
     "finetune": ("finetune", "a LoRA from pairs through the API: nDCG@10, time, cost"),
     "soak": ("soak", "mixed traffic, a worker killed, NATS restarted: RSS growth, loss"),
@@ -32,7 +33,7 @@ COMMANDS = {
 
 def usage() -> str:
     lines = ["usage: python -m benchmarks <name> [--help]", "", "benchmarks:"]
-    lines += [f"  {name:<9} {what}" for name, (_, what) in COMMANDS.items()]
+    lines += [f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()]
     lines += [
         "",
         "make bench runs embed after building infinity-emb's venv",

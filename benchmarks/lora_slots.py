@@ -1,0 +1,133 @@
+"""LoRA slots inside the OpenVINO graph against the base IR, in process.
+
+``python -m benchmarks lora-slots`` converts the bundled MiniLM twice (the base IR, as
+served, and the IR with LoRA slots of ``runtimes/openvino_lora.py``), makes 8 random
+rank-16 adapters on query, key, value and dense, and times one batch of random token
+ids through each compiled model at the given precision: the base; the slot graph with
+every row on slot 0 (no adapter), with the rows spread over the 8 adapters, and with
+one adapter on every row (the adapters as ``python -m benchmarks lora`` makes them). The
+phases alternate in rounds; medians over rounds of the
+median of each round's batches. Prints the table and writes JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .fleet import machine_facts
+from .lora_models import MINILM, base_dir, make_adapters
+
+if TYPE_CHECKING:
+    from fleetserve.runtimes.openvino_lora import SlotModel
+
+TARGETS = ("query", "key", "value", "dense")
+SHAPES = ((32, 24), (8, 64), (64, 16))  # (rows, tokens) of a batch
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks lora-slots")
+    p.add_argument("--precision", default="bf16", help="INFERENCE_PRECISION_HINT (bf16, f32)")
+    p.add_argument("--adapters", type=int, default=8)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--batches", type=int, default=15, help="timed batches a phase a round")
+    p.add_argument("--out", default="docs/bench", help="directory for the JSON")
+    return p
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    import openvino as ov
+
+    from fleetserve.lora.load import read_adapter
+    from fleetserve.runtimes import Head
+    from fleetserve.runtimes.openvino_convert import convert
+    from fleetserve.runtimes.openvino_lora import SlotModel, convert_slots
+
+    args = _parser().parse_args(list(argv))
+    base = base_dir(MINILM)
+    cfg = {"INFERENCE_PRECISION_HINT": args.precision, "PERFORMANCE_HINT": "LATENCY",
+           "NUM_STREAMS": "1"}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="lora-slots-") as tmp:
+        work = Path(tmp)
+        adapters = make_adapters(MINILM, work, args.adapters, rank=args.rank, targets=TARGETS)
+        convert(base, Head.BASE, work / "base.xml")
+        layout, inputs, outputs = convert_slots(
+            base, Head.BASE, work / "slots.xml", TARGETS, args.adapters + 1, args.rank
+        )
+        slots = SlotModel(work / "slots.xml", layout, inputs, outputs, cfg)
+        for i, path in enumerate(adapters):
+            weights, scaling = read_adapter(path)
+            slots.stacks.put(i + 1, {m: (a.numpy(), b.numpy()) for m, (a, b) in weights.items()},
+                             scaling)  # fmt: skip
+        plain = ov.Core().compile_model(str(work / "base.xml"), "CPU", cfg).create_infer_request()
+        rows: list[dict[str, Any]] = []
+        for n, seq in SHAPES:
+            ids = np.random.default_rng(0).integers(1000, 20000, (n, seq))
+            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                    "token_type_ids": np.zeros_like(ids)}  # fmt: skip
+            phases = _phases(plain, slots, feed, inputs, args.adapters)
+            seconds = _rounds(phases, args.rounds, args.batches)
+            rows.append({"rows": n, "tokens": seq, "seconds": seconds})
+    facts = machine_facts()
+    out = {"machine": facts, "precision": args.precision, "adapters": args.adapters,
+           "rank": args.rank, "targets": list(TARGETS), "shapes": rows}  # fmt: skip
+    print(f"{facts.get('hardware_class', '?')}, {args.precision}, {args.adapters} adapters "
+          f"of rank {args.rank}; texts/s (ratio to the base)")  # fmt: skip
+    for r in rows:
+        base_s = r["seconds"]["base"]
+        cells = [f"{p} {r['rows'] / s:,.0f} ({base_s / s:.2f})" for p, s in r["seconds"].items()]
+        print(f"{r['rows']}x{r['tokens']}: " + "; ".join(cells))
+    dest = Path(args.out)
+    dest.mkdir(parents=True, exist_ok=True)
+    name = f"lora-slots-{facts.get('hardware_class', 'unknown')}.json"
+    (dest / name).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _phases(
+    plain: Any, slots: SlotModel, feed: dict[str, Any], inputs: Sequence[str], adapters: int
+) -> dict[str, Callable[[], object]]:
+    """One batch of ``feed`` through the base IR, and through the slots: none, the
+    rows spread over the ``adapters``, one adapter for every row."""
+    from fleetserve.runtimes import Output
+
+    order = [feed[k] for k in inputs]
+    n = len(order[0])
+
+    def base() -> object:
+        return plain.infer(order)
+
+    def through(slot: Any) -> Callable[[], object]:
+        return lambda: slots.run(feed, slot, Output.MEAN)
+
+    return {
+        "base": base,
+        "no adapter": through(np.zeros(n)),
+        "mixed": through(np.arange(n) % adapters + 1),
+        "one adapter": through(np.ones(n)),
+    }
+
+
+def _rounds(phases: dict[str, Callable[[], object]], rounds: int, batches: int) -> dict[str, float]:
+    """Each phase's median batch seconds, a median over alternating rounds."""
+    seen: dict[str, list[float]] = {p: [] for p in phases}
+    for _ in range(rounds):
+        for phase, run in phases.items():
+            for _ in range(3):
+                run()  # warm
+            times = []
+            for _ in range(batches):
+                t0 = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t0)
+            seen[phase].append(statistics.median(times))
+    return {p: statistics.median(v) for p, v in seen.items()}
