@@ -24,7 +24,7 @@ from fleetserve.lora.jobs.runner import JobRunner, TrainBase
 from fleetserve.lora.jobs.store import ROOT, JobStore
 from fleetserve.lora.registry import AdapterRegistry
 from fleetserve.lora.store import AdapterStore
-from fleetserve.lora.train import TrainSpec
+from fleetserve.lora.train import TrainResult, TrainSpec
 from fleetserve.lora.validate import Limits
 from fleetserve.settings import Settings
 from fleetserve.storage import MemoryStore
@@ -395,3 +395,45 @@ async def test_a_job_taken_up_again_says_its_attempt_with_or_without_a_checkpoin
     assert [m for m in said if m.startswith("training started")] == [
         "training started (attempt 2)"
     ], said
+
+
+@pytest.mark.parametrize(
+    ("miner", "words"),
+    [
+        ("absent", "needs its miner (train_miner): no weights for absent here"),
+        ("reranker", "needs a dense bi-encoder to mine with; train_miner is 'reranker', "
+                     "a cross_encoder model"),
+        ("", "needs a dense bi-encoder to mine with; train_miner is ''"),
+    ],
+)  # fmt: skip
+async def test_a_reranker_job_without_a_dense_miner_fails_naming_the_model(
+    miner: str, words: str, tmp_path: Path
+) -> None:
+    """A cross-encoder base trains with ``train_miner``: one without weights here, or
+    not a bi-encoder, fails the job before any training, saying which."""
+    store = JobStore(AdapterStore(MemoryStore()))
+    queue = MemoryJobQueue()
+    ft = FineTuning(store, queue, {"reranker": "cross_encoder"}.get, TrainLimits(min_pairs=4))
+    registry = AdapterRegistry(store.store, limits=Limits(), bases=StaticBases({}))
+
+    async def base_of(model: str) -> TrainBase:
+        if model == "absent":
+            raise InvalidInput(f"no weights for {model} here", field="model")
+        return TrainBase(str(tmp_path), "cls", False, 64, "cross_encoder")
+
+    trained: list[TrainSpec] = []
+
+    async def train(spec: TrainSpec, *_: object) -> TrainResult:
+        trained.append(spec)
+        raise AssertionError("no training without a miner")
+
+    runner = JobRunner(store, queue, registry, base_of, train=train, miner=miner)
+    f = await ft.create_file(OPEN, "p.jsonl", pairs())
+    j = await ft.create_job(OPEN, {"model": "reranker", "training_file": f.id})
+    lease = await queue.take(1.0)
+    assert lease is not None
+    await runner.handle(lease)
+    done = await ft.job(OPEN, j.id)
+    assert done.status is JobStatus.FAILED and done.error is not None
+    assert done.error["field"] == "model" and words in done.error["message"], done.error
+    assert trained == []
