@@ -25,7 +25,8 @@ from .lora.jobs.leases import LeasedJobQueue, StoreLeases, requeue
 from .lora.jobs.manager import FineTuning, TrainLimits
 from .lora.jobs.queue import JobQueue, MemoryJobQueue
 from .lora.jobs.room import Room, TrainMemory
-from .lora.jobs.runner import JobRunner, Train, TrainBase
+from .lora.jobs.runner import JobRunner, Train
+from .lora.jobs.specs import TrainBase
 from .lora.jobs.store import JobStore
 from .lora.registry import AdapterRegistry
 from .lora.train import TrainResult, TrainSpec, train_in_child

@@ -20,7 +20,8 @@ from fleetserve.lora.bases import StaticBases
 from fleetserve.lora.jobs.manager import FineTuning, TrainLimits
 from fleetserve.lora.jobs.queue import JobRef, MemoryJobQueue
 from fleetserve.lora.jobs.room import TrainMemory
-from fleetserve.lora.jobs.runner import JobRunner, TrainBase
+from fleetserve.lora.jobs.runner import JobRunner
+from fleetserve.lora.jobs.specs import TrainBase
 from fleetserve.lora.jobs.store import ROOT, JobStore
 from fleetserve.lora.registry import AdapterRegistry
 from fleetserve.lora.store import AdapterStore

@@ -21,43 +21,22 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from ...wire import Cancelled, FleetError, InvalidInput, Principal, Scope
+from ...wire import Cancelled, FleetError, Principal, Scope
 from ...wire.errors import brief
-from ...wire.finetune import Job, JobEvent, JobStatus, Pair
-from ..pairs import split_by_query
+from ...wire.finetune import Job, JobEvent, JobStatus
 from ..registry import AdapterRegistry
-from ..train import (
-    EMBED,
-    RERANK,
-    CheckpointMismatch,
-    Miner,
-    OutOfMemory,
-    TrainResult,
-    TrainSpec,
-    train_in_child,
-)
-from .manager import RERANKER_FAMILY, add_event
+from ..train import CheckpointMismatch, OutOfMemory, TrainResult, TrainSpec, train_in_child
+from .manager import add_event
 from .queue import JobQueue, Lease
 from .room import TrainMemory, held_share
+from .specs import TrainBase, train_spec
 from .store import JobStore
 
 log = logging.getLogger("fleetserve.train")
 TICK = 0.5  # seconds between flushes of the feed and looks at the cancel flag
-
-
-@dataclass(frozen=True)
-class TrainBase:
-    """What training needs of a base model: its weights here, how it pools, and its
-    family (a ``cross_encoder`` trains as a reranker, with the runner's miner)."""
-
-    path: str
-    pooling: str
-    normalize: bool
-    max_seq_len: int
-    family: str = "dense"
 
 
 Train = Callable[
@@ -249,53 +228,11 @@ class JobRunner:
         await self._gate(job, spec, result, time.perf_counter() - t0)
 
     async def _spec(self, job: Job, resume: bytes | None, feed: _Feed) -> TrainSpec:
-        base = await self.base_of(job.model)
-        pairs = await self.store.pairs(job.tenant, job.training_file)
-        if job.validation_file:
-            validation = await self.store.pairs(job.tenant, job.validation_file)
-            held = {p.query for p in validation}
-            train: tuple[Pair, ...] = tuple(p for p in pairs if p.query not in held)
-            if not train:
-                raise InvalidInput("every training pair asks a validation query: nothing "
-                                   "is left to train on", field="validation_file")  # fmt: skip
-            if len(train) < len(pairs):
-                feed.note(f"{len(pairs) - len(train)} training pairs ask a validation query; "
-                          "left out of training")  # fmt: skip
-        else:
-            train, validation = await asyncio.to_thread(
-                split_by_query, pairs, job.validation_fraction, seed=job.seed
-            )
-        feed.note(f"{len(train)} pairs to train on, {len({p.query for p in validation})} "
-                  "held-out queries to measure with")  # fmt: skip
-        kind, miner = EMBED, None
-        if base.family == RERANKER_FAMILY:
-            kind, miner = RERANK, await self._miner()
-            feed.note(f"a reranker: {self.miner} mines its negatives and retrieves the "
-                      "candidates it is measured on")  # fmt: skip
-        return TrainSpec(
-            base_path=base.path, pooling=base.pooling, normalize=base.normalize,
-            max_seq_len=base.max_seq_len, train=train, validation=validation,
-            hyperparameters=job.hyperparameters, threads=self.threads, seed=job.seed,
-            resume=resume, memory_share=self.memory.share() if self.memory else 0,
-            kind=kind, miner=miner,
+        return await train_spec(
+            job, self.store, self.base_of, miner=self.miner, threads=self.threads,
+            memory_share=self.memory.share() if self.memory else 0, resume=resume,
+            note=feed.note,
         )  # fmt: skip
-
-    async def _miner(self) -> Miner:
-        """The miner's weights here, and how it pools; an ``InvalidInput`` naming
-        ``model`` (the job's base needs it) when it is not a dense model of the catalog
-        with weights here."""
-        try:
-            m = await self.base_of(self.miner) if self.miner else None
-        except InvalidInput as exc:
-            raise InvalidInput(f"a reranker's job needs its miner (train_miner): "
-                               f"{exc.message}", field="model") from None  # fmt: skip
-        if m is None or m.family != "dense":
-            raise InvalidInput(
-                f"a reranker's job needs a dense bi-encoder to mine with; train_miner is "
-                f"{self.miner!r}" + (f", a {m.family} model" if m is not None else ""),
-                field="model",
-            )
-        return Miner(m.path, m.pooling, m.normalize, m.max_seq_len)
 
     async def _watch(
         self, job: Job, token: str, feed: _Feed, cancel: asyncio.Event, stop: asyncio.Event
