@@ -43,8 +43,8 @@ from .trainer import (
     check_spec,
     libraries,
     progress_callback,
+    result_of,
     run_trainer,
-    save_files,
     scratch_dir,
     trainer_args,
 )
@@ -113,15 +113,8 @@ def train_reranker(spec: TrainSpec, report: Report, scratch: Path | None = None)
         model.max_seq_length = spec.max_seq_len  # measured as served
     report("status", {"message": "measuring the adapter"})
     adapter = rerank(model, es, candidates, batch())
-    config, weights = save_files(lora)
-    memory = {"peak_growth": watch.peak_growth()}
-    if fitted is not None:
-        memory |= {"share": fitted.share, "micro_batch": fitted.micro_batch,
-                   "max_seq_len": fitted.max_seq_len}  # fmt: skip
-    return TrainResult(
-        config, weights, base, adapter, seconds, steps, hp.epochs, start, len(spec.train),
-        negatives.mined, memory,
-    )  # fmt: skip
+    return result_of(spec, lora, (base, adapter), seconds, steps, start, negatives.mined,
+                     watch, fitted)  # fmt: skip
 
 
 def _retrieve(

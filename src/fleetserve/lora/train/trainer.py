@@ -34,7 +34,7 @@ from .checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from .ireval import INSTALL, build_eval_set, evaluate
+from .ireval import INSTALL, Scores, build_eval_set, evaluate
 from .mining import pairs_negatives
 from .share import Fit, Watch, encode_batch, encoding_cost, fit
 from .spec import EMBED, TrainResult, TrainSpec, spec_fingerprint
@@ -113,14 +113,32 @@ def train(spec: TrainSpec, report: Report, scratch: Path | None = None) -> Train
     adapter = evaluate(
         _encode(model, es.queries, batch()), _encode(model, es.passages, batch()), es.relevant
     )
+    return result_of(spec, lora, (base, adapter), seconds, steps, start, negatives.mined,
+                     watch, fitted)  # fmt: skip
+
+
+def result_of(
+    spec: TrainSpec,
+    lora: PeftModel,
+    scores: tuple[Scores, Scores],
+    seconds: float,
+    steps: int,
+    start: int,
+    mined: int,
+    watch: Watch,
+    fitted: Fit | None,
+) -> TrainResult:
+    """A run's result: the adapter's files as PEFT writes them, the ``scores`` of the
+    base and the adapter, and what the run took (its memory within ``fitted``)."""
     config, weights = save_files(lora)
     memory = {"peak_growth": watch.peak_growth()}
     if fitted is not None:
         memory |= {"share": fitted.share, "micro_batch": fitted.micro_batch,
                    "max_seq_len": fitted.max_seq_len}  # fmt: skip
+    base, adapter = scores
     return TrainResult(
-        config, weights, base, adapter, seconds, steps, hp.epochs, start, len(spec.train),
-        negatives.mined, memory,
+        config, weights, base, adapter, seconds, steps, spec.hyperparameters.epochs, start,
+        len(spec.train), mined, memory,
     )  # fmt: skip
 
 
