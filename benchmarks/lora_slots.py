@@ -7,7 +7,8 @@ ids through each compiled model at the given precision: the base; the slot graph
 every row on slot 0 (no adapter), with the rows spread over the 8 adapters, and with
 one adapter on every row (the adapters as ``python -m benchmarks lora`` makes them). The
 phases alternate in rounds; medians over rounds of the
-median of each round's batches. Prints the table and writes JSON to ``--out``.
+median of each round's batches. Prints the table and writes JSON and a PNG to
+``--out``.
 """
 
 from __future__ import annotations
@@ -88,9 +89,38 @@ def main(argv: Sequence[str] = ()) -> int:
         print(f"{r['rows']}x{r['tokens']}: " + "; ".join(cells))
     dest = Path(args.out)
     dest.mkdir(parents=True, exist_ok=True)
-    name = f"lora-slots-{facts.get('hardware_class', 'unknown')}.json"
-    (dest / name).write_text(json.dumps(out, indent=1))
+    path = dest / f"lora-slots-{facts.get('hardware_class', 'unknown')}.json"
+    path.write_text(json.dumps(out, indent=1))
+    plot(out, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Texts/s of each phase, a group of bars a batch shape."""
+    from .fleet_report import _pyplot
+
+    plt = _pyplot()
+    shapes = result["shapes"]
+    phases = list(shapes[0]["seconds"])
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    width = 0.8 / len(phases)
+    for k, phase in enumerate(phases):
+        xs = [i + k * width for i in range(len(shapes))]
+        ax.bar(xs, [r["rows"] / r["seconds"][phase] for r in shapes], width, label=phase)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
+    ax.set_xticklabels([f"{r['rows']} x {r['tokens']}" for r in shapes])
+    ax.set_xlabel("batch: rows x tokens")
+    ax.set_ylabel("texts/s")
+    ax.legend(fontsize=8)
+    m = result["machine"]
+    ax.set_title(f"LoRA slots in the OpenVINO graph, {result['precision']}, "
+                 f"{result['adapters']} adapters of rank {result['rank']}\n"
+                 f"{m.get('hardware_class', '?')}: {m.get('lscpu_model_name', '?')}",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _phases(
