@@ -30,11 +30,13 @@ from ...wire.finetune import (
 )
 from ..pairs import check_bytes, check_file, one_query, split_by_query
 from ..pairs_check import MAX_WARNINGS, Checked
+from ..train.spec import EMBED, RERANK
 from .queue import JobQueue, JobRef
 from .store import JobStore
 
 RERANKER_FAMILY = "cross_encoder"  # a base of this family trains as a reranker
-TASKS = {"embed": "dense", "rerank": RERANKER_FAMILY}  # a job's task: its base's family
+# a job's task (a run's kind, ``TrainSpec.kind``): the family of base it trains
+TASKS = {EMBED: "dense", RERANK: RERANKER_FAMILY}
 TRAINABLE = tuple(TASKS.values())  # families a job can train
 # a reranker's negatives per pair when the job does not say: its own, then mined (a
 # reranker reorders what a retriever found, so it learns from those near misses; it
