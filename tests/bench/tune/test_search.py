@@ -164,6 +164,12 @@ class GateStack:
         return ["reply"]
 
 
+WINDOW_S = 0.1
+"""A window's seconds unless told: a candidate's window may run SLOW_X times the
+reference's, so a reference window of no time at all (a bare ``sleep(0)``) cut the
+next one's under load (CI, stop 53: fp16 was not measured)."""
+
+
 def gated_search(
     monkeypatch: pytest.MonkeyPatch,
     seconds: dict[str, float],
@@ -173,8 +179,8 @@ def gated_search(
 ) -> Search:
     """A search of torch alone whose quality sets take ``seconds[precision]`` and pass,
     and whose saturation windows only record the precision in ``measured`` (after
-    ``windows[precision]`` seconds); ``whole``: each quality set is one request, never
-    cut within."""
+    ``windows[precision]`` seconds, WINDOW_S unless told); ``whole``: each quality set
+    is one request, never cut within."""
     from fleetserve.bench.tune import screening
 
     monkeypatch.setattr(screening, "compare", lambda ref, got: Quality("cos", 1.0, 0.99, True))
@@ -184,7 +190,7 @@ def gated_search(
     s._stack = lambda c: GateStack(c, seconds, whole)  # type: ignore[assignment,method-assign,return-value]
 
     async def measure(stack: object, p: Point, warm_limit: float | None = None) -> None:
-        await asyncio.sleep((windows or {}).get(p.cand.precision, 0.0))
+        await asyncio.sleep((windows or {}).get(p.cand.precision, WINDOW_S))
         if measured is not None:
             measured.append(p.cand.precision)
         p.samples = [1000.0]
