@@ -107,3 +107,25 @@ def save_merged(base: Path, adapter: Path, head: str, out: Path) -> Path:
                 continue
             (out / f.name).write_bytes(f.read_bytes())
     return out
+
+
+def token_feed(base: Path, texts: list[str]) -> dict[str, Any]:
+    """``texts`` tokenized by ``base``'s tokenizer, padded: int64 arrays by input name."""
+    from transformers import AutoTokenizer
+
+    batch = AutoTokenizer.from_pretrained(str(base))(texts, padding=True, return_tensors="np")
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def peft_mean(base: Path, adapter: Path | None, texts: list[str]) -> Any:
+    """Mean-pooled rows of ``texts`` through PEFT running ``adapter`` alone at fp32 (or
+    through the base): what a row with that adapter must come out as."""
+    import torch
+    from transformers import AutoTokenizer
+
+    model = peft_model(base, adapter) if adapter is not None else load_base(base)
+    batch = AutoTokenizer.from_pretrained(str(base))(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return ((hidden * mask).sum(1) / mask.sum(1)).numpy()

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetserve.runtimes import Head
+from fleetserve.runtimes import Head, Output
 
 from .tinymodels import build_tokenizer
 
@@ -72,3 +72,28 @@ def batch(path: Path, texts: list[str], pairs: list[str] | None = None) -> dict[
         out["mask"][i, :n] = 1
         out["types"][i, :n] = e.type_ids
     return out
+
+
+def head_output(model: Any, head: Head, output: Output, x: dict[str, Any]) -> Any:
+    """``output`` of a transformers (or PEFT) ``model`` with ``head`` for the ``batch``
+    ``x``, reduced with numpy (independently of the runtimes)."""
+    import torch
+
+    with torch.no_grad():
+        result = model(
+            input_ids=torch.from_numpy(x["ids"]),
+            attention_mask=torch.from_numpy(x["mask"]),
+            token_type_ids=torch.from_numpy(x["types"]),
+        )
+    m = x["mask"][..., None].astype(np.float32)
+    if head is not Head.BASE:
+        logits = result.logits.numpy()
+        if output is Output.SPLADE:
+            return np.max(np.log1p(np.maximum(logits, 0.0)) * m, axis=1)
+        return logits
+    hidden = result.last_hidden_state.numpy()
+    if output is Output.HIDDEN:
+        return hidden
+    if output is Output.CLS:
+        return hidden[:, 0]
+    return (hidden * m).sum(1) / m.sum(1)

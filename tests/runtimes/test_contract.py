@@ -13,7 +13,7 @@ import pytest
 from fleetserve.catalog.names import RUNTIMES
 from fleetserve.runtimes import Head, Output, Runtime, create_runtime
 
-from ..tiny_onnx import NUM_LABELS, batch, build_head, model_class
+from ..tiny_onnx import NUM_LABELS, batch, build_head, head_output, model_class
 
 RUNTIME_NAMES = ["torch", "onnx", "openvino"]
 CASES = [
@@ -60,27 +60,7 @@ def inputs(path: Path, head: Head) -> dict[str, Any]:
 
 def reference(path: Path, head: Head, output: Output, x: dict[str, Any]) -> np.ndarray[Any, Any]:
     """What transformers gives, reduced here with numpy (independently of the runtimes)."""
-    import torch
-
-    model = model_class(head).from_pretrained(str(path)).eval()
-    with torch.no_grad():
-        result = model(
-            input_ids=torch.from_numpy(x["ids"]),
-            attention_mask=torch.from_numpy(x["mask"]),
-            token_type_ids=torch.from_numpy(x["types"]),
-        )
-    m = x["mask"][..., None].astype(np.float32)
-    if head is not Head.BASE:
-        logits: np.ndarray[Any, Any] = result.logits.numpy()
-        if output is Output.SPLADE:
-            return np.max(np.log1p(np.maximum(logits, 0.0)) * m, axis=1)
-        return logits
-    hidden: np.ndarray[Any, Any] = result.last_hidden_state.numpy()
-    if output is Output.HIDDEN:
-        return hidden
-    if output is Output.CLS:
-        return hidden[:, 0]
-    return (hidden * m).sum(1) / m.sum(1)
+    return head_output(model_class(head).from_pretrained(str(path)).eval(), head, output, x)
 
 
 @pytest.mark.slow

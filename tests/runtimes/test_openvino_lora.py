@@ -16,7 +16,7 @@ from fleetserve.runtimes.openvino_lora import Layout, SlotModel, convert_slots
 from fleetserve.wire import InvalidInput
 
 from ..extras import needs
-from ..tiny_lora import load_base, make_lora, peft_model
+from ..tiny_lora import make_lora, peft_mean, token_feed
 from ..tinymodels import build_bert
 
 pytestmark = [pytest.mark.slow, needs("torch", "peft", extra="train")]
@@ -45,23 +45,11 @@ def put(model: SlotModel, slot: int, adapter: Path) -> None:
 
 
 def feed(base: Path) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
-    batch = AutoTokenizer.from_pretrained(str(base))(TEXTS, padding=True, return_tensors="np")
-    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    return token_feed(base, TEXTS)
 
 
 def reference(base: Path, adapter: Path | None) -> np.ndarray[Any, Any]:
-    """Mean-pooled rows of TEXTS through PEFT running ``adapter`` alone (or the base)."""
-    import torch
-    from transformers import AutoTokenizer
-
-    model = peft_model(base, adapter) if adapter is not None else load_base(base)
-    batch = AutoTokenizer.from_pretrained(str(base))(TEXTS, padding=True, return_tensors="pt")
-    with torch.inference_mode():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"].unsqueeze(-1).float()
-    out: np.ndarray[Any, Any] = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    out: np.ndarray[Any, Any] = peft_mean(base, adapter, TEXTS)
     return out
 
 

@@ -57,9 +57,13 @@ def create_runtime(
     threads: int = 0,
     cache_dir: Path = DEFAULT_CACHE,
     options: Mapping[str, Any] | None = None,
+    adapter_slots: int = 0,
+    max_rank: int = 64,
 ) -> Runtime:
     """A runtime by name. ``cache_dir`` holds exports (ONNX); ``options`` are the model
-    spec's ``runtime_options`` (an external server's URL, for example)."""
+    spec's ``runtime_options`` (an external server's URL, for example);
+    ``adapter_slots``: LoRA slots in the graph for this many adapters a batch, of rank up
+    to ``max_rank`` (OpenVINO; 0: none)."""
     if name in ("torch", "torch_compile"):
         from .torch import TorchRuntime
 
@@ -83,8 +87,9 @@ def create_runtime(
         from .openvino import OpenVinoRuntime
 
         return OpenVinoRuntime(
-            device=device, precision=precision, threads=threads, cache_dir=cache_dir
-        )
+            device=device, precision=precision, threads=threads, cache_dir=cache_dir,
+            adapter_slots=adapter_slots, max_rank=max_rank,
+        )  # fmt: skip
     if name == "external":
         from .external import ExternalRuntime
 

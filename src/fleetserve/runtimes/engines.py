@@ -48,8 +48,13 @@ class OvTensor(Protocol):
 
 class OvInferRequest(Protocol):
     def infer(
-        self, inputs: Sequence[Array], share_inputs: bool = ..., share_outputs: bool = ...
+        self,
+        inputs: Sequence[Array] | None = ...,
+        share_inputs: bool = ...,
+        share_outputs: bool = ...,
     ) -> object: ...
+
+    def set_tensor(self, name: str, tensor: object) -> None: ...
 
     def get_output_tensor(self, index: int) -> OvTensor: ...
 

@@ -26,6 +26,12 @@ buffers are overwritten by the next forward. Call ``run`` from one thread. OpenV
 releases the GIL during ``infer`` (a test counts a Python thread's progress during
 one), so tokenizing and postprocessing go on meanwhile.
 
+Adapters run inside the graph (``adapter_slots`` > 0): ``prepare_adapters`` compiles,
+beside the served IR, one with LoRA slots on the targeted Linear layers
+(``openvino_lora``); a batch planned with adapter rows runs on it through its
+:class:`~fleetserve.runtimes.openvino_slots.SlotBank`, and base-only batches stay on
+the served IR, at its speed.
+
 int8 is not offered: OpenVINO's int8 needs NNCF (weight compression, or calibrated
 quantization behind a quality guard); see docs/openvino.md. CPU only.
 """
@@ -34,7 +40,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
@@ -43,6 +51,9 @@ from ..wire.values import Array
 from .base import Head, Output
 from .cache import DEFAULT_CACHE
 from .engines import OvCompiledModel, OvCore, OvInferRequest
+
+if TYPE_CHECKING:
+    from .openvino_slots import SlotBank
 
 try:
     import openvino as ov
@@ -81,6 +92,8 @@ class OpenVinoRuntime:
         cache_dir: Path = DEFAULT_CACHE,
         *,
         console: Console | None = None,
+        adapter_slots: int = 0,
+        max_rank: int = 64,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(
@@ -106,6 +119,11 @@ class OpenVinoRuntime:
         self._types = False
         self._bytes = 0
         self.from_cache = False  # the compiled model was imported from the entry's cache
+        # LoRA in the graph: slots for this many adapters a batch (0: none), of rank up to
+        self.adapter_slots, self.max_rank = adapter_slots, max_rank
+        self._source: tuple[Path, Head] | None = None
+        self._bank: SlotBank | None = None
+        self._slot_bytes = 0
 
     def config(self) -> dict[str, str]:
         """The compile properties."""
@@ -127,6 +145,7 @@ class OpenVinoRuntime:
         self._ports = {Output(p.get_any_name()): i for i, p in enumerate(compiled.outputs)}
         self._types = "token_type_ids" in {p.get_any_name() for p in compiled.inputs}
         self._bytes = (entry / "model.bin").stat().st_size
+        self._source, self._bank, self._slot_bytes = (Path(path), head), None, 0
 
     def _compile(self, path: Path, head: Head) -> tuple[Path, OvCompiledModel]:
         """The cached IR, compiled; an entry that does not compile is rebuilt once."""
@@ -180,12 +199,89 @@ class OpenVinoRuntime:
             have = ", ".join(self._ports)
             raise ValueError(f"the {self.head} head gives {have}, not {Output(output)}")
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        bank = self._bank
+        if bank is not None and bank.planned:  # a batch with adapter rows: the slots' IR
+            named = {"input_ids": ids, "attention_mask": attention_mask}
+            if self._types:
+                named["token_type_ids"] = (
+                    np.zeros_like(ids) if token_type_ids is None else token_type_ids
+                )
+            return bank.run(named, Output(output))
         feed = [ids, np.ascontiguousarray(attention_mask, dtype=np.int64)]
         if self._types:
             types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
             feed.append(np.ascontiguousarray(types, dtype=np.int64))
         request.infer(feed, share_inputs=True, share_outputs=True)
         return np.array(request.get_output_tensor(port).data, dtype=np.float32)
+
+    # -- adapters in the graph ------------------------------------------------------
+    @property
+    def in_graph(self) -> bool:
+        """Whether adapters may run in this model's graph (once prepared)."""
+        return self.adapter_slots > 0
+
+    @property
+    def takes_adapters(self) -> bool:
+        """Whether its graph has LoRA slots now (``prepare_adapters``)."""
+        return self._bank is not None
+
+    def lora_bank(self) -> SlotBank:
+        if self._bank is None:
+            raise RuntimeError("this model has no LoRA slots yet (prepare_adapters)")
+        return self._bank
+
+    def covers(self, modules: Sequence[str]) -> bool:
+        """Whether its graph has slots on each of an adapter's ``modules``."""
+        return self._bank is not None and self._bank.covers(modules)
+
+    def prepare_adapters(self, modules: Sequence[str] = ()) -> None:
+        """LoRA slots on the Linear layers the fine-tuning jobs target and on
+        ``modules`` (an adapter's), beside the ones it has: the IR with slots is
+        converted once per set of layers and kept in the cache entry, then compiled.
+        Blocking (a loader thread's work); a graph with slots already runs on until the
+        wider one replaces it between batches. On a failure other than an adapter's
+        module that is not a Linear layer (``InvalidInput``), adapters no longer run in
+        this graph (``in_graph`` is False) and the error is raised."""
+        from ..wire import InvalidInput
+        from .openvino_lora import TRAINED, Layout, SlotModel, ensure_slots
+        from .openvino_slots import SlotBank
+
+        if self._source is None or self.entry is None:
+            raise RuntimeError("model is not loaded")
+        bank = self._bank
+        if bank is not None and bank.covers(modules):
+            return
+        have = list(bank.model.layout.layers) if bank is not None else list(TRAINED)
+        try:
+            xml, layers, inputs, outputs = ensure_slots(
+                *self._source, self.entry, sorted({*have, *modules})
+            )
+            layout = Layout(layers, self.adapter_slots + 1, self.max_rank)
+            missing = [m for m in modules if layout.find(m) is None]
+            if missing:
+                raise InvalidInput(
+                    f"the adapter's {', '.join(missing)} is not a Linear layer of "
+                    f"{self._source[0].name}",
+                    field="target_modules",
+                )
+            cfg = self.config() | {"CACHE_DIR": str(xml.parent / COMPILED)}
+            model = SlotModel(xml, layout, inputs, outputs, cfg, core())
+        except InvalidInput:
+            raise
+        except Exception:
+            self.adapter_slots = 0
+            raise
+        size = (xml.parent / "model.bin").stat().st_size
+        self._slot_bytes = size + int(size * COMPILED_SHARE.get(self.precision, 1.0))
+        if bank is None:
+            self._bank = SlotBank(model, self.adapter_slots)
+        else:
+            bank.swap(model)
+
+    def adapter_bytes(self) -> int:
+        """What the graph with slots holds, as ``memory_bytes`` counts the served one
+        (its stacks grow with the adapters in its slots: counted with them)."""
+        return self._slot_bytes
 
     def memory_bytes(self) -> int:
         """What the compiled model holds: its own copy of the weights at the precision it

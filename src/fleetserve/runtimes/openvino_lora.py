@@ -20,6 +20,8 @@ encoder, are what this adds.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,21 +30,29 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..catalog.entries import build_entry
 from ..wire import InvalidInput
 from ..wire.values import Array
 from .base import Head, Output
+from .engines import OvCore
 from .head_graph import head_graph
 
 if TYPE_CHECKING:
     import torch
 
 SLOT_INPUT = "lora_slot"
+# the Linear layers given slots before any adapter asks for others: what fine-tuning
+# jobs target on a BERT (``lora.train.trainer.BERT_TARGETS``; a test keeps them equal)
+TRAINED = ("query", "key", "value", "dense")
+SLOTS_FORMAT = 1  # of a cached IR with slots: a new one converts again
 
 
 @dataclass(frozen=True)
 class Layout:
     """The slots of an IR: ``layers`` (module name -> (out, in) of its Linear), how
-    many ``slots`` (slot 0, no adapter, among them) and the largest ``rank``."""
+    many ``slots`` at most (slot 0, no adapter, among them) and the largest ``rank``.
+    The IR itself takes stacks of any number of slots and any rank: these bound what
+    its stacks grow to."""
 
     layers: dict[str, tuple[int, int]]
     slots: int
@@ -53,6 +63,33 @@ class Layout:
 
     def b_input(self, layer: str) -> str:
         return f"lora_b.{layer}"
+
+    def find(self, module: str) -> str | None:
+        """The layer an adapter's ``module`` is (its name, or a dotted suffix either
+        way); None where there is not exactly one."""
+        if module in self.layers:
+            return module
+        hits = [n for n in self.layers if n.endswith("." + module) or module.endswith("." + n)]
+        return hits[0] if len(hits) == 1 else None
+
+    def layer_of(self, module: str) -> str:
+        layer = self.find(module)
+        if layer is None:
+            raise InvalidInput(f"the adapter's layer {module} is not one of the slot "
+                               "layout's", field="target_modules")  # fmt: skip
+        return layer
+
+    def check(self, layer: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
+        """An ``InvalidInput`` where A of shape ``a`` and B of shape ``b`` do not fit
+        ``layer``: a rank above the layout's, or another layer's shape."""
+        out, inp = self.layers[layer]
+        r = a[0]
+        if r > self.rank:
+            raise InvalidInput(f"the adapter's rank {r} is above the slot layout's "
+                               f"{self.rank}", field="rank")  # fmt: skip
+        if a != (r, inp) or b != (out, r):
+            raise InvalidInput(f"the adapter's {layer} is {a} and {b}, not "
+                               f"({r}, {inp}) and ({out}, {r})", field="weights")  # fmt: skip
 
 
 def convert_slots(
@@ -94,7 +131,7 @@ def convert_slots(
             out: tuple[torch.Tensor, ...] = self.inner(*tokens)
             return out
 
-    stacks = SlotStacks(layout)
+    stacks = SlotStacks(layout, slots=2, rank=min(rank, 4))  # (the IR takes any)
     example = graph.example(2, 8)
     feed = [torch.from_numpy(example[n]) for n in graph.inputs]
     feed.append(torch.zeros(2, dtype=torch.int64))
@@ -103,10 +140,9 @@ def convert_slots(
         feed += [torch.from_numpy(a), torch.from_numpy(b)]
     shapes: list[tuple[Any, Any]] = [(ov.PartialShape([-1, -1]), ov.Type.i64) for _ in graph.inputs]
     shapes.append((ov.PartialShape([-1]), ov.Type.i64))  # in order: names are set below
-    for layer in layers:
-        a, b = stacks.arrays(layer)
-        shapes += [(ov.PartialShape(list(a.shape)), ov.Type.f32),
-                   (ov.PartialShape(list(b.shape)), ov.Type.f32)]  # fmt: skip
+    for out_features, in_features in layers.values():  # any number of slots, any rank
+        shapes += [(ov.PartialShape([-1, in_features, -1]), ov.Type.f32),
+                   (ov.PartialShape([-1, -1, out_features]), ov.Type.f32)]  # fmt: skip
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python code
         model = ov.convert_model(SlotGraph().eval(), example_input=tuple(feed), input=shapes)
@@ -118,8 +154,34 @@ def convert_slots(
     return layout, graph.inputs, graph.outputs
 
 
+def ensure_slots(
+    path: Path, head: Head, entry: Path, targets: Sequence[str]
+) -> tuple[Path, dict[str, tuple[int, int]], tuple[str, ...], tuple[Output, ...]]:
+    """The IR with slots on ``targets`` of the checkpoint ``path`` whose served IR is the
+    cache entry ``entry``, converted there once (``<entry>/lora/<targets' hash>``): its
+    XML, layers, token inputs and outputs."""
+    key = hashlib.sha256(f"{SLOTS_FORMAT}\0{head}\0{chr(0).join(sorted(targets))}".encode())
+    where = entry / "lora" / key.hexdigest()[:16]
+
+    def complete(d: Path) -> bool:
+        return all((d / f).is_file() for f in ("model.xml", "model.bin", "slots.json"))
+
+    def build(tmp: Path) -> None:
+        layout, inputs, outputs = convert_slots(path, head, tmp / "model.xml", targets, 2, 1)
+        meta = {"targets": sorted(targets), "layers": layout.layers, "inputs": list(inputs),
+                "outputs": [str(o) for o in outputs]}  # fmt: skip
+        (tmp / "slots.json").write_text(json.dumps(meta, indent=1))
+
+    build_entry(where, complete, build)
+    meta = json.loads((where / "slots.json").read_text())
+    layers = {str(n): (int(o), int(i)) for n, (o, i) in meta["layers"].items()}
+    outputs = tuple(Output(o) for o in meta["outputs"])
+    return where / "model.xml", layers, tuple(meta["inputs"]), outputs
+
+
 def _targeted(name: str, targets: Sequence[str]) -> bool:
-    return any(name == t or name.endswith("." + t) for t in targets)
+    """``name`` is a target, or one names the other with a prefix more."""
+    return any(name == t or name.endswith("." + t) or t.endswith("." + name) for t in targets)
 
 
 def _replace(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
@@ -154,35 +216,52 @@ def _slot_linear() -> type[torch.nn.Module]:
 
 
 class SlotStacks:
-    """The A and B stacks of a layout, as float32 arrays (slot 0 stays zero)."""
+    """The A and B stacks of a layout, as float32 arrays (slot 0 stays zero), as many
+    slots and as large a rank as what was put in them needs (``version`` counts the
+    times they grew: the arrays were replaced)."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, slots: int = 1, rank: int = 1) -> None:
         self.layout = layout
-        self._a = {n: np.zeros((layout.slots, i, layout.rank), np.float32)
-                   for n, (_, i) in layout.layers.items()}  # fmt: skip
-        self._b = {n: np.zeros((layout.slots, layout.rank, o), np.float32)
-                   for n, (o, _) in layout.layers.items()}  # fmt: skip
+        self.slots, self.rank, self.version = 0, 0, 0
+        self._a: dict[str, Array] = {}
+        self._b: dict[str, Array] = {}
+        self.ensure(slots, rank)
 
     def arrays(self, layer: str) -> tuple[Array, Array]:
         return self._a[layer], self._b[layer]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._a.values()) + sum(b.nbytes for b in self._b.values())
+
+    def ensure(self, slots: int, rank: int) -> None:
+        """Room for ``slots`` slots (doubling) and rank ``rank`` (what it is put in)."""
+        if slots <= self.slots and rank <= self.rank:
+            return
+        new_slots = self.slots
+        if slots > self.slots:
+            new_slots = min(self.layout.slots, max(slots, 2 * self.slots))
+        new_rank = max(rank, self.rank)
+        for n, (o, i) in self.layout.layers.items():
+            a = np.zeros((new_slots, i, new_rank), np.float32)
+            b = np.zeros((new_slots, new_rank, o), np.float32)
+            if self.slots:
+                a[: self.slots, :, : self.rank] = self._a[n]
+                b[: self.slots, : self.rank] = self._b[n]
+            self._a[n], self._b[n] = a, b
+        self.slots, self.rank, self.version = new_slots, new_rank, self.version + 1
+
     def put(self, slot: int, weights: Mapping[str, tuple[Array, Array]], scaling: float) -> None:
         """Slot ``slot`` holds the adapter whose ``weights`` map its layer names (as
         the layout's, or a dotted suffix of one) to (A ``[r, in]``, B ``[out, r]``); its
-        other layers, zero. An ``InvalidInput`` for slot 0, a layer outside the
-        layout, a rank above it or a shape that is not the layer's."""
+        other layers, zero. An ``InvalidInput`` for a layer outside the layout, a rank
+        above it or a shape that is not the layer's; a ``ValueError`` for slot 0."""
         if not 0 < slot < self.layout.slots:
             raise ValueError(f"slot {slot} is not one of 1..{self.layout.slots - 1}")
-        given = {self._layer(m): ab for m, ab in weights.items()}
+        given = {self.layout.layer_of(m): ab for m, ab in weights.items()}
         for layer, (a, b) in given.items():
-            out, inp = self.layout.layers[layer]
-            r = a.shape[0]
-            if r > self.layout.rank:
-                raise InvalidInput(f"the adapter's rank {r} is above the slot layout's "
-                                   f"{self.layout.rank}", field="rank")  # fmt: skip
-            if a.shape != (r, inp) or b.shape != (out, r):
-                raise InvalidInput(f"the adapter's {layer} is {a.shape} and {b.shape}, not "
-                                   f"({r}, {inp}) and ({out}, {r})", field="weights")  # fmt: skip
+            self.layout.check(layer, a.shape, b.shape)
+        self.ensure(slot + 1, max((a.shape[0] for a, _ in given.values()), default=1))
         self.clear(slot)
         for layer, (a, b) in given.items():
             r = a.shape[0]
@@ -190,42 +269,48 @@ class SlotStacks:
             self._b[layer][slot, :r] = b.T * scaling
 
     def clear(self, slot: int) -> None:
+        if slot >= self.slots:
+            return
         for layer in self.layout.layers:
             self._a[layer][slot] = 0.0
             self._b[layer][slot] = 0.0
-
-    def _layer(self, module: str) -> str:
-        if module in self.layout.layers:
-            return module
-        hits = [
-            n for n in self.layout.layers if n.endswith("." + module) or module.endswith("." + n)
-        ]
-        if len(hits) != 1:
-            raise InvalidInput(f"the adapter's layer {module} is not one of the slot "
-                               "layout's", field="target_modules")  # fmt: skip
-        return hits[0]
 
 
 class SlotModel:
     """An IR with LoRA slots, compiled, its stacks shared with its infer request."""
 
     def __init__(self, xml: Path, layout: Layout, inputs: Sequence[str],
-                 outputs: Sequence[Output], config: Mapping[str, str]) -> None:  # fmt: skip
+                 outputs: Sequence[Output], config: Mapping[str, str],
+                 core: OvCore | None = None) -> None:  # fmt: skip
         import openvino as ov
 
+        core = core or ov.Core()
         self.layout = layout
         self.inputs = tuple(inputs)
         self.stacks = SlotStacks(layout)
-        self.compiled = ov.Core().compile_model(str(xml), "CPU", dict(config))
+        self.compiled = core.compile_model(str(xml), "CPU", dict(config))
         self.request = self.compiled.create_infer_request()
         self._ports = {o: i for i, o in enumerate(outputs)}
-        for layer in layout.layers:
-            a, b = self.stacks.arrays(layer)
-            self.request.set_tensor(layout.a_input(layer), ov.Tensor(a, shared_memory=True))
-            self.request.set_tensor(layout.b_input(layer), ov.Tensor(b, shared_memory=True))
+        self._bound = -1  # the stacks' version the request holds
+
+    def put(self, slot: int, weights: Mapping[str, tuple[Array, Array]], scaling: float) -> None:
+        """As ``SlotStacks.put``: the next ``run`` sees it, nothing is compiled again."""
+        self.stacks.put(slot, weights, scaling)
 
     def run(self, feed: Mapping[str, Array], slots: Array, output: Output) -> Array:
         """``output`` for the token ``feed`` with each row's adapter slot."""
+        import openvino as ov
+
+        if self._bound != self.stacks.version:  # they grew: new arrays to share
+            for layer in self.layout.layers:
+                a, b = self.stacks.arrays(layer)
+                self.request.set_tensor(
+                    self.layout.a_input(layer), ov.Tensor(a, shared_memory=True)
+                )
+                self.request.set_tensor(
+                    self.layout.b_input(layer), ov.Tensor(b, shared_memory=True)
+                )
+            self._bound = self.stacks.version
         for name in self.inputs:
             self.request.set_tensor(name, _tensor(feed[name]))
         self.request.set_tensor(SLOT_INPUT, _tensor(slots))
@@ -239,4 +324,12 @@ def _tensor(x: Array) -> Any:
     return ov.Tensor(np.ascontiguousarray(x, dtype=np.int64))
 
 
-__all__ = ["SLOT_INPUT", "Layout", "SlotModel", "SlotStacks", "convert_slots"]
+__all__ = [
+    "SLOT_INPUT",
+    "TRAINED",
+    "Layout",
+    "SlotModel",
+    "SlotStacks",
+    "convert_slots",
+    "ensure_slots",
+]

@@ -1,0 +1,200 @@
+"""Adapters served inside an OpenVINO graph (runtimes/openvino_slots.py and the
+runtime's ``prepare_adapters``): a batch's rows with different adapters, or none,
+against PEFT running each adapter alone at fp32; more adapters than slots; a layout
+widened for an adapter's layers; what cannot be slotted is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fleetserve.lora.load import read_adapter
+from fleetserve.runtimes import Head, Output
+from fleetserve.wire import InvalidInput
+
+from ..extras import needs
+from ..tiny_lora import make_lora, peft_mean, token_feed
+from ..tinymodels import build_bert
+
+pytestmark = [pytest.mark.slow, needs("torch", "peft", extra="train")]
+
+TEXTS = ["the quick brown fox", "hello world", "lazy dog sleeps", "river bank money"]
+PAIRS = ["a dog", "the bank of the river", "money", "sleeps"]  # a cross-encoder's documents
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("ov-slots")
+    base = build_bert(root / "bert")
+    adapters = {  # ranks 2, 4 and 8; the first on fewer layers
+        "a": make_lora(base, root / "a", seed=1, rank=2, targets=("query", "value")),
+        "b": make_lora(base, root / "b", seed=2, rank=4, alpha=8.0),
+        "c": make_lora(base, root / "c", seed=3, rank=8, targets=("query", "key", "dense")),
+    }
+    return base, adapters
+
+
+def runtime(base: Path, cache: Path, slots: int, head: Head = Head.BASE) -> Any:
+    from fleetserve.runtimes.openvino import OpenVinoRuntime
+
+    rt = OpenVinoRuntime(precision="fp32", cache_dir=cache, adapter_slots=slots, max_rank=8)
+    rt.load(base, head)
+    return rt
+
+
+def add(rt: Any, key: str, adapter: Path) -> None:
+    tensors, scaling = read_adapter(adapter)
+    rt.lora_bank().add(key, tensors, scaling)
+
+
+def run(rt: Any, base: Path, keys: list[str | None]) -> np.ndarray[Any, Any]:
+    """TEXTS through ``rt``, row ``i`` with adapter ``keys[i]``, as the worker runs it."""
+    from fleetserve.lora.mixed import segments_of
+
+    f = token_feed(base, TEXTS)
+    ids, mask, types = f["input_ids"], f["attention_mask"], f["token_type_ids"]
+    if not any(keys):
+        out: np.ndarray[Any, Any] = rt.run(ids, mask, Output.MEAN, types)
+        return out
+    with rt.lora_bank().plan(segments_of(keys), len(keys)):
+        out = rt.run(ids, mask, Output.MEAN, types)
+    return out
+
+
+def want(base: Path, adapters: dict[str, Path], keys: list[str | None]) -> np.ndarray[Any, Any]:
+    refs = {k: peft_mean(base, adapters[k] if k else None, TEXTS) for k in set(keys)}
+    return np.stack([refs[k][i] for i, k in enumerate(keys)])
+
+
+def test_each_row_runs_its_adapter_as_peft_does_in_parts_past_the_slots(
+    made: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    """Three adapters of ranks 2, 4 and 8 in a graph with two slots: the batch runs in
+    two parts of contiguous rows, each row as PEFT runs its adapter alone."""
+    base, adapters = made
+    rt = runtime(base, tmp_path, slots=2)
+    assert rt.in_graph and not rt.takes_adapters
+    rt.prepare_adapters()
+    assert rt.takes_adapters and rt.adapter_bytes() > 0
+    for key, path in adapters.items():
+        add(rt, key, path)
+    keys: list[str | None] = ["a", None, "b", "c"]
+    np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
+    assert np.abs(run(rt, base, ["c"] * 4) - want(base, adapters, [None] * 4)).max() > 1e-3
+
+
+def test_slots_are_reused_least_recently_used_first_with_nothing_compiled_again(
+    made: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    base, adapters = made
+    rt = runtime(base, tmp_path, slots=1)
+    rt.prepare_adapters()
+    compiled = rt.lora_bank().model.compiled
+    for key, path in adapters.items():
+        add(rt, key, path)
+    for keys in (["a"] * 4, ["b", "b", None, None], ["a", None, "a", None], ["c"] * 4):
+        np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
+    assert rt.lora_bank().model.compiled is compiled
+    assert rt.lora_bank().keys()[-1] == "c"  # least recently used first
+
+
+def test_base_only_batches_stay_on_the_served_graph(
+    made: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    base, adapters = made
+    rt = runtime(base, tmp_path, slots=2)
+    rt.prepare_adapters()
+    add(rt, "b", adapters["b"])
+    bank = rt.lora_bank()
+    bank.run = None  # a base-only batch never reaches the slots
+    np.testing.assert_allclose(run(rt, base, [None] * 4), want(base, adapters, [None] * 4),
+                               atol=1e-5)  # fmt: skip
+
+
+def test_an_adapter_on_other_layers_gets_a_wider_layout(
+    made: tuple[Path, dict[str, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slots start on the layers fine-tuning targets; an adapter on another Linear layer
+    converts a wider graph once, taken up at the next batch."""
+    from fleetserve.runtimes import openvino_lora
+
+    base, adapters = made
+    monkeypatch.setattr(openvino_lora, "TRAINED", ("query",))
+    rt = runtime(base, tmp_path, slots=2)
+    rt.prepare_adapters()
+    first = rt.lora_bank().model
+    tensors, _ = read_adapter(adapters["b"])
+    assert not rt.covers(list(tensors))
+    rt.prepare_adapters(list(tensors))
+    assert rt.covers(list(tensors)) and rt.lora_bank().model is not first
+    add(rt, "b", adapters["b"])
+    keys: list[str | None] = ["b", None, "b", None]
+    np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
+
+
+def test_what_cannot_be_slotted_is_refused_by_name(
+    made: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    base, adapters = made
+    rt = runtime(base, tmp_path, slots=2)
+    rt.prepare_adapters()
+    with pytest.raises(InvalidInput, match="word_embeddings is not a Linear layer") as err:
+        rt.prepare_adapters(["embeddings.word_embeddings"])
+    assert err.value.field == "target_modules" and rt.in_graph  # the slots go on
+    big = make_lora(base, tmp_path / "big", rank=16, targets=("query",))
+    with pytest.raises(InvalidInput, match="rank 16 is above the slot layout's 8") as err:
+        add(rt, "big", big)
+    assert err.value.field == "rank" and "big" not in rt.lora_bank()
+    add(rt, "a", adapters["a"])
+    rt.lora_bank().remove("a")
+    with pytest.raises(KeyError, match="not hot"):
+        run(rt, base, ["a"] * 4)
+
+
+def test_the_first_slots_are_on_what_fine_tuning_targets() -> None:
+    from fleetserve.lora.train.trainer import BERT_TARGETS
+    from fleetserve.runtimes.openvino_lora import TRAINED
+
+    assert TRAINED == BERT_TARGETS
+
+
+# each family that takes adapters, by the head and output its forward runs
+FAMILY_HEADS = {
+    "multivector": (Head.BASE, Output.HIDDEN),
+    "sparse": (Head.MASKED_LM, Output.SPLADE),
+    "cross_encoder": (Head.SEQUENCE_CLASSIFICATION, Output.LOGITS),
+    "ner": (Head.TOKEN_CLASSIFICATION, Output.LOGITS),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_HEADS))
+def test_each_family_head_runs_its_rows_adapters_as_peft_does(family: str, tmp_path: Path) -> None:
+    """The slots go into the whole head's graph: SPLADE's vocabulary transform, a
+    classifier's pooler, a token classifier (dense, by MEAN, above)."""
+    from fleetserve.lora.mixed import segments_of
+
+    from ..tiny_lora import peft_model
+    from ..tiny_onnx import batch, build_head, head_output, model_class
+
+    head, output = FAMILY_HEADS[family]
+    base = build_head(tmp_path / "base", head, seed=5)
+    targets = ("query", "key", "value", "dense")
+    lora = {k: make_lora(base, tmp_path / k, seed=s, rank=r, head=head.value, targets=targets)
+            for k, s, r in (("x", 7, 2), ("y", 8, 4))}  # fmt: skip
+    x = batch(base, TEXTS, PAIRS if head is Head.SEQUENCE_CLASSIFICATION else None)
+    rt = runtime(base, tmp_path / "cache", slots=2, head=head)
+    rt.prepare_adapters()
+    for key, path in lora.items():
+        add(rt, key, path)
+
+    keys: list[str | None] = ["x", None, "y", "x"]
+    with rt.lora_bank().plan(segments_of(keys), len(keys)):
+        got = rt.run(x["ids"], x["mask"], output, token_type_ids=x["types"])
+    refs = {k: head_output(peft_model(base, lora[k], head.value), head, output, x) for k in lora}
+    refs[None] = head_output(model_class(head).from_pretrained(str(base)).eval(), head, output, x)
+    want = np.stack([refs[k][i] for i, k in enumerate(keys)])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.abs(refs["x"] - refs[None]).max() > 1e-3  # the adapter matters
