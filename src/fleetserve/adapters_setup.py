@@ -27,7 +27,7 @@ from .lora.store import open_adapter_store
 from .lora.tiers import AdapterCache
 from .lora.validate import Limits
 from .settings import Settings
-from .worker.lora_hosting import HotTier
+from .worker.lora_tier import HotTier
 from .worker.runner import Runner
 
 log = logging.getLogger("fleetserve")

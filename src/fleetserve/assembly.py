@@ -33,6 +33,7 @@ from .fleet.memory import (
     trim,
 )
 from .fleet.policy import make_policy
+from .lora.bases import ADAPTER_FAMILIES
 from .metrics import Metrics
 from .runtimes import create_runtime
 from .runtimes.cache import weights_fingerprint
@@ -47,6 +48,7 @@ log = logging.getLogger("fleetserve")
 plog = logging.getLogger("fleetserve.profiles")
 SHORT_LIST = 3  # models at start listed one line each; more: a summary (each at debug)
 LOAD_TIMEOUT = 3600.0  # a pinned model's load at start (a first GGUF conversion is slow)
+IN_GRAPH = ADAPTER_FAMILIES - {"generate"}  # whose adapters may run in an OpenVINO graph
 HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()  # Settings.hf_cache's default
 
 
@@ -117,6 +119,7 @@ def build_runner(
         precision: str = profile.precision, runtime: str = profile.runtime or spec.runtime
     ) -> AnyFamily:
         path = weights_path(spec, settings)
+        slots = spec.family in IN_GRAPH and settings.lora_in_graph
         engine = create_runtime(
             runtime,
             device=settings.device,
@@ -124,6 +127,8 @@ def build_runner(
             threads=settings.torch_threads or profile.threads,
             cache_dir=Path(settings.cache_dir).expanduser(),
             options=spec.runtime_options,
+            adapter_slots=settings.max_adapters_per_batch if slots else 0,
+            max_rank=settings.max_adapter_rank,
         )
         return create_family(spec, engine, path)
 

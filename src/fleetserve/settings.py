@@ -219,6 +219,11 @@ class Settings(Limits, Background):
         "lazy: on its first adapter request.",
         groups="adapters",
     )  # fmt: skip
+    lora_in_graph: bool = setting(
+        True, "Run adapters inside the OpenVINO graph of a base served on OpenVINO (LoRA "
+        "slots, one per adapter a batch may mix) rather than on a torch copy of it.",
+        groups="adapters",
+    )  # fmt: skip
     max_adapters_per_batch: int = setting(
         16,
         "Distinct adapters one batch may mix (1: one adapter per batch, as SIE does).",

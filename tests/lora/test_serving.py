@@ -161,6 +161,14 @@ def hold_compute(srv: ServerThread) -> threading.Event:
 def test_requests_for_adapters_and_the_base_share_one_batch_and_equal_peft_alone(
     server: ServerThread, adapters: dict[str, Path], base_dir: Path
 ) -> None:
+    mixed_batches_equal_peft(server, adapters, base_dir)
+
+
+def mixed_batches_equal_peft(
+    server: ServerThread, adapters: dict[str, Path], base_dir: Path
+) -> None:
+    """Requests for each adapter and for the base, queued behind a held compute thread,
+    run in batches that mix them, each row equal to PEFT running its adapter alone."""
     ids = list(adapters)
     for key in ids:  # hot before the batch is held
         encode(server.url, key, ["warm"])

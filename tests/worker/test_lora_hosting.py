@@ -9,7 +9,7 @@ import pytest
 
 from fleetserve.fleet.manager import Fleet
 from fleetserve.fleet.policy import GDSF
-from fleetserve.worker.lora_hosting import HotTier
+from fleetserve.worker.lora_tier import HotTier
 
 
 class Bank:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..fleet.memory import process_limit_bytes
 from ..wire import Priority
-from ..worker.lora_hosting import host_of
+from ..worker.lora_tier import host_of
 
 if TYPE_CHECKING:
     from ..fleet.manager import Fleet

@@ -1,4 +1,4 @@
-"""Adapters in a worker: the hot tier, and each runner's hosting of its base's adapters.
+"""Each runner's hosting of its base's adapters (the parts it is made of: ``lora_tier``).
 
 Requests for different adapters of one base model share the base's runner and its
 batches. Before a request's items join a batch, its adapter must be *hot*: read from
@@ -8,143 +8,35 @@ between batches, so loading one never holds up other traffic. The hot tier is sh
 by the worker's models and bounded in bytes; the least recently used adapter that no
 batch is about to run leaves first.
 
-Adapters run on the torch runtime. A base served on another runtime (the tuned
-ONNX or OpenVINO profile) keeps it for batches of base rows only, and gets a torch
-copy at the profile's precision (where torch has it) for batches with adapter rows,
-base rows included: loaded at start for a model loaded at start
-(``--adapter-hosts eager``), else on its first adapter request, off the hot path.
+Adapters run on the torch runtime, or inside the graph of a runtime that has LoRA
+slots (OpenVINO, ``--lora-in-graph``: a :class:`SlotHost`). A base served on another
+runtime (the tuned ONNX profile) keeps it for batches of base rows only, and gets a
+torch copy at the profile's precision (where torch has it) for batches with adapter
+rows, base rows included. The copy, or the graph with slots, is made at start for a
+model loaded at start (``--adapter-hosts eager``), else on its first adapter request,
+off the hot path, and charged to the memory budget before it is made. A graph with
+slots that cannot be made leaves adapters to a torch copy, saying so once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
-import threading
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from ..families import AnyFamily
 from ..lora.bases import ADAPTER_FAMILIES, check_takes_adapters
 from ..wire import AdapterNotFound, InvalidInput
+from .lora_tier import AdapterHost, AdapterSource, HotTier, SlotHost, host_of, slot_host
 
 if TYPE_CHECKING:
     from ..catalog import ModelSpec
-    from ..lora.mixed import LoraBank
 
 log = logging.getLogger("fleetserve.worker")
-
-
-class AdapterSource(Protocol):
-    """Where a worker finds adapters by their resolved id (``tenant/name@version``)."""
-
-    def hold(self, key: str) -> contextlib.AbstractAsyncContextManager[Path]:
-        """A local directory with the adapter's two files (the warm tier), kept while
-        the block reads it; raises ``AdapterNotFound`` if it was deleted."""
-        ...
-
-    def forget(self, key: str) -> int:
-        """Drop the adapter's local copies (it was deleted)."""
-        ...
-
-    def alive(self, key: str) -> bool:
-        """False once the adapter is known to be deleted (cheap: no I/O)."""
-        ...
-
-    async def check(self, key: str) -> None:
-        """Raise ``AdapterNotFound`` if the adapter was deleted (through any gateway)."""
-        ...
-
-    def pinned(self, key: str) -> bool:
-        """Whether the adapter was uploaded pinned: it never leaves the hot tier."""
-        ...
-
-
-@runtime_checkable
-class AdapterHost(Protocol):
-    """A runtime (torch), or a family running its own model (generation), that runs
-    mixed-adapter batches."""
-
-    @property
-    def takes_adapters(self) -> bool: ...
-
-    def lora_bank(self) -> LoraBank: ...
-
-
-def host_of(adapter: AnyFamily | None) -> AdapterHost | None:
-    """What holds ``adapter``'s LoRA bank: the family (generation runs its own model)
-    or its runtime (torch); None on a runtime that cannot take adapters."""
-    if isinstance(adapter, AdapterHost):
-        return adapter if adapter.takes_adapters else None
-    if adapter is not None and isinstance(adapter.runtime, AdapterHost):
-        return adapter.runtime if adapter.runtime.takes_adapters else None
-    return None
-
-
-class HotTier:
-    """Every hot adapter of a worker, least recently used first, within ``cap`` bytes."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self._lru: OrderedDict[tuple[str, str], tuple[int, LoraBank]] = OrderedDict()
-        self.busy: Counter[tuple[str, str]] = Counter()  # batches about to run them
-        self.pinned: set[tuple[str, str]] = set()  # never evicted
-        self.copies: dict[str, int] = {}  # model -> bytes of its torch copy for adapters
-        self._lock = threading.Lock()  # busy: batches, generation threads, the compute thread
-
-    def mark(self, model: str, key: str, delta: int) -> None:
-        """A batch (or a running sequence) is about to use ``key`` (+1), or is done (-1):
-        an adapter in use never leaves."""
-        with self._lock:
-            self.busy[(model, key)] += delta
-            if self.busy[(model, key)] <= 0:
-                del self.busy[(model, key)]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the hot adapters (what ``cap`` bounds)."""
-        return sum(n for n, _ in self._lru.values())
-
-    @property
-    def held(self) -> int:
-        """Everything adapters hold here: the hot ones and the torch copies of bases."""
-        return self.nbytes + sum(self.copies.values())
-
-    def touch(self, model: str, key: str) -> None:
-        if (model, key) in self._lru:
-            self._lru.move_to_end((model, key))
-
-    def admit(
-        self, model: str, key: str, nbytes: int, bank: LoraBank, *, pinned: bool = False
-    ) -> list[str]:
-        """Count a new hot adapter; evict the least recently used idle, unpinned ones
-        until all fit (call on the compute thread). Returns the evicted ``model:key``s."""
-        self._lru[(model, key)] = (nbytes, bank)
-        if pinned:
-            self.pinned.add((model, key))
-        evicted = []
-        with self._lock:
-            for other in list(self._lru):
-                if self.nbytes <= self.cap:
-                    break
-                if other == (model, key) or self.busy.get(other) or other in self.pinned:
-                    continue
-                _, other_bank = self._lru.pop(other)
-                other_bank.remove(other[1])
-                evicted.append(f"{other[0]}:{other[1]}")
-        return evicted
-
-    def forget(self, model: str, keys: Iterable[str] | None = None) -> None:
-        """A model unloaded (its bank is gone) or adapters deleted."""
-        if keys is None:
-            self.copies.pop(model, None)
-        for m, k in list(self._lru):
-            if m == model and (keys is None or k in keys):
-                del self._lru[(m, k)]
-                self.pinned.discard((m, k))
 
 
 class AdapterHosting:
@@ -216,13 +108,13 @@ class AdapterHosting:
         return {"runtime": rt.name, "precision": rt.precision, "hot": hot}
 
     async def prepare(self) -> None:
-        """Load the torch copy now (a model loaded at start, before any adapter)."""
-        if (
-            self._hosting is not None
-            and self.torch_factory is not None
-            and self.spec.family in ADAPTER_FAMILIES
-        ):
-            await self._to_torch()
+        """Make the adapter host now (a model loaded at start, before any adapter): the
+        graph with slots on the layers fine-tuning targets, or the torch copy."""
+        if self._hosting is not None and self.spec.family in ADAPTER_FAMILIES:
+            served = self._served()
+            slots = served is not None and slot_host(served) is not None
+            if slots or self.torch_factory is not None:
+                await self._ready()
 
     def mark(self, key: str, delta: int) -> None:
         if self._hosting is not None:
@@ -265,7 +157,6 @@ class AdapterHosting:
         source, tier = self._hosting
         from ..lora.load import read_adapter
 
-        await self._to_torch()
         loop = asyncio.get_running_loop()
         reader = ThreadPoolExecutor(1, thread_name_prefix="adapter")
         try:
@@ -273,6 +164,7 @@ class AdapterHosting:
                 tensors, scaling = await loop.run_in_executor(reader, read_adapter, path)
         finally:
             reader.shutdown(wait=False)
+        await self._ready(list(tensors))  # a torch copy, or slots on the adapter's layers
         model = self.spec.id
 
         def add() -> list[str]:  # on the compute thread, between batches
@@ -302,14 +194,19 @@ class AdapterHosting:
             raise RuntimeError(f"model {self.spec.id} is not on an adapter runtime")
         return host
 
-    async def _to_torch(self) -> None:
-        """A torch copy of the base if it runs elsewhere (once, on a loader thread)."""
+    async def _ready(self, modules: Sequence[str] = ()) -> None:
+        """An adapter host for adapters on ``modules``: the served graph with slots on
+        them where its runtime may have slots, else a torch copy of the base if it runs
+        elsewhere (once, on a loader thread)."""
         if self._rehosting is None:
             self._rehosting = asyncio.Lock()
         async with self._rehosting:
             current = self._served()
             if current is None:
                 raise RuntimeError(f"model {self.spec.id} is not loaded")
+            slots = slot_host(current)
+            if slots is not None and await self._slots(current, slots, modules):
+                return
             if host_of(current) is not None or self._copy is not None:
                 return
             factory = self.torch_factory
@@ -350,6 +247,44 @@ class AdapterHosting:
             self._copy = fresh
             copies[self.spec.id] = fresh.memory_bytes() or estimate
 
+    async def _slots(self, current: AnyFamily, rt: SlotHost, modules: Sequence[str]) -> bool:
+        """Slots on ``modules`` in ``current``'s graph, charged as a load is before the
+        first are made; False where they cannot be made (then adapters go to a torch
+        copy). An adapter's module that is not a Linear layer raises its 400."""
+        if rt.takes_adapters and rt.covers(modules):
+            return True
+        assert self._hosting is not None
+        copies = self._hosting[1].copies
+        first = not rt.takes_adapters
+        if first:
+            estimate = current.memory_bytes()  # as the served graph's, until it is made
+            if self.room is not None:
+                await self.room(self.spec.id, estimate)
+            copies[self.spec.id] = estimate
+        loop = asyncio.get_running_loop()
+        loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+        try:
+            await loop.run_in_executor(loader, _prepare, rt, list(modules))
+        except InvalidInput:
+            if first:
+                copies.pop(self.spec.id, None)
+            if not modules:  # (no layer fine-tuning targets: an adapter brings its own)
+                return True
+            raise
+        except Exception as exc:
+            if first:
+                copies.pop(self.spec.id, None)
+            log.warning("%s: no LoRA slots in its %s graph (%s): adapters run on a torch "
+                        "copy", self.spec.id, current.runtime.name, exc)  # fmt: skip
+            return False
+        finally:
+            loader.shutdown(wait=False)
+        copies[self.spec.id] = rt.adapter_bytes()
+        if first:
+            log.info("%s: batches with adapters run in its %s %s graph, with LoRA slots",
+                     self.spec.id, current.runtime.name, current.runtime.precision)  # fmt: skip
+        return True
+
     def plan(
         self, keys: list[str | None], host: AnyFamily | None = None
     ) -> contextlib.AbstractContextManager[None]:
@@ -378,3 +313,12 @@ class AdapterHosting:
         self._copy = None
         if self._hosting is not None:
             self._hosting[1].forget(self.spec.id)
+
+
+def _prepare(rt: SlotHost, modules: list[str]) -> None:
+    """Slots on ``modules``, and what reading an adapter imports (torch, which a graph
+    with slots kept from an earlier conversion does not need: imported on the first
+    adapter's request, it took 0.9 to 1.3 s of its first call)."""
+    rt.prepare_adapters(modules)
+    importlib.import_module("fleetserve.lora.load")
+    importlib.import_module("fleetserve.lora.mixed")

@@ -1,0 +1,77 @@
+"""Adapters of a base served on OpenVINO, end to end: with ``--lora-in-graph`` (the
+default) they run inside its graph, with LoRA slots, and no torch copy is made; off,
+on a torch copy. Either way a batch mixes adapters and the base, each row equal to PEFT
+running its adapter alone at fp32, and more adapters than slots take turns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import TINY, ServerThread, tiny_settings
+from tests.lora.test_serving import adapters, encode, mixed_batches_equal_peft
+from tests.tinymodels import build_bert, write_spec
+
+pytestmark = pytest.mark.slow
+__all__ = ["adapters"]  # the fixture: three adapters uploaded to this module's server
+SLOTS = 2  # fewer than the adapters: they take turns in the slots
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bert(tmp_path_factory.mktemp("lora-ov") / "bert")
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["in-graph", "torch-copy"])
+def server(
+    request: pytest.FixtureRequest, base_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
+    root = tmp_path_factory.mktemp("lora-ov-server")
+    write_spec(root / "catalog", TINY, base_dir, runtime="openvino")
+    settings = tiny_settings(
+        root / "catalog",
+        cache_dir=str(root / "cache"),
+        adapter_store=(root / "adapters").as_uri(),
+        lora_in_graph=request.param,
+        max_adapters_per_batch=SLOTS,
+    )
+    srv = ServerThread(settings).start()
+    yield srv
+    srv.stop()
+
+
+def model_info(srv: ServerThread) -> dict[str, Any]:
+    r = httpx.get(f"{srv.url}/v1/models", timeout=10)
+    (info,) = [m for m in r.json()["data"] if m["id"] == TINY]
+    return dict(info)
+
+
+def test_a_batch_mixes_adapters_and_the_base_each_row_as_peft_alone(
+    server: ServerThread, adapters: dict[str, Path], base_dir: Path
+) -> None:
+    mixed_batches_equal_peft(server, adapters, base_dir)
+
+
+def test_adapter_batches_run_where_the_setting_says_and_are_charged(
+    server: ServerThread, adapters: dict[str, Path]
+) -> None:
+    encode(server.url, next(iter(adapters)), ["warm"])
+    assert server.server is not None
+    settings = server.server.settings
+    runner: Any = server.server.runners[TINY]
+    hosting = runner.adapters
+    where = model_info(server)["adapters"]
+    base_rt = runner.family.runtime
+    tier = hosting._hosting[1]
+    if settings.lora_in_graph:
+        assert (where["runtime"], where["precision"]) == ("openvino", "fp32")
+        assert hosting.host_family is runner.family  # no torch copy
+        assert tier.copies[TINY] == base_rt.adapter_bytes() > 0
+    else:
+        assert where["runtime"] == "torch"
+        assert hosting.host_family is not runner.family
+        assert tier.copies[TINY] > 0
