@@ -61,7 +61,8 @@ async def open_registry(
 
 
 async def prepare_hosts(settings: Settings, runners: Mapping[str, Runner]) -> None:
-    """With ``adapter_hosts=eager``, the torch copies of the loaded models now."""
+    """With ``adapter_hosts=eager``, the adapter hosts of the loaded models now: their
+    graphs with LoRA slots, or their torch copies."""
     if settings.adapter_hosts not in ("eager", "lazy"):
         raise ValueError(f"adapter_hosts must be eager or lazy, not {settings.adapter_hosts!r}")
     if settings.adapter_hosts == "lazy":
@@ -71,7 +72,13 @@ async def prepare_hosts(settings: Settings, runners: Mapping[str, Runner]) -> No
             try:
                 await r.adapters.prepare()
             except Exception as exc:  # adapters then fail alone; the base serves
-                log.warning("%s: no torch copy for adapters: %s", model, exc)
+                log.warning("%s: no adapter host (slots or a torch copy): %s", model, exc)
+
+
+async def settle_hosts(runners: Mapping[str, Runner]) -> None:
+    """At stop: wait for the adapter hosts' background work (a fit of the LoRA slots)."""
+    for r in runners.values():
+        await r.adapters.settle()
 
 
 @dataclass(frozen=True)

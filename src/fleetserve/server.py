@@ -310,6 +310,9 @@ class EmbeddedServer(Service):
         if self.finetuning is not None:
             await self.finetuning.queue.close()
         if self.adapters is not None:
+            from .adapters_setup import settle_hosts
+
+            await settle_hosts(self.runners)
             await self.adapters.close()
         self.tracer.shutdown()
 

@@ -214,9 +214,9 @@ class Settings(Limits, Background):
         groups="adapters",
     )  # fmt: skip
     adapter_hosts: str = setting(
-        "eager", "eager: a model loaded at start whose profile runs on ONNX or OpenVINO also "
-        "loads its torch copy for adapter batches then, so a first upload serves at once; "
-        "lazy: on its first adapter request.",
+        "eager", "eager: a model loaded at start whose profile runs on OpenVINO also makes "
+        "its graph with LoRA slots then (on ONNX: loads its torch copy for adapter batches), "
+        "so a first upload serves at once; lazy: on its first adapter request.",
         groups="adapters",
     )  # fmt: skip
     lora_in_graph: bool = setting(

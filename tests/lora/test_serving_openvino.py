@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.conftest import TINY, ServerThread, tiny_settings
-from tests.lora.test_serving import adapters, encode, mixed_batches_equal_peft
+from tests.lora.test_serving import TEXTS, adapters, encode, mixed_batches_equal_peft
 from tests.tinymodels import build_bert, write_spec
 
 pytestmark = pytest.mark.slow
@@ -75,3 +76,73 @@ def test_adapter_batches_run_where_the_setting_says_and_are_charged(
         assert where["runtime"] == "torch"
         assert hosting.host_family is not runner.family
         assert tier.copies[TINY] > 0
+
+
+def test_the_slots_narrow_to_the_layers_the_adapters_use(base_dir: Path, tmp_path: Path) -> None:
+    """An adapter on query and value alone: the graph made at start has slots on every
+    layer fine-tuning targets; it narrows in the background, serving the while."""
+    from tests.lora.test_serving import reference, upload
+    from tests.tiny_lora import make_lora
+    from tests.waiting import wait_for
+
+    write_spec(tmp_path / "catalog", TINY, base_dir, runtime="openvino")
+    settings = tiny_settings(tmp_path / "catalog", cache_dir=str(tmp_path / "cache"),
+                             adapter_store=(tmp_path / "adapters").as_uri())  # fmt: skip
+    srv = ServerThread(settings).start()
+    try:
+        path = make_lora(base_dir, tmp_path / "qv", seed=31, rank=4, targets=("query", "value"))
+        key = upload(srv.url, path, "qv").json()["id"]
+        assert srv.server is not None
+        rt: Any = srv.server.runners[TINY].family.runtime
+        wide = set(rt.lora_bank().model.layout.layers)
+        first = encode(srv.url, key)
+        wait_for(lambda: set(rt.lora_bank().model.layout.layers) < wide, 30, "narrower slots")
+        np.testing.assert_allclose(encode(srv.url, key), first, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(first, reference(base_dir, path, TEXTS), atol=1e-5, rtol=0)
+    finally:
+        srv.stop()
+
+
+def test_a_stopped_server_waits_for_the_fit_in_flight(
+    base_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fit's conversion runs on a thread nothing can cancel: the server's stop waits
+    for it, so no conversion goes on behind a stopped server (one did in a test run,
+    and its warning filters broke the next test's conversion)."""
+    import threading
+
+    from fleetserve.runtimes.openvino import OpenVinoRuntime
+    from fleetserve.worker.lora_hosting import AdapterHosting
+    from tests.lora.test_serving import upload
+    from tests.tiny_lora import make_lora
+
+    started, release, finished, settling = (threading.Event() for _ in range(4))
+
+    def fit(self: OpenVinoRuntime) -> bool:
+        started.set()
+        release.wait(30)
+        finished.set()
+        return False
+
+    real_settle = AdapterHosting.settle
+
+    async def settle(self: AdapterHosting) -> None:
+        settling.set()
+        await real_settle(self)
+
+    monkeypatch.setattr(OpenVinoRuntime, "fit_adapters", fit)
+    monkeypatch.setattr(AdapterHosting, "settle", settle)
+    write_spec(tmp_path / "catalog", TINY, base_dir, runtime="openvino")
+    settings = tiny_settings(tmp_path / "catalog", cache_dir=str(tmp_path / "cache"),
+                             adapter_store=(tmp_path / "adapters").as_uri())  # fmt: skip
+    srv = ServerThread(settings).start()
+    path = make_lora(base_dir, tmp_path / "qv", seed=32, rank=4, targets=("query", "value"))
+    encode(srv.url, upload(srv.url, path, "qv").json()["id"])
+    assert started.wait(30), "no fit started"
+    seen: list[bool] = []
+    stopper = threading.Thread(target=lambda: (srv.stop(), seen.append(finished.is_set())))
+    stopper.start()
+    assert settling.wait(30), "the stop did not wait for the adapter hosts"
+    release.set()
+    stopper.join(60)
+    assert seen == [True]

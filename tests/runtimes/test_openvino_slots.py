@@ -198,3 +198,30 @@ def test_each_family_head_runs_its_rows_adapters_as_peft_does(family: str, tmp_p
     want = np.stack([refs[k][i] for i, k in enumerate(keys)])
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert np.abs(refs["x"] - refs[None]).max() > 1e-3  # the adapter matters
+
+
+def test_slots_fit_to_the_layers_the_hot_adapters_use(
+    made: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    """Each slot costs time on every adapter batch: the graph narrows to the layers the
+    hot adapters use, widens again for one that needs more, and a narrower graph made
+    while an adapter on another layer came is not taken up."""
+    base, adapters = made
+    rt = runtime(base, tmp_path, slots=2)
+    rt.prepare_adapters()
+    wide = set(rt.lora_bank().model.layout.layers)
+    add(rt, "a", adapters["a"])  # query and value only
+    assert rt.fit_adapters()
+    narrow = set(rt.lora_bank().model.layout.layers)
+    assert narrow < wide and all(n.endswith(("query", "value")) for n in narrow)
+    assert not rt.fit_adapters()  # fit already
+    keys: list[str | None] = ["a", None, "a", None]
+    np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
+    tensors, _ = read_adapter(adapters["c"])  # query, key and dense: wider again
+    rt.prepare_adapters(list(tensors))
+    add(rt, "c", adapters["c"])
+    keys = ["a", "c", None, "c"]
+    np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
+    stale, _ = rt._slot_model(sorted(narrow), ())  # made for "a" alone, before "c" came
+    assert not rt.lora_bank().swap(stale)
+    np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)

@@ -9,6 +9,7 @@ Importing this module needs neither torch nor transformers (serving from a cache
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,12 @@ from .base import Head, Output
 
 if TYPE_CHECKING:
     import torch
+
+TRACING = threading.Lock()
+"""Held while a head graph is traced (an ONNX export, an OpenVINO conversion): each
+silences the tracer's notes with ``warnings.catch_warnings``, which swaps the process's
+one list of filters, so two traces on two threads at once would each put back the
+other's (a background fit of LoRA slots beside a load's conversion)."""
 
 OUTPUTS: dict[Head, tuple[Output, ...]] = {
     Head.BASE: (Output.MEAN, Output.CLS, Output.HIDDEN),

@@ -27,7 +27,7 @@ from rich.console import Console
 from ..catalog.entries import build_entry
 from .base import Head, Output
 from .cache import DEFAULT_CACHE, weights_fingerprint
-from .head_graph import OUTPUTS, head_graph, per_token
+from .head_graph import OUTPUTS, TRACING, head_graph, per_token
 from .onnx_guard import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
 
 log = logging.getLogger("fleetserve.runtimes.onnx")
@@ -141,7 +141,7 @@ def _export_graph(path: Path, head: Head, dest: Path) -> None:
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in graph.inputs}
     for o in graph.outputs:
         axes[str(o)] = {0: "batch", 1: "sequence"} if per_token(head, o) else {0: "batch"}
-    with warnings.catch_warnings(), torch.no_grad():
+    with TRACING, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
         torch.onnx.export(
             graph.module,

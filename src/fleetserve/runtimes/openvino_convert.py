@@ -24,7 +24,7 @@ from rich.console import Console
 from ..catalog.entries import build_entry
 from .base import Head
 from .cache import weights_fingerprint
-from .head_graph import OUTPUTS, head_graph
+from .head_graph import OUTPUTS, TRACING, head_graph
 
 try:
     import openvino as ov
@@ -103,7 +103,7 @@ def convert(path: Path, head: Head, dest: Path) -> None:
     import torch
 
     inputs = [(n, ov.PartialShape([-1, -1]), ov.Type.i64) for n in graph.inputs]
-    with warnings.catch_warnings(), torch.no_grad():
+    with TRACING, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python code
         model = ov.convert_model(
             graph.module, example_input=graph.tensors(graph.example(2, 8)), input=inputs

@@ -35,7 +35,7 @@ from ..wire import InvalidInput
 from ..wire.values import Array
 from .base import Head, Output
 from .engines import OvCore
-from .head_graph import head_graph
+from .head_graph import TRACING, head_graph
 
 if TYPE_CHECKING:
     import torch
@@ -143,7 +143,7 @@ def convert_slots(
     for out_features, in_features in layers.values():  # any number of slots, any rank
         shapes += [(ov.PartialShape([-1, in_features, -1]), ov.Type.f32),
                    (ov.PartialShape([-1, -1, out_features]), ov.Type.f32)]  # fmt: skip
-    with warnings.catch_warnings(), torch.no_grad():
+    with TRACING, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python code
         model = ov.convert_model(SlotGraph().eval(), example_input=tuple(feed), input=shapes)
     for port, name in zip(model.inputs, names, strict=True):

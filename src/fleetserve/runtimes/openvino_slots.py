@@ -11,8 +11,10 @@ once the batch that used it is done. A batch with more distinct adapters than sl
 runs in parts of contiguous rows.
 
 The graph (a :class:`~fleetserve.runtimes.openvino_lora.SlotModel`) may be replaced by
-one whose layout covers more layers (``swap``, from a loader thread): the next batch
-takes it up and fills its slots again from the hot adapters.
+one with slots on other layers (``swap``, from a loader thread): more, for an adapter
+on a layer the graph has none on; fewer, just the ones the hot adapters use (each slot
+costs time on every batch with adapters). The next batch takes it up and fills its
+slots again from the hot adapters.
 """
 
 from __future__ import annotations
@@ -89,16 +91,17 @@ class SlotBank:
         """Keep one adapter: ``tensors`` maps its module names to (A, B). An
         ``InvalidInput`` names a module the layout has no slot on, or a shape that is not
         its layer's."""
-        layout = self.model.layout
-        weights: dict[str, tuple[Array, Array]] = {}
-        for module, (a, b) in tensors.items():
-            layer = layout.layer_of(module)
-            wa, wb = a.float().numpy(), b.float().numpy()
-            layout.check(layer, wa.shape, wb.shape)
-            weights[layer] = (wa, wb)
-        nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
-        hot = SlotAdapter(key, weights, float(scaling), nbytes)
-        self._hot[key] = hot
+        with self._swap:  # the layout it is read against is the one a swap checks
+            layout = (self._next or self._model).layout
+            weights: dict[str, tuple[Array, Array]] = {}
+            for module, (a, b) in tensors.items():
+                layer = layout.layer_of(module)
+                wa, wb = a.float().numpy(), b.float().numpy()
+                layout.check(layer, wa.shape, wb.shape)
+                weights[layer] = (wa, wb)
+            nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
+            hot = SlotAdapter(key, weights, float(scaling), nbytes)
+            self._hot[key] = hot
         slot = self._slots.pop(key, None)
         if slot is not None:  # (a new version of one in a slot: put again on next use)
             self._model.stacks.clear(slot)
@@ -110,10 +113,21 @@ class SlotBank:
         if slot is not None:
             self._model.stacks.clear(slot)
 
-    def swap(self, model: SlotModel) -> None:
-        """Run the next batches on ``model`` (a layout with more layers)."""
+    def used(self) -> set[str]:
+        """The layers the hot adapters have weights on."""
         with self._swap:
+            return {layer for hot in self._hot.values() for layer in hot.weights}
+
+    def swap(self, model: SlotModel) -> bool:
+        """Run the next batches on ``model`` (a layout with other layers), where it has
+        slots on every layer of every hot adapter; False where it lacks one (an adapter
+        came while it was made)."""
+        with self._swap:
+            if any(model.layout.find(layer) is None for hot in self._hot.values()
+                   for layer in hot.weights):  # fmt: skip
+                return False
             self._next = model
+            return True
 
     # -- one batch ------------------------------------------------------------------
     @contextlib.contextmanager

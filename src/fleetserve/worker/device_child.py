@@ -186,6 +186,9 @@ class DeviceProcess(Service):
             await self.stop_tasks()
             await self.queue.close()
             if self.adapters is not None:
+                from ..adapters_setup import settle_hosts
+
+                await settle_hosts(self.runners)
                 await self.adapters.close()
             for nc in (self._nats, self._models_nats):
                 if nc is not None:

@@ -58,6 +58,7 @@ class AdapterHosting:
         self._hosting: tuple[AdapterSource, HotTier] | None = None
         self._loads: dict[str, asyncio.Future[None]] = {}  # adapters being made hot
         self._rehosting: asyncio.Lock | None = None
+        self._fitting: asyncio.Future[None] | None = None  # slots fit to the hot adapters
         self._copy: AnyFamily | None = None  # the base on torch, beside a non-torch runtime
         self.torch_factory: Callable[[], AnyFamily] | None = None  # the model on torch
         # room in the fleet's budget for bytes more beside this model (its torch copy),
@@ -176,6 +177,37 @@ class AdapterHosting:
         evicted = await loop.run_in_executor(self._forward, add)
         if evicted:
             log.info("adapters left the hot tier: %s", ", ".join(evicted))
+        served = self._served()
+        if served is not None and slot_host(served) is not None and self._fitting is None:
+            self._fitting = asyncio.ensure_future(self._fit(served))
+            self._fitting.add_done_callback(self._fitted)
+
+    async def _fit(self, served: AnyFamily) -> None:
+        """Slots on just the layers the hot adapters use, made in the background (the
+        adapters serve meanwhile on the graph they are in), one fit at a time."""
+        rt = slot_host(served)
+        assert rt is not None and self._hosting is not None and self._rehosting is not None
+        async with self._rehosting:  # (not while slots are widened for an adapter)
+            loop = asyncio.get_running_loop()
+            loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+            try:
+                fit = await loop.run_in_executor(loader, rt.fit_adapters)
+                if fit and self._served() is served:  # (still loaded: still charged)
+                    self._hosting[1].copies[self.spec.id] = rt.adapter_bytes()
+                    log.info("%s: LoRA slots now on the layers its hot adapters use", self.spec.id)
+            finally:
+                loader.shutdown(wait=False)
+
+    async def settle(self) -> None:
+        """Wait for a fit in flight (its conversion runs on a thread that cannot be
+        cancelled): a stopped server leaves no conversion running behind it."""
+        if self._fitting is not None:
+            await asyncio.wait([self._fitting])
+
+    def _fitted(self, fut: asyncio.Future[None]) -> None:
+        self._fitting = None
+        if not fut.cancelled() and (exc := fut.exception()) is not None:
+            log.warning("%s: LoRA slots not fit to its adapters: %s", self.spec.id, exc)
 
     async def _drop(self, key: str) -> None:
         """A deleted adapter leaves memory and disk (pinned or not)."""
@@ -198,6 +230,10 @@ class AdapterHosting:
         """An adapter host for adapters on ``modules``: the served graph with slots on
         them where its runtime may have slots, else a torch copy of the base if it runs
         elsewhere (once, on a loader thread)."""
+        current = self._served()
+        slots = slot_host(current) if current is not None else None
+        if slots is not None and slots.takes_adapters and slots.covers(modules):
+            return  # (not behind a fit to the hot adapters' layers: it took 4 s)
         if self._rehosting is None:
             self._rehosting = asyncio.Lock()
         async with self._rehosting:

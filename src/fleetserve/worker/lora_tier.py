@@ -105,6 +105,10 @@ class SlotHost(Protocol):
         """Slots on ``modules`` too (blocking: a loader thread's work)."""
         ...
 
+    def fit_adapters(self) -> bool:
+        """Slots on just the layers its hot adapters use (blocking); whether it changed."""
+        ...
+
     def adapter_bytes(self) -> int:
         """What its graph with slots holds."""
         ...

@@ -263,6 +263,9 @@ class WorkerProcess(Service):
         if self.jobs is not None:
             await self.jobs.close()
         if self.adapters is not None:
+            from ..adapters_setup import settle_hosts
+
+            await settle_hosts(self.runners)
             await self.adapters.close()
         if self.js is not None:
             await self.js.close()
