@@ -4,10 +4,12 @@
 in one run on one machine:
 
 - dense MiniLM: closed-loop clients send the same traffic (4 short texts a request)
-  to the base model, and spread evenly over 8 rank-16 adapters (called as
-  ``base:adapter`` through ``/v1/embeddings``), on three servers: as tuned (the base
-  on its tuned runtime, adapter batches on torch), with the base on torch as well
-  (a profile directory saying so: the same runtime as adapter batches), and one
+  to the base model, spread evenly over 8 rank-16 adapters (called as
+  ``base:adapter`` through ``/v1/embeddings``), and to one of them alone, on four
+  servers: as tuned (the base on its tuned runtime; adapter batches in its graph where
+  that is OpenVINO, with LoRA slots, else on a torch copy), as tuned with
+  ``--lora-in-graph false`` (adapter batches on a torch copy), with the base on torch
+  as well (a profile directory saying so: the same runtime as adapter batches), and one
   adapter per batch (``--max-adapters-per-batch 1``, SIE's way);
 - upload to first served request for a rank-16 MiniLM adapter (the first and the
   second);
@@ -36,7 +38,7 @@ from rich.markup import escape
 from .fleet import machine_facts
 from .fleet_server import Server
 from .lora_models import MINILM, SMOLLM, make_adapters, upload
-from .lora_report import BASE, MIXED, MIXED_TORCH, SINGLE, TUNED, table, write
+from .lora_report import BASE, MIXED, MIXED_COPY, MIXED_TORCH, ONE, SINGLE, TUNED, table, write
 
 TEXTS = [
     "How long does a building permit take?",
@@ -178,12 +180,13 @@ def dense(args: argparse.Namespace, work: Path, console: Console) -> dict[str, A
 
     out: dict[str, Any] = {}
     tuned = Server("lora-tuned", common("tuned"), logs, src=src)
+    copy = Server("lora-copy", [*common("copy"), "--lora-in-graph", "false"], logs, src=src)
     profiles = str(torch_profiles(work / "p", MINILM))
     on_torch = Server("lora-torch", [*common("torch"), "--profile-dir", profiles], logs, src=src)
     single = Server(
         "lora-single", [*common("single"), "--max-adapters-per-batch", "1"], logs, src=src
     )
-    servers = (tuned, on_torch, single)
+    servers = (tuned, copy, on_torch, single)
     try:
         for srv in servers:
             srv.wait_ready()
@@ -198,10 +201,13 @@ def dense(args: argparse.Namespace, work: Path, console: Console) -> dict[str, A
         ids = [f"default/a{k}" for k in range(len(adapters))]
         base = embed(lambda i: MINILM)
         spread = embed(lambda i: f"{MINILM}:{ids[i % len(ids)]}")
+        one = embed(lambda i: f"{MINILM}:{ids[0]}")
         n, secs = args.clients, args.seconds
         phases = {
             TUNED: lambda: closed_loop(tuned.url, n, secs, base),
             MIXED: lambda: closed_loop(tuned.url, n, secs, spread),
+            ONE: lambda: closed_loop(tuned.url, n, secs, one),
+            MIXED_COPY: lambda: closed_loop(copy.url, n, secs, spread),
             BASE: lambda: closed_loop(on_torch.url, n, secs, base),
             MIXED_TORCH: lambda: closed_loop(on_torch.url, n, secs, spread),
             SINGLE: lambda: closed_loop(single.url, n, secs, spread),

@@ -12,6 +12,8 @@ from .fleet_report import _pyplot, plain
 
 TUNED = "base, tuned runtime"
 MIXED = "8 adapters mixed (tuned server)"
+ONE = "1 adapter, every row (tuned server)"
+MIXED_COPY = "8 adapters mixed (torch copy)"
 BASE = "base on torch"
 MIXED_TORCH = "8 adapters mixed (torch server)"
 SINGLE = "8 adapters, one per batch"
@@ -22,7 +24,9 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     out = {
         "mixed / base on torch": t[MIXED_TORCH]["per_s"] / t[BASE]["per_s"],
         "mixed / base on tuned runtime": t[MIXED]["per_s"] / t[TUNED]["per_s"],
-        "mixed / one per batch": t[MIXED_TORCH]["per_s"] / t[SINGLE]["per_s"],
+        "one adapter / base on tuned runtime": t[ONE]["per_s"] / t[TUNED]["per_s"],
+        "mixed, torch copy / base on tuned runtime": t[MIXED_COPY]["per_s"] / t[TUNED]["per_s"],
+        "mixed / one per batch (tuned server)": t[MIXED]["per_s"] / t[SINGLE]["per_s"],
     }
     chat = result.get("chat")
     if chat:
