@@ -142,14 +142,14 @@ def build_runner(
         cls = hardware_class(_device(settings), settings.hardware_class)
         return f"{runtime}\0{cls}\0{facts.library_version(runtime)}"
 
+    def fingerprint() -> bytes:  # a pass holds for the same weights, engine and CPU
+        path = weights_path(spec, settings)
+        return weights_fingerprint(path) + f"\0{engine(runtime_name)}".encode()
+
     verify = None
     if gated(spec, choice):
         from .bench.tune.gate import gate_at_load
         from .bench.tune.verdicts import Verdicts
-
-        def fingerprint() -> bytes:  # a pass holds for the same weights, engine and CPU
-            path = weights_path(spec, settings)
-            return weights_fingerprint(path) + f"\0{engine(runtime_name)}".encode()
 
         verdicts = Verdicts(cache_dir / "gate")
         verify = gate_at_load(spec, profile.precision, make_reference, fingerprint, verdicts)
@@ -219,6 +219,14 @@ def build_runner(
         # adapters run on torch: at the profile's precision where torch has it
         torch_precision = profile.precision if profile.precision != "int8" else "fp32"
         runner.adapters.torch_factory = lambda: make_family(torch_precision, "torch")
+        if runtime_name == "openvino" and spec.family in IN_GRAPH and settings.lora_in_graph:
+            from .bench.tune.slot_gate import SlotGate
+            from .bench.tune.verdicts import Verdicts
+
+            runner.adapters.slot_gate = SlotGate(
+                spec, profile.precision, lambda: make_family("fp32", "torch"), fingerprint,
+                Verdicts(cache_dir / "gate"),
+            )  # fmt: skip
     return runner
 
 

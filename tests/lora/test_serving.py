@@ -168,13 +168,17 @@ def mixed_batches_equal_peft(
     server: ServerThread, adapters: dict[str, Path], base_dir: Path
 ) -> None:
     """Requests for each adapter and for the base, queued behind a held compute thread,
-    run in batches that mix them, each row equal to PEFT running its adapter alone."""
+    run in batches that mix them, each row equal to PEFT running its adapter alone.
+    PEFT runs first: loading it silences a warning with ``warnings.catch_warnings``,
+    which a server's background conversion (a fit of LoRA slots, its own
+    ``catch_warnings``) could undo on another thread meanwhile."""
     ids = list(adapters)
+    calls: list[str | None] = [ids[0], None, ids[1], ids[2], ids[0], None]
+    refs = {key: reference(base_dir, adapters[key] if key else None, TEXTS) for key in {*calls}}
     for key in ids:  # hot before the batch is held
         encode(server.url, key, ["warm"])
     seen = record_batches(server)
     gate = hold_compute(server)
-    calls: list[str | None] = [ids[0], None, ids[1], ids[2], ids[0], None]
     with ThreadPoolExecutor(len(calls) + 1) as pool:
         first = pool.submit(encode, server.url, None, ["hold the line"])  # runs after the gate
         behind_gate(server)
@@ -186,7 +190,6 @@ def mixed_batches_equal_peft(
     mixed = [b for b in seen if len({k for k in b}) > 2]
     assert mixed, f"no batch mixed the adapters and the base: {seen}"
     assert set().union(*map(set, seen[-3:])) == {None, *ids}  # the held requests' batches
-    refs = {key: reference(base_dir, adapters[key] if key else None, TEXTS) for key in {*calls}}
     for key, got in zip(calls, results, strict=True):
         np.testing.assert_allclose(got, refs[key], atol=1e-5, rtol=0)
     assert not np.allclose(refs[ids[0]], refs[None], atol=1e-3)

@@ -146,3 +146,32 @@ def test_a_stopped_server_waits_for_the_fit_in_flight(
     release.set()
     stopper.join(60)
     assert seen == [True]
+
+
+def test_slots_that_fail_the_quality_gate_leave_adapters_to_a_torch_copy(
+    base_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before adapters run in the graph, a seeded adapter on the calibration set runs on
+    the slots and on the fp32 torch reference: slots that come out wrong (here, every
+    delta tripled) fail it, and the adapters serve on a torch copy, still as PEFT."""
+    from fleetserve.runtimes.openvino_lora import SlotStacks
+    from tests.lora.test_serving import reference, upload
+    from tests.tiny_lora import make_lora
+
+    real_put = SlotStacks.put
+
+    def put(self: SlotStacks, slot: int, weights: Any, scaling: float) -> None:
+        real_put(self, slot, weights, 3 * scaling)
+
+    monkeypatch.setattr(SlotStacks, "put", put)
+    write_spec(tmp_path / "catalog", TINY, base_dir, runtime="openvino")
+    settings = tiny_settings(tmp_path / "catalog", cache_dir=str(tmp_path / "cache"),
+                             adapter_store=(tmp_path / "adapters").as_uri())  # fmt: skip
+    srv = ServerThread(settings).start()
+    try:
+        path = make_lora(base_dir, tmp_path / "qv", seed=33, rank=4, targets=("query", "value"))
+        got = encode(srv.url, upload(srv.url, path, "qv").json()["id"])
+        np.testing.assert_allclose(got, reference(base_dir, path, TEXTS), atol=1e-5, rtol=0)
+        assert model_info(srv)["adapters"]["runtime"] == "torch"
+    finally:
+        srv.stop()

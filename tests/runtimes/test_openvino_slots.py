@@ -26,6 +26,12 @@ PAIRS = ["a dog", "the bank of the river", "money", "sleeps"]  # a cross-encoder
 
 
 @pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the module: each IR is converted once, as a server's would be."""
+    return tmp_path_factory.mktemp("ov-slots-cache")
+
+
+@pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("ov-slots")
     base = build_bert(root / "bert")
@@ -70,27 +76,31 @@ def want(base: Path, adapters: dict[str, Path], keys: list[str | None]) -> np.nd
 
 
 def test_each_row_runs_its_adapter_as_peft_does_in_parts_past_the_slots(
-    made: tuple[Path, dict[str, Path]], tmp_path: Path
+    cache: Path, made: tuple[Path, dict[str, Path]]
 ) -> None:
     """Three adapters of ranks 2, 4 and 8 in a graph with two slots: the batch runs in
     two parts of contiguous rows, each row as PEFT runs its adapter alone."""
     base, adapters = made
-    rt = runtime(base, tmp_path, slots=2)
+    rt = runtime(base, cache, slots=2)
     assert rt.in_graph and not rt.takes_adapters
     rt.prepare_adapters()
     assert rt.takes_adapters and rt.adapter_bytes() > 0
+    empty = rt.adapter_bytes()
     for key, path in adapters.items():
         add(rt, key, path)
+    layers = rt.lora_bank().model.layout.layers  # the stacks may grow to 3 slots of rank 8
+    assert rt.lora_bank().stack_bytes() == 3 * 8 * sum(i + o for o, i in layers.values()) * 4
+    assert rt.adapter_bytes() > empty  # charged as the stacks may grow
     keys: list[str | None] = ["a", None, "b", "c"]
     np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
     assert np.abs(run(rt, base, ["c"] * 4) - want(base, adapters, [None] * 4)).max() > 1e-3
 
 
 def test_slots_are_reused_least_recently_used_first_with_nothing_compiled_again(
-    made: tuple[Path, dict[str, Path]], tmp_path: Path
+    cache: Path, made: tuple[Path, dict[str, Path]]
 ) -> None:
     base, adapters = made
-    rt = runtime(base, tmp_path, slots=1)
+    rt = runtime(base, cache, slots=1)
     rt.prepare_adapters()
     compiled = rt.lora_bank().model.compiled
     for key, path in adapters.items():
@@ -102,10 +112,10 @@ def test_slots_are_reused_least_recently_used_first_with_nothing_compiled_again(
 
 
 def test_base_only_batches_stay_on_the_served_graph(
-    made: tuple[Path, dict[str, Path]], tmp_path: Path
+    cache: Path, made: tuple[Path, dict[str, Path]]
 ) -> None:
     base, adapters = made
-    rt = runtime(base, tmp_path, slots=2)
+    rt = runtime(base, cache, slots=2)
     rt.prepare_adapters()
     add(rt, "b", adapters["b"])
     bank = rt.lora_bank()
@@ -115,7 +125,7 @@ def test_base_only_batches_stay_on_the_served_graph(
 
 
 def test_an_adapter_on_other_layers_gets_a_wider_layout(
-    made: tuple[Path, dict[str, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cache: Path, made: tuple[Path, dict[str, Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Slots start on the layers fine-tuning targets; an adapter on another Linear layer
     converts a wider graph once, taken up at the next batch."""
@@ -123,7 +133,7 @@ def test_an_adapter_on_other_layers_gets_a_wider_layout(
 
     base, adapters = made
     monkeypatch.setattr(openvino_lora, "TRAINED", ("query",))
-    rt = runtime(base, tmp_path, slots=2)
+    rt = runtime(base, cache, slots=2)
     rt.prepare_adapters()
     first = rt.lora_bank().model
     tensors, _ = read_adapter(adapters["b"])
@@ -136,10 +146,10 @@ def test_an_adapter_on_other_layers_gets_a_wider_layout(
 
 
 def test_what_cannot_be_slotted_is_refused_by_name(
-    made: tuple[Path, dict[str, Path]], tmp_path: Path
+    cache: Path, made: tuple[Path, dict[str, Path]], tmp_path: Path
 ) -> None:
     base, adapters = made
-    rt = runtime(base, tmp_path, slots=2)
+    rt = runtime(base, cache, slots=2)
     rt.prepare_adapters()
     with pytest.raises(InvalidInput, match="word_embeddings is not a Linear layer") as err:
         rt.prepare_adapters(["embeddings.word_embeddings"])
@@ -201,13 +211,13 @@ def test_each_family_head_runs_its_rows_adapters_as_peft_does(family: str, tmp_p
 
 
 def test_slots_fit_to_the_layers_the_hot_adapters_use(
-    made: tuple[Path, dict[str, Path]], tmp_path: Path
+    cache: Path, made: tuple[Path, dict[str, Path]]
 ) -> None:
     """Each slot costs time on every adapter batch: the graph narrows to the layers the
     hot adapters use, widens again for one that needs more, and a narrower graph made
     while an adapter on another layer came is not taken up."""
     base, adapters = made
-    rt = runtime(base, tmp_path, slots=2)
+    rt = runtime(base, cache, slots=2)
     rt.prepare_adapters()
     wide = set(rt.lora_bank().model.layout.layers)
     add(rt, "a", adapters["a"])  # query and value only

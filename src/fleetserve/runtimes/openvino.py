@@ -120,7 +120,8 @@ class OpenVinoRuntime:
         self._types = False
         self._bytes = 0
         self.from_cache = False  # the compiled model was imported from the entry's cache
-        # LoRA in the graph: slots for this many adapters a batch (0: none), of rank up to
+        # LoRA in the graph: slots for this many adapters a batch (0: none), of rank up
+        # to max_rank
         self.adapter_slots, self.max_rank = adapter_slots, max_rank
         self._source: tuple[Path, Head] | None = None
         self._bank: SlotBank | None = None
@@ -259,6 +260,10 @@ class OpenVinoRuntime:
             raise RuntimeError("a wider graph with slots does not cover the hot adapters")
         self._slot_bytes = nbytes
 
+    def give_up_slots(self) -> None:
+        """No adapters in this graph from now on (its slots failed the gate)."""
+        self.adapter_slots, self._bank, self._slot_bytes = 0, None, 0
+
     def fit_adapters(self) -> bool:
         """Slots on just the layers the hot adapters use, where the graph has them on
         more (each slot costs time on every batch with adapters: MiniLM with slots on
@@ -300,8 +305,11 @@ class OpenVinoRuntime:
                     f"{self._source[0].name}",
                     field="target_modules",
                 )
-            cfg = self.config() | {"CACHE_DIR": str(xml.parent / COMPILED)}
-            model = SlotModel(xml, layout, inputs, outputs, cfg, core())
+            # no CACHE_DIR: OpenVINO sets the process's C locale while it reads or writes
+            # a compiled blob, and this compile runs beside serving (a fit in the
+            # background): other threads decoded text as ASCII meanwhile. Without it,
+            # 0.27 s for MiniLM's (0.14 s from a blob)
+            model = SlotModel(xml, layout, inputs, outputs, self.config(), core())
         except InvalidInput:
             raise
         except Exception:
@@ -311,9 +319,11 @@ class OpenVinoRuntime:
         return model, size + int(size * COMPILED_SHARE.get(self.precision, 1.0))
 
     def adapter_bytes(self) -> int:
-        """What the graph with slots holds, as ``memory_bytes`` counts the served one
-        (its stacks grow with the adapters in its slots: counted with them)."""
-        return self._slot_bytes
+        """What the graph with slots holds, as ``memory_bytes`` counts the served one,
+        and the most its stacks grow to with the hot adapters' largest rank (MiniLM, 16
+        slots of rank 16 on all six Linear layers of each block: 44 MiB)."""
+        bank = self._bank
+        return self._slot_bytes + (bank.stack_bytes() if bank is not None else 0)
 
     def memory_bytes(self) -> int:
         """What the compiled model holds: its own copy of the weights at the precision it

@@ -113,6 +113,16 @@ class SlotBank:
         if slot is not None:
             self._model.stacks.clear(slot)
 
+    def stack_bytes(self) -> int:
+        """The most the graph's stacks grow to with these adapters: every slot at
+        their largest rank (the stacks' rank never shrinks while the model is loaded)."""
+        layout = self.model.layout
+        with self._swap:
+            rank = max((a.shape[0] for h in self._hot.values() for a, _ in h.weights.values()),
+                       default=0)  # fmt: skip
+        per_rank = sum(i + o for o, i in layout.layers.values()) * 4  # float32, A and B
+        return (self.capacity + 1) * max(rank, self._model.stacks.rank) * per_rank
+
     def used(self) -> set[str]:
         """The layers the hot adapters have weights on."""
         with self._swap:

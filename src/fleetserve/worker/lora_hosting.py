@@ -31,7 +31,15 @@ from typing import TYPE_CHECKING
 from ..families import AnyFamily
 from ..lora.bases import ADAPTER_FAMILIES, check_takes_adapters
 from ..wire import AdapterNotFound, InvalidInput
-from .lora_tier import AdapterHost, AdapterSource, HotTier, SlotHost, host_of, slot_host
+from .lora_tier import (
+    AdapterHost,
+    AdapterSource,
+    HotTier,
+    SlotHost,
+    SlotJudge,
+    host_of,
+    slot_host,
+)
 
 if TYPE_CHECKING:
     from ..catalog import ModelSpec
@@ -59,10 +67,13 @@ class AdapterHosting:
         self._loads: dict[str, asyncio.Future[None]] = {}  # adapters being made hot
         self._rehosting: asyncio.Lock | None = None
         self._fitting: asyncio.Future[None] | None = None  # slots fit to the hot adapters
+        self._judged = False  # the served graph's slots passed (or had no) slot_gate
+        # judges the served graph's slots before adapters run there (None: no gate)
+        self.slot_gate: SlotJudge | None = None
         self._copy: AnyFamily | None = None  # the base on torch, beside a non-torch runtime
         self.torch_factory: Callable[[], AnyFamily] | None = None  # the model on torch
-        # room in the fleet's budget for bytes more beside this model (its torch copy),
-        # made as for a load (``Fleet.room_beside``); None: no budget to make room in
+        # room in the fleet's budget for bytes more beside this model (its torch copy or
+        # graph with slots), made as for a load (``Fleet.room_beside``); None: no budget
         self.room: Callable[[str, int], Awaitable[None]] | None = None
 
     def host(self, source: AdapterSource, tier: HotTier) -> None:
@@ -178,7 +189,10 @@ class AdapterHosting:
         if evicted:
             log.info("adapters left the hot tier: %s", ", ".join(evicted))
         served = self._served()
-        if served is not None and slot_host(served) is not None and self._fitting is None:
+        slots = slot_host(served) if served is not None else None
+        if slots is not None:  # its stacks grow with the ranks: charged as they may
+            tier.copies[model] = slots.adapter_bytes()
+        if served is not None and slots is not None and self._fitting is None:
             self._fitting = asyncio.ensure_future(self._fit(served))
             self._fitting.add_done_callback(self._fitted)
 
@@ -232,7 +246,7 @@ class AdapterHosting:
         elsewhere (once, on a loader thread)."""
         current = self._served()
         slots = slot_host(current) if current is not None else None
-        if slots is not None and slots.takes_adapters and slots.covers(modules):
+        if self._judged and slots is not None and slots.takes_adapters and slots.covers(modules):
             return  # (not behind a fit to the hot adapters' layers: it took 4 s)
         if self._rehosting is None:
             self._rehosting = asyncio.Lock()
@@ -301,6 +315,10 @@ class AdapterHosting:
         loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
         try:
             await loop.run_in_executor(loader, _prepare, rt, list(modules))
+            if first and not await self._judge(current, loader):
+                rt.give_up_slots()
+                copies.pop(self.spec.id, None)
+                return False
         except InvalidInput:
             if first:
                 copies.pop(self.spec.id, None)
@@ -309,6 +327,7 @@ class AdapterHosting:
             raise
         except Exception as exc:
             if first:
+                rt.give_up_slots()
                 copies.pop(self.spec.id, None)
             log.warning("%s: no LoRA slots in its %s graph (%s): adapters run on a torch "
                         "copy", self.spec.id, current.runtime.name, exc)  # fmt: skip
@@ -317,9 +336,21 @@ class AdapterHosting:
             loader.shutdown(wait=False)
         copies[self.spec.id] = rt.adapter_bytes()
         if first:
+            self._judged = True
             log.info("%s: batches with adapters run in its %s %s graph, with LoRA slots",
                      self.spec.id, current.runtime.name, current.runtime.precision)  # fmt: skip
         return True
+
+    async def _judge(self, current: AnyFamily, loader: ThreadPoolExecutor) -> bool:
+        """Whether the served graph's new slots pass the quality gate (``slot_gate``):
+        the fp32 reference loads on ``loader``, the comparison runs on the compute
+        thread between batches. True without a gate, or where these weights passed."""
+        gate = self.slot_gate
+        if gate is None:
+            return True
+        loop = asyncio.get_running_loop()
+        ref = await loop.run_in_executor(loader, gate.prepare)
+        return ref is None or await loop.run_in_executor(self._forward, gate.judge, current, ref)
 
     def plan(
         self, keys: list[str | None], host: AnyFamily | None = None
@@ -346,7 +377,7 @@ class AdapterHosting:
 
     def unhost(self) -> None:
         """The model left memory: its torch copy and hot adapters went with it."""
-        self._copy = None
+        self._copy, self._judged = None, False
         if self._hosting is not None:
             self._hosting[1].forget(self.spec.id)
 

@@ -105,12 +105,28 @@ class SlotHost(Protocol):
         """Slots on ``modules`` too (blocking: a loader thread's work)."""
         ...
 
+    def give_up_slots(self) -> None:
+        """Run no adapters in its graph from now on (its slots failed the gate)."""
+        ...
+
     def fit_adapters(self) -> bool:
         """Slots on just the layers its hot adapters use (blocking); whether it changed."""
         ...
 
     def adapter_bytes(self) -> int:
         """What its graph with slots holds."""
+        ...
+
+
+class SlotJudge(Protocol):
+    """The quality gate of a graph's new slots, in two steps (``bench.tune.slot_gate``)."""
+
+    def prepare(self) -> AnyFamily | None:
+        """The fp32 reference, loaded (a loader thread's work); None: passed before."""
+        ...
+
+    def judge(self, candidate: AnyFamily, reference: AnyFamily) -> bool:
+        """Whether ``candidate``'s slots pass (on the compute thread)."""
         ...
 
 
@@ -138,7 +154,8 @@ class HotTier:
         self._lru: OrderedDict[tuple[str, str], tuple[int, Bank]] = OrderedDict()
         self.busy: Counter[tuple[str, str]] = Counter()  # batches about to run them
         self.pinned: set[tuple[str, str]] = set()  # never evicted
-        self.copies: dict[str, int] = {}  # model -> bytes of its torch copy for adapters
+        # model -> bytes of its adapter host beside it: a torch copy or a graph with slots
+        self.copies: dict[str, int] = {}
         self._lock = threading.Lock()  # busy: batches, generation threads, the compute thread
 
     def mark(self, model: str, key: str, delta: int) -> None:

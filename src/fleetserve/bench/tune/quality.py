@@ -21,7 +21,8 @@ import base64
 import io
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,11 +105,13 @@ def replies(
     requests: Sequence[tuple[Task, dict[str, object]]],
     deadline: float | None = None,
     times: list[float] | None = None,
+    plan: Callable[[int], AbstractContextManager[None]] | None = None,
 ) -> list[object]:
     """Each request through preprocess, forward and postprocess; the decoded replies.
     ``deadline`` (``time.monotonic()``): a TimeoutError once it has passed, between two
     requests (the compute thread cannot be interrupted within one). ``times``: each
-    request's seconds are appended to it."""
+    request's seconds are appended to it. ``plan(rows)``: a block each forward runs in
+    (an adapter on every row)."""
     out: list[object] = []
     for task, body in requests:
         if deadline is not None and time.monotonic() > deadline:
@@ -116,7 +119,8 @@ def replies(
         t0 = time.monotonic()
         env = json_envelope(spec.id, task, "calibration")
         prepared = adapter.preprocess(env, json.dumps(body).encode())
-        rows = list(adapter.forward(prepared.items))
+        with plan(len(prepared.items)) if plan is not None else nullcontext():
+            rows = list(adapter.forward(prepared.items))
         out.append(json.loads(adapter.postprocess(env, prepared, rows)))
         if times is not None:
             times.append(time.monotonic() - t0)
