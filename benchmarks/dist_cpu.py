@@ -32,7 +32,7 @@ def _tick() -> int:
 
 def _proc_jiffies(pid: int) -> int:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
         return 0
     f = stat.rsplit(")", 1)[1].split()
@@ -51,7 +51,7 @@ class CpuMeter:
     def sample(self) -> Sample:
         if not self.enabled:
             return Sample(time.monotonic(), 0, 0, 0)
-        cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        cpu = Path("/proc/stat").read_text(encoding="utf-8").split("\n", 1)[0].split()[1:]
         user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, cpu[:8])
         for pid in [os.getpid(), *self.pids()]:
             self._seen[pid] = max(self._seen.get(pid, 0), _proc_jiffies(pid))

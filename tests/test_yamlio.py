@@ -19,7 +19,7 @@ def test_libyaml_reads_where_pyyaml_has_it() -> None:
 
 @pytest.mark.parametrize("path", BUNDLED, ids=lambda p: p.parent.name + "/" + p.name)
 def test_each_bundled_file_reads_as_the_pure_python_loader_reads_it(path: Path) -> None:
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     assert yamlio.load_yaml(text) == yaml.safe_load(text)
 
 

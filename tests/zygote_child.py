@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
 
         print(torch.rand(1).item(), flush=True)
     if what == "atexit":
-        atexit.register(lambda: Path(arg).write_text("ran"))
+        atexit.register(lambda: Path(arg).write_text("ran", encoding="utf-8"))
     if what == "raise":
         raise RuntimeError(arg)
     if what == "say":  # the message as SystemExit's: on stderr, and exit 1

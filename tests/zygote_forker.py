@@ -34,7 +34,9 @@ def run(z: Zygote, *args: str) -> tuple[int, str]:
 
 
 def main(flag: Path) -> None:
-    atexit.register(lambda: flag.write_text("the parent's"))  # runs at our end only
+    atexit.register(
+        lambda: flag.write_text("the parent's", encoding="utf-8")
+    )  # runs at our end only
     env = dict(os.environ)
     z = Zygote(env, preload=["json"])
     print("forks", z.forks())
@@ -57,7 +59,7 @@ def main(flag: Path) -> None:
     print("raise", code, said.strip().splitlines()[-1])
     code, said = run(z, "say", "a message")
     print("say", code, said.strip())
-    print("atexit", run(z, "atexit", str(flag))[0], flag.read_text())
+    print("atexit", run(z, "atexit", str(flag))[0], flag.read_text(encoding="utf-8"))
     flag.unlink()
     r, w = os.pipe()
     sleeper = z.spawn(CHILD, ["sleep"], env, fds=(0, w, 2))

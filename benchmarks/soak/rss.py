@@ -22,7 +22,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 def _stat(pid: int) -> tuple[int, float] | None:
     """(parent pid, CPU seconds) from ``/proc/PID/stat``; None if it is gone."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
         return None
     rest = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
@@ -31,7 +31,7 @@ def _stat(pid: int) -> tuple[int, float] | None:
 
 def _rss(pid: int) -> int:
     try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        return int(Path(f"/proc/{pid}/statm").read_text(encoding="utf-8").split()[1]) * PAGE
     except (OSError, IndexError, ValueError):
         return 0
 

@@ -94,7 +94,7 @@ def add_key(path: Path, *, tenant: str, scopes: str, name: str = "") -> tuple[Ke
     )
     source = f"keys file {path}"
     try:
-        old = path.read_text()
+        old = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         old = ""
     entries = parse_keys(old, source)  # a broken file stays as it is

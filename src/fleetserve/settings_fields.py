@@ -172,7 +172,7 @@ def _coerce(f: dataclasses.Field[object], value: Any) -> Any:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    data = load_yaml(path.read_text()) or {}
+    data = load_yaml(path.read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping")
     return {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -121,7 +121,7 @@ def free_port() -> int:
     import random
     import socket
 
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="utf-8").split()[0])
     bottom = max(1024, low - 12000)
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")

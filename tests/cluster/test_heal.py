@@ -186,7 +186,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     try:  # a zombie is dead too
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False

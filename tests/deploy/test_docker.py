@@ -43,7 +43,7 @@ class Stage:
 
 def stages(path: Path) -> tuple[dict[str, str], list[Stage]]:
     """Global ARG defaults, and each stage's instructions (continuations joined)."""
-    text = re.sub(r"\\\n", " ", path.read_text())
+    text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
     args: dict[str, str] = {}
     out: list[Stage] = []
     for raw in text.splitlines():

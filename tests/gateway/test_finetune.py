@@ -188,7 +188,7 @@ async def test_a_text_over_train_max_chars_is_a_400_unless_truncate(
 
 def rss() -> int:
     """This process's resident set (bytes)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")

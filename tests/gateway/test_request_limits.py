@@ -23,7 +23,7 @@ DEEP = b"[" * 1000 + b"]" * 1000  # 2 KB
 
 
 def rss() -> int:
-    with open("/proc/self/status") as f:
+    with open("/proc/self/status", encoding="utf-8") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024

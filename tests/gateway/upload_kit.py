@@ -143,7 +143,7 @@ class PairsFile:
 
 
 def status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise AssertionError(f"no {field} in /proc/{pid}/status")
@@ -151,7 +151,7 @@ def status_kib(pid: int, field: str) -> int:
 
 def reset_peak(pid: int) -> None:
     with contextlib.suppress(OSError):  # "5" resets VmHWM to the current RSS (Linux 4.0+)
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        Path(f"/proc/{pid}/clear_refs").write_text("5", encoding="utf-8")
 
 
 def post(

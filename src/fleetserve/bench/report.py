@@ -13,7 +13,7 @@ _FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8
 
 def cpu_model() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -24,7 +24,7 @@ def cpu_model() -> str:
 def cpu_flags() -> list[str]:
     """The speed-relevant ISA flags of /proc/cpuinfo (empty where there is none)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("flags"):
                 have = set(line.split(":", 1)[1].split())
                 return [f for f in _FLAGS if f in have]

@@ -198,7 +198,7 @@ def memory_source(root: Path = Path("/")) -> tuple[int, str]:
 
 def _cpuinfo(file: Path, arch: str) -> tuple[str, frozenset[str]]:
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
     except OSError:
         return platform.processor() or arch, frozenset()
     model, flags = "", set[str]()

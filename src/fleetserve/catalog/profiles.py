@@ -248,7 +248,7 @@ class Profiles:
 def read_profile_file(path: Path, hardware_class: str = "", bundled: bool = False) -> ProfileFile:
     """Parse one profile file; any problem is a :class:`ProfileError` naming the field."""
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ProfileError(f"profile file {path}: cannot read it ({detail})") from None

@@ -95,7 +95,7 @@ class _ForkedZygote:
 def _running(pid: int) -> bool:
     """Whether the process is there and not a zombie (whoever reaps it)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False

@@ -114,7 +114,7 @@ def _st_dense(folder: Path) -> Dense:
 
 
 def _pylate_settings(file: Path) -> dict[str, object]:
-    cfg = json.loads(file.read_text()) if file.is_file() else {}
+    cfg = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
     keys = {
         "query_prefix": "query_prefix",
         "document_prefix": "document_prefix",
@@ -130,7 +130,7 @@ def _pylate_settings(file: Path) -> dict[str, object]:
 
 
 def _stanford_settings(file: Path) -> dict[str, object]:
-    meta = json.loads(file.read_text()) if file.is_file() else {}
+    meta = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
     return {
         "query_prefix": meta.get("query_token_id", "[unused0]"),
         "document_prefix": meta.get("doc_token_id", "[unused1]"),

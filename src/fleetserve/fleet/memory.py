@@ -27,7 +27,7 @@ _FORMS = "bytes (123456), a size (512MiB, 2GiB, 800M, 1.5G) or a percent (60%)"
 
 def _status_bytes(key: str, pid: int | str = "self") -> int:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
@@ -48,7 +48,7 @@ def peak_bytes() -> int:
 def reset_peak() -> None:
     """Linux: writing 5 to clear_refs resets the peak resident set (VmHWM)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
+        with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
             f.write("5")
     except OSError:
         pass

@@ -196,7 +196,7 @@ def read_keys_file(path: Path) -> list[KeyEntry]:
     """The entries of a keys file; ``ValueError`` if it is missing, unreadable or bad."""
     source = f"keys file {path}"
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"{source} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -134,7 +134,7 @@ def map_weights(module: torch.nn.Module, entry: Path) -> Mapping:
 def _range_of(file: Path, inside: int) -> Mapping:
     """The mapping of ``file`` that holds address ``inside`` (``/proc/self/maps``)."""
     name = str(file.resolve())
-    with open("/proc/self/maps") as maps:
+    with open("/proc/self/maps", encoding="utf-8") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             if len(fields) < 6 or fields[5].strip() != name:

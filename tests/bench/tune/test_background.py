@@ -122,7 +122,10 @@ def child_pid(bt: BackgroundTuner) -> int | None:
 
 
 def stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0] in (
+        "T",
+        "t",
+    )
 
 
 def profile_files(root: Path) -> list[Path]:
@@ -394,6 +397,9 @@ def tune_children(ppid: int) -> list[int]:
 
 def zombie(pid: int) -> bool:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        return (
+            Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0]
+            == "Z"
+        )
     except OSError:
         return True

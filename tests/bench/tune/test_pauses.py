@@ -147,7 +147,7 @@ async def test_a_search_under_traffic_measures_each_window_once(
 
 
 def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
@@ -156,7 +156,7 @@ def _stopped(pid: int, want: bool) -> bool:
     asynchronously)."""
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
-        st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        st = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0]
         if (st in ("T", "t")) == want:
             return True
         time.sleep(0.005)

@@ -81,7 +81,7 @@ def test_a_tune_writes_a_profile_with_provenance_and_a_report(
     assert not any(c["processes"] > 1 for c in ids.values())
     for key in ("markdown", "json", "png"):
         assert Path(run["report"][key]).is_file()
-    md = Path(run["report"]["markdown"]).read_text()
+    md = Path(run["report"]["markdown"]).read_text(encoding="utf-8")
     assert f"Winner: `{run['winner']}`" in md and "noise" in md
 
 

@@ -39,7 +39,7 @@ def pairs_file(path: Path, n: int = 40, seed: int = 0) -> Path:
                 "positive": f"the {words[0]} and the {words[1]} {' '.join(words[2:])}",
             }
         )
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
 

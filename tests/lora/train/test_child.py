@@ -59,7 +59,12 @@ class Children(Events):
         for pid in pids:
             with contextlib.suppress(OSError):
                 self.parents.add(
-                    int(Path(f"/proc/{pid}/stat").read_text().rsplit(")")[1].split()[1])
+                    int(
+                        Path(f"/proc/{pid}/stat")
+                        .read_text(encoding="utf-8")
+                        .rsplit(")")[1]
+                        .split()[1]
+                    )
                 )
 
 

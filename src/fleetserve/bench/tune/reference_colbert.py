@@ -76,7 +76,7 @@ class ColbertAi:
         self._log: IO[str] | None = None
 
     def load(self) -> None:
-        log = tempfile.TemporaryFile("w+")  # noqa: SIM115  # closed with the child
+        log = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115  # closed with the child
         proc = subprocess.Popen(
             [sys.executable, "-P", str(CHILD), str(self.library), str(self.path.resolve())],
             stdin=subprocess.PIPE,

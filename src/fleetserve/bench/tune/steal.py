@@ -56,7 +56,7 @@ def parse(text: str) -> CpuTimes | None:
 def read(path: Path = PROC_STAT) -> CpuTimes | None:
     """This machine's CPU times now, or ``None`` where ``path`` cannot be read."""
     try:
-        return parse(path.read_text())
+        return parse(path.read_text(encoding="utf-8"))
     except OSError:
         return None
 

@@ -109,7 +109,7 @@ class TuneChild:
         if pid is None:
             return 0
         try:
-            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+            resident = int(Path(f"/proc/{pid}/statm").read_text(encoding="utf-8").split()[1])
         except (OSError, ValueError, IndexError):
             return 0
         return resident * PAGE
@@ -151,7 +151,7 @@ class TuneChild:
 def last_error(log_file: Path) -> str:
     """The child's ``error:`` line, if it printed one."""
     try:
-        lines = log_file.read_text(errors="replace").splitlines()
+        lines = log_file.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return ""
     errors = [ln.strip() for ln in lines if "error:" in ln]

@@ -330,7 +330,7 @@ def _quiet() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # also what C code would print
     os.close(null)
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # for the child's lifetime
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  # for the child's lifetime
     warnings.simplefilter("ignore")
     try:
         datasets: ModuleType = importlib.import_module("datasets")
