@@ -350,7 +350,7 @@ class AdapterHosting:
             return True
         loop = asyncio.get_running_loop()
         ref = await loop.run_in_executor(loader, gate.prepare)
-        return ref is None or await loop.run_in_executor(self._forward, gate.judge, current, ref)
+        return ref is None or await loop.run_in_executor(self._forward, gate.passes, current, ref)
 
     def plan(
         self, keys: list[str | None], host: AnyFamily | None = None

@@ -125,7 +125,7 @@ class SlotJudge(Protocol):
         """The fp32 reference, loaded (a loader thread's work); None: passed before."""
         ...
 
-    def judge(self, candidate: AnyFamily, reference: AnyFamily) -> bool:
+    def passes(self, candidate: AnyFamily, reference: AnyFamily) -> bool:
         """Whether ``candidate``'s slots pass (on the compute thread)."""
         ...
 

@@ -43,7 +43,7 @@ def test_slots_pass_once_and_the_pass_is_kept(tmp_path: Path) -> None:
     verdicts = Verdicts(tmp_path / "gate")
     gate = SlotGate(spec, "fp32", reference, lambda: b"weights", verdicts)
     ref = gate.prepare()
-    assert ref is not None and gate.judge(served, ref)
+    assert ref is not None and gate.passes(served, ref)
     assert KEY not in served.runtime.lora_bank()  # the gate's adapter leaves
     again = SlotGate(spec, "fp32", reference, lambda: b"weights", verdicts)
     assert again.prepare() is None and loads == [1]  # kept: nothing loaded, compared

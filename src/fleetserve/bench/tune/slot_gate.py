@@ -21,6 +21,7 @@ import numpy as np
 from ...catalog import ModelSpec
 from ...families import AnyFamily
 from ...worker.lora_tier import Bank, host_of
+from .gate import Factory, LoadGate
 from .quality import Quality, calibration, compare, replies
 from .verdicts import Verdicts
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("fleetserve.bench.tune")
-Factory = Callable[[], AnyFamily]  # an unloaded family
 KEY = "fleetserve/slot-gate@1"  # the gate's adapter, never a tenant's (no tenant has "@1/")
 RANK, SEED = 8, 0
 # each targeted layer's delta about GAIN times its input's size: enough to move the
@@ -36,10 +36,12 @@ RANK, SEED = 8, 0
 GAIN, SCALING = 0.1, 1.0
 
 
-class SlotGate:
-    """The runner's adapter hosting calls it in two steps, as ``LoadGate``: ``prepare``
-    loads the fp32 reference (on a loader thread), ``judge`` compares (forward passes:
-    on the compute thread, between batches)."""
+class SlotGate(LoadGate):
+    """The runner's adapter hosting calls it in two steps, as the load gate's:
+    ``prepare`` loads the fp32 reference (on a loader thread; None where the same
+    weights passed before), ``passes`` compares (forward passes: on the compute thread,
+    between batches). Its verdicts are kept as the load gate's, under the precision
+    ``"<precision> with LoRA slots"``."""
 
     def __init__(
         self,
@@ -49,51 +51,27 @@ class SlotGate:
         fingerprint: Callable[[], bytes] | None = None,
         verdicts: Verdicts | None = None,
     ) -> None:
-        self.spec, self.precision, self.reference = spec, precision, reference
-        self.fingerprint, self.verdicts = fingerprint, verdicts
-        self._judged: bytes | None = None
+        super().__init__(spec, f"{precision} with LoRA slots", reference, fingerprint, verdicts)
 
-    @property
-    def what(self) -> str:
-        """What the verdicts call this gate's precision."""
-        return f"{self.precision} with LoRA slots"
-
-    def prepare(self) -> AnyFamily | None:
-        """The fp32 reference, loaded; None where the same weights passed before."""
-        self._judged = self._print()
-        judged, verdicts = self._judged, self.verdicts
-        if judged is not None and verdicts is not None and verdicts.passed(self._key(judged)):
-            return None
-        ref = self.reference()
-        ref.load()
-        return ref
-
-    def judge(self, candidate: AnyFamily, reference: AnyFamily) -> bool:
+    def passes(self, candidate: AnyFamily, reference: AnyFamily) -> bool:
         """Whether the slots of ``candidate`` (its graph's) pass; said in the log."""
         q = slot_check(self.spec, candidate, reference)
         if q.passed:
-            log.info("%s: adapters in its %s graph passed the quality gate (%s %.6f)",
+            log.info("%s: adapters in its graph (%s) passed the quality gate (%s %.6f)",
                      self.spec.id, self.precision, q.metric, q.value)  # fmt: skip
+            self._passed = self._judged
             if self.verdicts is not None and self._judged is not None:
-                self.verdicts.record(self._key(self._judged), self.spec.id, self.what, q)
+                key = self._key(self._judged)
+                self.verdicts.record(key, self.spec.id, self.precision, q)
             return True
+        self._passed = None
         log.warning(
-            "%s: adapters in its %s graph fail the quality gate (%s %.6f, needs %g%s); "
+            "%s: adapters in its graph (%s) fail the quality gate (%s %.6f, needs %g%s); "
             "they run on a torch copy instead",
             self.spec.id, self.precision, q.metric, q.value, q.threshold,
             f"; {q.detail}" if q.detail else "",
         )  # fmt: skip
         return False
-
-    def _print(self) -> bytes | None:
-        try:
-            return self.fingerprint() if self.fingerprint is not None else None
-        except OSError:  # unreadable: judged every time
-            return None
-
-    def _key(self, fingerprint: bytes) -> str:
-        assert self.verdicts is not None
-        return self.verdicts.key(self.spec.id, self.what, fingerprint)
 
 
 def slot_check(spec: ModelSpec, candidate: AnyFamily, reference: AnyFamily) -> Quality:
