@@ -32,17 +32,17 @@ def server(
     request: pytest.FixtureRequest, base_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerThread]:
     root = tmp_path_factory.mktemp("lora-ov-server")
-    write_spec(root / "catalog", TINY, base_dir, runtime="openvino")
-    settings = tiny_settings(
-        root / "catalog",
-        cache_dir=str(root / "cache"),
-        adapter_store=(root / "adapters").as_uri(),
-        lora_in_graph=request.param,
-        max_adapters_per_batch=SLOTS,
-    )
-    srv = ServerThread(settings).start()
+    srv = ov_server(base_dir, root, lora_in_graph=request.param, max_adapters_per_batch=SLOTS)
     yield srv
     srv.stop()
+
+
+def ov_server(base_dir: Path, root: Path, **overrides: Any) -> ServerThread:
+    """A started server of the tiny BERT on OpenVINO, its stores under ``root``."""
+    write_spec(root / "catalog", TINY, base_dir, runtime="openvino")
+    settings = tiny_settings(root / "catalog", cache_dir=str(root / "cache"),
+                             adapter_store=(root / "adapters").as_uri(), **overrides)  # fmt: skip
+    return ServerThread(settings).start()
 
 
 def model_info(srv: ServerThread) -> dict[str, Any]:
@@ -85,10 +85,7 @@ def test_the_slots_narrow_to_the_layers_the_adapters_use(base_dir: Path, tmp_pat
     from tests.tiny_lora import make_lora
     from tests.waiting import wait_for
 
-    write_spec(tmp_path / "catalog", TINY, base_dir, runtime="openvino")
-    settings = tiny_settings(tmp_path / "catalog", cache_dir=str(tmp_path / "cache"),
-                             adapter_store=(tmp_path / "adapters").as_uri())  # fmt: skip
-    srv = ServerThread(settings).start()
+    srv = ov_server(base_dir, tmp_path)
     try:
         path = make_lora(base_dir, tmp_path / "qv", seed=31, rank=4, targets=("query", "value"))
         key = upload(srv.url, path, "qv").json()["id"]
@@ -132,10 +129,7 @@ def test_a_stopped_server_waits_for_the_fit_in_flight(
 
     monkeypatch.setattr(OpenVinoRuntime, "fit_adapters", fit)
     monkeypatch.setattr(AdapterHosting, "settle", settle)
-    write_spec(tmp_path / "catalog", TINY, base_dir, runtime="openvino")
-    settings = tiny_settings(tmp_path / "catalog", cache_dir=str(tmp_path / "cache"),
-                             adapter_store=(tmp_path / "adapters").as_uri())  # fmt: skip
-    srv = ServerThread(settings).start()
+    srv = ov_server(base_dir, tmp_path)
     path = make_lora(base_dir, tmp_path / "qv", seed=32, rank=4, targets=("query", "value"))
     encode(srv.url, upload(srv.url, path, "qv").json()["id"])
     assert started.wait(30), "no fit started"
@@ -164,10 +158,7 @@ def test_slots_that_fail_the_quality_gate_leave_adapters_to_a_torch_copy(
         real_put(self, slot, weights, 3 * scaling)
 
     monkeypatch.setattr(SlotStacks, "put", put)
-    write_spec(tmp_path / "catalog", TINY, base_dir, runtime="openvino")
-    settings = tiny_settings(tmp_path / "catalog", cache_dir=str(tmp_path / "cache"),
-                             adapter_store=(tmp_path / "adapters").as_uri())  # fmt: skip
-    srv = ServerThread(settings).start()
+    srv = ov_server(base_dir, tmp_path)
     try:
         path = make_lora(base_dir, tmp_path / "qv", seed=33, rank=4, targets=("query", "value"))
         got = encode(srv.url, upload(srv.url, path, "qv").json()["id"])
