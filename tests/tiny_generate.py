@@ -43,8 +43,9 @@ def build_tokenizer(path: Path) -> None:
     fast.save_pretrained(str(path))
 
 
-def build_llama(path: Path, *, seed: int = 0, max_positions: int = 256) -> Path:
-    """A random LlamaForCausalLM (hidden 32, 2 layers) and its tokenizer in ``path``."""
+def build_llama(path: Path, *, seed: int = 0, max_positions: int = 256, hidden: int = 32) -> Path:
+    """A random LlamaForCausalLM (hidden 32 unless told, 2 layers) and its tokenizer in
+    ``path``."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -52,8 +53,8 @@ def build_llama(path: Path, *, seed: int = 0, max_positions: int = 256) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(SPECIALS) + 256,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

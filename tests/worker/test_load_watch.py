@@ -147,7 +147,9 @@ async def test_a_reloaded_model_is_charged_what_the_process_holds_for_it(
     """The bundled MiniLM as this class's profile serves it (ONNX Runtime or OpenVINO
     on the CPUs here): its runtime counts its 86 MiB of weights; the engine holds more
     (100-140 MiB grown on a 2-core cpu-avx2). Loaded, evicted and loaded again, the
-    charge is within 10 % of what the process grew by for it."""
+    charge is within 10 % of what the process grew by for it, or 2 MiB where the
+    engine kept its memory from the last load (a loaded CI runner's reload grew 6 MiB,
+    charged 4.8: the load's own Python objects are about 1 MiB it does not see)."""
     from fleetserve.assembly import build_catalog, build_profiles, build_runner
     from fleetserve.fleet.memory import rss_bytes, trim
     from fleetserve.metrics import Metrics
@@ -172,5 +174,5 @@ async def test_a_reloaded_model_is_charged_what_the_process_holds_for_it(
     grown = rss_bytes() - before
     counted = runner.memory["counted"]
     assert counted > 0
-    assert abs(held.weights - grown) <= 0.1 * grown, (held, grown, runner.memory)
+    assert abs(held.weights - grown) <= max(0.1 * grown, 2 << 20), (held, grown, runner.memory)
     runner.unload()
