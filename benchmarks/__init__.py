@@ -21,7 +21,7 @@ COMMANDS = {
     "families": ("families", "every model family, HTTP against in-process"),
     "fleet": ("fleet", "eviction policies on a Zipf trace; latency during a cold load"),
     "lora": ("lora", "mixed-adapter batches against the base and one adapter per batch"),
-    "lora-slots": ("lora_slots", "LoRA slots in the OpenVINO graph against the base IR"),
+    "lora-slots": ("lora_slots", "LoRA slots in a runtime's graph against its served graph"),
     "priority": ("priority", "queries under bulk load; the broker hop; against infinity"),
     "finetune": ("finetune", "a LoRA from pairs through the API: nDCG@10, time, cost"),
     "soak": ("soak", "mixed traffic, a worker killed, NATS restarted: RSS growth, loss"),

@@ -3,7 +3,9 @@
 ``python -m benchmarks lora`` starts ``fleetserve serve`` children from this tree and,
 in one run on one machine:
 
-- dense MiniLM: closed-loop clients send the same traffic (4 short texts a request)
+- dense MiniLM (``--runtime``: the base on that runtime rather than as tuned, and the
+  figures in ``lora-<runtime>-<class>``): closed-loop clients send the same traffic (4
+  short texts a request)
   to the base model, spread evenly over 8 rank-16 adapters (called as
   ``base:adapter`` through ``/v1/embeddings``), and to one of them alone, on four
   servers: as tuned (the base on its tuned runtime; adapter batches in its graph where
@@ -57,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--skip-chat", action="store_true")
     p.add_argument("--out", default="docs/bench")
+    p.add_argument("--runtime", default="", choices=("", "openvino", "onnx", "torch"),
+                   help="serve the base on this runtime rather than as tuned (a profile "
+                   "directory saying so; onnx at fp32)")  # fmt: skip
     return p
 
 
@@ -156,9 +161,10 @@ def rounds(
     return {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in seen.items()}
 
 
-def torch_profiles(root: Path, model: str) -> Path:
-    """A profile directory that serves ``model`` on torch at the precision this machine's
-    profile picks (the same runtime as adapter batches): the base on torch alone."""
+def profiles_on(root: Path, model: str, runtime: str = "torch") -> Path:
+    """A profile directory that serves ``model`` on ``runtime`` at the precision this
+    machine's profile picks (fp32 on ONNX Runtime): on torch, the same runtime as
+    adapter batches on a torch copy."""
     from fleetserve.assembly import build_profiles
     from fleetserve.catalog import Catalog
     from fleetserve.catalog.profiles import write_profile_file
@@ -166,7 +172,8 @@ def torch_profiles(root: Path, model: str) -> Path:
 
     choice = build_profiles(Settings()).choose(Catalog.load().get(model))
     precision = choice.profile.precision if choice.profile.precision != "int8" else "fp32"
-    profile = replace(choice.profile, runtime="torch", precision=precision)
+    precision = "fp32" if runtime == "onnx" else precision
+    profile = replace(choice.profile, runtime=runtime, precision=precision, adapters="")
     write_profile_file(root, model, profile, {"written_by": "python -m benchmarks lora"})
     return root
 
@@ -175,13 +182,18 @@ def dense(args: argparse.Namespace, work: Path, console: Console) -> dict[str, A
     adapters = make_adapters(MINILM, work / "minilm", 8, rank=16, targets=("query", "value"))
     logs, src = work / "logs", Path("src")
 
+    served = []  # the base on --runtime rather than as tuned
+    if args.runtime:
+        served = ["--profile-dir", str(profiles_on(work / "served", MINILM, args.runtime))]
+
     def common(name: str) -> list[str]:  # each server's adapters in a store of its own
-        return ["--models", MINILM, "--adapter-store", (work / f"store-{name}").as_uri()]
+        store = (work / f"store-{name}").as_uri()
+        return ["--models", MINILM, "--adapter-store", store, *(served if name != "torch" else [])]
 
     out: dict[str, Any] = {}
     tuned = Server("lora-tuned", common("tuned"), logs, src=src)
     copy = Server("lora-copy", [*common("copy"), "--lora-in-graph", "false"], logs, src=src)
-    profiles = str(torch_profiles(work / "p", MINILM))
+    profiles = str(profiles_on(work / "p", MINILM))
     on_torch = Server("lora-torch", [*common("torch"), "--profile-dir", profiles], logs, src=src)
     single = Server(
         "lora-single", [*common("single"), "--max-adapters-per-batch", "1"], logs, src=src
@@ -270,5 +282,6 @@ def main(argv: Sequence[str] = ()) -> int:
             console.print(f"[red]error:[/] {escape(str(exc))}")
             return 1
     console.print(table(result))
-    write(Path(args.out), f"lora-{facts['hardware_class']}", {**facts, **result}, console)
+    stem = f"lora-{args.runtime}-" if args.runtime else "lora-"
+    write(Path(args.out), stem + facts["hardware_class"], {**facts, **result}, console)
     return 0

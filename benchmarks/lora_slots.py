@@ -1,14 +1,14 @@
-"""LoRA slots inside the OpenVINO graph against the base IR, in process.
+"""LoRA slots inside a runtime's graph against its served graph, in process.
 
-``python -m benchmarks lora-slots`` converts the bundled MiniLM twice (the base IR, as
-served, and the IR with LoRA slots of ``runtimes/openvino_lora.py``), makes 8 random
-rank-16 adapters on query, key, value and dense, and times one batch of random token
-ids through each compiled model at the given precision: the base; the slot graph with
-every row on slot 0 (no adapter), with the rows spread over the 8 adapters, and with
-one adapter on every row (the adapters as ``python -m benchmarks lora`` makes them). The
-phases alternate in rounds; medians over rounds of the
-median of each round's batches. Prints the table and writes JSON and a PNG to
-``--out``.
+``python -m benchmarks lora-slots [--runtime openvino|onnx]`` loads the bundled MiniLM
+on the runtime (the served graph) and makes its graph with LoRA slots on query, key,
+value and dense (``runtimes/graph_slots.py``), makes 8 random rank-16 adapters there,
+and times one batch of random token ids through each at the given precision: the
+served graph; the slot graph with every row on slot 0 (no adapter), with the rows
+spread over the 8 adapters, and with one adapter on every row (the adapters as
+``python -m benchmarks lora`` makes them). The phases alternate in rounds; medians over
+rounds of the median of each round's batches. Prints the table and writes JSON and a
+PNG to ``--out``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .fleet import machine_facts
 from .lora_models import MINILM, base_dir, make_adapters
 
 if TYPE_CHECKING:
-    from fleetserve.runtimes.openvino_lora import SlotModel
+    from fleetserve.runtimes.lora_slots import SlotGraph
 
 TARGETS = ("query", "key", "value", "dense")
 SHAPES = ((32, 24), (8, 64), (64, 16))  # (rows, tokens) of a batch
@@ -36,7 +36,8 @@ SHAPES = ((32, 24), (8, 64), (64, 16))  # (rows, tokens) of a batch
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks lora-slots")
-    p.add_argument("--precision", default="bf16", help="INFERENCE_PRECISION_HINT (bf16, f32)")
+    p.add_argument("--runtime", default="openvino", choices=("openvino", "onnx"))
+    p.add_argument("--precision", default="", help="fp32, bf16 [bf16 on openvino, fp32 on onnx]")
     p.add_argument("--adapters", type=int, default=8)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
@@ -46,50 +47,55 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    import openvino as ov
-
     from fleetserve.lora.load import read_adapter
-    from fleetserve.runtimes import Head
-    from fleetserve.runtimes.openvino_convert import convert
-    from fleetserve.runtimes.openvino_lora import SlotModel, convert_slots
+    from fleetserve.lora.train.trainer import BERT_TARGETS
+    from fleetserve.runtimes import Head, Output, create_runtime
 
     args = _parser().parse_args(list(argv))
+    args.precision = args.precision or ("bf16" if args.runtime == "openvino" else "fp32")
+    assert tuple(BERT_TARGETS) == TARGETS  # the slots a graph starts with
     base = base_dir(MINILM)
-    cfg = {"INFERENCE_PRECISION_HINT": args.precision, "PERFORMANCE_HINT": "LATENCY",
-           "NUM_STREAMS": "1"}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="lora-slots-") as tmp:
         work = Path(tmp)
         adapters = make_adapters(MINILM, work, args.adapters, rank=args.rank, targets=TARGETS)
-        convert(base, Head.BASE, work / "base.xml")
-        layout, inputs, outputs = convert_slots(
-            base, Head.BASE, work / "slots.xml", TARGETS, args.adapters + 1, args.rank
-        )
-        slots = SlotModel(work / "slots.xml", layout, inputs, outputs, cfg)
+        rt: Any = create_runtime(args.runtime, device="cpu", precision=args.precision,
+                                 cache_dir=work / "cache", adapter_slots=args.adapters,
+                                 max_rank=args.rank)  # fmt: skip
+        rt.load(base, Head.BASE)
+        rt.prepare_adapters()
+        slots: SlotGraph = rt.lora_bank().model
         for i, path in enumerate(adapters):
             weights, scaling = read_adapter(path)
-            slots.stacks.put(i + 1, {m: (a.numpy(), b.numpy()) for m, (a, b) in weights.items()},
-                             scaling)  # fmt: skip
-        plain = ov.Core().compile_model(str(work / "base.xml"), "CPU", cfg).create_infer_request()
+            slots.put(i + 1, {m: (a.numpy(), b.numpy()) for m, (a, b) in weights.items()},
+                      scaling)  # fmt: skip
         rows: list[dict[str, Any]] = []
         for n, seq in SHAPES:
             ids = np.random.default_rng(0).integers(1000, 20000, (n, seq))
             feed = {"input_ids": ids, "attention_mask": np.ones_like(ids),
                     "token_type_ids": np.zeros_like(ids)}  # fmt: skip
-            phases = _phases(plain, slots, feed, inputs, args.adapters)
+
+            def served(f: dict[str, Any] = feed) -> object:
+                return rt.run(f["input_ids"], f["attention_mask"], Output.MEAN,
+                              f["token_type_ids"])  # fmt: skip
+
+            phases = {"base": served, **_phases(slots, feed, args.adapters)}
             seconds = _rounds(phases, args.rounds, args.batches)
             rows.append({"rows": n, "tokens": seq, "seconds": seconds})
     facts = machine_facts()
-    out = {"machine": facts, "precision": args.precision, "adapters": args.adapters,
+    out = {"machine": facts, "runtime": args.runtime, "precision": args.precision,
+           "adapters": args.adapters,
            "rank": args.rank, "targets": list(TARGETS), "shapes": rows}  # fmt: skip
-    print(f"{facts.get('hardware_class', '?')}, {args.precision}, {args.adapters} adapters "
-          f"of rank {args.rank}; texts/s (ratio to the base)")  # fmt: skip
+    print(f"{facts.get('hardware_class', '?')}, {args.runtime} {args.precision}, "
+          f"{args.adapters} adapters of rank {args.rank}; texts/s (ratio to the base)")  # fmt: skip
     for r in rows:
         base_s = r["seconds"]["base"]
         cells = [f"{p} {r['rows'] / s:,.0f} ({base_s / s:.2f})" for p, s in r["seconds"].items()]
         print(f"{r['rows']}x{r['tokens']}: " + "; ".join(cells))
     dest = Path(args.out)
     dest.mkdir(parents=True, exist_ok=True)
-    path = dest / f"lora-slots-{facts.get('hardware_class', 'unknown')}.json"
+    cls = facts.get("hardware_class", "unknown")
+    path = dest / (f"lora-slots-{cls}.json" if args.runtime == "openvino"
+                   else f"lora-slots-{args.runtime}-{cls}.json")  # fmt: skip
     path.write_text(json.dumps(out, indent=1))
     plot(out, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
@@ -114,7 +120,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("texts/s")
     ax.legend(fontsize=8)
     m = result["machine"]
-    ax.set_title(f"LoRA slots in the OpenVINO graph, {result['precision']}, "
+    ax.set_title(f"LoRA slots in the {result.get('runtime', 'openvino')} graph, "
+                 f"{result['precision']}, "
                  f"{result['adapters']} adapters of rank {result['rank']}\n"
                  f"{m.get('hardware_class', '?')}: {m.get('lscpu_model_name', '?')}",
                  fontsize=9)  # fmt: skip
@@ -124,26 +131,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def _phases(
-    plain: Any, slots: SlotModel, feed: dict[str, Any], inputs: Sequence[str], adapters: int
+    slots: SlotGraph, feed: dict[str, Any], adapters: int
 ) -> dict[str, Callable[[], object]]:
-    """One batch of ``feed`` through the base IR, and through the slots: none, the
-    rows spread over the ``adapters``, one adapter for every row."""
+    """One batch of ``feed`` through the slots: none, the rows spread over the
+    ``adapters``, one adapter for every row."""
     from fleetserve.runtimes import Output
 
-    order = [feed[k] for k in inputs]
-    n = len(order[0])
-
-    def base() -> object:
-        return plain.infer(order)
+    n = len(feed["input_ids"])
 
     def through(slot: Any) -> Callable[[], object]:
         return lambda: slots.run(feed, slot, Output.MEAN)
 
     return {
-        "base": base,
-        "no adapter": through(np.zeros(n)),
+        "no adapter": through(np.zeros(n, np.int64)),
         "mixed": through(np.arange(n) % adapters + 1),
-        "one adapter": through(np.ones(n)),
+        "one adapter": through(np.ones(n, np.int64)),
     }
 
 

@@ -16,6 +16,8 @@ from fleetserve.catalog.profiles import Choice
 from fleetserve.catalog.spec import Profile
 from fleetserve.settings import Settings
 
+from .extras import needs
+
 
 def choice(threads: int = 0) -> Choice:
     cost = CostModel(fixed_ms=1.0, per_token_ms=0.0, per_padded_token_ms=0.01)
@@ -51,6 +53,34 @@ def test_load_runtimes_name_the_profiles_and_the_gates_torch() -> None:
     assert load_runtimes(spec, Choice(ov, "rule", "")) == {"openvino", "torch"}
     fp32 = Profile("cpu-avx2", precision="fp32", runtime="")
     assert load_runtimes(spec, Choice(fp32, "rule", "")) == {"torch"}
+
+
+@pytest.mark.parametrize(
+    ("how", "adapters", "slots", "gate"),
+    [
+        ("tuned", "in_graph", 4, False),  # judged by the tune: not again at load
+        ("tuned", "torch", 0, False),  # the slots failed the tune's gate: none made
+        ("tuned", "", 4, True),  # tuned before the field: judged at load
+        ("fallback", "torch", 4, True),  # another class's verdict is no evidence here
+        ("rule", "", 4, True),
+    ],
+)
+@needs("torch", "openvino", extra="openvino")
+def test_a_tuned_profile_says_where_adapters_run(
+    tmp_path: Path, how: str, adapters: str, slots: int, gate: bool
+) -> None:
+    """A profile tuned on this class carries the tune's verdict on the adapters' graph
+    with LoRA slots (``adapters``); any other profile's slots are judged when made."""
+    from fleetserve.assembly import build_catalog, build_runner
+    from fleetserve.metrics import Metrics
+
+    _, s = one_tiny_model(tmp_path, "tiny/ov")
+    s = dataclasses.replace(s, max_adapters_per_batch=4)
+    profile = Profile("cpu-x", precision="fp32", runtime="openvino", adapters=adapters)
+    runner = build_runner(build_catalog(s).get("tiny/ov"), s, Metrics(), Choice(profile, how, ""))
+    family = runner._factory()  # (made, not loaded)
+    assert family.runtime.adapter_slots == slots
+    assert (runner.adapters.slot_gate is not None) == gate
 
 
 def one_tiny_model(tmp_path: Path, model_id: str) -> tuple[Path, Settings]:

@@ -33,7 +33,7 @@ from .fleet.memory import (
     trim,
 )
 from .fleet.policy import make_policy
-from .lora.bases import ADAPTER_FAMILIES
+from .lora.bases import IN_GRAPH, SLOT_RUNTIMES
 from .metrics import Metrics
 from .runtimes import create_runtime
 from .runtimes.cache import weights_fingerprint
@@ -48,7 +48,6 @@ log = logging.getLogger("fleetserve")
 plog = logging.getLogger("fleetserve.profiles")
 SHORT_LIST = 3  # models at start listed one line each; more: a summary (each at debug)
 LOAD_TIMEOUT = 3600.0  # a pinned model's load at start (a first GGUF conversion is slow)
-IN_GRAPH = ADAPTER_FAMILIES - {"generate"}  # whose adapters may run in an OpenVINO graph
 HF_CACHE = Path("~/.cache/huggingface/hub").expanduser()  # Settings.hf_cache's default
 
 
@@ -114,12 +113,14 @@ def build_runner(
     A profile chosen by rules is held to the quality gate when it loads."""
     choice = choice or build_profiles(settings).choose(spec)
     profile = choice.profile
+    # where adapters run, as the tune of this class found ("": judged here, at load)
+    verdict = profile.adapters if choice.how == "tuned" else ""
+    in_graph = spec.family in IN_GRAPH and settings.lora_in_graph and verdict != "torch"
 
     def make_family(
         precision: str = profile.precision, runtime: str = profile.runtime or spec.runtime
     ) -> AnyFamily:
         path = weights_path(spec, settings)
-        slots = spec.family in IN_GRAPH and settings.lora_in_graph
         engine = create_runtime(
             runtime,
             device=settings.device,
@@ -127,7 +128,7 @@ def build_runner(
             threads=settings.torch_threads or profile.threads,
             cache_dir=Path(settings.cache_dir).expanduser(),
             options=spec.runtime_options,
-            adapter_slots=settings.max_adapters_per_batch if slots else 0,
+            adapter_slots=settings.max_adapters_per_batch if in_graph else 0,
             max_rank=settings.max_adapter_rank,
         )
         return create_family(spec, engine, path)
@@ -219,7 +220,7 @@ def build_runner(
         # adapters run on torch: at the profile's precision where torch has it
         torch_precision = profile.precision if profile.precision != "int8" else "fp32"
         runner.adapters.torch_factory = lambda: make_family(torch_precision, "torch")
-        if runtime_name == "openvino" and spec.family in IN_GRAPH and settings.lora_in_graph:
+        if runtime_name in SLOT_RUNTIMES and in_graph and verdict != "in_graph":
             from .bench.tune.slot_gate import SlotGate
             from .bench.tune.verdicts import Verdicts
 

@@ -121,6 +121,7 @@ def test_the_class_asked_for_overrides_the_detected_one(tmp_path: Path) -> None:
         ("model: m\nhardware_class: cpu-avx2\nprofile: {}\n", "sits under cpu-amx"),
         ("model: m\nhardware_class: cpu-amx\nprofile: {}\nextra: 1\n", "unknown field 'extra'"),
         ("model: m\nhardware_class: cpu-amx\nprofile: {runtime: opnvino}\n", "field runtime"),
+        ("model: m\nhardware_class: cpu-amx\nprofile: {adapters: graph}\n", "field adapters"),
     ],
 )
 def test_a_broken_profile_file_names_the_file_and_the_field(
@@ -132,6 +133,15 @@ def test_a_broken_profile_file_names_the_file_and_the_field(
     with pytest.raises(ProfileError, match=match) as info:
         read_profile_file(f, "cpu-amx")
     assert str(f) in str(info.value)
+
+
+def test_where_adapters_run_is_written_and_read_back_and_absent_when_unjudged(
+    tmp_path: Path,
+) -> None:
+    for verdict in ("in_graph", "torch", ""):
+        f = tuned(tmp_path / verdict, "cpu-amx", runtime="openvino", adapters=verdict)
+        assert ("adapters:" in f.read_text()) == bool(verdict)
+        assert read_profile_file(f, "cpu-amx").profile.adapters == verdict
 
 
 def test_a_broken_profile_of_yours_is_ignored_with_one_line_naming_it(

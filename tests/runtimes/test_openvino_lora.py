@@ -12,7 +12,8 @@ import pytest
 
 from fleetserve.lora.load import read_adapter
 from fleetserve.runtimes import Head, Output
-from fleetserve.runtimes.openvino_lora import Layout, SlotModel, convert_slots
+from fleetserve.runtimes.lora_slots import Layout
+from fleetserve.runtimes.openvino_lora import SlotModel, convert_slots
 from fleetserve.wire import InvalidInput
 
 from ..extras import needs

@@ -79,7 +79,11 @@ PROFILE_FIELDS = (
     "memory_bytes",
     "interactive_cost",
     "priority_cap",
+    "adapters",
 )
+# where a tuned model's LoRA adapters run: in its runtime's graph, with slots, or on a
+# torch copy ("": not judged; a server judges the slots when they are made)
+ADAPTER_PATHS = ("", "in_graph", "torch")
 COST_FIELDS = ("fixed_ms", "per_token_ms", "per_padded_token_ms")
 
 
@@ -102,6 +106,8 @@ class Profile:
     # sets it from the fitted cost model so that such a batch runs in about 25 ms
     # (0: see ``Choice.interactive_batch_tokens``)
     priority_cap: int = 0
+    # where adapters run (one of ADAPTER_PATHS): the tuner's verdict of the slots' gate
+    adapters: str = ""
 
     @classmethod
     def from_dict(cls, hardware: str, d: Mapping[str, object]) -> Profile:
@@ -126,6 +132,11 @@ class Profile:
                 f"profile {hardware}: field runtime must be one of {', '.join(RUNTIMES)}, "
                 f"not {runtime!r}"
             )
+        adapters = d.get("adapters", "") or ""
+        if adapters not in ADAPTER_PATHS:
+            raise ValueError(
+                f"profile {hardware}: field adapters must be in_graph or torch, not {adapters!r}"
+            )
         cost = d.get("cost") or {}
         if not isinstance(cost, dict) or set(cost) - set(COST_FIELDS):
             raise ValueError(f"profile {hardware}: field cost takes {', '.join(COST_FIELDS)}")
@@ -141,6 +152,7 @@ class Profile:
             memory_bytes=_count(d, "memory_bytes", 0, hardware, minimum=0),
             interactive_cost=_count(d, "interactive_cost", 2048, hardware, minimum=0),
             priority_cap=_count(d, "priority_cap", 0, hardware, minimum=0),
+            adapters=str(adapters),
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -160,7 +172,7 @@ class Profile:
             "memory_bytes": self.memory_bytes,
             "interactive_cost": self.interactive_cost,
             "priority_cap": self.priority_cap,
-        }
+        } | ({"adapters": self.adapters} if self.adapters else {})
 
 
 def _count(d: Mapping[str, object], key: str, default: int, where: str, minimum: int = 1) -> int:

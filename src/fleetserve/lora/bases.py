@@ -14,6 +14,9 @@ from .shapes import linear_shapes
 
 # the families whose runners host mixed-adapter batches
 ADAPTER_FAMILIES = frozenset({"dense", "sparse", "multivector", "cross_encoder", "ner", "generate"})
+# ... and those whose adapters may run inside a graph with LoRA slots, on these runtimes
+IN_GRAPH = ADAPTER_FAMILIES - {"generate"}
+SLOT_RUNTIMES = ("openvino", "onnx")
 Shapes = Mapping[str, tuple[int, int]]
 
 

@@ -63,7 +63,7 @@ def create_runtime(
     """A runtime by name. ``cache_dir`` holds exports (ONNX); ``options`` are the model
     spec's ``runtime_options`` (an external server's URL, for example);
     ``adapter_slots``: LoRA slots in the graph for this many adapters a batch, of rank up
-    to ``max_rank`` (OpenVINO; 0: none)."""
+    to ``max_rank`` (OpenVINO, ONNX Runtime; 0: none)."""
     if name in ("torch", "torch_compile"):
         from .torch import TorchRuntime
 
@@ -82,6 +82,8 @@ def create_runtime(
             threads=threads,
             cache_dir=cache_dir,
             min_cosine=guard,
+            adapter_slots=adapter_slots,
+            max_rank=max_rank,
         )
     if name == "openvino":
         from .openvino import OpenVinoRuntime

@@ -5,12 +5,20 @@ head, which carries every output of that head with pooling and SPLADE baked in, 
 opens one session on it. int8 is used only when the cached guard passed; otherwise
 the runtime runs fp32 and logs why. Call ``run`` from one thread: ONNX Runtime
 releases the GIL during the forward pass.
+
+Adapters run inside the graph (``adapter_slots`` > 0, at fp32): ``prepare_adapters``
+exports, beside the served graph, one with LoRA slots on the targeted Linear layers
+(``onnx_lora``, ``graph_slots``), and opens a session on it; a batch planned with adapter
+rows runs there, base-only batches on the served graph. An int8 graph takes no slots
+(its adapters run on a torch copy): the rows with adapters would run at another
+precision than the rest.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,17 +36,20 @@ from ..wire.values import Array
 from .base import Head, Output
 from .cache import DEFAULT_CACHE
 from .engines import OrtSession, Provider
+from .graph_slots import GraphSlots
 from .onnx_guard import DEFAULT_MIN_COSINE, session
 
 if TYPE_CHECKING:
+    from .lora_slots import Layout, SlotEntry
     from .onnx_export import Export
+    from .onnx_lora import OnnxSlotModel
 
 log = logging.getLogger("fleetserve.runtimes.onnx")
 
 PRECISIONS = ("fp32", "int8")
 
 
-class OnnxRuntime:
+class OnnxRuntime(GraphSlots):
     name = "onnx"
 
     def __init__(
@@ -50,6 +61,8 @@ class OnnxRuntime:
         *,
         min_cosine: float = DEFAULT_MIN_COSINE,
         console: Console | None = None,
+        adapter_slots: int = 0,
+        max_rank: int = 64,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"the onnx runtime runs {' or '.join(PRECISIONS)}, not {precision!r}")
@@ -66,6 +79,7 @@ class OnnxRuntime:
         self._outputs: tuple[Output, ...] = ()
         self._types = False
         self._bytes = 0
+        self._init_slots(adapter_slots, max_rank)  # LoRA in the graph (0 slots: none)
 
     def load(self, path: Path, head: Head = Head.BASE) -> None:
         head = Head(head)
@@ -79,6 +93,9 @@ class OnnxRuntime:
         self._outputs = tuple(Output(o.name) for o in sess.get_outputs())
         self._types = "token_type_ids" in {i.name for i in sess.get_inputs()}
         self._bytes = exp.model.stat().st_size
+        self._loaded_slots(Path(path), head, exp.entry)
+        if self.precision != "fp32":
+            self.adapter_slots = 0  # (see the module: an int8 graph's adapters on torch)
 
     def _open(self, path: Path, head: Head, precision: str) -> tuple[Export, OrtSession]:
         """The cached graph and a session on it; an entry that does not load is rebuilt once."""
@@ -120,8 +137,26 @@ class OnnxRuntime:
         if self._types:
             types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
             feed["token_type_ids"] = np.ascontiguousarray(types, dtype=np.int64)
+        bank = self.planned_bank()
+        if bank is not None:  # a batch with adapter rows: the graph with slots
+            return bank.run(feed, output)
         (out,) = self._session.run([output.value], feed)
         return np.asarray(out, dtype=np.float32)
+
+    # -- adapters in the graph (``GraphSlots``) ------------------------------------------
+    def _ensure_slots(
+        self, path: Path, head: Head, entry: Path, targets: Sequence[str]
+    ) -> SlotEntry:
+        from .onnx_lora import ensure_slots
+
+        return ensure_slots(path, head, entry, targets)
+
+    def _compile_slots(self, found: SlotEntry, layout: Layout) -> tuple[OnnxSlotModel, int]:
+        from .onnx_lora import OnnxSlotModel
+
+        providers = _providers(self.device)
+        model = OnnxSlotModel(found.model, layout, found.inputs, providers, self.threads)
+        return model, found.model.stat().st_size  # (as the served graph's: its file)
 
     def memory_bytes(self) -> int:
         """The size of the loaded graph file: its weights, fp32 or int8."""

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
@@ -29,6 +30,9 @@ from .base import Head, Output
 from .cache import DEFAULT_CACHE, weights_fingerprint
 from .head_graph import OUTPUTS, TRACING, head_graph, per_token
 from .onnx_guard import DEFAULT_MIN_COSINE, calibration_feeds, compare, session
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("fleetserve.runtimes.onnx")
 
@@ -136,25 +140,43 @@ def _ensure_fp32(path: Path, head: Head, cache_dir: Path, console: Console) -> P
 
 def _export_graph(path: Path, head: Head, dest: Path) -> None:
     graph = head_graph(path, head, what="ONNX export")  # a clear ImportError without torch
+    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in graph.inputs}
+    example = graph.tensors(graph.example(2, 8))
+    trace_to_onnx(graph.module, example, dest, graph.inputs, head, graph.outputs, axes)
+    check = graph.example(3, 11, seed=1)
+    graph.check(path, session(dest).run(None, check), graph.reference(check), "ONNX export")
+
+
+def trace_to_onnx(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    dest: Path,
+    inputs: Sequence[str],
+    head: Head,
+    outputs: Sequence[Output],
+    axes: dict[str, dict[int, str]],
+) -> None:
+    """``module`` traced on ``example`` through the TorchScript exporter, at ``OPSET``,
+    to ``dest``: its inputs named, with ``axes`` dynamic, and ``head``'s ``outputs``
+    with their batch (and sequence) axes."""
     import torch
 
-    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in graph.inputs}
-    for o in graph.outputs:
+    axes = dict(axes)
+    for o in outputs:
         axes[str(o)] = {0: "batch", 1: "sequence"} if per_token(head, o) else {0: "batch"}
+
     with TRACING, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
         torch.onnx.export(
-            graph.module,
-            graph.tensors(graph.example(2, 8)),
+            module,
+            example,
             str(dest),
             dynamo=False,
             opset_version=OPSET,
-            input_names=list(graph.inputs),
-            output_names=[str(o) for o in graph.outputs],
+            input_names=list(inputs),
+            output_names=[str(o) for o in outputs],
             dynamic_axes=axes,
         )
-    check = graph.example(3, 11, seed=1)
-    graph.check(path, session(dest).run(None, check), graph.reference(check), "ONNX export")
 
 
 # -- int8 and its guard -------------------------------------------------------------------

@@ -28,9 +28,9 @@ one), so tokenizing and postprocessing go on meanwhile.
 
 Adapters run inside the graph (``adapter_slots`` > 0): ``prepare_adapters`` compiles,
 beside the served IR, one with LoRA slots on the targeted Linear layers
-(``openvino_lora``); a batch planned with adapter rows runs on it through its
-:class:`~fleetserve.runtimes.openvino_slots.SlotBank`, and base-only batches stay on
-the served IR, at its speed.
+(``openvino_lora``, ``graph_slots``); a batch planned with adapter rows runs on it
+through its :class:`~fleetserve.runtimes.slot_bank.SlotBank`, and base-only batches stay
+on the served IR, at its speed.
 
 int8 is not offered: OpenVINO's int8 needs NNCF (weight compression, or calibrated
 quantization behind a quality guard); see docs/openvino.md. CPU only.
@@ -51,10 +51,11 @@ from ..wire.values import Array
 from .base import Head, Output
 from .cache import DEFAULT_CACHE
 from .engines import OvCompiledModel, OvCore, OvInferRequest
+from .graph_slots import GraphSlots
 
 if TYPE_CHECKING:
+    from .lora_slots import Layout, SlotEntry
     from .openvino_lora import SlotModel
-    from .openvino_slots import SlotBank
 
 try:
     import openvino as ov
@@ -82,7 +83,7 @@ def core() -> OvCore:
     return _core
 
 
-class OpenVinoRuntime:
+class OpenVinoRuntime(GraphSlots):
     name = "openvino"
 
     def __init__(
@@ -120,12 +121,7 @@ class OpenVinoRuntime:
         self._types = False
         self._bytes = 0
         self.from_cache = False  # the compiled model was imported from the entry's cache
-        # LoRA in the graph: slots for this many adapters a batch (0: none), of rank up
-        # to max_rank
-        self.adapter_slots, self.max_rank = adapter_slots, max_rank
-        self._source: tuple[Path, Head] | None = None
-        self._bank: SlotBank | None = None
-        self._slot_bytes = 0
+        self._init_slots(adapter_slots, max_rank)  # LoRA in the graph (0 slots: none)
 
     def config(self) -> dict[str, str]:
         """The compile properties."""
@@ -147,7 +143,7 @@ class OpenVinoRuntime:
         self._ports = {Output(p.get_any_name()): i for i, p in enumerate(compiled.outputs)}
         self._types = "token_type_ids" in {p.get_any_name() for p in compiled.inputs}
         self._bytes = (entry / "model.bin").stat().st_size
-        self._source, self._bank, self._slot_bytes = (Path(path), head), None, 0
+        self._loaded_slots(Path(path), head, entry)
 
     def _compile(self, path: Path, head: Head) -> tuple[Path, OvCompiledModel]:
         """The cached IR, compiled; an entry that does not compile is rebuilt once."""
@@ -201,8 +197,8 @@ class OpenVinoRuntime:
             have = ", ".join(self._ports)
             raise ValueError(f"the {self.head} head gives {have}, not {Output(output)}")
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
-        bank = self._bank
-        if bank is not None and bank.planned:  # a batch with adapter rows: the slots' IR
+        bank = self.planned_bank()
+        if bank is not None:  # a batch with adapter rows: the slots' IR
             named = {"input_ids": ids, "attention_mask": attention_mask}
             if self._types:
                 named["token_type_ids"] = (
@@ -216,114 +212,24 @@ class OpenVinoRuntime:
         request.infer(feed, share_inputs=True, share_outputs=True)
         return np.array(request.get_output_tensor(port).data, dtype=np.float32)
 
-    # -- adapters in the graph ------------------------------------------------------
-    @property
-    def in_graph(self) -> bool:
-        """Whether adapters may run in this model's graph (once prepared)."""
-        return self.adapter_slots > 0
+    # -- adapters in the graph (``GraphSlots``) ------------------------------------------
+    def _ensure_slots(
+        self, path: Path, head: Head, entry: Path, targets: Sequence[str]
+    ) -> SlotEntry:
+        from .openvino_lora import ensure_slots
 
-    @property
-    def takes_adapters(self) -> bool:
-        """Whether its graph has LoRA slots now (``prepare_adapters``)."""
-        return self._bank is not None
+        return ensure_slots(path, head, entry, targets)
 
-    def lora_bank(self) -> SlotBank:
-        if self._bank is None:
-            raise RuntimeError("this model has no LoRA slots yet (prepare_adapters)")
-        return self._bank
+    def _compile_slots(self, found: SlotEntry, layout: Layout) -> tuple[SlotModel, int]:
+        from .openvino_lora import SlotModel
 
-    def covers(self, modules: Sequence[str]) -> bool:
-        """Whether its graph has slots on each of an adapter's ``modules``."""
-        return self._bank is not None and self._bank.covers(modules)
-
-    def prepare_adapters(self, modules: Sequence[str] = ()) -> None:
-        """LoRA slots on the Linear layers the fine-tuning jobs target and on
-        ``modules`` (an adapter's), beside the ones it has: the IR with slots is
-        converted once per set of layers and kept in the cache entry, then compiled.
-        Blocking (a loader thread's work); a graph with slots already runs on until the
-        wider one replaces it between batches. On a failure other than an adapter's
-        module that is not a Linear layer (``InvalidInput``), adapters no longer run in
-        this graph (``in_graph`` is False) and the error is raised."""
-        from .openvino_lora import TRAINED
-        from .openvino_slots import SlotBank
-
-        if self._source is None or self.entry is None:
-            raise RuntimeError("model is not loaded")
-        bank = self._bank
-        if bank is not None and bank.covers(modules):
-            return
-        have = list(bank.model.layout.layers) if bank is not None else list(TRAINED)
-        model, nbytes = self._slot_model([*have, *modules], modules)
-        if bank is None:
-            self._bank = SlotBank(model, self.adapter_slots)
-        elif not bank.swap(model):  # (only fit_adapters narrows, and this widens)
-            raise RuntimeError("a wider graph with slots does not cover the hot adapters")
-        self._slot_bytes = nbytes
-
-    def give_up_slots(self) -> None:
-        """No adapters in this graph from now on (its slots failed the gate)."""
-        self.adapter_slots, self._bank, self._slot_bytes = 0, None, 0
-
-    def fit_adapters(self) -> bool:
-        """Slots on just the layers the hot adapters use, where the graph has them on
-        more (each slot costs time on every batch with adapters: MiniLM with slots on
-        query and value ran at 0.90-0.93x of the base graph in process, with slots on
-        all six Linear layers of each block at 0.67-0.82x). Converts that graph (once per
-        set of layers) and runs on it from the next batch on, unless an adapter came
-        meanwhile that needs another layer. Blocking (a loader thread's work); True
-        where it swapped."""
-        bank = self._bank
-        if bank is None:
-            return False
-        used = bank.used()
-        if not used or used >= set(bank.model.layout.layers):
-            return False
-        model, nbytes = self._slot_model(sorted(used), ())
-        if not bank.swap(model):
-            return False
-        self._slot_bytes = nbytes
-        return True
-
-    def _slot_model(self, targets: Sequence[str], modules: Sequence[str]) -> tuple[SlotModel, int]:
-        """The graph with slots on ``targets`` (names or dotted suffixes), compiled, and
-        the bytes it holds (as ``memory_bytes`` counts the served graph's); an
-        ``InvalidInput`` for one of an adapter's ``modules`` that is no Linear layer.
-        On another failure adapters no longer run in this graph, and it is raised."""
-        from ..wire import InvalidInput
-        from .openvino_lora import Layout, SlotModel, ensure_slots
-
-        assert self._source is not None and self.entry is not None
-        try:
-            xml, layers, inputs, outputs = ensure_slots(
-                *self._source, self.entry, sorted(set(targets))
-            )
-            layout = Layout(layers, self.adapter_slots + 1, self.max_rank)
-            missing = [m for m in modules if layout.find(m) is None]
-            if missing:
-                raise InvalidInput(
-                    f"the adapter's {', '.join(missing)} is not a Linear layer of "
-                    f"{self._source[0].name}",
-                    field="target_modules",
-                )
-            # no CACHE_DIR: OpenVINO sets the process's C locale while it reads or writes
-            # a compiled blob, and this compile runs beside serving (a fit in the
-            # background): other threads decoded text as ASCII meanwhile. Without it,
-            # 0.27 s for MiniLM's (0.14 s from a blob)
-            model = SlotModel(xml, layout, inputs, outputs, self.config(), core())
-        except InvalidInput:
-            raise
-        except Exception:
-            self.adapter_slots = 0
-            raise
-        size = (xml.parent / "model.bin").stat().st_size
+        # no CACHE_DIR: OpenVINO sets the process's C locale while it reads or writes a
+        # compiled blob, and this compile runs beside serving (a fit in the background):
+        # other threads decoded text as ASCII meanwhile. Without it, 0.27 s for MiniLM's
+        # (0.14 s from a blob)
+        model = SlotModel(found.model, layout, found.inputs, found.outputs, self.config(), core())
+        size = (found.model.parent / "model.bin").stat().st_size
         return model, size + int(size * COMPILED_SHARE.get(self.precision, 1.0))
-
-    def adapter_bytes(self) -> int:
-        """What the graph with slots holds, as ``memory_bytes`` counts the served one,
-        and the most its stacks grow to with the hot adapters' largest rank (MiniLM, 16
-        slots of rank 16 on all six Linear layers of each block: 44 MiB)."""
-        bank = self._bank
-        return self._slot_bytes + (bank.stack_bytes() if bank is not None else 0)
 
     def memory_bytes(self) -> int:
         """What the compiled model holds: its own copy of the weights at the precision it

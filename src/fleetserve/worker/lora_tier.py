@@ -1,7 +1,8 @@
 """What a worker's adapters are made of: where they come from (``AdapterSource``), what
-runs them (an ``AdapterHost`` and its ``Bank``: torch's ``LoraBank``, or OpenVINO's
-``SlotBank`` once a ``SlotHost`` has LoRA slots), and the hot tier every model of the
-worker shares (``HotTier``). ``lora_hosting`` puts them together per runner."""
+runs them (an ``AdapterHost`` and its ``Bank``: torch's ``LoraBank``, or the
+``SlotBank`` of OpenVINO or ONNX Runtime once a ``SlotHost`` has LoRA slots), and the
+hot tier every model of the worker shares (``HotTier``). ``lora_hosting`` puts them
+together per runner."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ class AdapterHost(Protocol):
 @runtime_checkable
 class SlotHost(Protocol):
     """A runtime that runs adapters inside its own graph once it has LoRA slots on
-    their layers (OpenVINO): then it is an ``AdapterHost`` (``takes_adapters``)."""
+    their layers (``runtimes.graph_slots``: OpenVINO, ONNX Runtime): then it is an
+    ``AdapterHost`` (``takes_adapters``)."""
 
     @property
     def in_graph(self) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 from . import pauses as pauses_mod
 
 MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
+ADAPTER_S = 12.0  # the adapters' gate, of a winner that may run them in its graph
 
 
 class TuneError(Exception):

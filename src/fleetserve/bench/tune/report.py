@@ -67,6 +67,8 @@ def markdown(run: dict[str, Any]) -> str:
             f"{cost['per_padded_token_ms']:.5f} ms/padded slot; median error on held-out "
             f"shapes {cost['median_rel_error']:.1%}"
         )
+    if run.get("adapters"):
+        lines.append(f"- Adapters: {adapters_line(run['adapters'])}")
     if run.get("error"):
         lines.append(f"- Error: {run['error']}")
     lines += [f"- **Warning:** {w}" for w in run.get("warnings") or []]
@@ -95,6 +97,15 @@ def markdown(run: dict[str, Any]) -> str:
                 f"{_f(p['achieved_tokens_s'])} | {_f(p['p50_ms'], 1)} | {_f(p['p99_ms'], 1)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def adapters_line(a: dict[str, Any]) -> str:
+    """Where the winner's LoRA adapters run (``adapter_path``), and the slots' gate."""
+    q = a.get("quality") or {}
+    gate = (f"{q['metric']} {q['value']:.6f} against PEFT at fp32 with a seeded adapter, "
+            f"needs {q['threshold']:g}") if q else "no graph with slots"  # fmt: skip
+    where = "in the graph, with LoRA slots" if a.get("runs") == "in_graph" else "on a torch copy"
+    return f"{where} ({gate})"
 
 
 def noise_line(run: dict[str, Any]) -> str:

@@ -25,13 +25,14 @@ from ...catalog import ModelSpec
 from ...catalog.hardware import Hardware
 from ...catalog.rules import rule_profile
 from ...families import AnyFamily, create_family
+from ...lora.bases import IN_GRAPH, SLOT_RUNTIMES
 from ...runtimes import create_runtime
 from . import candidates as cands
 from . import pauses as pauses_mod
 from . import steal as steal_mod
 from .candidates import Candidate
 from .harness import Measure, Request, Stack, saturate
-from .options import MIN_BUDGET_S, Clock, Options, TuneError
+from .options import ADAPTER_S, MIN_BUDGET_S, Clock, Options, TuneError
 from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
 from .procs import measure_processes
 from .slow import gate_limit
@@ -85,6 +86,8 @@ class Search:
         self.cost_fit: dict[str, Any] | None = None
         self.winner: Point | None = None
         self.memory: dict[str, int] | None = None
+        self.adapters = ""  # where the winner's adapters run (``adapter_path``)
+        self.adapter_quality: dict[str, Any] | None = None  # ... the slot gate's figure
         self.catalog_dirs = catalog_dirs
 
     def start(self) -> None:
@@ -94,12 +97,16 @@ class Search:
     def final_s(self) -> float:
         """What the final steps need: the winner's load (8 s holds a small one and the
         cost fit; more for a slower load of a point within 10 % of the best so far, the
-        likely winners), its knee sweep and cost fit."""
+        likely winners), its knee sweep and cost fit, and where a likely winner's
+        adapters could run in its graph, their gate (``adapter_path``)."""
         ranked = [p for p in self.points if p.samples]
         best = max((p.tokens_per_s for p in ranked), default=0.0)
-        load = max((p.load_s for p in ranked if p.tokens_per_s >= 0.9 * best), default=0.0)
+        likely = [p for p in ranked if p.tokens_per_s >= 0.9 * best]
+        load = max((p.load_s for p in likely), default=0.0)
         knee = 0.0 if self.opts.quick else self.knee_cost_s()  # (a quick one's: if time is left)
-        return knee + 8.0 + max(0.0, load - 3.0)
+        slots = any(p.cand.runtime in SLOT_RUNTIMES for p in likely)  # (none yet at init)
+        slots = slots and self.spec.family in IN_GRAPH
+        return knee + 8.0 + max(0.0, load - 3.0) + (ADAPTER_S if slots else 0.0)
 
     def knee_cost_s(self) -> float:
         """The winner's knee sweep, once it is loaded."""
@@ -111,6 +118,11 @@ class Search:
 
     # -- building blocks ----------------------------------------------------------------
     def _family(self, c: Candidate) -> AnyFamily:
+        return self.family_of(c)
+
+    def family_of(self, c: Candidate, adapter_slots: int = 0, max_rank: int = 64) -> AnyFamily:
+        """Candidate ``c``'s family, not loaded (``adapter_slots``: LoRA slots in its
+        graph, where its runtime has them)."""
         threads = c.threads if self.kind == "cpu" else 0
         runtime = create_runtime(
             c.runtime,
@@ -119,6 +131,8 @@ class Search:
             threads=threads,
             cache_dir=self.opts.cache_dir,
             options=self.spec.runtime_options,
+            adapter_slots=adapter_slots,
+            max_rank=max_rank,
         )
         return create_family(self.spec, runtime, self.path)
 

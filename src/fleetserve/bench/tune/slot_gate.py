@@ -1,4 +1,5 @@
-"""The quality gate of adapters run in a model's graph, with LoRA slots (OpenVINO).
+"""The quality gate of adapters run in a model's graph, with LoRA slots (OpenVINO, ONNX
+Runtime).
 
 Before adapters run in a graph with slots, the family's calibration set runs twice with
 one seeded random adapter on every row: on the slots, and on the fp32 torch reference
@@ -115,10 +116,10 @@ def _bank(family: AnyFamily) -> Bank:
 
 
 def _layers(candidate: AnyFamily) -> dict[str, tuple[int, int]]:
-    from ...runtimes.openvino import OpenVinoRuntime
+    from ...runtimes.graph_slots import GraphSlots
 
     rt = candidate.runtime
-    if not isinstance(rt, OpenVinoRuntime):
+    if not isinstance(rt, GraphSlots):
         raise TypeError(f"{rt.name} has no LoRA slots")
     return dict(rt.lora_bank().model.layout.layers)
 

@@ -20,7 +20,7 @@ from ... import __version__
 from ...catalog import CostModel, ModelSpec, Profile
 from ...catalog.hardware import Hardware
 from ...catalog.profiles import profile_path, write_profile_file
-from . import duel, noise, report, screening, steps
+from . import adapter_path, duel, noise, report, screening, steps
 from .runs import RunStore, new_run_id, now_iso
 from .search import Options, Search, TuneError
 from .stale import model_digest
@@ -89,6 +89,7 @@ class Tuner:
             "duel": None,  # the two best in turns, where the noise could not part them
             "profile": None,
             "cost_fit": None,
+            "adapters": None,  # where the winner's LoRA adapters run, and the slots' gate
             "report": None,
             "error": None,
             "warnings": [],
@@ -159,6 +160,9 @@ class Tuner:
                 await steps.cost_and_memory(s, stack)
             if knee and not self.opts.quick:
                 await steps.knees(s)
+            await adapter_path.judge(s)
+            if s.adapters:
+                doc["adapters"] = {"runs": s.adapters, "quality": s.adapter_quality}
             profile = self._profile()
             doc["winner"] = winner.cand.id
             doc["profile"] = profile.to_dict()
@@ -206,7 +210,7 @@ class Tuner:
             prof = dataclasses.replace(prof, cost=cost, priority_cap=cap)
         mem = s.memory or {}
         total = int(mem.get("weights_bytes", 0)) + int(mem.get("activation_peak_bytes", 0))
-        return dataclasses.replace(prof, memory_bytes=total)
+        return dataclasses.replace(prof, memory_bytes=total, adapters=s.adapters)
 
     def _provenance(self) -> dict[str, object]:
         s = self.search
@@ -235,6 +239,7 @@ class Tuner:
                 "p99_ms": round(w.p99_ms, 2),
                 "vs_torch_fp32": round(w.tokens_per_s / ref.tokens_per_s, 3) if ref else None,
                 "quality": w.quality.as_dict() if w.quality else None,
+                "adapter_quality": s.adapter_quality,  # the slots' gate (adapter_path)
                 "knee_rps": knee.get("knee_rps"),
                 "knee_tokens_s": knee.get("knee_tokens_s"),
                 "cost_fit_error": (s.cost_fit or {}).get("median_rel_error"),

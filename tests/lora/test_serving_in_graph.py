@@ -1,7 +1,8 @@
-"""Adapters of a base served on OpenVINO, end to end: with ``--lora-in-graph`` (the
-default) they run inside its graph, with LoRA slots, and no torch copy is made; off,
-on a torch copy. Either way a batch mixes adapters and the base, each row equal to PEFT
-running its adapter alone at fp32, and more adapters than slots take turns."""
+"""Adapters of a base served on OpenVINO or ONNX Runtime, end to end: with
+``--lora-in-graph`` (the default) they run inside its graph, with LoRA slots, and no
+torch copy is made; off, on a torch copy. Either way a batch mixes adapters and the
+base, each row equal to PEFT running its adapter alone at fp32, and more adapters than
+slots take turns."""
 
 from __future__ import annotations
 
@@ -27,19 +28,26 @@ def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_bert(tmp_path_factory.mktemp("lora-ov") / "bert")
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["in-graph", "torch-copy"])
+@pytest.fixture(
+    scope="module",
+    params=[("openvino", True), ("openvino", False), ("onnx", True)],
+    ids=["openvino-in-graph", "openvino-torch-copy", "onnx-in-graph"],
+)
 def server(
     request: pytest.FixtureRequest, base_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerThread]:
-    root = tmp_path_factory.mktemp("lora-ov-server")
-    srv = ov_server(base_dir, root, lora_in_graph=request.param, max_adapters_per_batch=SLOTS)
+    runtime, in_graph = request.param
+    root = tmp_path_factory.mktemp(f"lora-{runtime}-server")
+    srv = ov_server(base_dir, root, runtime, lora_in_graph=in_graph, max_adapters_per_batch=SLOTS)
     yield srv
     srv.stop()
 
 
-def ov_server(base_dir: Path, root: Path, **overrides: Any) -> ServerThread:
-    """A started server of the tiny BERT on OpenVINO, its stores under ``root``."""
-    write_spec(root / "catalog", TINY, base_dir, runtime="openvino")
+def ov_server(
+    base_dir: Path, root: Path, runtime: str = "openvino", **overrides: Any
+) -> ServerThread:
+    """A started server of the tiny BERT on ``runtime``, its stores under ``root``."""
+    write_spec(root / "catalog", TINY, base_dir, runtime=runtime)
     settings = tiny_settings(root / "catalog", cache_dir=str(root / "cache"),
                              adapter_store=(root / "adapters").as_uri(), **overrides)  # fmt: skip
     return ServerThread(settings).start()
@@ -69,7 +77,7 @@ def test_adapter_batches_run_where_the_setting_says_and_are_charged(
     base_rt = runner.family.runtime
     tier = hosting._hosting[1]
     if settings.lora_in_graph:
-        assert (where["runtime"], where["precision"]) == ("openvino", "fp32")
+        assert (where["runtime"], where["precision"]) == (base_rt.name, "fp32")
         assert hosting.host_family is runner.family  # no torch copy
         assert tier.copies[TINY] == base_rt.adapter_bytes() > 0
     else:
@@ -148,7 +156,7 @@ def test_slots_that_fail_the_quality_gate_leave_adapters_to_a_torch_copy(
     """Before adapters run in the graph, a seeded adapter on the calibration set runs on
     the slots and on the fp32 torch reference: slots that come out wrong (here, every
     delta tripled) fail it, and the adapters serve on a torch copy, still as PEFT."""
-    from fleetserve.runtimes.openvino_lora import SlotStacks
+    from fleetserve.runtimes.lora_slots import SlotStacks
     from tests.lora.test_serving import reference, upload
     from tests.tiny_lora import make_lora
 

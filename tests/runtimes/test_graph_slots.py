@@ -1,7 +1,8 @@
-"""Adapters served inside an OpenVINO graph (runtimes/openvino_slots.py and the
-runtime's ``prepare_adapters``): a batch's rows with different adapters, or none,
-against PEFT running each adapter alone at fp32; more adapters than slots; a layout
-widened for an adapter's layers; what cannot be slotted is refused by name."""
+"""Adapters served inside a runtime's own graph, on OpenVINO and on ONNX Runtime
+(runtimes/graph_slots.py, slot_bank.py and each engine's converter): a batch's rows with
+different adapters, or none, against PEFT running each adapter alone at fp32; more
+adapters than slots; a layout widened for an adapter's layers, and narrowed to the hot
+adapters'; what cannot be slotted is refused by name."""
 
 from __future__ import annotations
 
@@ -25,10 +26,19 @@ TEXTS = ["the quick brown fox", "hello world", "lazy dog sleeps", "river bank mo
 PAIRS = ["a dog", "the bank of the river", "money", "sleeps"]  # a cross-encoder's documents
 
 
+KINDS = {"openvino": needs("openvino", extra="openvino"), "onnx": needs("onnx", extra="onnx")}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(k, marks=m) for k, m in KINDS.items()])
+def kind(request: pytest.FixtureRequest) -> str:
+    """The runtime whose graph takes the slots."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache for the module: each IR is converted once, as a server's would be."""
-    return tmp_path_factory.mktemp("ov-slots-cache")
+def cache(tmp_path_factory: pytest.TempPathFactory, kind: str) -> Path:
+    """One cache per runtime: each graph is converted once, as a server's would be."""
+    return tmp_path_factory.mktemp(f"{kind}-slots-cache")
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +54,12 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path
 
 
 def runtime(base: Path, cache: Path, slots: int, head: Head = Head.BASE) -> Any:
-    from fleetserve.runtimes.openvino import OpenVinoRuntime
+    """``base`` loaded on the runtime ``cache`` is for, with ``slots`` LoRA slots."""
+    from fleetserve.runtimes import create_runtime
 
-    rt = OpenVinoRuntime(precision="fp32", cache_dir=cache, adapter_slots=slots, max_rank=8)
+    kind = cache.name.partition("-slots-cache")[0]
+    rt = create_runtime(kind, device="cpu", precision="fp32", cache_dir=cache,
+                        adapter_slots=slots, max_rank=8)  # fmt: skip
     rt.load(base, head)
     return rt
 
@@ -102,12 +115,12 @@ def test_slots_are_reused_least_recently_used_first_with_nothing_compiled_again(
     base, adapters = made
     rt = runtime(base, cache, slots=1)
     rt.prepare_adapters()
-    compiled = rt.lora_bank().model.compiled
+    compiled = rt.lora_bank().model
     for key, path in adapters.items():
         add(rt, key, path)
     for keys in (["a"] * 4, ["b", "b", None, None], ["a", None, "a", None], ["c"] * 4):
         np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
-    assert rt.lora_bank().model.compiled is compiled
+    assert rt.lora_bank().model is compiled
     assert rt.lora_bank().keys()[-1] == "c"  # least recently used first
 
 
@@ -129,10 +142,10 @@ def test_an_adapter_on_other_layers_gets_a_wider_layout(
 ) -> None:
     """Slots start on the layers fine-tuning targets; an adapter on another Linear layer
     converts a wider graph once, taken up at the next batch."""
-    from fleetserve.runtimes import openvino_lora
+    from fleetserve.runtimes import lora_slots
 
     base, adapters = made
-    monkeypatch.setattr(openvino_lora, "TRAINED", ("query",))
+    monkeypatch.setattr(lora_slots, "TRAINED", ("query",))
     rt = runtime(base, cache, slots=2)
     rt.prepare_adapters()
     first = rt.lora_bank().model
@@ -166,7 +179,7 @@ def test_what_cannot_be_slotted_is_refused_by_name(
 
 def test_the_first_slots_are_on_what_fine_tuning_targets() -> None:
     from fleetserve.lora.train.trainer import BERT_TARGETS
-    from fleetserve.runtimes.openvino_lora import TRAINED
+    from fleetserve.runtimes.lora_slots import TRAINED
 
     assert TRAINED == BERT_TARGETS
 
@@ -181,7 +194,9 @@ FAMILY_HEADS = {
 
 
 @pytest.mark.parametrize("family", list(FAMILY_HEADS))
-def test_each_family_head_runs_its_rows_adapters_as_peft_does(family: str, tmp_path: Path) -> None:
+def test_each_family_head_runs_its_rows_adapters_as_peft_does(
+    family: str, cache: Path, tmp_path: Path
+) -> None:
     """The slots go into the whole head's graph: SPLADE's vocabulary transform, a
     classifier's pooler, a token classifier (dense, by MEAN, above)."""
     from fleetserve.lora.mixed import segments_of
@@ -195,7 +210,7 @@ def test_each_family_head_runs_its_rows_adapters_as_peft_does(family: str, tmp_p
     lora = {k: make_lora(base, tmp_path / k, seed=s, rank=r, head=head.value, targets=targets)
             for k, s, r in (("x", 7, 2), ("y", 8, 4))}  # fmt: skip
     x = batch(base, TEXTS, PAIRS if head is Head.SEQUENCE_CLASSIFICATION else None)
-    rt = runtime(base, tmp_path / "cache", slots=2, head=head)
+    rt = runtime(base, cache, slots=2, head=head)
     rt.prepare_adapters()
     for key, path in lora.items():
         add(rt, key, path)
@@ -235,3 +250,18 @@ def test_slots_fit_to_the_layers_the_hot_adapters_use(
     stale, _ = rt._slot_model(sorted(narrow), ())  # made for "a" alone, before "c" came
     assert not rt.lora_bank().swap(stale)
     np.testing.assert_allclose(run(rt, base, keys), want(base, adapters, keys), atol=1e-5)
+
+
+@needs("onnx", extra="onnx")
+def test_an_int8_onnx_graph_takes_no_slots(
+    made: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    """Rows with adapters would run at fp32 beside int8 ones: its adapters go to a torch
+    copy (any guard passes here: the point is the precision that runs)."""
+    from fleetserve.runtimes.onnx import OnnxRuntime
+
+    base, _ = made
+    rt = OnnxRuntime(device="cpu", precision="int8", cache_dir=tmp_path, min_cosine=0.0,
+                     adapter_slots=2)  # fmt: skip
+    rt.load(base)
+    assert rt.precision == "int8" and not rt.in_graph

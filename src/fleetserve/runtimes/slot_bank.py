@@ -1,4 +1,4 @@
-"""The adapters of a base served on OpenVINO with LoRA slots in its graph.
+"""The adapters of a base served with LoRA slots in its graph (OpenVINO, ONNX Runtime).
 
 A :class:`SlotBank` is what the worker's adapter hosting talks to, as it talks to
 torch's :class:`~fleetserve.lora.mixed.LoraBank`: ``add`` and ``remove`` run on the
@@ -10,7 +10,7 @@ so the hot tier may hold more adapters than there are slots, and a slot is reuse
 once the batch that used it is done. A batch with more distinct adapters than slots
 runs in parts of contiguous rows.
 
-The graph (a :class:`~fleetserve.runtimes.openvino_lora.SlotModel`) may be replaced by
+The graph (a :class:`~fleetserve.runtimes.lora_slots.SlotGraph`) may be replaced by
 one with slots on other layers (``swap``, from a loader thread): more, for an adapter
 on a layer the graph has none on; fewer, just the ones the hot adapters use (each slot
 costs time on every batch with adapters). The next batch takes it up and fills its
@@ -30,7 +30,7 @@ import numpy as np
 
 from ..wire.values import Array
 from .base import Output
-from .openvino_lora import SlotModel
+from .lora_slots import SlotGraph
 
 if TYPE_CHECKING:
     import torch
@@ -47,14 +47,14 @@ class SlotAdapter:
 
 
 class SlotBank:
-    """The hot adapters of one model on OpenVINO and the slots they run in."""
+    """The hot adapters of one model and the slots of its graph they run in."""
 
-    def __init__(self, model: SlotModel, capacity: int) -> None:
+    def __init__(self, model: SlotGraph, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"a slot bank needs at least one slot, not {capacity}")
         self.capacity = capacity  # slots for adapters (slot 0, no adapter, besides)
         self._model = model
-        self._next: SlotModel | None = None  # a wider layout, taken up between batches
+        self._next: SlotGraph | None = None  # a wider layout, taken up between batches
         self._swap = threading.Lock()
         self._hot: OrderedDict[str, SlotAdapter] = OrderedDict()
         self._slots: OrderedDict[str, int] = OrderedDict()  # least recently used first
@@ -72,7 +72,7 @@ class SlotBank:
         return sum(h.nbytes for h in self._hot.values())
 
     @property
-    def model(self) -> SlotModel:
+    def model(self) -> SlotGraph:
         """The graph the next batch runs on."""
         with self._swap:
             return self._next or self._model
@@ -128,7 +128,7 @@ class SlotBank:
         with self._swap:
             return {layer for hot in self._hot.values() for layer in hot.weights}
 
-    def swap(self, model: SlotModel) -> bool:
+    def swap(self, model: SlotGraph) -> bool:
         """Run the next batches on ``model`` (a layout with other layers), where it has
         slots on every layer of every hot adapter; False where it lacks one (an adapter
         came while it was made)."""
