@@ -52,6 +52,7 @@ EXTRA_BOUND = frozenset(
         "fleetserve.runtimes.onnx_export",
         "fleetserve.runtimes.mapped",
         "fleetserve.runtimes.onnx_guard",
+        "fleetserve.runtimes.onnx_lora",
         "fleetserve.runtimes.openvino",
         "fleetserve.runtimes.openvino_convert",
         "fleetserve.runtimes.torch",
