@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import sys
 from collections.abc import Coroutine
@@ -14,14 +15,23 @@ import uvicorn
 from . import http_limits
 from .settings import Settings
 
+log = logging.getLogger("fleetserve.lifecycle")
+STOP_PATIENCE_S = 5.0  # how long a cancelled task may take to end, at a process's stop
+# the most a health port's requests in flight hold a worker's stop (uvicorn then cancels
+# them): nothing there takes seconds, and a connection left open must not keep its
+# device processes running (a SIGTERM'd devices worker outlived the test's 20 s twice)
+HEALTH_GRACE_S = 3.0
+
 
 async def start_http(
-    app: Any, host: str, port: int, settings: Settings | None = None
+    app: Any, host: str, port: int, settings: Settings | None = None, grace_s: float | None = None
 ) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
     """Serve ``app`` with uvicorn (httptools) on ``host:port``; returns the bound port.
 
     Parsing and connections are bounded by ``settings``' HTTP limits (the defaults if
-    None; see ``http_limits``); with all of them 0, by nothing (plain httptools)."""
+    None; see ``http_limits``); with all of them 0, by nothing (plain httptools). On
+    stop, requests in flight finish first: for at most ``grace_s`` (None: however
+    long they take; then uvicorn cancels them and says so in one line)."""
     limits = settings or Settings()
     http: str | type[asyncio.Protocol] = "httptools"  # uvicorn's name, or a class
     if http_limits.enabled(limits):
@@ -37,6 +47,7 @@ async def start_http(
         log_config=None,  # its loggers go through ours (fleetserve.logs), one style
     )
     config.timeout_keep_alive = limits.http_keepalive_timeout  # type: ignore[assignment]
+    config.timeout_graceful_shutdown = grace_s  # type: ignore[assignment]
     sock = _bind(host, port)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve([sock]), name="http")
@@ -87,11 +98,22 @@ class Service:
         self.essential: set[str] = set()
         self._http: uvicorn.Server | None = None
 
-    async def serve_http(self, app: object, host: str, port: int, *, essential: bool = True) -> int:
+    async def serve_http(
+        self,
+        app: object,
+        host: str,
+        port: int,
+        *,
+        essential: bool = True,
+        grace_s: float | None = None,
+    ) -> int:
         """Start the HTTP server as the task "http"; returns the bound port. Its HTTP
-        limits are those of the process's ``settings`` (every Service has them)."""
+        limits are those of the process's ``settings`` (every Service has them);
+        ``grace_s``: how long its requests in flight may hold its stop (``start_http``)."""
         self._claim("http", essential)
-        self._http, self.tasks["http"], bound = await start_http(app, host, port, self.settings)
+        self._http, self.tasks["http"], bound = await start_http(
+            app, host, port, self.settings, grace_s
+        )
         return bound
 
     def spawn(
@@ -134,16 +156,23 @@ class Service:
                 return name
         return None
 
-    async def stop_tasks(self) -> None:
-        """Stop the HTTP server gracefully, cancel the other tasks, await them all."""
+    async def stop_tasks(self, patience_s: float = STOP_PATIENCE_S) -> None:
+        """Stop the HTTP server gracefully (its requests in flight finish, within its
+        ``grace_s``), cancel the other tasks, await them all: each of those for at most
+        ``patience_s``, then the stop goes on without it, and one warning names it (a
+        task that ignores its cancel must not keep a process's children and queues
+        from stopping)."""
         if self._http is not None:
             self._http.should_exit = True
         for name, t in self.tasks.items():
             if name != "http":
                 t.cancel()
-        for t in self.tasks.values():
+        for name, t in self.tasks.items():
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+                await (t if name == "http" else asyncio.wait_for(asyncio.shield(t), patience_s))
+            if not t.done():
+                log.warning("the %s task did not stop within %g s; stopping without it",
+                            name, patience_s)  # fmt: skip
 
 
 class Process(Protocol):

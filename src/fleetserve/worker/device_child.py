@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..assembly import build_catalog, load_or_report
-from ..lifecycle import Service
+from ..lifecycle import HEALTH_GRACE_S, Service
 from ..metrics import Metrics
 from ..queue.local import LocalQueueClient
 from ..settings import Settings
@@ -147,7 +147,9 @@ class DeviceProcess(Service):
     async def run(self) -> int:
         """Serve until the worker fails (1) or the parent goes away (0)."""
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
-        self.port = await self.serve_http(app, self.settings.host, 0, essential=False)
+        self.port = await self.serve_http(
+            app, self.settings.host, 0, essential=False, grace_s=HEALTH_GRACE_S
+        )
         try:
             for r in self.runners.values():
                 if not r.eager:  # loaded on its first request

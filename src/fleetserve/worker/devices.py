@@ -43,7 +43,7 @@ from ..cluster.children import Proc, spawn
 from ..cluster.presence import announce_forever
 from ..cluster.zygote import Zygote
 from ..fleet.memory import budget_limit, parse_size
-from ..lifecycle import Service, run_process
+from ..lifecycle import HEALTH_GRACE_S, Service, run_process
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, watch_broker
 from ..queue.js_models import SharedModels
@@ -183,7 +183,9 @@ class DevicePool(Service):
         if self.zygote is not None:  # its imports run while the queues open
             self.zygote.start()
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
-        self.port = await self.serve_http(app, self.settings.host, self.settings.worker_port)
+        self.port = await self.serve_http(
+            app, self.settings.host, self.settings.worker_port, grace_s=HEALTH_GRACE_S
+        )
         waits = {m: ack_wait_for(p, self.settings) for m, p in self.profiles.items()}
         js, queue, _ = await open_distributed(self.settings, self.node, waits)
         self.js = js

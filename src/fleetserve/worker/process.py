@@ -25,7 +25,7 @@ from ..assembly import build_catalog, build_profiles, load_or_report, log_choice
 from ..catalog import Catalog
 from ..cluster.presence import Registry, announce_forever
 from ..dashboard.fleet_local import worker_figures
-from ..lifecycle import Service, run_process
+from ..lifecycle import HEALTH_GRACE_S, Service, run_process
 from ..logs.summary import ready_summary
 from ..metrics import Metrics
 from ..queue.factory import open_distributed, require_nats, watch_broker
@@ -144,7 +144,9 @@ class WorkerProcess(Service):
 
     async def start(self) -> None:
         app = HealthApp(self.metrics, alive=self.alive, ready=lambda: self.ready)
-        self.port = await self.serve_http(app, self.settings.host, self.settings.worker_port)
+        self.port = await self.serve_http(
+            app, self.settings.host, self.settings.worker_port, grace_s=HEALTH_GRACE_S
+        )
         log_choices(self.choices, self.catalog, self.console)
         for m, r in self.runners.items():
             if not r.eager:  # loaded on its first request
