@@ -147,9 +147,11 @@ async def test_a_reloaded_model_is_charged_what_the_process_holds_for_it(
     """The bundled MiniLM as this class's profile serves it (ONNX Runtime or OpenVINO
     on the CPUs here): its runtime counts its 86 MiB of weights; the engine holds more
     (100-140 MiB grown on a 2-core cpu-avx2). Loaded, evicted and loaded again, the
-    charge is within 10 % of what the process grew by for it, or 2 MiB where the
-    engine kept its memory from the last load (a loaded CI runner's reload grew 6 MiB,
-    charged 4.8: the load's own Python objects are about 1 MiB it does not see)."""
+    charge is within 10 % of what the process grew by for it. Where the engine kept
+    its memory from the last load (under load, a reload grew the process by 6 to 7 MiB
+    rather than ~100), the figures are the allocator's noise: the charge is then held
+    only to not falling short of the growth (by more than 2 MiB: the load's own Python
+    objects, about 1 MiB, are not its)."""
     from fleetserve.assembly import build_catalog, build_profiles, build_runner
     from fleetserve.fleet.memory import rss_bytes, trim
     from fleetserve.metrics import Metrics
@@ -174,5 +176,8 @@ async def test_a_reloaded_model_is_charged_what_the_process_holds_for_it(
     grown = rss_bytes() - before
     counted = runner.memory["counted"]
     assert counted > 0
-    assert abs(held.weights - grown) <= max(0.1 * grown, 2 << 20), (held, grown, runner.memory)
+    if grown >= counted / 2:  # the reload allocated its weights again
+        assert abs(held.weights - grown) <= 0.1 * grown, (held, grown, runner.memory)
+    else:  # it reused memory the engine kept: never charged less than it grew
+        assert held.weights >= grown - (2 << 20), (held, grown, runner.memory)
     runner.unload()
