@@ -50,3 +50,27 @@ def test_a_generation_models_peak_covers_its_largest_prefill(tmp_path: Path) -> 
     assert charged >= 0.6 * actual, (charged, actual)
     assert measure_activation_peak(gen, gen.spec, path, 2 * 513, 8) < charged
     assert measure_activation_peak(gen, gen.spec, path, 8 * 513, 2) < charged  # batch size
+
+
+async def test_the_tune_measures_the_winners_peak_before_traffic_and_keeps_the_larger(
+    tmp_path: Path,
+) -> None:
+    """The tune's winner: its peak at the full budget is measured as its stack loads,
+    before the knee's batches grow the process, and the profile's figure is the larger
+    of that and what the cost fit's batches grew it by."""
+    from fleetserve.bench.tune import steps
+    from fleetserve.bench.tune.workload import requests
+
+    from .test_adapter_path import tuned
+
+    s = tuned(build_bert(tmp_path / "bert", max_positions=512), tmp_path, "torch")
+    s.requests = requests(s.spec, s.path, "mix", 8)  # (as the tune's run sets them)
+    s.clock.t0 -= 10_000  # no budget left: the cost fit runs its least (3 s)
+    w = s.winner
+    assert w is not None
+    async with s._stack(w.cand) as stack:
+        await steps.activation_peak(s, stack)
+        assert s.activation > 0
+        s.activation = 1 << 30  # larger than any batch of this model takes
+        await steps.cost_and_memory(s, stack)
+    assert s.memory is not None and s.memory["activation_peak_bytes"] == 1 << 30

@@ -86,6 +86,7 @@ class Search:
         self.cost_fit: dict[str, Any] | None = None
         self.winner: Point | None = None
         self.memory: dict[str, int] | None = None
+        self.activation = 0  # the winner's activation peak before any traffic (steps)
         self.adapters = ""  # where the winner's adapters run (``adapter_path``)
         self.adapter_quality: dict[str, Any] | None = None  # ... the slot gate's figure
         self.catalog_dirs = catalog_dirs

@@ -150,6 +150,7 @@ class Tuner:
                     "the open-loop sweep drives one in-process path"
                 )
             async with s._stack(winner.cand) as stack:
+                await steps.activation_peak(s, stack)  # before any traffic grows it
                 if knee and s.clock.fits(s.knee_cost_s(), final=True):
                     await steps.knee(s, stack, winner, rates_n=s.knee_rates)
                 elif knee:
