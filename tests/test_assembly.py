@@ -163,8 +163,17 @@ async def test_what_a_load_held_is_the_next_processs_reserve(
     assert first.expected().weights == files  # type: ignore[attr-defined]
     estimate = first._estimate  # type: ignore[attr-defined]
     held = (await first.load()).weights  # type: ignore[attr-defined]
-    # a torch model holds what its files say, within the resident set's noise: none kept
-    assert abs(held - files) <= FLOOR and not (tmp_path / "cache" / "held").exists()
+    # a torch model holds what its files say, within the resident set's noise: none
+    # kept. Two loaded CI runners measured this first load at 5.5 MB (files: 0.1 MB,
+    # the floor 4 MiB), and kept it, as the rule says for a load past the floor
+    kept = tmp_path / "cache" / "held"
+    assert abs(held - files) <= 2 * FLOOR
+    if abs(held - files) <= FLOOR:
+        assert not kept.exists()
+    else:  # (the noise's figure, kept: what follows starts from none)
+        (noise,) = kept.glob("*.json")
+        assert json.loads(noise.read_text())["bytes"] == held
+        shutil.rmtree(kept)
     estimate.remember(3 * files + FLOOR)  # as an engine with its own copies measures
     (fact,) = (tmp_path / "cache" / "held").glob("*.json")
     assert json.loads(fact.read_text())["bytes"] == 3 * files + FLOOR
