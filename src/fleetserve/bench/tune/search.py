@@ -118,9 +118,6 @@ class Search:
         return 6 if self.opts.quick else 8
 
     # -- building blocks ----------------------------------------------------------------
-    def _family(self, c: Candidate) -> AnyFamily:
-        return self.family_of(c)
-
     def family_of(self, c: Candidate, adapter_slots: int = 0, max_rank: int = 64) -> AnyFamily:
         """Candidate ``c``'s family, not loaded (``adapter_slots``: LoRA slots in its
         graph, where its runtime has them)."""
@@ -138,7 +135,7 @@ class Search:
         return create_family(self.spec, runtime, self.path)
 
     def _stack(self, c: Candidate) -> Stack:
-        return Stack(self.spec, c.profile(self.cls, self.base), self._family(c))
+        return Stack(self.spec, c.profile(self.cls, self.base), self.family_of(c))
 
     def _changed(self) -> None:
         self.on_change(self.phase)
