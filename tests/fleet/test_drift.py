@@ -114,6 +114,61 @@ async def test_the_fleet_checks_at_each_load_with_the_evictions_made_for_it(
     assert counted(m) == 1 and f.drift is not None and f.drift.unaccounted == 32 * MIB
 
 
+async def test_what_an_unload_left_behind_is_charged_and_the_next_load_evicts_for_it() -> None:
+    """An unload that leaves 30 of its 40 MiB in the process (a runtime's pool): the
+    drift's sum is charged, less the activation peak the budget keeps for a batch, and
+    the next load evicts two models where the charges alone would need one."""
+    c, proc = Clock(), Process()
+    a = Holding(c, proc, "a", 40, real=40, kept=30)
+    b = Holding(c, proc, "b", 40, real=40)
+    big = Holding(c, proc, "big", 40, real=42)
+    d = Holding(c, proc, "d", 30, real=30)
+    f = Fleet(100 * MIB, LRU(), clock=c, metrics=Metrics(), room_wait=0.0, actual=proc)
+    for x in (a, b, big, d):
+        f.add(x)
+    for m in ("a", "b", "big"):
+        await use(f, m)  # a leaves for big and keeps 30: 32 MiB unaccounted
+    assert f.room.retained == 32 * MIB
+    assert f.room.used() == 80 * MIB + 32 * MIB
+    await use(f, "d")  # on the charges b alone would go; with the 32 kept, 28 < 30: big too
+    assert {m: f.state(m) for m in ("a", "b", "big", "d")} == {
+        "a": "cold",
+        "b": "cold",
+        "big": "cold",
+        "d": "resident",
+    }
+    assert f.room.retained == 30 * MIB  # the next check: 30 grew for 30 charged, less 82
+
+
+async def test_the_peak_kept_for_a_batch_covers_what_the_allocator_kept_of_one() -> None:
+    c, proc = Clock(), Process()
+    a = Holding(c, proc, "a", 40, real=40)
+    b = Holding(c, proc, "b", 20, real=40)  # a batch's 20 MiB stay with the allocator
+    b.peak = 25 * MIB
+    f = Fleet(200 * MIB, LRU(), clock=c, metrics=Metrics(), room_wait=0.0, actual=proc)
+    f.add(a), f.add(b)
+    await use(f, "a")
+    await use(f, "b")
+    assert f.drift is not None and f.drift.unaccounted == 20 * MIB
+    assert f.room.retained == 0  # within the 25 MiB the budget keeps for b's batch
+
+
+async def test_what_the_process_retained_never_stops_a_load_that_fits_its_charge() -> None:
+    """The sum is an estimate: where evicting every model that may leave cannot make
+    room for it too, the load goes ahead on the charges alone, as it would without."""
+    c = Clock()
+    p, a, b = FakeModel(c, "p", 60, pinned=True), FakeModel(c, "a", 30), FakeModel(c, "b", 40)
+    f = Fleet(100 * MIB, LRU(), clock=c, metrics=Metrics(), room_wait=0.0)
+    for x in (p, a, b):
+        f.add(x)
+    await use(f, "p")
+    await use(f, "a")
+    f.room.retain(32 * MIB)
+    await use(f, "b")  # 100 - 60 pinned - 32 < 40 even with a gone: on the charges
+    states = {m: f.state(m) for m in ("p", "a", "b")}
+    assert states == {"p": "resident", "a": "cold", "b": "resident"}
+
+
 async def test_no_check_while_another_load_holds_part_of_its_reservation() -> None:
     c, proc = Clock(), Process()
     a = Holding(c, proc, "a", 40, real=40)

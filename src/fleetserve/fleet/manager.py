@@ -377,6 +377,7 @@ class Fleet:
             moved, self.room.evicted = moved + self.room.evicted, 0
             charged = self._slots.weights() + self.room.adapters()
             self.drift.check(event, model, charged, moved, self._slots.states())
+            self.room.retain(self.drift.unaccounted)
 
 
 __all__ = ["Fleet", "Member", "State", "is_oom"]

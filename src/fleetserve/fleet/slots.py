@@ -50,6 +50,10 @@ class Slots(dict[str, Slot]):
         """The state models serve with (KV caches), held only while they run."""
         return sum(s.held.state for s in self.values())
 
+    def peak(self) -> int:
+        """The largest activation peak held for (one batch runs at a time)."""
+        return max((s.held.peak for s in self.values()), default=0)
+
     def loading(self) -> bool:
         return any(s.state is State.LOADING for s in self.values())
 
