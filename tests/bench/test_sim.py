@@ -30,11 +30,13 @@ from fleetserve.bench.sim.fleet import (
     GIB,
     FleetParams,
     FleetSim,
+    FleetWorkload,
     make_fleet_workload,
     make_models,
     parse_bytes,
     simulate_fleet,
 )
+from fleetserve.bench.sim.fleet import Model as FleetModel
 from fleetserve.bench.sim.former import Former
 from fleetserve.bench.sim.policies import _Sim
 from fleetserve.bench.sim.puller import Msg
@@ -46,6 +48,7 @@ from fleetserve.catalog.profiles import (
     write_profile_file,
 )
 from fleetserve.catalog.spec import Profile
+from fleetserve.fleet.policy import Resident
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SMALL = from_catalog("cpu", requests=800)
@@ -372,6 +375,26 @@ def test_a_closed_loop_never_has_more_in_flight_than_its_clients(eviction: str) 
     assert closed.loads > 1.5 * opened.loads  # one load served many requests there
     with pytest.raises(ValueError, match="clients"):
         replace(p, clients=-1)
+
+
+@pytest.mark.parametrize(("admitted", "leaves"), [(False, "a"), (True, "b")])
+def test_a_model_with_requests_waiting_stays_where_the_server_admits_them(
+    admitted: bool, leaves: str
+) -> None:
+    """``admitted_busy``: an embedded server holds a model busy from a request's arrival,
+    so LRU passes over the least recent model while a request for it waits in the
+    queue; a worker pulling from a shared queue holds only what it pulled for."""
+    models = tuple(FleetModel(n, GIB, 1.0, 0.01, 1 / 3) for n in "abc")
+    wl = FleetWorkload(models, [1.0] * 3, [0, 1, 2])
+    p = replace(FleetParams(), models=3, memory_budget=2 * GIB, size_classes=((1024, 1.0),),
+                requests_per_worker=10, admitted_busy=admitted)  # fmt: skip
+    sim = FleetSim(wl, 1, p, affinity=False, eviction="lru", check=True)
+    for k, at in ((0, 1.0), (1, 2.0)):  # a used first, then b: a is the least recent
+        sim.res[0][k] = Resident(models[k].name, GIB, 1.0, last_used=at)
+    sim.used[0] = 2 * GIB
+    sim.q[0].append(0)  # a request for a waits in the queue
+    assert sim._start_load(0, 2, 3.0)
+    assert {models[k].name for k in sim.res[0]} == {"a", "b"} - {leaves}
 
 
 def test_fleet_bad_inputs() -> None:

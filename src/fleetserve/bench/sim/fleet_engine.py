@@ -284,8 +284,9 @@ class FleetSim:
     def _start_load(self, w: int, m: int, t: float) -> bool:
         """Make room for ``m`` by the policy, reserve it, pull a batch for it."""
         res = self.res[w]
+        admitted = self.p.admitted_busy
         for k, r in res.items():
-            r.busy = k == self.computing[w] or k in self.local[w]
+            r.busy = k == self.computing[w] or k in self.local[w] or (admitted and bool(self.q[k]))
         free = self.p.memory_budget - self.used[w]
         out = victims(self.policy[w], list(res.values()), self.size[m], free, t)
         if out is None:

@@ -61,6 +61,11 @@ class FleetParams:
     # a closed loop: this many clients, each sending the trace's next request when its
     # last is answered (as a benchmark's clients do); 0: Poisson arrivals (utilization)
     clients: int = 0
+    # a model with requests waiting for it may not leave, as in an embedded server,
+    # which admits a request when it arrives and holds its model busy until it is
+    # answered; False: only the batch in flight and the requests a worker pulled hold
+    # it (workers pulling from a shared queue)
+    admitted_busy: bool = False
 
     def __post_init__(self) -> None:
         if self.models < 1 or self.batch < 1:
