@@ -129,21 +129,20 @@ class Room:
                 retry_after=self.cooldown,
             )
         give_up = min(deadline, self.clock() + (self.room_wait if wait else 0.0))
+
+        def victims(retained: bool) -> list[Resident] | None:
+            return victims_until(
+                self.policy,
+                self._slots.records(),
+                lambda gone: need.kept <= self.free_without(gone, need.peak, retained),
+                self.clock(),
+            )
+
         while True:
             async with self.lock:
-                chosen = victims_until(
-                    self.policy,
-                    self._slots.records(),
-                    lambda gone: need.kept <= self.free_without(gone, need.peak),
-                    self.clock(),
-                )
+                chosen = victims(True)
                 if chosen is None and self.retained:  # an estimate: it never stops a load
-                    chosen = victims_until(
-                        self.policy,
-                        self._slots.records(),
-                        lambda gone: need.kept <= self.free_without(gone, need.peak, False),
-                        self.clock(),
-                    )
+                    chosen = victims(False)
                 if chosen is not None:
                     for r in chosen:
                         self.evict(self._slots[r.model], "pressure")
@@ -153,7 +152,7 @@ class Room:
                 self.changed.clear()
             left = give_up - self.clock()
             if left <= 0:
-                free = self.budget - self.used(Footprint(0, need.peak)) + self.retained
+                free = self.free_without((), need.peak, retained=False)
                 raise no_room(
                     model, (need.total, need.kept), self.budget, free, self._slots.records(),
                     lambda m: self._slots[m].held.total, self.clock(), self.cooldown,
