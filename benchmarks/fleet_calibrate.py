@@ -18,6 +18,8 @@ pulled for. Without that (``admitted_busy``), it matched the server's GDSF and n
 LRU: on a 16-model trace at two thirds of what the models hold (2-core
 cpu-avx512bf16), 11.2 s of LRU's loading simulated against 9.3 measured (GDSF 7.3
 against 7.0); with it, 9.9 (GDSF 7.2), and 0.72x predicted against 0.75x measured.
+The simulated worker also waits, as the server does, for a busy model the policy would
+rather evict (``FleetSim._defer``).
 """
 
 from __future__ import annotations

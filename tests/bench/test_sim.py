@@ -397,6 +397,39 @@ def test_a_model_with_requests_waiting_stays_where_the_server_admits_them(
     assert {models[k].name for k in sim.res[0]} == {"a", "b"} - {leaves}
 
 
+def test_a_load_waits_for_a_busy_cheaper_first_choice_at_most_what_it_saves() -> None:
+    """As the embedded server does (``Room.make``): GDSF would rather evict ``a`` (it
+    reloads in 0.01 s) than ``b`` (1 s), but a request for ``a`` waits; the load waits
+    for it while the worker serves it, at most the 0.99 s that saves."""
+    models = (FleetModel("a", GIB, 0.01, 0.01, 0.4), FleetModel("b", GIB, 1.0, 0.01, 0.4),
+              FleetModel("c", GIB, 1.0, 0.01, 0.2))  # fmt: skip
+    wl = FleetWorkload(models, [1.0] * 3, [0, 1, 2])
+    p = replace(FleetParams(), models=3, memory_budget=2 * GIB, size_classes=((1024, 1.0),),
+                requests_per_worker=10, admitted_busy=True)  # fmt: skip
+    sim = FleetSim(wl, 1, p, affinity=False, eviction="gdsf", check=True)
+    for k, at in ((0, 1.0), (1, 2.0)):
+        r = sim.res[0][k] = Resident(models[k].name, GIB, models[k].reload_s, last_used=at)
+        sim.policy[0].loaded(r, at)
+        sim.policy[0].used(r, at)
+    sim.used[0] = 2 * GIB
+    sim.q[0].append(0)  # a request for a waits: a is busy
+    assert not sim._start_load(0, 2, 3.0)  # waits for a
+    assert not sim._start_load(0, 2, 3.9)  # still within the 0.99 s
+    assert sim._start_load(0, 2, 4.0)  # waited what it saves: the idle b leaves
+    assert {models[k].name for k in sim.res[0]} == {"a"}
+    sim = FleetSim(wl, 1, p, affinity=False, eviction="gdsf", check=True)
+    for k, at in ((0, 1.0), (1, 2.0)):
+        r = sim.res[0][k] = Resident(models[k].name, GIB, models[k].reload_s, last_used=at)
+        sim.policy[0].loaded(r, at)
+        sim.policy[0].used(r, at)
+    sim.used[0] = 2 * GIB
+    sim.q[0].append(0)
+    assert not sim._start_load(0, 2, 3.0)
+    sim.q[0].clear()  # a is served meanwhile: it leaves, b stays
+    assert sim._start_load(0, 2, 3.1)
+    assert {models[k].name for k in sim.res[0]} == {"b"}
+
+
 def test_fleet_bad_inputs() -> None:
     assert parse_bytes("3GiB") == parse_bytes("3G") == 3 * GIB
     assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000

@@ -95,7 +95,7 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert sum(v["loads"] for v in run["per_model"].values()) == run["loads"] + run["wakes"]
 
 
-def test_a_trace_is_named_for_its_runtimes_and_a_budget_given() -> None:
+def test_a_trace_is_named_for_its_runtimes_budget_and_clients_given() -> None:
     def name(*argv: str) -> str:
         return trace_name(_parser().parse_args(["trace", *argv]), "cpu-avx2")
 
@@ -106,6 +106,11 @@ def test_a_trace_is_named_for_its_runtimes_and_a_budget_given() -> None:
         == "fleet-trace-torch-openvino-budget-50pct-cpu-avx2"
     )
     assert name("--budget", "200 MiB") == "fleet-trace-budget-200MiB-cpu-avx2"
+    assert name("--concurrency", "1") == "fleet-trace-1client-cpu-avx2"
+    assert (
+        name("--budget", "66%", "--concurrency", "2")
+        == "fleet-trace-budget-66pct-2clients-cpu-avx2"
+    )
 
 
 def test_the_runtimes_take_equal_shares_apart_from_size_and_rank() -> None:

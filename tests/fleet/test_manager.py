@@ -313,6 +313,51 @@ async def test_a_load_waits_for_busy_work_to_finish_within_room_wait() -> None:
     assert f.state("b") is State.RESIDENT and f.state("a") is State.COLD
 
 
+async def test_a_load_waits_a_moment_for_the_policys_busy_first_choice() -> None:
+    """Before: a load evicted whichever idle model the policy ranked first, however dear,
+    while the cheap one it would rather evict was busy for one more batch. On a
+    16-model trace (4 clients) GDSF then reloaded OpenVINO models it kept with 1 client."""
+    c = Clock()
+    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
+    f = fleet(c, 100, cheap, dear, FakeModel(c, "new", 40))
+    f.room.room_wait = 5.0
+    await use(f, "dear")
+    await f.acquire("cheap", timeout=10.0)  # busy
+    waiting = asyncio.create_task(f.acquire("new", timeout=10.0))
+    await asyncio.sleep(0.01)  # a window in which a load that did not wait would finish
+    assert not waiting.done() and f.state("dear") is State.RESIDENT
+    f.release("cheap")
+    await asyncio.wait_for(waiting, 2)
+    assert f.state("cheap") is State.COLD and f.state("dear") is State.RESIDENT
+
+
+async def test_the_wait_for_a_busy_first_choice_lasts_at_most_the_reload_it_saves() -> None:
+    c = Clock()
+    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
+    f = fleet(c, 100, cheap, dear, FakeModel(c, "new", 40))
+    f.room.room_wait = 5.0
+    await use(f, "dear")
+    await f.acquire("cheap", timeout=10.0)  # busy throughout
+    waiting = asyncio.create_task(f.acquire("new", timeout=10.0))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    c.now += 2.0  # the 1.99 s of reloading its leaving would save: waited enough
+    f.room.changed.set()
+    await asyncio.wait_for(waiting, 2)
+    assert f.state("dear") is State.COLD and f.state("cheap") is State.RESIDENT
+
+
+async def test_without_wait_a_load_evicts_an_idle_model_at_once() -> None:
+    c = Clock()
+    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
+    f = fleet(c, 100, cheap, dear, FakeModel(c, "new", 40))
+    f.room.room_wait = 5.0
+    await use(f, "dear")
+    await f.acquire("cheap", timeout=10.0)
+    await asyncio.wait_for(f.acquire("new", timeout=10.0, wait=False), 2)  # a shared queue
+    assert f.state("dear") is State.COLD
+
+
 async def test_a_model_larger_than_the_budget_beside_the_pinned_ones_is_refused() -> None:
     c = Clock()
     f = fleet(c, 100, FakeModel(c, "p", 70, pinned=True), FakeModel(c, "huge", 40))

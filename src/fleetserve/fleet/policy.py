@@ -38,8 +38,8 @@ class Resident:
     priority: float = 0.0  # kept by the policy
 
 
-def evictable(r: Resident, now: float) -> bool:
-    return not r.pinned and not r.busy and now >= r.keep_until
+def evictable(r: Resident, now: float, busy_too: bool = False) -> bool:
+    return not r.pinned and (busy_too or not r.busy) and now >= r.keep_until
 
 
 class Policy(Protocol):
@@ -139,15 +139,17 @@ def victims_until(
     residents: Sequence[Resident],
     fits: Callable[[Sequence[Resident]], bool],
     now: float,
+    busy_too: bool = False,
 ) -> list[Resident] | None:
     """The fewest evictable models, in the policy's order, whose leaving ``fits`` (a
     model's leaving may free more than its record's bytes: its activation peak, where
     it was the largest); ``None`` if even evicting every evictable one does not fit,
-    ``[]`` when it fits already."""
+    ``[]`` when it fits already. ``busy_too``: as if those with work in flight could
+    leave (what the policy would pick were they idle)."""
     chosen: list[Resident] = []
     if fits(chosen):
         return chosen
-    for r in policy.order(x for x in residents if evictable(x, now)):
+    for r in policy.order(x for x in residents if evictable(x, now, busy_too)):
         chosen.append(r)
         if fits(chosen):
             return chosen

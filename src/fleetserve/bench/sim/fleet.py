@@ -22,8 +22,10 @@ Pure Python and ``heapq``, deterministic for a seed. Times are in seconds, sizes
   the worker evicts ``victims(...)`` by its own policy (GDSF or LRU); a model with a
   batch in flight or requests waiting on this worker is busy and never evicted (with
   ``admitted_busy``, one with requests waiting in the queue too: an embedded server
-  admits each request as it arrives). A worker pulls cold work only when its loader is
-  free and the model can be made to fit.
+  admits each request as it arrives; and, as that server does, a load whose policy
+  would rather evict a busy model waits for it, running its batches, at most the
+  reload seconds that saves). A worker pulls cold work only when its loader is free
+  and the model can be made to fit.
 - Affinity on: a worker pulls first for the models it holds (the one whose oldest
   message is oldest); it takes a cold model only when it has nothing resident to do or
   that model's oldest message has waited ``affinity_wait_s``, and never a model another

@@ -8,7 +8,7 @@ import math
 from collections import deque
 from itertools import accumulate, count
 
-from ...fleet.policy import Resident, make_policy, victims
+from ...fleet.policy import Resident, make_policy, victims, victims_until
 from .fleet_model import EVICTIONS, FleetParams, FleetRun, FleetWorkload
 
 
@@ -83,6 +83,7 @@ class FleetSim:
         self.first, self.t0, self.t1 = i0, self.arr[i0], self.arr[-1]  # (closed: as sent)
         self.loads = self.evictions = 0
         self.load_s = self.busy_s = 0.0
+        self.deferred: list[dict[int, float]] = [{} for _ in range(workers)]  # since when
 
     # ---- the loop -------------------------------------------------------------------
 
@@ -289,8 +290,9 @@ class FleetSim:
             r.busy = k == self.computing[w] or k in self.local[w] or (admitted and bool(self.q[k]))
         free = self.p.memory_budget - self.used[w]
         out = victims(self.policy[w], list(res.values()), self.size[m], free, t)
-        if out is None:
+        if out is None or (out and admitted and self._defer(w, m, out, free, t)):
             return False
+        self.deferred[w].pop(m, None)
         counted = self.t0 <= t <= self.t1
         for r in out:
             k = self.index[r.model]
@@ -320,6 +322,20 @@ class FleetSim:
         self._push(t + self.reload[m], _LOAD, w)
         self._pull(w, m, self.p.batch)
         return True
+
+    def _defer(self, w: int, m: int, out: list[Resident], free: int, t: float) -> bool:
+        """The embedded server's wait (``Room.make``): when the policy would rather
+        evict models that are busy now, the load waits for them (the worker runs their
+        batches meanwhile) at most the reload seconds that choice saves."""
+        need = self.size[m]
+        first = victims_until(
+            self.policy[w], list(self.res[w].values()),
+            lambda gone: need <= free + sum(r.bytes for r in gone), t, busy_too=True,
+        )  # fmt: skip
+        if not first or not any(r.busy for r in first):
+            return False
+        saved = sum(r.reload_s for r in out) - sum(r.reload_s for r in first)
+        return saved > 0 and t < self.deferred[w].setdefault(m, t) + saved
 
     def _run_batch(self, w: int, m: int, t: float) -> None:
         rids = self.local[w].pop(m, [])
