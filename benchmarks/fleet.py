@@ -11,7 +11,8 @@
 
 Each writes a table, then JSON and a PNG beside it under --out, named for this
 machine's hardware class (fleet-trace-<class>, fleet-trace-torch-openvino-<class>,
-fleet-trace-torch-openvino-budget-50pct-<class> with --budget 50%, cold-load-<class>).
+fleet-trace-torch-openvino-budget-50pct-<class> with --budget 50%, ...-1client-<class>
+with --concurrency 1, cold-load-<class>).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .fleet_report import cold_table, copies_table, trace_table, write
 ROOT = Path(__file__).resolve().parent.parent
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+CLIENTS = 4  # the trace's closed-loop clients unless told
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trace", help="gdsf against lru on one Zipf trace")
     t.add_argument("--models", type=int, default=16, help="random BERTs (4-60 MiB)")
     t.add_argument("--requests", type=int, default=600)
-    t.add_argument("--concurrency", type=int, default=4)
+    t.add_argument("--concurrency", type=int, default=CLIENTS, help="closed-loop clients")
     t.add_argument("--zipf", type=float, default=1.1, help="the Zipf exponent s")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--repeats", type=int, default=1, help="runs per policy, alternated")
@@ -137,11 +139,14 @@ def machine_facts() -> dict[str, Any]:
 
 
 def trace_name(args: argparse.Namespace, hardware_class: str) -> str:
-    """fleet-trace-<class>; with other runtimes, or a budget given, named for them too
-    (fleet-trace-torch-openvino-budget-50pct-<class>), beside the default's."""
+    """fleet-trace-<class>; with other runtimes, a budget or other than 4 clients,
+    named for them too (fleet-trace-torch-openvino-budget-50pct-1client-<class>), beside
+    the default's."""
     mix = "" if args.runtimes == ["torch"] else "-".join(args.runtimes) + "-"
     if args.budget:
         mix += "budget-" + re.sub(r"[^0-9A-Za-z.]+", "", args.budget.replace("%", "pct")) + "-"
+    if args.concurrency != CLIENTS:
+        mix += f"{args.concurrency}client{'s' if args.concurrency > 1 else ''}-"
     return f"fleet-trace-{mix}{hardware_class}"
 
 

@@ -62,6 +62,10 @@ def trace_table(result: dict[str, Any]) -> Table:
     return t
 
 
+def _clients(n: int) -> str:
+    return f"{n} client{'s' if n != 1 else ''}"
+
+
 def _simulated(result: dict[str, Any]) -> str:
     """The simulator's gdsf/lru load seconds over the measured models, where run."""
     sim = result.get("sim") or {}
@@ -218,7 +222,7 @@ def trace_plot(result: dict[str, Any], path: Path) -> None:
     fig.suptitle(
         f"{len(result['models'])} models ({', '.join(runtimes)}), budget "
         f"{result['budget_bytes'] / MIB:.0f} MiB, {result['trace']['requests']} requests "
-        f"(Zipf s={result['trace']['zipf_s']})"
+        f"(Zipf s={result['trace']['zipf_s']}), {_clients(result.get('concurrency', 4))}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
