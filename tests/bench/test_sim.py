@@ -406,24 +406,23 @@ def test_a_load_waits_for_a_busy_cheaper_first_choice_at_most_what_it_saves() ->
     wl = FleetWorkload(models, [1.0] * 3, [0, 1, 2])
     p = replace(FleetParams(), models=3, memory_budget=2 * GIB, size_classes=((1024, 1.0),),
                 requests_per_worker=10, admitted_busy=True)  # fmt: skip
-    sim = FleetSim(wl, 1, p, affinity=False, eviction="gdsf", check=True)
-    for k, at in ((0, 1.0), (1, 2.0)):
-        r = sim.res[0][k] = Resident(models[k].name, GIB, models[k].reload_s, last_used=at)
-        sim.policy[0].loaded(r, at)
-        sim.policy[0].used(r, at)
-    sim.used[0] = 2 * GIB
-    sim.q[0].append(0)  # a request for a waits: a is busy
+
+    def a_and_b_resident_a_asked_for() -> FleetSim:
+        sim = FleetSim(wl, 1, p, affinity=False, eviction="gdsf", check=True)
+        for k, at in ((0, 1.0), (1, 2.0)):
+            r = sim.res[0][k] = Resident(models[k].name, GIB, models[k].reload_s, last_used=at)
+            sim.policy[0].loaded(r, at)
+            sim.policy[0].used(r, at)
+        sim.used[0] = 2 * GIB
+        sim.q[0].append(0)  # a request for a waits: a is busy
+        return sim
+
+    sim = a_and_b_resident_a_asked_for()
     assert not sim._start_load(0, 2, 3.0)  # waits for a
     assert not sim._start_load(0, 2, 3.9)  # still within the 0.99 s
     assert sim._start_load(0, 2, 4.0)  # waited what it saves: the idle b leaves
     assert {models[k].name for k in sim.res[0]} == {"a"}
-    sim = FleetSim(wl, 1, p, affinity=False, eviction="gdsf", check=True)
-    for k, at in ((0, 1.0), (1, 2.0)):
-        r = sim.res[0][k] = Resident(models[k].name, GIB, models[k].reload_s, last_used=at)
-        sim.policy[0].loaded(r, at)
-        sim.policy[0].used(r, at)
-    sim.used[0] = 2 * GIB
-    sim.q[0].append(0)
+    sim = a_and_b_resident_a_asked_for()
     assert not sim._start_load(0, 2, 3.0)
     sim.q[0].clear()  # a is served meanwhile: it leaves, b stays
     assert sim._start_load(0, 2, 3.1)

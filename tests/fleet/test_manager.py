@@ -313,16 +313,23 @@ async def test_a_load_waits_for_busy_work_to_finish_within_room_wait() -> None:
     assert f.state("b") is State.RESIDENT and f.state("a") is State.COLD
 
 
+async def cheap_busy_dear_idle(c: Clock) -> Fleet:
+    """A fleet with room for two of three: ``dear`` (reloads in 2 s) idle, ``cheap``
+    (0.01 s) busy with a request, and ``new`` to load."""
+    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
+    f = fleet(c, 100, cheap, dear, FakeModel(c, "new", 40))
+    f.room.room_wait = 5.0
+    await use(f, "dear")
+    await f.acquire("cheap", timeout=10.0)
+    return f
+
+
 async def test_a_load_waits_a_moment_for_the_policys_busy_first_choice() -> None:
     """Before: a load evicted whichever idle model the policy ranked first, however dear,
     while the cheap one it would rather evict was busy for one more batch. On a
     16-model trace (4 clients) GDSF then reloaded OpenVINO models it kept with 1 client."""
     c = Clock()
-    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
-    f = fleet(c, 100, cheap, dear, FakeModel(c, "new", 40))
-    f.room.room_wait = 5.0
-    await use(f, "dear")
-    await f.acquire("cheap", timeout=10.0)  # busy
+    f = await cheap_busy_dear_idle(c)
     waiting = asyncio.create_task(f.acquire("new", timeout=10.0))
     await asyncio.sleep(0.01)  # a window in which a load that did not wait would finish
     assert not waiting.done() and f.state("dear") is State.RESIDENT
@@ -333,11 +340,7 @@ async def test_a_load_waits_a_moment_for_the_policys_busy_first_choice() -> None
 
 async def test_the_wait_for_a_busy_first_choice_lasts_at_most_the_reload_it_saves() -> None:
     c = Clock()
-    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
-    f = fleet(c, 100, cheap, dear, FakeModel(c, "new", 40))
-    f.room.room_wait = 5.0
-    await use(f, "dear")
-    await f.acquire("cheap", timeout=10.0)  # busy throughout
+    f = await cheap_busy_dear_idle(c)  # cheap stays busy throughout
     waiting = asyncio.create_task(f.acquire("new", timeout=10.0))
     await asyncio.sleep(0.01)
     assert not waiting.done()
@@ -349,11 +352,7 @@ async def test_the_wait_for_a_busy_first_choice_lasts_at_most_the_reload_it_save
 
 async def test_without_wait_a_load_evicts_an_idle_model_at_once() -> None:
     c = Clock()
-    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
-    f = fleet(c, 100, cheap, dear, FakeModel(c, "new", 40))
-    f.room.room_wait = 5.0
-    await use(f, "dear")
-    await f.acquire("cheap", timeout=10.0)
+    f = await cheap_busy_dear_idle(c)
     await asyncio.wait_for(f.acquire("new", timeout=10.0, wait=False), 2)  # a shared queue
     assert f.state("dear") is State.COLD
 
