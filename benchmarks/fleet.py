@@ -12,7 +12,7 @@
 Each writes a table, then JSON and a PNG beside it under --out, named for this
 machine's hardware class (fleet-trace-<class>, fleet-trace-torch-openvino-<class>,
 fleet-trace-torch-openvino-budget-50pct-<class> with --budget 50%, ...-1client-<class>
-with --concurrency 1, cold-load-<class>).
+with --concurrency 1, ...-vs-before-<class> with --before, cold-load-<class>).
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
         "costs that differ by runtime, not only by size)",
     )
     t.add_argument("--host-tier", default="", help="--host-tier of the server (default its own)")
+    t.add_argument(
+        "--before",
+        default="",
+        help="source tree of the old code: each policy runs on it too (gdsf@before), "
+        "alternated with the rest",
+    )
     t.add_argument(
         "--held",
         choices=("probe", "learned"),
@@ -139,14 +145,17 @@ def machine_facts() -> dict[str, Any]:
 
 
 def trace_name(args: argparse.Namespace, hardware_class: str) -> str:
-    """fleet-trace-<class>; with other runtimes, a budget or other than 4 clients,
-    named for them too (fleet-trace-torch-openvino-budget-50pct-1client-<class>), beside
-    the default's."""
+    """fleet-trace-<class>; with other runtimes, a budget, other than 4 clients or a
+    tree before, named for them too
+    (fleet-trace-torch-openvino-budget-50pct-1client-vs-before-<class>), beside the
+    default's."""
     mix = "" if args.runtimes == ["torch"] else "-".join(args.runtimes) + "-"
     if args.budget:
         mix += "budget-" + re.sub(r"[^0-9A-Za-z.]+", "", args.budget.replace("%", "pct")) + "-"
     if args.concurrency != CLIENTS:
         mix += f"{args.concurrency}client{'s' if args.concurrency > 1 else ''}-"
+    if args.before:
+        mix += "vs-before-"
     return f"fleet-trace-{mix}{hardware_class}"
 
 

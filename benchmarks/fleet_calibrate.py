@@ -47,7 +47,11 @@ def measured_models(result: dict[str, Any], trace: list[str]) -> list[Model]:
     for m in result["models"]:
         if m["pinned"] or m["id"] not in trace:
             continue
-        per = [r["per_model"][m["id"]] for r in result["runs"] if m["id"] in r["per_model"]]
+        per = [  # this tree's runs (not --before's)
+            r["per_model"][m["id"]]
+            for r in result["runs"]
+            if m["id"] in r["per_model"] and "@" not in r["policy"]
+        ]
         n = sum(p["loads"] for p in per)
         cost = sum(p["load_s"] for p in per) / n if n else 0.0
         share = trace.count(m["id"]) / len(trace)

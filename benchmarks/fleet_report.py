@@ -52,13 +52,13 @@ def trace_table(result: dict[str, Any]) -> Table:
     for policy, m in rows.items():
         cells = [_num(m[k] / MIB if d is None else m[k], d or 0) for k, _, d in TRACE_COLUMNS]
         t.add_row(policy, *cells)
-    if "gdsf" in rows and "lru" in rows:
-        a, b = rows["gdsf"], rows["lru"]
-        t.add_row(
-            "gdsf/lru",
-            "",
-            *[_ratio(a[k] / b[k] if b[k] else None) for k, _, _ in TRACE_COLUMNS[1:]],
-        )
+    pairs = [("gdsf", "lru", "gdsf/lru")]
+    pairs += [(p, f"{p}@before", f"{p}/before") for p in ("gdsf", "lru")]  # with --before
+    for x, y, name in pairs:
+        if x in rows and y in rows:
+            a, b = rows[x], rows[y]
+            ratios = [_ratio(a[k] / b[k] if b[k] else None) for k, _, _ in TRACE_COLUMNS[1:]]
+            t.add_row(name, "", *ratios)
     return t
 
 
@@ -209,13 +209,16 @@ def trace_plot(result: dict[str, Any], path: Path) -> None:
     for ax, key, title in zip(
         axes, ("load_s", "p99_ms"), ("seconds spent loading", "p99 latency (ms)"), strict=True
     ):
-        ax.bar(policies, [result["medians"][p][key] for p in policies], color=["C0", "C1"])
+        colors = [f"C{i}" for i in range(len(policies))]
+        ax.bar(policies, [result["medians"][p][key] for p in policies], color=colors)
         for i, p in enumerate(policies):  # each run, over its median
             ys = [r[key] for r in result["runs"] if r["policy"] == p]
             ax.plot([i] * len(ys), ys, "k.", alpha=0.6)
         if key == "load_s" and result.get("sim"):  # the simulator, fed the measured costs
-            sim = [result["sim"]["runs"][p]["load_s"] for p in policies]
-            ax.plot(range(len(policies)), sim, "rx", markersize=10, label="simulated")
+            sims = result["sim"]["runs"]  # (this tree's policies only)
+            xs = [i for i, p in enumerate(policies) if p in sims]
+            sim = [sims[policies[i]]["load_s"] for i in xs]
+            ax.plot(xs, sim, "rx", markersize=10, label="simulated")
             ax.legend(loc="lower right")
         ax.set(title=title)
     runtimes = sorted({m.get("runtime", "torch") for m in result["models"]})

@@ -35,6 +35,7 @@ from rich.console import Console
 from fleetserve.bench.loadgen import percentile
 from fleetserve.fleet.memory import parse_size, rss_of
 
+from .fleet_cold import describe, tree_src
 from .fleet_models import SENTENCE, Model, fleet
 from .fleet_server import RssSampler, Server
 
@@ -139,15 +140,25 @@ def restore_probed(log_dir: Path) -> None:
 
 
 def run_once(
-    policy: str, run: int, catalog: Path, budget: int, trace: list[str], args: argparse.Namespace
+    policy: str,
+    run: int,
+    catalog: Path,
+    budget: int,
+    trace: list[str],
+    args: argparse.Namespace,
+    src: Path | None = None,
 ) -> dict[str, Any]:
+    """One fresh server's run of ``trace``; ``src``: the source tree it runs (``None``:
+    this one), its runs labelled ``<policy>@before``."""
     log_dir = Path(args.log_dir)
     if args.held == "probe":
         restore_probed(log_dir)
+    label = policy if src is None else f"{policy}@before"
     srv = Server(
-        f"fleet-{policy}-{run}",
+        f"fleet-{label}-{run}",
         serve_args(catalog, budget, policy, args.threads, cache_of(log_dir), args.host_tier),
         log_dir,
+        src=src,
     )
     try:
         srv.wait_ready()
@@ -175,7 +186,7 @@ def run_once(
     woken = (w1, w0)
     loads = grew("fleetserve_model_loads_total", ok1, ok0)
     return {
-        "policy": policy,
+        "policy": label,
         "run": run,
         "requests": len(answers),
         "errors": len(answers) - len(ok),
@@ -205,10 +216,11 @@ def run_once(
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per policy (and ``<policy>@before``), in the order they first ran."""
+    labels = dict.fromkeys(r["policy"] for r in runs)
     return {
         p: {k: statistics.median(r[k] for r in runs if r["policy"] == p) for k in STATS}
-        for p in POLICIES
-        if any(r["policy"] == p for r in runs)
+        for p in labels
     }
 
 
@@ -243,14 +255,17 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         f"{budget / MIB:.0f} MiB = {how}; {args.requests} requests, Zipf s={args.zipf}, "
         f"{len(set(trace))} models asked for, {args.concurrency} clients"
     )
+    before = tree_src(Path(args.before)) if args.before else None
+    arms = [(p, None) for p in POLICIES] + ([(p, before) for p in POLICIES] if before else [])
     runs: list[dict[str, Any]] = []
     for r in range(args.repeats):
-        for policy in POLICIES if r % 2 == 0 else POLICIES[::-1]:
-            with console.status(f"run {r + 1}/{args.repeats}: {policy}…"):
-                res = run_once(policy, r, catalog, budget, trace, args)
+        for policy, src in arms if r % 2 == 0 else arms[::-1]:
+            label = policy if src is None else f"{policy}@before"
+            with console.status(f"run {r + 1}/{args.repeats}: {label}…"):
+                res = run_once(policy, r, catalog, budget, trace, args, src)
             runs.append(res)
             console.print(
-                f"  run {r + 1} {policy}: p99 {res['p99_ms']:.0f} ms, {res['loads']:.0f} "
+                f"  run {r + 1} {label}: p99 {res['p99_ms']:.0f} ms, {res['loads']:.0f} "
                 f"loads, {res['load_s']:.1f} s loading, {res['errors']} errors"
             )
     med = medians(runs)
@@ -271,6 +286,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "pinned_held_bytes": held,
         "trace": {"requests": args.requests, "zipf_s": args.zipf, "seed": args.seed},
         "concurrency": args.concurrency,
+        "before": describe(before) if before else None,
         "runs": runs,
         "medians": med,
         "ratios_gdsf_over_lru": ratios(med),

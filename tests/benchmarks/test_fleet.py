@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from benchmarks.fleet import _parser, main, trace_name
+from benchmarks.fleet import ROOT, _parser, main, trace_name
 from benchmarks.fleet_cold import windows
 from benchmarks.fleet_models import Model, build, runtime_shares, spec, unpin_bundled
 from benchmarks.fleet_server import parse_metrics
@@ -72,10 +72,15 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     # what a load's measure varies by: a clean-clone run saw no eviction)
     argv = ["trace", "--models", "4", "--requests", "20", "--out", str(out)]
     argv += ["--model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
+    argv += ["--before", str(ROOT)]  # this tree again, as the one before: each policy twice
     assert main(argv) == 0, capsys.readouterr().out
-    narrow(capsys.readouterr().out)
-    data = written(out, "fleet-trace")
-    assert {r["policy"] for r in data["runs"]} == {"gdsf", "lru"}
+    printed = capsys.readouterr().out
+    narrow(printed)
+    assert "gdsf/lru" in printed and "gdsf/before" in printed and "lru/before" in printed
+    data = written(out, "fleet-trace-vs-before")
+    assert [r["policy"] for r in data["runs"]] == ["gdsf", "lru", "gdsf@before", "lru@before"]
+    assert list(data["medians"]) == ["gdsf", "lru", "gdsf@before", "lru@before"]
+    assert data["before"]
     for run in data["runs"]:
         assert run["requests"] == 20 and run["errors"] == 0, run
         assert run["loads"] >= 1 and run["load_s"] > 0 and run["peak_rss"] > 0
@@ -107,6 +112,7 @@ def test_a_trace_is_named_for_its_runtimes_budget_and_clients_given() -> None:
     )
     assert name("--budget", "200 MiB") == "fleet-trace-budget-200MiB-cpu-avx2"
     assert name("--concurrency", "1") == "fleet-trace-1client-cpu-avx2"
+    assert name("--before", "/x") == "fleet-trace-vs-before-cpu-avx2"
     assert (
         name("--budget", "66%", "--concurrency", "2")
         == "fleet-trace-budget-66pct-2clients-cpu-avx2"
