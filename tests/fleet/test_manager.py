@@ -357,6 +357,19 @@ async def test_without_wait_a_load_evicts_an_idle_model_at_once() -> None:
     assert f.state("dear") is State.COLD
 
 
+async def test_room_beside_a_model_does_not_wait_for_the_model_itself() -> None:
+    """Room made beside ``cheap`` (its torch copy) holds ``cheap`` busy: the policy's
+    first choice, it never leaves, so the wait for it would only delay the room."""
+    c = Clock()
+    cheap, dear = FakeModel(c, "cheap", 40, load_s=0.01), FakeModel(c, "dear", 40, load_s=2.0)
+    f = fleet(c, 100, cheap, dear)
+    f.room.room_wait = 5.0
+    await use(f, "dear")
+    await use(f, "cheap")
+    await asyncio.wait_for(f.room_beside("cheap", 40 * MIB), 1)
+    assert f.state("dear") is State.COLD and f.state("cheap") is State.RESIDENT
+
+
 async def test_a_model_larger_than_the_budget_beside_the_pinned_ones_is_refused() -> None:
     c = Clock()
     f = fleet(c, 100, FakeModel(c, "p", 70, pinned=True), FakeModel(c, "huge", 40))

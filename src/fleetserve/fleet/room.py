@@ -136,7 +136,7 @@ class Room:
         def victims(retained: bool, busy_too: bool = False) -> list[Resident] | None:
             return victims_until(
                 self.policy,
-                self._slots.records(),
+                [r for r in self._slots.records() if r.model != model],  # (room_beside's)
                 lambda gone: need.kept <= self.free_without(gone, need.peak, retained),
                 self.clock(),
                 busy_too,
