@@ -122,7 +122,7 @@ class Room:
         the pinned models leave too little. Where the policy would rather evict models
         that are busy now than the idle ones it can, it waits for them too, at most the
         reload seconds that saves (``_saved``): on a 16-model trace with 4 clients
-        (2-core cpu-avx512bf16) GDSF made 35 to 40 loads a run against 38 to 41."""
+        (2-core cpu-avx512bf16) GDSF made 34 to 40 loads a run against 39 to 42."""
         if held_together([*self._slots.pinned(but=model), need]) > self.budget:
             raise Unavailable(
                 f"model {model!r} needs {need.total / MIB:.1f} MiB to load (its weights, "
