@@ -38,6 +38,7 @@ def trace_table(result: dict[str, Any]) -> Table:
         box=box.SIMPLE_HEAD,
         show_edge=False,
         pad_edge=False,
+        padding=(0, 1, 0, 0),  # two spaces apart: --before's four rows fit 80 columns
         title="fleet trace: medians per policy",
         caption=(
             f"{result['trace']['requests']} requests per run; budget "
