@@ -153,7 +153,7 @@ def run_once(
     log_dir = Path(args.log_dir)
     if args.held == "probe":
         restore_probed(log_dir)
-    label = policy if src is None else f"{policy}@before"
+    label = run_label(policy, src)
     srv = Server(
         f"fleet-{label}-{run}",
         serve_args(catalog, budget, policy, args.threads, cache_of(log_dir), args.host_tier),
@@ -215,6 +215,11 @@ def run_once(
     }  # fmt: skip
 
 
+def run_label(policy: str, src: Path | None) -> str:
+    """A run's label: its policy, ``<policy>@before`` on the ``--before`` tree."""
+    return policy if src is None else f"{policy}@before"
+
+
 def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per policy (and ``<policy>@before``), in the order they first ran."""
     labels = dict.fromkeys(r["policy"] for r in runs)
@@ -260,7 +265,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for r in range(args.repeats):
         for policy, src in arms if r % 2 == 0 else arms[::-1]:
-            label = policy if src is None else f"{policy}@before"
+            label = run_label(policy, src)
             with console.status(f"run {r + 1}/{args.repeats}: {label}…"):
                 res = run_once(policy, r, catalog, budget, trace, args, src)
             runs.append(res)

@@ -126,12 +126,17 @@ def make_policy(name: str) -> Policy:
 
 
 def victims(
-    policy: Policy, residents: Sequence[Resident], need: int, free: int, now: float
+    policy: Policy,
+    residents: Sequence[Resident],
+    need: int,
+    free: int,
+    now: float,
+    busy_too: bool = False,
 ) -> list[Resident] | None:
     """The models to evict so that ``need`` bytes fit in ``free`` plus what they hold,
     in the policy's order; ``None`` if even evicting every evictable one is not enough.
-    ``[]`` when it fits already."""
-    return victims_until(policy, residents, lambda gone: need <= free + _bytes(gone), now)
+    ``[]`` when it fits already. ``busy_too``: as ``victims_until``."""
+    return victims_until(policy, residents, lambda gone: need <= free + _bytes(gone), now, busy_too)
 
 
 def victims_until(
@@ -156,6 +161,15 @@ def victims_until(
     return None
 
 
+def worth_waiting(chosen: Sequence[Resident], first: Sequence[Resident] | None) -> float:
+    """The reload seconds saved were the policy's ``first`` choices (``victims...(...,
+    busy_too=True)``, busy among them) to leave instead of the idle ``chosen``: how
+    long a load may wait for them to finish. Nothing when none of them is busy."""
+    if not first or not any(r.busy for r in first):
+        return 0.0
+    return max(0.0, sum(r.reload_s for r in chosen) - sum(r.reload_s for r in first))
+
+
 def _bytes(rs: Sequence[Resident]) -> int:
     return sum(r.bytes for r in rs)
 
@@ -170,4 +184,5 @@ __all__ = [
     "make_policy",
     "victims",
     "victims_until",
+    "worth_waiting",
 ]

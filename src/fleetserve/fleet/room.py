@@ -15,7 +15,7 @@ from ..metrics import Metrics
 from ..wire import Unavailable
 from .host_tier import HostTier
 from .member import Footprint, State, held_together
-from .policy import Policy, Resident, evictable, victims_until
+from .policy import Policy, Resident, evictable, victims_until, worth_waiting
 from .slot import NOTHING, Slot
 from .slots import Slots
 
@@ -121,7 +121,7 @@ class Room:
         ``wait``); ``Unavailable`` (``no_room``) when none frees in time, at once when
         the pinned models leave too little. Where the policy would rather evict models
         that are busy now than the idle ones it can, it waits for them too, at most the
-        reload seconds that saves (``_saved``): on a 16-model trace with 4 clients
+        reload seconds that saves (``worth_waiting``): on a 16-model trace with 4 clients
         (2-core cpu-avx512bf16) GDSF made 34 to 40 loads a run against 39 to 42."""
         if held_together([*self._slots.pinned(but=model), need]) > self.budget:
             raise Unavailable(
@@ -150,7 +150,7 @@ class Room:
                 chosen = victims(True)
                 if chosen is None and self.retained:  # an estimate: it never stops a load
                     retained, chosen = False, victims(False)
-                saved = self._saved(chosen, victims(retained, True)) if chosen and wait else 0.0
+                saved = worth_waiting(chosen, victims(retained, True)) if chosen and wait else 0.0
                 if saved > 0:
                     patience = self.clock() + saved if patience is None else patience
                     if self.clock() < min(patience, give_up):
@@ -171,15 +171,6 @@ class Room:
                 )  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), max(0.0, left))
-
-    @staticmethod
-    def _saved(chosen: Sequence[Resident], first: Sequence[Resident] | None) -> float:
-        """The reload seconds saved were the policy's ``first`` choices (busy among
-        them) to leave instead of the idle ``chosen``: how long a load may wait for
-        them to finish. Nothing when none of them is busy."""
-        if not first or not any(r.busy for r in first):
-            return 0.0
-        return max(0.0, sum(r.reload_s for r in chosen) - sum(r.reload_s for r in first))
 
     @contextlib.asynccontextmanager
     async def beside(

@@ -8,7 +8,7 @@ import math
 from collections import deque
 from itertools import accumulate, count
 
-from ...fleet.policy import Resident, make_policy, victims, victims_until
+from ...fleet.policy import Resident, make_policy, victims, worth_waiting
 from .fleet_model import EVICTIONS, FleetParams, FleetRun, FleetWorkload
 
 
@@ -327,14 +327,8 @@ class FleetSim:
         """The embedded server's wait (``Room.make``): when the policy would rather
         evict models that are busy now, the load waits for them (the worker runs their
         batches meanwhile) at most the reload seconds that choice saves."""
-        need = self.size[m]
-        first = victims_until(
-            self.policy[w], list(self.res[w].values()),
-            lambda gone: need <= free + sum(r.bytes for r in gone), t, busy_too=True,
-        )  # fmt: skip
-        if not first or not any(r.busy for r in first):
-            return False
-        saved = sum(r.reload_s for r in out) - sum(r.reload_s for r in first)
+        res = list(self.res[w].values())
+        saved = worth_waiting(out, victims(self.policy[w], res, self.size[m], free, t, True))
         return saved > 0 and t < self.deferred[w].setdefault(m, t) + saved
 
     def _run_batch(self, w: int, m: int, t: float) -> None:
