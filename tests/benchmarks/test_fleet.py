@@ -8,12 +8,15 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
-from benchmarks.fleet import ROOT, _parser, main, trace_name
+from benchmarks.fleet import _parser, main, trace_name
+from benchmarks.fleet_calibrate import measured_models
 from benchmarks.fleet_cold import windows
 from benchmarks.fleet_models import Model, build, runtime_shares, spec, unpin_bundled
+from benchmarks.fleet_report import trace_plot, trace_table
 from benchmarks.fleet_server import parse_metrics
-from benchmarks.fleet_trace import zipf_trace
+from benchmarks.fleet_trace import STATS, medians, run_label, zipf_trace
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -72,15 +75,10 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     # what a load's measure varies by: a clean-clone run saw no eviction)
     argv = ["trace", "--models", "4", "--requests", "20", "--out", str(out)]
     argv += ["--model-dir", str(tmp_path / "models"), "--log-dir", str(tmp_path / "logs")]
-    argv += ["--before", str(ROOT)]  # this tree again, as the one before: each policy twice
     assert main(argv) == 0, capsys.readouterr().out
-    printed = capsys.readouterr().out
-    narrow(printed)
-    assert "gdsf/lru" in printed and "gdsf/before" in printed and "lru/before" in printed
-    data = written(out, "fleet-trace-vs-before")
-    assert [r["policy"] for r in data["runs"]] == ["gdsf", "lru", "gdsf@before", "lru@before"]
-    assert list(data["medians"]) == ["gdsf", "lru", "gdsf@before", "lru@before"]
-    assert data["before"]
+    narrow(capsys.readouterr().out)
+    data = written(out, "fleet-trace")
+    assert {r["policy"] for r in data["runs"]} == {"gdsf", "lru"} and data["before"] is None
     for run in data["runs"]:
         assert run["requests"] == 20 and run["errors"] == 0, run
         assert run["loads"] >= 1 and run["load_s"] > 0 and run["peak_rss"] > 0
@@ -98,6 +96,42 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     for run in data["runs"]:  # a reload of a sleeping model is a wake, counted apart
         assert run["wakes"] >= 0 and set(run["per_model"]) <= {m["id"] for m in data["models"]}
         assert sum(v["loads"] for v in run["per_model"].values()) == run["loads"] + run["wakes"]
+
+
+def test_runs_on_a_tree_before_are_reported_beside_and_kept_from_the_simulator(
+    tmp_path: Path,
+) -> None:
+    """``--before``: each policy's runs on the old tree (the trees' servers are run as
+    cold-load's ``--before`` runs them, ``Server(src=...)``, end to end below), their
+    medians, the ratios to them at 80 columns, a bar each, and only this tree's costs
+    fed to the simulator."""
+    before = tmp_path / "old" / "src"
+    assert (run_label("gdsf", None), run_label("lru", before)) == ("gdsf", "lru@before")
+    runs = []
+    for k, (policy, src) in enumerate([("gdsf", None), ("lru", None), ("gdsf", before),
+                                       ("lru", before)] * 2):  # fmt: skip
+        run: dict[str, Any] = {s: 1000.0 + k for s in STATS}
+        run["policy"] = run_label(policy, src)
+        run["per_model"] = {"m1": {"loads": 2.0, "load_s": 1.0 if src is None else 9.0}}
+        runs.append(run)
+    med = medians(runs)
+    assert list(med) == ["gdsf", "lru", "gdsf@before", "lru@before"]
+    assert med["gdsf@before"]["load_s"] == (1002 + 1006) / 2
+    result = {
+        "models": [{"id": "m1", "pinned": False, "held": 1 << 20, "hit_s": 0.01}],
+        "trace": {"requests": 4, "zipf_s": 1.1, "seed": 0}, "concurrency": 4,
+        "budget_bytes": 2 << 20, "budget_how": "test", "runs": runs, "medians": med,
+    }  # fmt: skip
+    out = Console(width=80, record=True)
+    out.print(trace_table(result))
+    text = out.export_text()
+    narrow(text)
+    assert all(row in text for row in ("gdsf@before", "gdsf/lru", "gdsf/before", "lru/before"))
+    assert "…" not in text  # nothing cut at 80 columns
+    trace_plot(result, tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes().startswith(PNG)
+    (m,) = measured_models(result, ["m1"])
+    assert m.reload_s == 0.5  # this tree's 1 s over 2 loads; the old tree's 9 s left out
 
 
 def test_a_trace_is_named_for_its_runtimes_budget_and_clients_given() -> None:
