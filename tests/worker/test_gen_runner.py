@@ -188,6 +188,53 @@ async def test_a_cancelled_request_stops_generating(adapter: Any) -> None:
         await stop(task)
 
 
+async def test_a_cancelled_sequence_is_no_row_of_the_step_that_lets_it_go(
+    adapter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel and a newcomer that the runner takes in between the same two steps: the
+    next step runs the newcomer alone, and the batch size it records says one row."""
+    inside, go = threading.Event(), threading.Event()
+    make = adapter.engine
+
+    def held_engine() -> Any:
+        engine = make()
+        step = engine.step
+
+        def held() -> Any:
+            if not go.is_set():
+                inside.set()
+                go.wait(10)
+            return step()
+
+        engine.step = held
+        return engine
+
+    monkeypatch.setattr(adapter, "engine", held_engine)
+    go.set()
+    runner = _runner(adapter)
+    model = adapter.spec.id
+    h = Harness(runner)
+    task = h.run()
+    try:
+        a = h.job(chat_body("hello", max_tokens=400, temperature=0, stream=True))
+        await h.first_text(a)
+        go.clear()  # the next step waits, a's row in it
+        assert await asyncio.to_thread(inside.wait, 10)
+        settle(a)  # its client left
+        b = h.job(chat_body("the fox", max_tokens=4, temperature=0))
+        go.set()
+        await h.done[b.msg.envelope.request_id]
+    finally:
+        await stop(task)
+
+    def sample(name: str) -> float:
+        value = runner.metrics.registry.get_sample_value(name, {"model": model})
+        return value or 0.0
+
+    steps, rows = sample("fleetserve_batch_size_count"), sample("fleetserve_batch_size_sum")
+    assert steps > 4 and rows == steps  # a alone until it left, then b alone
+
+
 async def test_a_request_past_its_deadline_is_expired_mid_generation(adapter: Any) -> None:
     h = Harness(_runner(adapter))
     task = h.run()

@@ -299,7 +299,9 @@ class GenerationRunner(Loadable):
                 self._post(events)
                 self._signal.wait(IDLE_WAIT_S)
                 continue
-            width = len(engine.running) + len(engine.prefilling) + len(engine.waiting)
+            # the rows this step runs: the cancelled leave at its start, unrun
+            live = (*engine.running, *engine.prefilling, *engine.waiting)
+            width = sum(not s.done for s in live)
             t0 = time.perf_counter()
             try:
                 changed = self._forward.submit(engine.step).result()
