@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -82,6 +83,15 @@ class SharedModels:
         process's own too: the callbacks skip what they have). A value that does not
         parse, or a callback that fails, is logged in one line; the watch goes on."""
         watcher = await self.kv.watchall()
+        try:
+            await self._follow(watcher, on_put, on_delete)
+        finally:  # its heartbeat and flow-control tasks end with it
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _follow(
+        self, watcher: KeyValue.KeyWatcher, on_put: OnPut, on_delete: OnDelete
+    ) -> None:
         async for entry in watcher:
             if entry is None:  # the end of the initial values
                 continue
