@@ -62,3 +62,13 @@ async def async_wait_for(
 
 def _timed_out(timeout: float, what: str | Callable[[], object]) -> str:
     return f"timed out after {timeout:g} s waiting for {what if isinstance(what, str) else what()}"
+
+
+async def tasks_left(since: set[asyncio.Task[object]], timeout: float = 5.0) -> set[object]:
+    """The tasks started on this loop after ``since`` (``asyncio.all_tasks()`` then)
+    that have not ended within ``timeout``: what stopped work left running."""
+    started = asyncio.all_tasks() - since
+    if not started:
+        return set()
+    _, pending = await asyncio.wait(started, timeout=timeout)
+    return set(pending)

@@ -12,6 +12,8 @@ import pytest
 from fleetserve.cluster import NatsServer
 from fleetserve.queue.js_models import SharedModels, key
 
+from ..waiting import tasks_left
+
 
 async def test_a_watch_follows_puts_and_deletes_and_ends_whole(
     nats_server: NatsServer, caplog: pytest.LogCaptureFixture
@@ -42,8 +44,6 @@ async def test_a_watch_follows_puts_and_deletes_and_ends_whole(
         with pytest.raises(asyncio.CancelledError):
             await watch
         # before, the ordered consumer's heartbeat and flow-control checks outlived it
-        started = asyncio.all_tasks() - before
-        _, left = await asyncio.wait(started, timeout=5) if started else (set(), set())
-        assert not left, left
+        assert not await tasks_left(before)
     finally:
         await nc.close()

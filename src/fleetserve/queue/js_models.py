@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
+
+from .kv_watch import watching
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -82,29 +83,20 @@ class SharedModels:
         """Call ``on_put`` for every model there is, then for each change after (this
         process's own too: the callbacks skip what they have). A value that does not
         parse, or a callback that fails, is logged in one line; the watch goes on."""
-        watcher = await self.kv.watchall()
-        try:
-            await self._follow(watcher, on_put, on_delete)
-        finally:  # its heartbeat and flow-control tasks end with it
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
-
-    async def _follow(
-        self, watcher: KeyValue.KeyWatcher, on_put: OnPut, on_delete: OnDelete
-    ) -> None:
-        async for entry in watcher:
-            if entry is None:  # the end of the initial values
-                continue
-            model = model_of(entry.key)
-            if model is None:
-                continue
-            try:
-                if entry.operation in DELETES or not entry.value:
-                    await on_delete(model)
+        async with watching(self.kv) as watcher:
+            async for entry in watcher:
+                if entry is None:  # the end of the initial values
                     continue
-                fields = json.loads(entry.value)
-                if not isinstance(fields, dict):
-                    raise ValueError("the spec is not a mapping")
-                await on_put(model, fields)
-            except Exception as exc:  # one bad entry never stops the watch
-                log.warning("%s: the fleet's model change was not applied: %s", model, exc)
+                model = model_of(entry.key)
+                if model is None:
+                    continue
+                try:
+                    if entry.operation in DELETES or not entry.value:
+                        await on_delete(model)
+                        continue
+                    fields = json.loads(entry.value)
+                    if not isinstance(fields, dict):
+                        raise ValueError("the spec is not a mapping")
+                    await on_put(model, fields)
+                except Exception as exc:  # one bad entry never stops the watch
+                    log.warning("%s: the fleet's model change was not applied: %s", model, exc)

@@ -23,7 +23,7 @@ from fleetserve.cluster import NatsServer
 from fleetserve.worker.process import WorkerProcess
 
 from ...services import Services
-from ...waiting import async_wait_for
+from ...waiting import async_wait_for, tasks_left
 from .test_background import MODEL, Host, cancelled, child_pid, settings
 
 
@@ -91,10 +91,12 @@ async def test_a_shared_profile_reaches_the_others_and_a_worker_that_starts_late
         async def on_profile(model: str, text: str, by: str) -> None:
             await got.put((model, text, by))
 
+        before = asyncio.all_tasks()
         watch = asyncio.create_task(b.watch(on_profile))
         await a.publish("org/m.v1.5", "yaml 1")
         assert await asyncio.wait_for(got.get(), 5) == ("org/m.v1.5", "yaml 1", "a")
         watch.cancel()
+        assert not await tasks_left(before)  # the watch's subscription stopped too
         async with shared(nats_server, p, "c") as (c,):
             late = asyncio.create_task(c.watch(on_profile))
             assert await asyncio.wait_for(got.get(), 5) == ("org/m.v1.5", "yaml 1", "a")

@@ -26,6 +26,8 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ...queue.kv_watch import watching
+
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from nats.js.kv import KeyValue
@@ -129,20 +131,21 @@ class FleetTuning:
     async def watch(self, on_profile: OnProfile) -> None:
         """Call ``on_profile`` for every profile of this class there is, then for each
         one published after (our own included: the caller skips what it has)."""
-        watcher = await self.profiles.watch(f"{key(self.cls, '')}>")  # (ids may hold dots)
-        async for entry in watcher:
-            if entry is None or not entry.value:  # the end of the initial values, a delete
-                continue
-            try:
-                doc = json.loads(entry.value)
-                model, text, by = str(doc["model"]), str(doc["profile"]), str(doc["by"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("ignoring a shared profile that does not parse: %s", entry.key)
-                continue
-            try:
-                await on_profile(model, text, by)
-            except Exception as exc:  # one bad profile never stops the watch
-                log.warning("%s: the shared profile from %s was not used: %s", model, by, exc)
+        keys = f"{key(self.cls, '')}>"  # (ids may hold dots)
+        async with watching(self.profiles, keys) as watcher:
+            async for entry in watcher:
+                if entry is None or not entry.value:  # the end of the initial values, a delete
+                    continue
+                try:
+                    doc = json.loads(entry.value)
+                    model, text, by = str(doc["model"]), str(doc["profile"]), str(doc["by"])
+                except (ValueError, KeyError, TypeError):
+                    log.warning("ignoring a shared profile that does not parse: %s", entry.key)
+                    continue
+                try:
+                    await on_profile(model, text, by)
+                except Exception as exc:  # one bad profile never stops the watch
+                    log.warning("%s: the shared profile from %s was not used: %s", model, by, exc)
 
 
 async def _bucket(js: JetStreamContext, name: str, **config: Any) -> KeyValue:
