@@ -60,7 +60,8 @@ def measured_models(result: dict[str, Any], trace: list[str]) -> list[Model]:
 
 
 def predict(result: dict[str, Any], seed: int = 0) -> dict[str, Any]:
-    """Each policy's simulated run over the measured models and the trace's requests."""
+    """Each policy's simulated run over the measured models and the trace's requests,
+    and one that knows the requests to come (``hindsight``), to set GDSF beside."""
     trace = the_trace(result)
     models = measured_models(result, trace)
     index = {m.name: k for k, m in enumerate(models)}
@@ -81,13 +82,15 @@ def predict(result: dict[str, Any], seed: int = 0) -> dict[str, Any]:
         admitted_busy=True,  # the trace's server admits each request as it arrives
     )
     runs = {
-        p: asdict(simulate_fleet(wl, WORKERS, params, affinity=False, eviction=p)) for p in POLICIES
+        p: asdict(simulate_fleet(wl, WORKERS, params, affinity=False, eviction=p))
+        for p in (*POLICIES, "hindsight")
     }
-    ratio = runs["gdsf"]["load_s"] / runs["lru"]["load_s"] if runs["lru"]["load_s"] else None
+    lru = runs["lru"]["load_s"]
     return {
         "models": [asdict(m) for m in models],
         "budget_bytes": budget,
         "clients": result["concurrency"],
         "runs": runs,
-        "load_s_gdsf_over_lru": ratio,
+        "load_s_gdsf_over_lru": runs["gdsf"]["load_s"] / lru if lru else None,
+        "load_s_hindsight_over_lru": runs["hindsight"]["load_s"] / lru if lru else None,
     }

@@ -73,10 +73,12 @@ def _simulated(result: dict[str, Any]) -> str:
     if sim.get("load_s_gdsf_over_lru") is None:
         return ""
     runs = sim["runs"]
+    foresight = sim.get("load_s_hindsight_over_lru")  # (results from before it was run)
     return (
         f"; simulated with the measured costs: gdsf/lru load s x"
         f"{sim['load_s_gdsf_over_lru']:.2f} ({runs['gdsf']['loads']} against "
         f"{runs['lru']['loads']} loads)"
+        + ("" if foresight is None else f", hindsight/lru x{foresight:.2f}")
     )
 
 
@@ -220,6 +222,9 @@ def trace_plot(result: dict[str, Any], path: Path) -> None:
             xs = [i for i, p in enumerate(policies) if p in sims]
             sim = [sims[policies[i]]["load_s"] for i in xs]
             ax.plot(xs, sim, "rx", markersize=10, label="simulated")
+            if "hindsight" in sims:  # what knowing the requests to come gets
+                line = sims["hindsight"]["load_s"]
+                ax.axhline(line, color="r", ls="--", lw=1, label="hindsight (simulated)")
             ax.legend(loc="lower right")
         ax.set(title=title)
     runtimes = sorted({m.get("runtime", "torch") for m in result["models"]})

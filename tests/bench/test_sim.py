@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -439,6 +440,22 @@ def test_fleet_bad_inputs() -> None:
     wl = make_fleet_workload(replace(FLEET_SMALL, requests_per_worker=10), 1)
     with pytest.raises(ValueError, match="eviction"):
         FleetSim(wl, 1, FLEET_SMALL, affinity=True, eviction="random")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--workers", "2,x"], "fleetserve bench sim: not whole numbers apart by commas: '2,x'"),
+        (["--item-tokens", "5"], "--item-tokens takes shortest,longest, not '5'"),
+        (["fleet", "--memory-budget", "1GiB"], "1 GiB cannot hold the largest model (1.5 GiB)"),
+        (["fleet", "--memory-budget", "lots"], "not a size: 'lots'"),
+        (["fleet", "--workers", "8,x"], "fleetserve bench sim fleet: not whole numbers"),
+    ],
+)
+def test_a_bad_argument_is_one_line_that_names_it(argv: list[str], says: str) -> None:
+    """Before, each of these ended in a traceback."""
+    with pytest.raises(SystemExit, match=re.escape(says)):
+        bench_main(["sim", *argv])
 
 
 def test_fleet_cli_writes_json_and_png_in_80_columns(

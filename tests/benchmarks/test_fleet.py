@@ -88,7 +88,9 @@ def test_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert set(data["ratios_gdsf_over_lru"]) >= {"p99_ms", "loads", "load_s"}
     assert sum(m["pinned"] for m in data["models"]) == 1
     assert {m["runtime"] for m in data["models"]} == {"torch"}
-    assert set(data["sim"]["runs"]) == {"gdsf", "lru"}  # the simulator, fed these costs
+    # the simulator, fed these costs, and what knowing the requests to come gets there
+    assert set(data["sim"]["runs"]) == {"gdsf", "lru", "hindsight"}
+    assert data["sim"]["load_s_hindsight_over_lru"] is not None
     pinned = next(m["id"] for m in data["models"] if m["pinned"])
     _, trace = zipf_trace([m["id"] for m in data["models"]], 20, 1.1, 0)
     for run in data["sim"]["runs"].values():  # the trace's requests, less the pinned's

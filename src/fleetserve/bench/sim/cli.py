@@ -142,7 +142,10 @@ def variant(spec: str) -> dict[str, Any]:
 
 def params_from_args(args: argparse.Namespace) -> list[Params]:
     """One Params per cost model, each with its SLO."""
-    lo, hi = ints(args.item_tokens)
+    bounds = ints(args.item_tokens)
+    if len(bounds) != 2:
+        raise ValueError(f"--item-tokens takes shortest,longest, not {args.item_tokens!r}")
+    lo, hi = bounds
     out = []
     for name in (x.strip() for x in args.cost_models.split(",") if x.strip()):
         if name not in COST_MODELS:
@@ -189,8 +192,11 @@ def main(argv: Sequence[str] = ()) -> int:
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 160)
-    params = params_from_args(args)
-    workers = ints(args.workers)
+    try:
+        params = params_from_args(args)
+        workers = ints(args.workers)
+    except ValueError as exc:  # one line, as for --policies, not a traceback
+        raise SystemExit(f"fleetserve bench sim: {exc}") from None
     policies = [x for x in args.policies.split(",") if x]
     if any(x not in POLICIES for x in policies):
         raise SystemExit(f"--policies takes {', '.join(POLICIES)}, not {args.policies!r}")

@@ -9,7 +9,11 @@ from typing import Any
 
 
 def ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+    """Whole numbers apart by commas (``8,64``); ``ValueError`` naming ``s`` if not."""
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"not whole numbers apart by commas: {s!r} (try 8,64)") from None
 
 
 def json_default(o: Any) -> Any:

@@ -31,7 +31,12 @@ def _fleet_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--workers", default="8,64", help="fleet sizes")
     p.add_argument("--affinity", default="on,off", help="on, off or on,off")
-    p.add_argument("--eviction", default="gdsf,lru", help="gdsf, lru or gdsf,lru")
+    p.add_argument(
+        "--eviction",
+        default="gdsf,lru",
+        help="gdsf, lru, hindsight (knows the requests to come: a mark to compare with) "
+        "or a list: gdsf,lru,hindsight",
+    )
     p.add_argument("--models", type=int, default=d.models)
     p.add_argument("--zipf-s", type=float, default=d.zipf_s, help="popularity exponent")
     p.add_argument(
@@ -78,18 +83,21 @@ def main(argv: Sequence[str] = ()) -> int:
     evictions = [x.strip() for x in args.eviction.split(",") if x.strip()]
     if any(e not in EVICTIONS for e in evictions):
         raise SystemExit(f"--eviction takes {', '.join(EVICTIONS)}, not {args.eviction!r}")
-    params = FleetParams(
-        models=args.models,
-        zipf_s=args.zipf_s,
-        memory_budget=parse_bytes(args.memory_budget),
-        batch=args.batch,
-        utilization=args.utilization,
-        clients=args.clients,
-        affinity_wait_s=args.affinity_wait,
-        slow_share=args.slow_share,
-        requests_per_worker=args.requests_per_worker,
-    )
-    cfgs = configs(ints(args.workers), _onoff(args.affinity), evictions)
+    try:
+        params = FleetParams(
+            models=args.models,
+            zipf_s=args.zipf_s,
+            memory_budget=parse_bytes(args.memory_budget),
+            batch=args.batch,
+            utilization=args.utilization,
+            clients=args.clients,
+            affinity_wait_s=args.affinity_wait,
+            slow_share=args.slow_share,
+            requests_per_worker=args.requests_per_worker,
+        )
+        cfgs = configs(ints(args.workers), _onoff(args.affinity), evictions)
+    except ValueError as exc:  # one line, as for --eviction, not a traceback
+        raise SystemExit(f"fleetserve bench sim fleet: {exc}") from None
     console = Console(width=80)
     console.rule("fleetserve bench sim fleet: memory, loads and eviction")
     for line in params.describe():

@@ -3,13 +3,15 @@ rules are described in ``fleet.py``), ``simulate_fleet`` is the short way to cal
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
 from itertools import accumulate, count
 
-from ...fleet.policy import Resident, make_policy, victims, worth_waiting
+from ...fleet.policy import Policy, Resident, make_policy, victims, worth_waiting
 from .fleet_model import EVICTIONS, FleetParams, FleetRun, FleetWorkload
+from .hindsight import Hindsight
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -67,7 +69,10 @@ class FleetSim:
         self.arrived = 0
         self.done = [math.nan] * n
         self.missed = bytearray(n)
-        self.policy = [make_policy(eviction) for _ in range(workers)]
+        self.uses: list[list[int]] = [[] for _ in range(nm)]  # each model's requests
+        for rid, k in enumerate(wl.which):
+            self.uses[k].append(rid)
+        self.policy = [self._policy(eviction) for _ in range(workers)]
         self.res: list[dict[int, Resident]] = [{} for _ in range(workers)]
         self.used = [0] * workers
         self.peak = [0] * workers
@@ -84,6 +89,15 @@ class FleetSim:
         self.loads = self.evictions = 0
         self.load_s = self.busy_s = 0.0
         self.deferred: list[dict[int, float]] = [{} for _ in range(workers)]  # since when
+
+    def _policy(self, eviction: str) -> Policy:
+        return Hindsight(self._next_use) if eviction == "hindsight" else make_policy(eviction)
+
+    def _next_use(self, model: str) -> float:
+        """The requests, from the next to arrive (or be sent), up to ``model``'s next."""
+        uses = self.uses[self.index[model]]
+        j = bisect.bisect_left(uses, self.arrived)
+        return uses[j] - self.arrived + 1 if j < len(uses) else math.inf
 
     # ---- the loop -------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ SIZE_CLASSES: tuple[tuple[int, float], ...] = (
     (800, 0.12),
     (1536, 0.08),
 )
-EVICTIONS = ("gdsf", "lru")
+EVICTIONS = ("gdsf", "lru", "hindsight")  # hindsight: the simulator's alone
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

@@ -64,9 +64,11 @@ def _fleet_cells(row: dict[str, Any]) -> list[str]:
 def fleet_table(rows: list[dict[str, Any]], title: str) -> Table:
     from rich import box
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    # two spaces apart: ``hindsight`` fits whole beside the rest at 80 columns
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for key, name in FLEET_COLUMNS:
-        t.add_column(name, justify="left" if key in ("affinity", "eviction") else "right")
+        left = key in ("affinity", "eviction")
+        t.add_column(name, justify="left" if left else "right", no_wrap=key == "eviction")
     last = None
     for row in rows:
         if last is not None and row["workers"] != last:
