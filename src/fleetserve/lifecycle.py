@@ -71,7 +71,10 @@ async def shutdown(http: uvicorn.Server | None, tasks: list[asyncio.Task[object]
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """Bind here rather than in uvicorn, so a taken port is a clear error, not an exit."""
+    """Bind here rather than in uvicorn, so a taken port is a clear error, not an exit
+    (and one out of range too, not an ``OverflowError``'s traceback)."""
+    if not 0 <= port <= 65535:
+        raise RuntimeError(f"cannot listen on {host}:{port}: a port is 0 to 65535")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -157,19 +160,27 @@ class Service:
         return None
 
     async def stop_tasks(self, patience_s: float = STOP_PATIENCE_S) -> None:
-        """Stop the HTTP server gracefully (its requests in flight finish, within its
-        ``grace_s``), cancel the other tasks, await them all: each of those for at most
-        ``patience_s``, then the stop goes on without it, and one warning names it (a
-        task that ignores its cancel must not keep a process's children and queues
-        from stopping)."""
+        """Stop the HTTP server gracefully first: its requests in flight finish (within
+        its ``grace_s``) while the tasks that answer them still run. Then cancel the
+        other tasks and await them, each for at most ``patience_s``; then the stop goes
+        on without it, and one warning names it (a task that ignores its cancel must not
+        keep a process's children and queues from stopping). Before, the other tasks
+        were cancelled at once: an embedded server's worker stopped under a request in
+        flight, which waited out its deadline (a 504 after 30 s) and held the stop."""
         if self._http is not None:
             self._http.should_exit = True
+        http = self.tasks.get("http")
+        if http is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await http
         for name, t in self.tasks.items():
             if name != "http":
                 t.cancel()
         for name, t in self.tasks.items():
+            if name == "http":
+                continue
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await (t if name == "http" else asyncio.wait_for(asyncio.shield(t), patience_s))
+                await asyncio.wait_for(asyncio.shield(t), patience_s)
             if not t.done():
                 log.warning("the %s task did not stop within %g s; stopping without it",
                             name, patience_s)  # fmt: skip
