@@ -84,4 +84,8 @@ class Pending:
 
 
 def _deadline(timeout: float) -> DeadlineExceeded:
-    return DeadlineExceeded(f"no result within {timeout:.3f}s", field="x-request-timeout")
+    """``timeout``: what was left of the deadline when the wait began (below 0 where it
+    had passed already: said as 0, not ``-0.000s``)."""
+    return DeadlineExceeded(
+        f"no result within {max(timeout, 0.0):.3f}s", field="x-request-timeout"
+    )
