@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,8 @@ def test_fleetserve_hardware_prints_the_class_and_its_facts_at_80_columns() -> N
     assert "features" in out and "fallback chain" in out and "rule for a dense model" in out
     assert "sentence-transformers/all-MiniLM-L6-v2" in out  # the profiles it would run
     assert max(len(line) for line in out.splitlines()) <= 80
+    # the longest bundled id whole on its row (it wrapped at 80 columns before)
+    assert re.search(r"^sentence-transformers/all-MiniLM-L6-v2-multivector \w", out, re.M)
 
 
 @pytest.mark.slow

@@ -86,6 +86,4 @@ class Pending:
 def _deadline(timeout: float) -> DeadlineExceeded:
     """``timeout``: what was left of the deadline when the wait began (below 0 where it
     had passed already: said as 0, not ``-0.000s``)."""
-    return DeadlineExceeded(
-        f"no result within {max(timeout, 0.0):.3f}s", field="x-request-timeout"
-    )
+    return DeadlineExceeded(f"no result within {max(timeout, 0.0):.3f}s", field="x-request-timeout")

@@ -230,7 +230,14 @@ def run_hardware(settings: Settings, console: Console) -> int:
 
 def _profiles_table(settings: Settings, profiles: Profiles, cls: str, console: Console) -> int:
     extra = (Path(settings.catalog),) if settings.catalog else ()
-    t = Table(title=f"profiles on {cls}", title_justify="left", box=None, pad_edge=False)
+    # one space apart: the longest bundled id (50 characters) fits 80 columns whole
+    t = Table(
+        title=f"profiles on {cls}",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+    )
     t.add_column("model", overflow="fold", ratio=1)
     for col in ("runs on", "batch", "how"):
         t.add_column(col, no_wrap=True)
