@@ -31,6 +31,28 @@ def test_models_lists_the_catalog(tiny_server: ServerThread) -> None:
     assert data[0]["loaded"] is True and data[0]["dimensions"] == 32
 
 
+def test_one_model_is_its_list_entry_and_an_unknown_one_a_404_that_names_the_nearest(
+    tiny_server: ServerThread,
+) -> None:
+    """``GET /v1/models/{id}``: OpenAI's retrieve (``client.models.retrieve``); the id
+    holds '/' as it is or escaped. Before, a 404 "no route"."""
+    from openai import NotFoundError, OpenAI
+
+    (listed,) = httpx.get(tiny_server.url + "/v1/models").json()["data"]
+    for path in (TINY, TINY.replace("/", "%2F")):
+        r = httpx.get(f"{tiny_server.url}/v1/models/{path}")
+        assert r.status_code == 200 and r.json() == listed
+    client = OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0)
+    assert client.models.retrieve(TINY).id == TINY
+    r = httpx.get(f"{tiny_server.url}/v1/models/{TINY}x")
+    error = r.json()["error"]
+    assert r.status_code == 404 and error["field"] == "model"
+    assert f"did you mean {TINY!r}" in error["message"]
+    with pytest.raises(NotFoundError):
+        client.models.retrieve("nope/model")
+    assert httpx.get(tiny_server.url + "/v1/models/").status_code == 404  # no id: no route
+
+
 def test_encode_json(tiny_server: ServerThread) -> None:
     r = post_json(tiny_server, f"/v1/encode/{TINY}", {"inputs": ["hello world", "the fox"]})
     assert r.status_code == 200, r.text

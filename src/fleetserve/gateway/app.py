@@ -34,7 +34,7 @@ from ..wire import (
 )
 from ..wire import Scope as KeyScope
 from ..wire.codec import accept_of, encoding_of
-from . import compat_http
+from . import compat_http, model_list
 from . import envelope as env_mod
 from .auth import Authenticator, require
 from .disconnect import Watched
@@ -172,10 +172,9 @@ class Gateway:
                 ok = self.alive() and self.ready() and self.queue.healthy and not why
                 said: dict[str, object] = {"ready": ok, **({"reason": why} if why else {})}
                 await respond(send, *body_response(200 if ok else 503, said, accept))
-            elif method == "GET" and path == "/v1/models":
-                body: dict[str, object] = {"object": "list", "data": self.models_info()}
-                if self.memory is not None:
-                    body["memory"] = self.memory()
+            elif (listed := model_list.listing(method, path)) is not None:
+                memory = self.memory() if self.memory is not None and not listed else None
+                body = model_list.body(listed, self.models_info(), memory, self.catalog)
                 await respond(send, *body_response(200, body, accept))
             elif (released := released_model(method, path)) is not None:
                 assert principal is not None

@@ -155,6 +155,15 @@ INFERENCE: tuple[Op, ...] = (
     ),
 )  # fmt: skip
 
+# a model's id in a path: retrieve, and hot remove (gateway/model_routes.py)
+MODEL_ID = Param(
+    "id",
+    "path",
+    {"type": "string", "minLength": 1},
+    "A served model's id (it may contain '/').",
+    required=True,
+)
+
 SERVICE: tuple[Op, ...] = (
     Op("get", "/healthz", "healthz", "Alive", "service", _same(t.Health, (JSON,)),
        extra={503: _same(t.Health, (JSON,))}),
@@ -166,6 +175,9 @@ SERVICE: tuple[Op, ...] = (
        "service", {TEXT: str}, errors=(401, 403)),
     Op("get", "/v1/models", "models", "The catalog's models", "service",
        _same(t.ModelList, (JSON,)), errors=(401, 403)),
+    Op("get", "/v1/models/{id}", "model", "One of the catalog's models, as the list has it "
+       "(OpenAI's retrieve)", "service", _same(t.ModelCard, (JSON,)), errors=(401, 403, 404),
+       params=(MODEL_ID,)),
     Op("delete", "/v1/models/{model}/keep-alive", "model_keep_alive_release",
        "End a model's keep-alive now (admin): it may leave when memory is wanted", "service",
        _same(t.KeepAliveReleased, (JSON,)), errors=(400, 401, 403, 404, 500, 503),
@@ -173,14 +185,6 @@ SERVICE: tuple[Op, ...] = (
                      "A catalog model id (it may contain '/').", required=True),)),
 )  # fmt: skip
 
-# hot add and remove (gateway/model_routes.py): the body is a catalog spec's mapping
-MODEL_ID = Param(
-    "id",
-    "path",
-    {"type": "string", "minLength": 1},
-    "A served model's id (it may contain '/').",
-    required=True,
-)
 MODELS: tuple[Op, ...] = (
     Op("post", "/v1/models", "model_add",
        "Serve a model without a restart (admin): a catalog spec's fields (id, sources, "

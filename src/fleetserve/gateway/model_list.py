@@ -1,0 +1,49 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: OpenAI's list and retrieve, over the
+models as this server sees them (``Gateway.models_info``). Ids may hold '/', so the
+one model is the rest of the path; an id this server does not serve is a 404 that
+names the nearest (``Catalog.get``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+from ..catalog import Catalog
+from ..wire import NotFound
+
+PREFIX = "/v1/models"
+
+
+def listing(method: str, path: str) -> str | None:
+    """``""`` for the list, the model id for one model, None for any other route."""
+    if method != "GET" or not path.startswith(PREFIX):
+        return None
+    if path == PREFIX:
+        return ""
+    if path[len(PREFIX)] != "/" or path == PREFIX + "/":
+        return None
+    return unquote(path[len(PREFIX) + 1 :])
+
+
+def body(
+    model: str,
+    entries: list[dict[str, Any]],
+    memory: Mapping[str, object] | None,
+    catalog: Catalog,
+) -> dict[str, object]:
+    """The list (``model`` empty, with the fleet's ``memory`` where there is one), or
+    the one model's entry as the list has it."""
+    if not model:
+        out: dict[str, object] = {"object": "list", "data": entries}
+        if memory is not None:
+            out["memory"] = dict(memory)
+        return out
+    for entry in entries:
+        if entry.get("id") == model:
+            return entry
+    catalog.get(model)  # a ModelNotFound that names the nearest, where it is not served
+    raise NotFound(f"model {model!r} is not listed here", field="model")
+
+
+__all__ = ["PREFIX", "body", "listing"]
