@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,14 +42,17 @@ def rich_text(s: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", s)
 
 
-def free_port() -> int:
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port no server answers on: bound here and not listening, for the test (a port
+    let go at once may go to a server that a test beside it starts meanwhile)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])
 
 
 def test_offline_listing_piped_is_tab_separated_and_on_a_terminal_fits_it(
-    tmp_path: Path,
+    tmp_path: Path, closed_port: int
 ) -> None:
     model = build_bert(tmp_path / "model")
     cat = tmp_path / "catalog"
@@ -56,7 +60,7 @@ def test_offline_listing_piped_is_tab_separated_and_on_a_terminal_fits_it(
     deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 4)
     long_id = "tiny/absent-with-a-long-name-" + "x" * 40
     write_spec(cat, long_id, deep / "nowhere", size="33M params")
-    port = free_port()
+    port = closed_port
     flags = ["--catalog", str(cat), "--port", str(port)]
     r = run(*flags, cwd=tmp_path, columns="")  # piped: one line per model, tab-separated
     assert r.returncode == 0, r.stderr

@@ -98,14 +98,14 @@ def _parser(show_all: bool = False) -> argparse.ArgumentParser:
         dest="prepare_runtime",
         default="",
         metavar="RUNTIME",
-        help="Prepare for this runtime (onnx).",
+        help="Prepare for this runtime: onnx, openvino or torch (default: its profile's).",
     )
     models.add_argument(
         "--precision",
         dest="prepare_precision",
         default="",
         metavar="PRECISION",
-        help="Precision, e.g. int8 (onnx).",
+        help="Precision, e.g. int8 (onnx) or bf16 (openvino; default: its profile's).",
     )
     add_settings(models, "models", show_all)
     tune = _command(
