@@ -152,7 +152,10 @@ class EmbeddedServer(Service):
     async def start(self) -> None:
         await self._open_adapters()
         self.gateway = self._new_gateway(await self._open_training())
-        self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
+        self.port = await self.serve_http(
+            self.gateway, self.settings.host, self.settings.port,
+            grace_s=self.settings.stop_grace or None,  # then 503s (Gateway.stopped)
+        )  # fmt: skip
         log.info("API listening on http://%s:%d", self.settings.host, self.port)
         log.info("hardware %s", self.profiles.hw.summary())
         log_choices(self.choices, self.catalog, self.console)

@@ -7,6 +7,7 @@ encoding, its bytes go back untouched.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -38,7 +39,7 @@ from . import compat_http, model_list
 from . import envelope as env_mod
 from .auth import Authenticator, require
 from .disconnect import Watched
-from .errors import body_response, crashed, error_response, stamped
+from .errors import body_response, crashed, error_response, stamped, stopped
 from .http import Receive, Scope, Send, declared_length, header, read_body, respond
 from .keepalive import Grant, KeepAlives, released_model
 from .model_routes import ModelRoutes
@@ -138,6 +139,8 @@ class Gateway:
         except Exception:  # a bug in a handler: a 500, never a dead connection or process
             log.exception("request failed", extra=kv(path=access.path, id=access.request_id))
             await crashed(send, access)
+        except asyncio.CancelledError:  # its server stopped under it: answered, not re-raised
+            await stopped(send, access, self.settings.retry_after)
         finally:
             if self.access_log:
                 access.emit()

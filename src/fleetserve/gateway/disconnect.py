@@ -76,8 +76,10 @@ class Watched:
         if not watcher.done():
             try:
                 await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                task.cancel()
+            except asyncio.CancelledError:  # the server stops under the request
+                task.cancel()  # ended before the caller closes the stream it reads
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task  # (closed while running: "aclose(): ... already running")
                 raise
         if task.done():  # a reply that came with the hang-up is still a reply
             try:

@@ -6,7 +6,7 @@ import contextlib
 import math
 
 from ..logs.access import Access
-from ..wire import Encoding, FleetError, InternalError
+from ..wire import Encoding, FleetError, InternalError, Unavailable
 from ..wire.codec import dumps, encoding_of, loads
 from .http import Message, Send, respond
 
@@ -124,3 +124,19 @@ async def crashed(send: Send, access: Access, encoding: Encoding = Encoding.JSON
         await respond(send, *error_response(InternalError("internal error"), encoding))
     except Exception:  # the client may be gone: nothing more to tell it
         access.status = 500
+
+
+async def stopped(send: Send, access: Access, retry_after: float) -> None:
+    """A request its server stopped under (its stop's grace ran out, and uvicorn
+    cancelled it): a 503 ``unavailable`` with Retry-After, for the client to try again
+    elsewhere or later; where a response was already started (a stream: ``relay`` sent
+    its error event), a 503 on the access line only."""
+    err = Unavailable("the server is stopping; retry", retry_after=retry_after)
+    access.code = err.code
+    if access.status:
+        access.status = 503
+        return
+    try:
+        await respond(send, *error_response(err))
+    except Exception:  # the client may be gone: nothing more to tell it
+        access.status = 503

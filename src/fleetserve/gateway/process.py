@@ -182,7 +182,10 @@ class GatewayProcess(Service):
         from ..dashboard.fleet_sources import ClusterFleet
 
         self.dashboard.attach_fleet(ClusterFleet.of(self))  # heartbeats, JetStream
-        self.port = await self.serve_http(self.gateway, self.settings.host, self.settings.port)
+        self.port = await self.serve_http(
+            self.gateway, self.settings.host, self.settings.port,
+            grace_s=self.settings.stop_grace or None,  # then 503s (Gateway.stopped)
+        )  # fmt: skip
         ttl = self.settings.payload_ttl
         sweeper = sweep_forever(store, ttl, every=max(1.0, ttl / 4))
         self.spawn("payload-sweeper", sweeper)

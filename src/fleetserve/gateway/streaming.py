@@ -3,13 +3,14 @@ SSE lines the worker wrote) as they come."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
 from ..logs.access import Access
 from ..queue.base import PendingReply
 from ..tracing import RequestTrace
-from ..wire import Envelope, FleetError, InternalError, Reply, error_from_body
+from ..wire import Envelope, FleetError, InternalError, Reply, Unavailable, error_from_body
 from .http import Send
 from .keepalive import Grant
 from .routes import sse_error
@@ -61,6 +62,12 @@ async def relay(
         code = err.code
         body = sse_error(err.to_body())
         await send({"type": "http.response.body", "body": body, "more_body": True})
+    except asyncio.CancelledError:  # its server stopped under it (Gateway: a 503)
+        stopping = Unavailable("the server is stopping; retry")
+        code = stopping.code
+        body = sse_error(stopping.to_body())
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        raise
     except Exception:
         code = InternalError.code
         raise
