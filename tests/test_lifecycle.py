@@ -16,6 +16,8 @@ import pytest
 from fleetserve.lifecycle import Service, start_http
 from fleetserve.settings import Settings
 
+from .waiting import async_wait_for
+
 
 class Proc(Service):
     def __init__(self) -> None:
@@ -30,10 +32,18 @@ async def test_a_request_in_flight_is_answered_by_the_tasks_that_run_until_it_is
     jobs: asyncio.Queue[asyncio.Future[bytes]] = asyncio.Queue()
     asked = asyncio.Event()
 
+    async def refused() -> bool:  # the server takes no new connection: its stop began
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return True
+        writer.close()
+        return False
+
     async def worker() -> None:
         while True:
             job = await jobs.get()
-            await asyncio.sleep(0.3)  # the stop has begun meanwhile
+            await async_wait_for(refused, 10, "the stop to begin")
             job.set_result(b"done")
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -51,7 +61,7 @@ async def test_a_request_in_flight_is_answered_by_the_tasks_that_run_until_it_is
         call = asyncio.create_task(client.get(f"http://127.0.0.1:{port}/work", timeout=30))
         await asked.wait()
         t0 = time.monotonic()
-        await p.stop_tasks()
+        await p.stop_tasks(http_first=True)
         r = await call
     assert (r.status_code, r.content) == (200, b"done")
     assert time.monotonic() - t0 < 5 and p.tasks["worker"].cancelled()

@@ -60,12 +60,13 @@ async def start_http(
 
 
 async def shutdown(http: uvicorn.Server | None, tasks: list[asyncio.Task[object]]) -> None:
-    """Stop the HTTP server (``tasks[0]``) gracefully and cancel the other tasks."""
+    """Stop the HTTP server (``tasks[0]``) gracefully, its requests in flight answered
+    meanwhile, then cancel the other tasks (``Service.stop_tasks(http_first=True)``)."""
     if http is not None:
         http.should_exit = True
-    for t in tasks[1:]:
-        t.cancel()
-    for t in tasks:
+    for k, t in enumerate(tasks):
+        if k:
+            t.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await t
 
@@ -159,28 +160,31 @@ class Service:
                 return name
         return None
 
-    async def stop_tasks(self, patience_s: float = STOP_PATIENCE_S) -> None:
-        """Stop the HTTP server gracefully first: its requests in flight finish (within
-        its ``grace_s``) while the tasks that answer them still run. Then cancel the
-        other tasks and await them, each for at most ``patience_s``; then the stop goes
-        on without it, and one warning names it (a task that ignores its cancel must not
-        keep a process's children and queues from stopping). Before, the other tasks
-        were cancelled at once: an embedded server's worker stopped under a request in
-        flight, which waited out its deadline (a 504 after 30 s) and held the stop."""
+    async def stop_tasks(
+        self, patience_s: float = STOP_PATIENCE_S, *, http_first: bool = False
+    ) -> None:
+        """Stop the HTTP server gracefully (its requests in flight finish, within its
+        ``grace_s``), cancel the other tasks, await them all: each of those for at most
+        ``patience_s``, then the stop goes on without it, and one warning names it (a
+        task that ignores its cancel must not keep a process's children and queues
+        from stopping). ``http_first``: the HTTP server's requests are answered by the
+        other tasks (an embedded server's worker, a gateway's queue), so those are
+        cancelled only once it has stopped; before, an embedded server's worker was
+        cancelled at once under a request in flight, which waited out its deadline (a
+        504 after 30 s) and held the stop. A worker's health port is not such: its
+        worker stops pulling at once."""
         if self._http is not None:
             self._http.should_exit = True
         http = self.tasks.get("http")
-        if http is not None:
+        if http is not None and http_first:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await http
         for name, t in self.tasks.items():
             if name != "http":
                 t.cancel()
         for name, t in self.tasks.items():
-            if name == "http":
-                continue
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(t), patience_s)
+                await (t if name == "http" else asyncio.wait_for(asyncio.shield(t), patience_s))
             if not t.done():
                 log.warning("the %s task did not stop within %g s; stopping without it",
                             name, patience_s)  # fmt: skip

@@ -307,7 +307,9 @@ class EmbeddedServer(Service):
 
     async def stop(self) -> None:
         self.dashboard.close()  # end open event streams, or uvicorn waits for them
-        await self.stop_tasks()
+        if self.gateway is not None:  # what is cancelled from here on is answered 503
+            self.gateway.stopping = True
+        await self.stop_tasks(http_first=True)  # its requests answered, then the rest
         await self.queue.close()
         self.worker.close()
         if self.finetuning is not None:

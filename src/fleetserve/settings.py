@@ -128,12 +128,6 @@ class Settings(Limits, Background):
     retry_after: float = setting(
         1.0, "Retry-After seconds sent with 429 and 503.", groups="gateway"
     )
-    stop_grace: float = setting(
-        25.0, "Seconds the requests in flight may take to finish when the server stops "
-        "(SIGTERM, Ctrl-C); those still running then get 503 with Retry-After, or a stream "
-        "its error event (under Kubernetes' default 30 s before SIGKILL). 0: no limit.",
-        groups="gateway",
-    )  # fmt: skip
     max_batch_tokens: int = setting(
         0, "Override the profile's batch token budget (0: profile).", groups="runtime"
     )

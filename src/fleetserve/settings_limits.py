@@ -139,6 +139,13 @@ class Limits:
         "to it. Not finite or not positive: 400. 0: no cap.",
         groups="gateway",
     )  # fmt: skip
+    stop_grace: float = setting(
+        25.0, "Seconds the requests in flight may take to finish when the server stops "
+        "(SIGTERM, Ctrl-C); those still running then get 503 with Retry-After, or a stream "
+        "its error event (Kubernetes sends SIGKILL 30 s after SIGTERM by default). 0: no "
+        "limit.",
+        groups="gateway",
+    )  # fmt: skip
 
     # -- the broker (queue/js_health.py): JetStream refusing writes ---------------------
     queue_probe_interval: float = setting(

@@ -19,7 +19,7 @@ from fleetserve.bench.sim.fleet import (
     simulate_fleet,
 )
 from fleetserve.bench.sim.fleet import Model as FleetModel
-from fleetserve.bench.sim.hindsight import Hindsight
+from fleetserve.bench.sim.hindsight import Hindsight, until_next
 from fleetserve.fleet.policy import Resident
 
 
@@ -62,6 +62,13 @@ def test_a_model_never_used_again_has_no_loss_and_the_rest_rank_by_it() -> None:
     rs = [Resident(m, GIB, 1.0) for m in ("soon", "late", "never")]
     assert [r.model for r in policy.order(rs)] == ["never", "late", "soon"]
     assert policy.loss(rs[2]) == 0.0 and policy.loss(rs[1]) == pytest.approx(1 / (8 * GIB))
+
+
+def test_the_next_use_counts_from_the_next_request_and_a_waiting_one_is_next() -> None:
+    uses = [2, 5, 9]  # one model's requests, by index in the trace
+    assert [until_next(uses, arrived, False) for arrived in (0, 2, 3, 9)] == [3, 1, 3, 1]
+    assert until_next(uses, 10, False) == float("inf")  # never asked for again
+    assert until_next(uses, 10, True) == 1.0  # a request for it arrived and waits
 
 
 def test_on_a_fleet_whose_costs_differ_hindsight_loads_least_over_seeds() -> None:

@@ -7,6 +7,7 @@ queue with a stand-in worker, on loopback port 0."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +48,7 @@ async def stopping() -> AsyncIterator[Stopping]:
 
     async def stopper() -> None:
         await stop.wait()
+        gw.stopping = True  # as the processes do at their stop
         await shutdown(server, [task])
 
     stopped = asyncio.create_task(stopper())
@@ -56,9 +58,9 @@ async def stopping() -> AsyncIterator[Stopping]:
     await queue.close()
 
 
-async def queued(s: Stopping) -> None:
+async def queued_in(queue: MemoryQueue) -> None:
     async with asyncio.timeout(10):
-        while s.queue.depth(MODEL) == 0:
+        while queue.depth(MODEL) == 0:
             await asyncio.sleep(0.005)
 
 
@@ -67,7 +69,7 @@ async def test_a_request_still_waiting_when_the_grace_ends_gets_503_with_retry_a
 ) -> None:
     async with httpx.AsyncClient(timeout=30) as c:
         call = asyncio.create_task(c.post(f"{stopping.url}/v1/generate/{MODEL}", json={}))
-        await queued(stopping)  # no worker: it waits
+        await queued_in(stopping.queue)  # no worker: it waits
         t0 = time.monotonic()
         stopping.stop.set()
         r = await call
@@ -95,6 +97,43 @@ async def test_a_started_stream_gets_its_error_event_and_its_end(stopping: Stopp
                     events.append(line)
                     stopping.stop.set()  # after the first chunk
     task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
     assert events[0] == 'data: {"n": 0}' and len(events) == 2
     error = json.loads(events[1].removeprefix("data:"))["error"]
     assert error["code"] == "unavailable" and "stopping" in error["message"]
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+async def test_only_a_stops_cancel_is_answered_503_any_other_goes_on_up(stopping: bool) -> None:
+    spec = ModelSpec(id=MODEL, family="generate", runtime="torch", sources=("/nowhere",))
+    queue = MemoryQueue(16, 1.0)
+    await queue.start()
+    gw = Gateway(Settings.load(overrides={"port": 0}), Catalog([spec]), queue, Metrics(),
+                 hooks=Hooks(ready=lambda: True))  # fmt: skip
+    gw.stopping = stopping
+    scope = {"type": "http", "method": "POST", "path": f"/v1/generate/{MODEL}", "headers": [],
+             "query_string": b""}  # fmt: skip
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    call = asyncio.create_task(gw(scope, receive, send))
+    await queued_in(queue)  # published: it waits for a worker
+    call.cancel()
+    if stopping:
+        await call  # answered, and ended there
+        assert sent[0]["status"] == 503
+    else:
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert sent == []
+    await queue.close()

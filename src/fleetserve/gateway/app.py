@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import logging
 import time
-from typing import Any
 
 from ..catalog import Catalog
 from ..logs import kv
@@ -96,7 +95,7 @@ class Gateway:
         self.alive = hooks.alive  # False: a stage crashed, /healthz says 503
         self.not_ready = hooks.not_ready
         self.ready_in = hooks.ready_in
-        self.models_info = hooks.models_info or self._catalog_info
+        self.models_info = hooks.models_info or (lambda: model_list.entries(self.catalog))
         self.memory = hooks.memory
         # X-Keep-Alive's caps; ends a model's keep-alive where it lives (None: not here)
         self.keep_alives = KeepAlives(settings.max_keep_alive, settings.max_kept_alive_per_tenant)
@@ -108,6 +107,7 @@ class Gateway:
         # inference bodies: nesting, items and request memory, before anything decodes them
         self.request_limits = RequestLimits.from_settings(settings)
         self.request_memory = RequestMemory.from_settings(settings)
+        self.stopping = False  # set by the process at its stop: a cancel then gets a 503
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -139,8 +139,10 @@ class Gateway:
         except Exception:  # a bug in a handler: a 500, never a dead connection or process
             log.exception("request failed", extra=kv(path=access.path, id=access.request_id))
             await crashed(send, access)
-        except asyncio.CancelledError:  # its server stopped under it: answered, not re-raised
-            await stopped(send, access, self.settings.retry_after)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise
+            await stopped(send, access, self.settings.retry_after)  # answered: not re-raised
         finally:
             if self.access_log:
                 access.emit()
@@ -382,12 +384,6 @@ class Gateway:
         # unknown models are counted under one label to keep cardinality bounded
         label = model if model is not None and model in self.catalog else "unknown"
         self.metrics.requests.labels(route, label, code).inc()
-
-    def _catalog_info(self) -> list[dict[str, Any]]:
-        return [
-            {"id": s.id, "object": "model", "owned_by": "fleetserve", "family": s.family}
-            for s in self.catalog
-        ]
 
 
 def _access(scope: Scope) -> Access:

@@ -1,13 +1,12 @@
 """``GET /v1/models`` and ``GET /v1/models/{id}``: OpenAI's list and retrieve, over the
 models as this server sees them (``Gateway.models_info``). Ids may hold '/', so the
-one model is the rest of the path; an id this server does not serve is a 404 that
+one model is the rest of the (decoded) path; an id this server does not serve is a 404 that
 names the nearest (``Catalog.get``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote
 
 from ..catalog import Catalog
 from ..wire import NotFound
@@ -23,7 +22,15 @@ def listing(method: str, path: str) -> str | None:
         return ""
     if path[len(PREFIX)] != "/" or path == PREFIX + "/":
         return None
-    return unquote(path[len(PREFIX) + 1 :])
+    return path[len(PREFIX) + 1 :]  # (uvicorn's path is decoded already)
+
+
+def entries(catalog: Catalog) -> list[dict[str, Any]]:
+    """The catalog as the list has it where the server says no more (a bare gateway)."""
+    return [
+        {"id": s.id, "object": "model", "owned_by": "fleetserve", "family": s.family}
+        for s in catalog
+    ]
 
 
 def body(
@@ -46,4 +53,4 @@ def body(
     raise NotFound(f"model {model!r} is not listed here", field="model")
 
 
-__all__ = ["PREFIX", "body", "listing"]
+__all__ = ["PREFIX", "body", "entries", "listing"]

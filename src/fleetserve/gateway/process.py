@@ -193,7 +193,9 @@ class GatewayProcess(Service):
 
     async def stop(self) -> None:
         self.dashboard.close()  # end open event streams, or uvicorn waits
-        await self.stop_tasks()
+        if self.gateway is not None:  # what is cancelled from here on is answered 503
+            self.gateway.stopping = True
+        await self.stop_tasks(http_first=True)  # its requests answered, then the rest
         if self.jobs is not None:
             await self.jobs.close()
         if self.adapters is not None:

@@ -4,6 +4,7 @@ SSE lines the worker wrote) as they come."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -14,6 +15,8 @@ from ..wire import Envelope, FleetError, InternalError, Reply, Unavailable, erro
 from .http import Send
 from .keepalive import Grant
 from .routes import sse_error
+
+STOP_SEND_S = 1.0  # how long a stream cancelled at its server's stop may take to end
 
 
 async def relay(
@@ -44,7 +47,7 @@ async def relay(
         *(grant.headers() if grant is not None else ()),
     ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    code = "ok"
+    code, bound = "ok", None  # bound: the stop's sends wait at most that long
     try:
         await send({"type": "http.response.body", "body": first.body, "more_body": True})
         if not first.final:
@@ -64,9 +67,11 @@ async def relay(
         await send({"type": "http.response.body", "body": body, "more_body": True})
     except asyncio.CancelledError:  # its server stopped under it (Gateway: a 503)
         stopping = Unavailable("the server is stopping; retry")
-        code = stopping.code
+        code, bound = stopping.code, STOP_SEND_S  # a client that reads no more holds nothing
         body = sse_error(stopping.to_body())
-        await send({"type": "http.response.body", "body": body, "more_body": True})
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound):
+                await send({"type": "http.response.body", "body": body, "more_body": True})
         raise
     except Exception:
         code = InternalError.code
@@ -74,7 +79,9 @@ async def relay(
     finally:
         access.code = None if code == "ok" else code
         await chunks.aclose()
-        await send({"type": "http.response.body", "body": b""})
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound):
+                await send({"type": "http.response.body", "body": b""})
         ended(code)
 
 

@@ -3,7 +3,6 @@ rules are described in ``fleet.py``), ``simulate_fleet`` is the short way to cal
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import deque
@@ -11,7 +10,7 @@ from itertools import accumulate, count
 
 from ...fleet.policy import Policy, Resident, make_policy, victims, worth_waiting
 from .fleet_model import EVICTIONS, FleetParams, FleetRun, FleetWorkload
-from .hindsight import Hindsight
+from .hindsight import Hindsight, until_next
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -91,13 +90,14 @@ class FleetSim:
         self.deferred: list[dict[int, float]] = [{} for _ in range(workers)]  # since when
 
     def _policy(self, eviction: str) -> Policy:
-        return Hindsight(self._next_use) if eviction == "hindsight" else make_policy(eviction)
+        if eviction != "hindsight":
+            return make_policy(eviction)
 
-    def _next_use(self, model: str) -> float:
-        """The requests, from the next to arrive (or be sent), up to ``model``'s next."""
-        uses = self.uses[self.index[model]]
-        j = bisect.bisect_left(uses, self.arrived)
-        return uses[j] - self.arrived + 1 if j < len(uses) else math.inf
+        def next_use(model: str) -> float:  # (the simulator knows the requests to come)
+            k = self.index[model]
+            return until_next(self.uses[k], self.arrived, bool(self.q[k]))
+
+        return Hindsight(next_use)
 
     # ---- the loop -------------------------------------------------------------------
 

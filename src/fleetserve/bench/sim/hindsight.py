@@ -12,8 +12,9 @@ gets, not a bound.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from ...fleet.policy import Resident
 
@@ -45,3 +46,13 @@ class Hindsight:
         if math.isinf(until):
             return 0.0
         return max(r.reload_s, 1e-6) / (max(r.bytes, 1) * max(until, 1.0))
+
+
+def until_next(uses: Sequence[int], arrived: int, waiting: bool) -> float:
+    """The requests from the next to arrive (request ``arrived``) up to the next of
+    ``uses`` (a model's requests, in order); one where a request for it ``waiting``
+    came already, ``math.inf`` where none is to come."""
+    if waiting:
+        return 1.0
+    j = bisect.bisect_left(uses, arrived)
+    return uses[j] - arrived + 1 if j < len(uses) else math.inf
