@@ -56,12 +56,12 @@ async def test_a_request_in_flight_is_answered_by_the_tasks_that_run_until_it_is
 
     p = Proc()
     p.spawn("worker", worker())
-    port = await p.serve_http(app, "127.0.0.1", 0)
+    port = await p.serve_http(app, "127.0.0.1", 0, http_first=True)
     async with httpx.AsyncClient() as client:
         call = asyncio.create_task(client.get(f"http://127.0.0.1:{port}/work", timeout=30))
         await asked.wait()
         t0 = time.monotonic()
-        await p.stop_tasks(http_first=True)
+        await p.stop_tasks()
         r = await call
     assert (r.status_code, r.content) == (200, b"done")
     assert time.monotonic() - t0 < 5 and p.tasks["worker"].cancelled()

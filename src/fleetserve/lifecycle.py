@@ -61,7 +61,8 @@ async def start_http(
 
 async def shutdown(http: uvicorn.Server | None, tasks: list[asyncio.Task[object]]) -> None:
     """Stop the HTTP server (``tasks[0]``) gracefully, its requests in flight answered
-    meanwhile, then cancel the other tasks (``Service.stop_tasks(http_first=True)``)."""
+    meanwhile, then cancel the other tasks (as ``Service.stop_tasks`` does with
+    ``serve_http(http_first=True)``)."""
     if http is not None:
         http.should_exit = True
     for k, t in enumerate(tasks):
@@ -101,6 +102,7 @@ class Service:
         self.tasks: dict[str, asyncio.Task[object]] = {}
         self.essential: set[str] = set()
         self._http: uvicorn.Server | None = None
+        self._http_first = False  # its requests are answered by the other tasks
 
     async def serve_http(
         self,
@@ -110,11 +112,14 @@ class Service:
         *,
         essential: bool = True,
         grace_s: float | None = None,
+        http_first: bool = False,
     ) -> int:
         """Start the HTTP server as the task "http"; returns the bound port. Its HTTP
         limits are those of the process's ``settings`` (every Service has them);
-        ``grace_s``: how long its requests in flight may hold its stop (``start_http``)."""
+        ``grace_s``: how long its requests in flight may hold its stop (``start_http``);
+        ``http_first``: the other tasks answer them (``stop_tasks``)."""
         self._claim("http", essential)
+        self._http_first = http_first
         self._http, self.tasks["http"], bound = await start_http(
             app, host, port, self.settings, grace_s
         )
@@ -160,23 +165,21 @@ class Service:
                 return name
         return None
 
-    async def stop_tasks(
-        self, patience_s: float = STOP_PATIENCE_S, *, http_first: bool = False
-    ) -> None:
+    async def stop_tasks(self, patience_s: float = STOP_PATIENCE_S) -> None:
         """Stop the HTTP server gracefully (its requests in flight finish, within its
         ``grace_s``), cancel the other tasks, await them all: each of those for at most
         ``patience_s``, then the stop goes on without it, and one warning names it (a
         task that ignores its cancel must not keep a process's children and queues
-        from stopping). ``http_first``: the HTTP server's requests are answered by the
-        other tasks (an embedded server's worker, a gateway's queue), so those are
-        cancelled only once it has stopped; before, an embedded server's worker was
-        cancelled at once under a request in flight, which waited out its deadline (a
-        504 after 30 s) and held the stop. A worker's health port is not such: its
-        worker stops pulling at once."""
+        from stopping). Where the HTTP server's requests are answered by the other
+        tasks (``serve_http(http_first=True)``: an embedded server's worker, a gateway's
+        queue), those are cancelled only once it has stopped; before, an embedded
+        server's worker was cancelled at once under a request in flight, which waited
+        out its deadline (a 504 after 30 s) and held the stop. A worker's health port
+        is not such: its worker stops pulling at once."""
         if self._http is not None:
             self._http.should_exit = True
         http = self.tasks.get("http")
-        if http is not None and http_first:
+        if http is not None and self._http_first:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await http
         for name, t in self.tasks.items():

@@ -154,7 +154,7 @@ class EmbeddedServer(Service):
         self.gateway = self._new_gateway(await self._open_training())
         self.port = await self.serve_http(
             self.gateway, self.settings.host, self.settings.port,
-            grace_s=self.settings.stop_grace or None,  # then 503s (Gateway.stopped)
+            grace_s=self.settings.stop_grace or None, http_first=True,
         )  # fmt: skip
         log.info("API listening on http://%s:%d", self.settings.host, self.port)
         log.info("hardware %s", self.profiles.hw.summary())
@@ -307,9 +307,9 @@ class EmbeddedServer(Service):
 
     async def stop(self) -> None:
         self.dashboard.close()  # end open event streams, or uvicorn waits for them
-        if self.gateway is not None:  # what is cancelled from here on is answered 503
-            self.gateway.stopping = True
-        await self.stop_tasks(http_first=True)  # its requests answered, then the rest
+        if self.gateway is not None:
+            self.gateway.stopping = True  # a request cancelled from here on is answered 503
+        await self.stop_tasks()  # its requests answered (http_first), then the rest
         await self.queue.close()
         self.worker.close()
         if self.finetuning is not None:

@@ -116,14 +116,13 @@ async def crashed(send: Send, access: Access, encoding: Encoding = Encoding.JSON
     """After a handler raised something no FleetError (the caller logged it): a 500
     ``internal_error`` through ``send`` (the stamped one: id and timing headers), or,
     where a response was already started, a 500 on the access line only."""
-    access.code = InternalError.code
-    if access.status:
-        access.status = 500
-        return
-    try:
-        await respond(send, *error_response(InternalError("internal error"), encoding))
-    except Exception:  # the client may be gone: nothing more to tell it
-        access.status = 500
+    await _late(send, access, InternalError("internal error"), 500, encoding)
+
+
+def stopping(retry_after: float | None = None) -> Unavailable:
+    """What a request its server stopped under is told (``stopped``, and a stream's
+    error event, ``streaming.relay``)."""
+    return Unavailable("the server is stopping; retry", retry_after=retry_after)
 
 
 async def stopped(send: Send, access: Access, retry_after: float) -> None:
@@ -131,12 +130,19 @@ async def stopped(send: Send, access: Access, retry_after: float) -> None:
     cancelled it): a 503 ``unavailable`` with Retry-After, for the client to try again
     elsewhere or later; where a response was already started (a stream: ``relay`` sent
     its error event), a 503 on the access line only."""
-    err = Unavailable("the server is stopping; retry", retry_after=retry_after)
+    await _late(send, access, stopping(retry_after), 503)
+
+
+async def _late(
+    send: Send, access: Access, err: FleetError, status: int, encoding: Encoding = Encoding.JSON
+) -> None:
+    """``err`` through ``send``, or on the access line only where a response was
+    already started or the client is gone."""
     access.code = err.code
     if access.status:
-        access.status = 503
+        access.status = status
         return
     try:
-        await respond(send, *error_response(err))
+        await respond(send, *error_response(err, encoding))
     except Exception:  # the client may be gone: nothing more to tell it
-        access.status = 503
+        access.status = status

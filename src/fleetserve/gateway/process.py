@@ -184,7 +184,7 @@ class GatewayProcess(Service):
         self.dashboard.attach_fleet(ClusterFleet.of(self))  # heartbeats, JetStream
         self.port = await self.serve_http(
             self.gateway, self.settings.host, self.settings.port,
-            grace_s=self.settings.stop_grace or None,  # then 503s (Gateway.stopped)
+            grace_s=self.settings.stop_grace or None, http_first=True,
         )  # fmt: skip
         ttl = self.settings.payload_ttl
         sweeper = sweep_forever(store, ttl, every=max(1.0, ttl / 4))
@@ -192,10 +192,10 @@ class GatewayProcess(Service):
         log.info("API listening on http://%s:%d", self.settings.host, self.port)
 
     async def stop(self) -> None:
-        self.dashboard.close()  # end open event streams, or uvicorn waits
-        if self.gateway is not None:  # what is cancelled from here on is answered 503
-            self.gateway.stopping = True
-        await self.stop_tasks(http_first=True)  # its requests answered, then the rest
+        self.dashboard.close()  # end open event streams, or uvicorn waits for them
+        if self.gateway is not None:
+            self.gateway.stopping = True  # a request cancelled from here on is answered 503
+        await self.stop_tasks()  # its requests answered (http_first), then the rest
         if self.jobs is not None:
             await self.jobs.close()
         if self.adapters is not None:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from ..logs.access import Access
 from ..queue.base import PendingReply
 from ..tracing import RequestTrace
-from ..wire import Envelope, FleetError, InternalError, Reply, Unavailable, error_from_body
+from ..wire import Envelope, FleetError, InternalError, Reply, error_from_body
+from .errors import stopping
 from .http import Send
 from .keepalive import Grant
 from .routes import sse_error
@@ -66,9 +67,9 @@ async def relay(
         body = sse_error(err.to_body())
         await send({"type": "http.response.body", "body": body, "more_body": True})
     except asyncio.CancelledError:  # its server stopped under it (Gateway: a 503)
-        stopping = Unavailable("the server is stopping; retry")
-        code, bound = stopping.code, STOP_SEND_S  # a client that reads no more holds nothing
-        body = sse_error(stopping.to_body())
+        told = stopping()
+        code, bound = told.code, STOP_SEND_S  # a client that reads no more holds nothing
+        body = sse_error(told.to_body())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(bound):
                 await send({"type": "http.response.body", "body": body, "more_body": True})

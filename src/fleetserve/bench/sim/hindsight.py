@@ -16,26 +16,17 @@ import bisect
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from ...fleet.policy import Resident
+from ...fleet.policy import LRU, Resident
 
 
-class Hindsight:
-    """A ``fleet.policy.Policy`` that orders by each model's next use; ``next_use``
-    gives the requests before a model's next one (``math.inf``: none)."""
+class Hindsight(LRU):
+    """LRU's bookkeeping, ordered by each model's next use instead; ``next_use`` gives
+    the requests before a model's next one (``math.inf``: none)."""
 
     name = "hindsight"
 
     def __init__(self, next_use: Callable[[str], float]) -> None:
         self.next_use = next_use
-
-    def loaded(self, r: Resident, now: float) -> None:
-        r.hits = 0
-
-    def used(self, r: Resident, now: float) -> None:
-        r.hits += 1
-
-    def evicted(self, r: Resident) -> None:
-        pass
 
     def order(self, candidates: Iterable[Resident]) -> list[Resident]:
         return sorted(candidates, key=lambda r: (self.loss(r), r.last_used))
