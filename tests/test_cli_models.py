@@ -151,7 +151,7 @@ def test_prepare_converts_for_openvino_at_the_asked_precision(tmp_path: Path) ->
     assert re.search(r"ready tiny/dense \(openvino, (bf16|fp32)\)", r.stderr), r.stderr
     [entry] = (cache / "openvino").iterdir()
     assert {p.name for p in entry.iterdir()} == {"model.xml", "model.bin", "meta.json", "compiled"}
-    assert list((entry / "compiled").glob("*.blob")), "the compiled model is kept too"
+    assert list((entry / "compiled" / "bf16").glob("*.blob")), "the compiled model is kept too"
     again = run("prepare", "tiny/dense", "--runtime", "openvino", "--precision", "fp16", *flags,
                 cwd=tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr

@@ -13,12 +13,15 @@ compiles it for the CPU with:
   time, from its one compute thread;
 - ``INFERENCE_NUM_THREADS`` = ``threads`` (0 keeps OpenVINO's default: all cores).
 
-The compiled model is kept beside the IR (OpenVINO's ``CACHE_DIR``: ``<entry>/compiled``),
-so a reload, in this process or the next, imports it rather than compiling the IR again
-(``from_cache`` says which it was). OpenVINO keys it by the IR and the plugin's version
-and applies the compile properties at import; a blob it cannot read it compiles and
-writes again. A cache directory that cannot be used costs one warning, and the model
-compiles without it.
+The compiled model is kept beside the IR, one per precision (OpenVINO's ``CACHE_DIR``:
+``<entry>/compiled/<precision>``), so a reload, in this process or the next, imports it
+rather than compiling the IR again (``from_cache`` says which it was). OpenVINO keys its
+blobs by the IR and the plugin's version, not by the precision hint: a blob imported
+with another hint reads back that hint but runs at the precision it was compiled at,
+and on a 2-core cpu-amx Xeon (OpenVINO 2026.4) an fp32 blob imported at bf16 gave NaN
+and crashed a MiniLM's forward; hence a directory per precision. A blob it cannot read
+it compiles and writes again. A cache directory that cannot be used costs one warning,
+and the model compiles without it.
 
 ``run`` feeds the int64 arrays without copying them (``share_inputs``) to one infer
 request and copies out only the requested output, as float32: the request's output
@@ -38,6 +41,7 @@ quantization behind a quality guard); see docs/openvino.md. CPU only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from collections.abc import Sequence
@@ -72,7 +76,12 @@ _RUNNING = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 COMPILED_SHARE = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}  # the compiled copy, of the fp32 file
 _warned: set[tuple[str, str]] = set()
 _core: OvCore | None = None
-COMPILED = "compiled"  # in a cache entry: OpenVINO's compiled-model cache
+COMPILED = "compiled"  # in a cache entry: OpenVINO's compiled-model caches
+
+
+def compiled_dir(entry: Path, precision: str) -> Path:
+    """Where ``entry``'s IR compiled at (the requested) ``precision`` is kept."""
+    return entry / COMPILED / precision
 
 
 def core() -> OvCore:
@@ -163,7 +172,10 @@ class OpenVinoRuntime(GraphSlots):
     def _compile_entry(self, entry: Path) -> OvCompiledModel:
         """The entry's IR compiled through its compiled-model cache; without the cache
         (one warning) where OpenVINO cannot use it."""
-        xml, cache = str(entry / "model.xml"), entry / COMPILED
+        xml, cache = str(entry / "model.xml"), compiled_dir(entry, self.requested_precision)
+        for stale in (entry / COMPILED).glob("*.blob"):  # one for every precision, before
+            with contextlib.suppress(OSError):
+                stale.unlink(missing_ok=True)
         try:
             compiled = core().compile_model(xml, "CPU", self.config() | {"CACHE_DIR": str(cache)})
         except RuntimeError as exc:
