@@ -75,6 +75,19 @@ def test_within_the_noise_the_simpler_point_wins() -> None:
     assert "fewer processes" in two.reason
 
 
+def test_within_the_noise_a_point_as_simple_as_the_winner_loses_on_its_median() -> None:
+    s = search()
+    fp32 = point(s, [10000.0], 64)
+    fp16 = s._add(Candidate("openvino", "fp16", 2, 1, 64 * 64, 64))
+    fp16.samples, fp16.status = [9990.0], "measured"
+    s.noise = 0.02
+    assert choose(s) is fp32
+    assert fp16.reason == (
+        "1.00x the winner: within the noise (2%), and as simple as the winner, "
+        "whose median was higher"
+    )
+
+
 def test_the_median_of_samples_is_the_figure() -> None:
     s = search()
     p = point(s, [1.0, 100.0])

@@ -143,10 +143,13 @@ def _lost(
         return (f"{ratio:.2f}x the winner, within the noise ({kept:.0%}) of the engine the "
                 "server runs, which is kept")  # fmt: skip
     if ratio >= 1 - band:
-        simpler = "fewer processes" if w.cand.processes < p.cand.processes else "a smaller batch"
-        return (
-            f"{ratio:.2f}x the winner: within the noise ({band:.0%}), and the winner has {simpler}"
-        )
+        if w.cand.processes < p.cand.processes:
+            why = "the winner has fewer processes"
+        elif w.cand.max_batch_size < p.cand.max_batch_size:
+            why = "the winner has a smaller batch"
+        else:  # as simple as the winner: the higher median decided
+            why = "as simple as the winner, whose median was higher"
+        return f"{ratio:.2f}x the winner: within the noise ({band:.0%}), and {why}"
     return f"{ratio:.2f}x the winner's throughput"
 
 
