@@ -81,7 +81,10 @@ def test_mix_automatic_rates_two_targets_interleaved(
     names = [t["name"] for t in data["targets"]]
     assert names == ["a", url.split("//")[1].split("/")[0]]  # unnamed: host:port
     assert all(t["capacity_rps"] > 0 for t in data["targets"])
-    assert all(len(t["points"]) == len(data["rates_rps"]) == 2 for t in data["targets"])
+    # --points 2, or up to twice that where the two probes differ (on a loaded machine they
+    # may, though both hit one server): the rates span each target's capacity
+    assert 2 <= len(data["rates_rps"]) <= 4
+    assert all(len(t["points"]) == len(data["rates_rps"]) for t in data["targets"])
     assert data["rates_rps"][1] > data["rates_rps"][0]
     stats = data["workload"]["tokens"]
     assert 8 <= stats["min"] <= stats["median"] <= stats["p90"] <= stats["max"] <= 256
