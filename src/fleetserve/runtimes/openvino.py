@@ -17,11 +17,11 @@ The compiled model is kept beside the IR, one per precision (OpenVINO's ``CACHE_
 ``<entry>/compiled/<precision>``), so a reload, in this process or the next, imports it
 rather than compiling the IR again (``from_cache`` says which it was). OpenVINO keys its
 blobs by the IR and the plugin's version, not by the precision hint: a blob imported
-with another hint reads back that hint but runs at the precision it was compiled at,
-and on a 2-core cpu-amx Xeon (OpenVINO 2026.4) an fp32 blob imported at bf16 gave NaN
-and crashed a MiniLM's forward; hence a directory per precision. A blob it cannot read
-it compiles and writes again. A cache directory that cannot be used costs one warning,
-and the model compiles without it.
+with another hint reads back that hint but does not run at it (on a 2-core cpu-amx Xeon,
+OpenVINO 2026.4, an fp16 blob imported at bf16 gave fp16's numbers, and an fp32 blob
+imported at bf16 gave NaN and crashed a MiniLM's forward); hence a directory per
+precision. A blob it cannot read it compiles and writes again. A cache directory that
+cannot be used costs one warning, and the model compiles without it.
 
 ``run`` feeds the int64 arrays without copying them (``share_inputs``) to one infer
 request and copies out only the requested output, as float32: the request's output
