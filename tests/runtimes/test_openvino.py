@@ -164,6 +164,23 @@ def test_each_precision_runs_at_its_own_numbers_whatever_was_compiled_first(
             np.testing.assert_array_equal(got, alone[p], err_msg=f"{p} after {order}")
 
 
+def test_a_blob_of_the_one_directory_layout_is_removed_not_imported(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """A blob kept directly in ``compiled/`` (before each precision had its own) could
+    run at another precision than asked: the next load removes it and compiles its own."""
+    first = load(tiny, tmp_path)
+    assert first.entry is not None
+    (blob,) = ovr.compiled_dir(first.entry, "fp32").iterdir()
+    old = first.entry / ovr.COMPILED / blob.name
+    blob.rename(old)  # where the earlier layout kept it
+    ovr.compiled_dir(first.entry, "fp32").rmdir()
+    again = load(tiny, tmp_path)
+    assert not again.from_cache and not old.exists()
+    assert [p.name for p in (first.entry / ovr.COMPILED).iterdir()] == ["fp32"]
+    np.testing.assert_array_equal(mean(again, tiny), mean(first, tiny))
+
+
 def test_a_compiled_model_it_cannot_read_is_compiled_again(
     tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

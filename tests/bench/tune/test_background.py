@@ -163,7 +163,11 @@ async def test_a_tune_stops_for_traffic_and_swaps_in_its_winner(
     found = host.reread(MODEL)
     assert found.how == "tuned" and found.provenance["quick"] is True
     swaps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("swapped")]
-    assert st.before_tokens_s and st.after_tokens_s and st.noise is not None
+    tried = [  # what the run did with each candidate, for a failure's message
+        (c["id"], c["status"], c.get("tokens_per_s"), c.get("reason"))
+        for c in RunStore(tmp_path / "runs").get(st.run)["candidates"]
+    ]
+    assert st.before_tokens_s and st.after_tokens_s and st.noise is not None, (st.reason, tried)
     if st.swaps:  # the winner beat the rule's own point in the run (verdict.verdict)
         assert host.swapped == [found] and st.reason.startswith("swapped in")
         assert st.after_tokens_s >= st.before_tokens_s
