@@ -137,8 +137,8 @@ def test_second_load_reuses_the_cache(
     np.testing.assert_array_equal(mean(second, tiny), mean(first, tiny))
     monkeypatch.undo()
     # another precision is compiled from the same IR, and kept apart: OpenVINO does not
-    # key its blobs by the precision hint, and one imported under another hint ran at the
-    # precision it was compiled at (an fp32 blob under bf16: NaN on a cpu-amx Xeon)
+    # key its blobs by the precision hint, and one imported under another hint did not
+    # run at it (an fp32 blob under bf16: NaN on a cpu-amx Xeon)
     bf16 = load(tiny, tmp_path, precision="bf16")
     assert not bf16.from_cache and bf16.precision in ("bf16", "fp32")  # (fp32: no kernels)
     assert {p.name for p in (entry / ovr.COMPILED).iterdir()} == {"fp32", "bf16"}
