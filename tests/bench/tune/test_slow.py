@@ -134,3 +134,14 @@ async def test_a_window_whose_warm_requests_run_past_their_limit_stops_there() -
     with pytest.raises(TooLong, match="warm requests ran past"):
         await saturate(cast(Stack, SlowStack(5.0)), reqs, 2, 0.1, warm_limit=SLOW_X * ref.warm_s)
     assert time.monotonic() - t0 < 2.0  # not the two 5 s requests
+
+
+def test_warm_requests_may_always_take_a_small_models_first_calls() -> None:
+    """Four times a tiny model's warm requests is a fraction of a second, which its first
+    calls may take alone (shapes set up): never less than MIN_WARM_S."""
+    from fleetserve.bench.tune.slow import MIN_WARM_S, warm_limit
+
+    assert warm_limit(0.02) == MIN_WARM_S
+    assert warm_limit(5.0) == SLOW_X * 5.0
+    assert str(TooLong("its two warm requests", 0.08)) == "its two warm requests ran past 0.1s"
+    assert str(TooLong("its window", 45.0)) == "its window ran past 45s"

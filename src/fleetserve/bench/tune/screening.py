@@ -22,7 +22,7 @@ from .options import TuneError
 from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
 from .quality import calibration, compare, replies
 from .search import Search
-from .slow import SLOW_X, SLOWER, WINDOW, TooLong, too_slow, within
+from .slow import SLOW_X, SLOWER, WINDOW, TooLong, too_slow, warm_limit, within
 from .workload import requests, token_counter
 
 
@@ -157,7 +157,7 @@ async def capped_measure(s: Search, stack: Stack, p: Point) -> str:
     left = max(1.0, s.clock.left())
     limited = s._gate_limit(p.cand) is not None
     slow_cap = SLOW_X * s.reference_window_s if limited else left
-    warm = SLOW_X * s.reference_warm_s if limited and s.reference_warm_s else None
+    warm = warm_limit(s.reference_warm_s) if limited and s.reference_warm_s else None
     try:
         await within(s._measure(stack, p, warm), min(left, slow_cap), s.pauses)
     except TooLong as exc:

@@ -33,6 +33,10 @@ T = TypeVar("T")
 
 SLOW_X = 4.0
 MIN_GATE_S = 10.0  # and never before this: a small model's first calls cost more than its gate
+# and a candidate's two warm requests may always take this long: a small model's first
+# calls set up their shapes (OpenVINO bf16 of a tiny BERT on cpu-amx ran past 4x its fp32
+# reference's, a fraction of a second, and was skipped as too slow)
+MIN_WARM_S = 2.0
 SLOWER = f"over {SLOW_X:g}x slower than the fp32 reference"
 WINDOW = "its window"  # what ``within`` cuts, unless told
 
@@ -43,6 +47,12 @@ def gate_limit(kind: str, runtime: str, reference_s: float) -> float | None:
     if reference_s <= 0 or kind != "cpu" or runtime == "torch_compile":
         return None
     return max(SLOW_X * reference_s, MIN_GATE_S)  # (a first call's fixed cost)
+
+
+def warm_limit(reference_warm_s: float) -> float:
+    """How long a candidate's two warm requests may run, the reference's having taken
+    ``reference_warm_s``."""
+    return max(SLOW_X * reference_warm_s, MIN_WARM_S)
 
 
 def too_slow(
@@ -73,7 +83,9 @@ class TooLong(Exception):
     """``what`` ran past its ``cap`` seconds (``within``)."""
 
     def __init__(self, what: str, cap: float) -> None:
-        super().__init__(f"{what} ran past {cap:.0f}s")
+        super().__init__(
+            f"{what} ran past {cap:.0f}s" if cap >= 10 else f"{what} ran past {cap:.1f}s"
+        )
         self.what, self.cap = what, cap
 
 
