@@ -112,9 +112,13 @@ SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py
 test test-fast: export OMP_WAIT_POLICY = PASSIVE
 
 # (the soak's pytest ignores a Ctrl-C, as a shell's background jobs do: the trap stops it)
+# The three pytest runs share one home (HOME) of their own, made here and removed at
+# the end, rather than the developer's (tests/own_home.py): what one converts, the
+# others find, as before, and nothing outlives the run.
 test: $(STAMP) $(CHROMIUM_STAMP) $(PROMTOOL_STAMP)
-	@log=$$(mktemp); soak=; trap 'kill $$soak 2>/dev/null; rm -f "$$log"' EXIT; \
-	trap 'exit 130' INT TERM; \
+	@log=$$(mktemp); home=$$(mktemp -d -t fleetserve-tests-home-XXXXXX); soak=; \
+	trap 'kill $$soak 2>/dev/null; rm -rf "$$log" "$$home"' EXIT; \
+	trap 'exit 130' INT TERM; export FLEETSERVE_TESTS_HOME=$$home; \
 	nice -n 19 $(BIN)/python -m pytest -m soaks --durations=5 \
 		$(or $(PYTEST_ARGS),$(SOAK_TESTS)) > "$$log" 2>&1 & soak=$$!; \
 	$(BIN)/python -m pytest $(PARALLEL) -m "not tunes and not soaks" --durations=40 \

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+# first: HOME becomes the run's own, before fleetserve expands ~ (tests/own_home.py)
+from . import own_home  # noqa: F401
+
+# isort: split
 import asyncio
 import atexit
 import dataclasses
@@ -28,7 +32,7 @@ from .tinymodels import build_bert, write_spec
 
 TINY = "tiny/dense-bert"
 REAL = "sentence-transformers/all-MiniLM-L6-v2"
-# nothing lands in the user's adapter store; one TLS context for httpx.get and the like
+# nothing lands in the developer's home; one TLS context for httpx.get and the like
 pytest_plugins = ["tests.home_guard", "tests.shared_tls"]
 # tests never read the developer's own tuned profiles (~/.config/fleetserve/profiles):
 # a path under /dev/null cannot exist, so only the bundled profiles and rules apply

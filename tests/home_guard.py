@@ -1,11 +1,11 @@
-"""The suite writes nothing into the developer's own adapter store
-(``~/.cache/fleetserve/adapter-store``, where a server with the default
-``--cache-dir`` keeps uploads, fine-tuning files and jobs).
+"""The suite writes nothing into the developer's own fleetserve folders
+(``~/.cache/fleetserve``, ``~/.config/fleetserve``): it runs in a home of its own
+(tests/own_home.py), and this plugin fails the session, naming what appeared there,
+where a path was built from the real home all the same.
 
-Tests that did piled adapters up there run after run, on the CI machine as here,
-until the per-tenant limit (100) refused the README's ``lora add``. A server in a
-test names its own ``adapter_store`` (or ``cache_dir``); this plugin fails the
-session, naming what appeared, where one did not."""
+It began with the adapter store alone: tests whose servers kept uploads there piled
+adapters up, run after run, on the CI machine as here, until the per-tenant limit (100)
+refused the README's ``lora add``."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.settings import Settings
+from .own_home import REAL_HOME
 
-USER_STORE = Path(Settings().cache_dir).expanduser() / "adapter-store"
+WATCHED = (REAL_HOME / ".cache" / "fleetserve", REAL_HOME / ".config" / "fleetserve")
 BEFORE = pytest.StashKey[frozenset[Path]]()
 WROTE = pytest.StashKey[list[Path]]()
 
 
 def _files() -> frozenset[Path]:
-    return frozenset(p for p in USER_STORE.rglob("*") if p.is_file())
+    return frozenset(p for d in WATCHED for p in d.rglob("*") if p.is_file())
 
 
 def _controller(config: pytest.Config) -> bool:
@@ -46,9 +46,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     new = terminalreporter.config.stash.get(WROTE, [])
     if new:
-        terminalreporter.section("written into the user's adapter store", red=True)
+        terminalreporter.section("written into the developer's home", red=True)
         terminalreporter.write_line(
-            f"{USER_STORE}: give the test's server its own adapter_store or cache_dir"
+            f"under {REAL_HOME}: a path built from the real home rather than from ~"
         )
         for path in new[:10]:
             terminalreporter.write_line(f"  {path}")
