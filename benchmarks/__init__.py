@@ -28,6 +28,7 @@ COMMANDS = {
     "selftune": ("selftune", "--tune auto: throughput against time since start, vs infinity"),
     "profiles": ("profiles_ab", "one model on two profile directories, side by side in turns"),
     "usermodel": ("usermodel", "a user's 110M sentence-transformers model (two-line spec)"),
+    "suite": ("suite", "make test's CPU by phase, file, test and process (from /proc)"),
 }
 
 
