@@ -6,8 +6,8 @@ first seen (a pid that came back is told apart by its start time). A gain belong
 the test that process was running at that moment (a server a module started serves
 the module's tests in turn), or to ``<outside tests>`` (collection, start-up, what runs
 on between tests). The phase is the pytest run the process belongs to, named by its
-first arguments (``-n 3``, ``-m soaks``). Kernel threads and whatever runs outside the
-suite's pytest runs (the install, the machine's own) are counted apart.
+marker expression (``-m soaks``), else its first arguments. Kernel threads and whatever
+runs outside the suite's pytest runs (the install, the machine's own) are counted apart.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ class Ran:
     t1: float
 
 
+def phase_of(argv: list[str]) -> str:
+    """A pytest run's name: its marker expression (``-m tunes``), else its first arguments."""
+    if "-m" in argv[:-1]:
+        return f"-m {argv[argv.index('-m') + 1]}"
+    return " ".join(argv[:2])
+
+
 @dataclass
 class Sessions:
     """What the pytest plugin wrote: each session's process and phase, and the tests."""
@@ -48,7 +55,7 @@ class Sessions:
                 r: dict[str, Any] = json.loads(line)
                 if "session" in r and r.get("event") == "start":
                     s.worker[r["session"]] = r["worker"]
-                    s.phase[r["session"]] = " ".join(r["argv"][:2])
+                    s.phase[r["session"]] = phase_of(r["argv"])
                 elif "test" in r:
                     s.tests.setdefault(r["pid"], []).append(
                         Ran(r["test"], r["pid"], r["t0"], r["t1"])
@@ -85,8 +92,9 @@ class Account:
 
 
 KINDS = (  # the first that the command line holds names the kind
-    ("nats-server", "nats-server"), ("chromium", "chromium"), ("xdist", "pytest worker"),
-    ("execnet", "pytest worker"), ("-m pytest", "pytest"), ("forkserver", "fork server"),
+    ("nats-server", "nats-server"), ("chromium", "chromium"),
+    ("exec(eval(sys.stdin", "pytest worker"),  # (execnet's command line)
+    ("-m pytest", "pytest"), ("forkserver", "fork server"),
     ("zygote", "fleetserve (zygote)"), (" gateway", "fleetserve gateway"),
     (" worker", "fleetserve worker"), (" serve", "fleetserve serve"),
     (" tune", "fleetserve tune"), ("fleetserve", "fleetserve (other)"),

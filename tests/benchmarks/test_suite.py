@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.suite import main
-from benchmarks.suite.attribute import OUTSIDE, Ran, Sessions, account
+from benchmarks.suite.attribute import OUTSIDE, Ran, Sessions, account, kind, phase_of
 from benchmarks.suite.sampler import Proc, Sampler, Samples
 
 
@@ -21,10 +21,13 @@ def proc(pid: int, ppid: int, cmd: str, start: int = 100, name: str = "python") 
     return Proc(f"{pid}:{start}", pid, ppid, start, cmd, name)
 
 
+WORKER = "python -u -c import sys;exec(eval(sys.stdin.readline()))"  # an xdist worker
+
+
 def test_cpu_goes_to_the_test_its_worker_ran_then() -> None:
     procs = [
         proc(10, 1, "python -m pytest -n 2"),  # the controller: runs no test
-        proc(11, 10, "python -u -c import sys;exec(eval(sys.stdin.readline()))"),  # gw0
+        proc(11, 10, WORKER),  # gw0
         proc(12, 11, "python -m fleetserve serve --port 0"),  # a server gw0's test started
         proc(13, 12, "python -m fleetserve.cluster.zygote_main 3"),  # its child
         proc(20, 1, "python -m pytest -m soaks"),  # another phase, running its own tests
@@ -58,6 +61,15 @@ def test_cpu_goes_to_the_test_its_worker_ran_then() -> None:
     assert a.kernel == {"kdamond.0": 4.0}
     assert a.outside == {"pip": 5.0, "nats-server": 6.0}
     assert a.by_kind["fleetserve serve"] == 2.0 and a.by_kind["fleetserve (zygote)"] == 3.0
+    assert kind(procs[1]) == "pytest worker" and kind(procs[5]) == "kdamond.0"
+    assert kind(procs[0]) == "pytest" and kind(procs[6]) == "pip"
+
+
+def test_a_pytest_run_is_named_by_its_marker_expression() -> None:
+    parallel = ["-n", "3", "--dist", "loadfile", "-m", "not tunes and not soaks", "-q"]
+    assert phase_of(parallel) == "-m not tunes and not soaks"
+    assert phase_of(["-n", "2", "-m", "tunes"]) == "-m tunes"
+    assert phase_of(["-q", "tests/x.py", "-m"]) == "-q tests/x.py" and phase_of([]) == ""
 
 
 def test_a_pytest_that_a_test_starts_is_that_test_s() -> None:
