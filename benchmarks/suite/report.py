@@ -33,7 +33,7 @@ def markdown(r: dict[str, Any], top: int = 30) -> str:
         "the machine's own). A process that lived less than a tick is not seen.",
         "",
     ]
-    lines += _table("phase (a pytest run, by its first arguments)", a["by_phase"], top, suite)
+    lines += _table("phase (a pytest run, by its marker expression)", a["by_phase"], top, suite)
     lines += _table("file (its servers and children included)", a["by_file"], top, suite)
     lines += _table("test", a["by_test"], top, suite)
     lines += _table("process kind", a["by_kind"], top, suite)
