@@ -134,6 +134,10 @@ def test_prepare_exports_for_onnx_into_the_cache_and_reports_absent_models(
     bad = run("prepare", "tiny/absent", *flags, cwd=tmp_path)
     assert bad.returncode == 1
     assert "tiny/absent" in bad.stderr and "not present locally" in bad.stderr
+    unknown = run("prepare", "tiny/nope", *flags, cwd=tmp_path)  # no server here to name
+    assert unknown.returncode == 1 and "unknown model 'tiny/nope'" in unknown.stderr
+    assert "tiny/dense" in unknown.stderr.partition("known models: ")[2]
+    assert "server" not in unknown.stderr, unknown.stderr
     none = run("prepare", *flags, cwd=tmp_path)
     assert none.returncode == 2 and "name the models" in none.stderr
 

@@ -147,7 +147,7 @@ def test_get_unknown_lists_the_known_models() -> None:
     assert "'nope'" in info.value.message and "a/one, b/two" in info.value.message
     with pytest.raises(ModelNotFound, match="none"):
         Catalog().get("x")
-    with pytest.raises(ModelNotFound, match=r"'one'; did you mean 'a/one'\? this server serves"):
+    with pytest.raises(ModelNotFound, match=r"'one'; did you mean 'a/one'\? known models: "):
         cat.get("one")
 
 

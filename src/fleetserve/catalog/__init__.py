@@ -59,7 +59,7 @@ class Catalog:
             known = ", ".join(sorted(self._specs)) or "none"
             hint = did_you_mean(model_id, self._specs) or ";"
             raise ModelNotFound(
-                f"unknown model {model_id!r}{hint} this server serves: {known}", field="model"
+                f"unknown model {model_id!r}{hint} known models: {known}", field="model"
             ) from None
 
     def __contains__(self, model_id: object) -> bool:
