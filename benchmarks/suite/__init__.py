@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
+from ..soak import machine  # the class, a summary and the CPU's flags
 from .attribute import Sessions, account
 from .plugin import OUT_VAR
 from .report import write
@@ -55,13 +55,6 @@ def environment(records: Path) -> dict[str, str]:
     env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} -p benchmarks.suite.plugin".strip()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
-
-
-def machine() -> dict[str, Any]:
-    from fleetserve.catalog.hardware import detect
-
-    hw = detect("cpu")
-    return {"class": hw.hardware_class, "summary": hw.summary()}
 
 
 def main(argv: Sequence[str]) -> int:

@@ -25,7 +25,8 @@ def markdown(r: dict[str, Any], top: int = 30) -> str:
     lines = [
         f"# Where `{run['command']}` spends its CPU ({r['machine']['class']})",
         "",
-        f"{run['when']}; {r['machine']['summary']}. Exit status {run['rc']}, "
+        f"{run['when']}; {r['machine']['summary']}; flags: "
+        f"{' '.join(r['machine'].get('features', [])) or '-'}. Exit status {run['rc']}, "
         f"{run['wall_s']:.0f} s wall. The command's processes used {run['cpu_s']:.0f} "
         f"CPU-s (getrusage); {a['seen_cpu_s']:.0f} were sampled from /proc every "
         f"{run['tick_s']} s, kernel threads included: {suite:.0f} in the suite's pytest "

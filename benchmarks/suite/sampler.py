@@ -41,9 +41,6 @@ class Samples:
     procs: dict[str, Proc] = field(default_factory=dict)
     ticks: list[tuple[float, dict[str, float]]] = field(default_factory=list)
 
-    def total(self) -> float:
-        return sum(sum(d.values()) for _, d in self.ticks)
-
 
 def read_stat(proc: Path) -> tuple[int, int, float, int] | None:
     """(pid, ppid, CPU seconds, start ticks), or None where the process is gone."""

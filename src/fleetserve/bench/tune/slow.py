@@ -83,9 +83,7 @@ class TooLong(Exception):
     """``what`` ran past its ``cap`` seconds (``within``)."""
 
     def __init__(self, what: str, cap: float) -> None:
-        super().__init__(
-            f"{what} ran past {cap:.0f}s" if cap >= 10 else f"{what} ran past {cap:.1f}s"
-        )
+        super().__init__(f"{what} ran past {cap:.{0 if cap >= 10 else 1}f}s")
         self.what, self.cap = what, cap
 
 
