@@ -23,7 +23,7 @@ def test_add_tunes_within_its_budget_and_reports_against_torch_fp32(
     for name, sub in (("CATALOG", "catalog"), ("PROFILE_DIR", "profiles"), ("TUNE_DIR", "tune")):
         monkeypatch.setenv(f"FLEETSERVE_{name}", str(tmp_path / sub))
     model = build_st(tmp_path / "m", max_seq_length=32)
-    assert main(["add", str(model), "--id", "tiny/added", "--budget", "60"]) == 0
+    assert main(["add", str(model), "--id", "tiny/added", "--budget", "40"]) == 0
     report = json.loads((tmp_path / "tune/reports/add-tiny--added.json").read_text())
     tuned = report["tuned"]
     assert tuned is not None, report["not_tuned"]

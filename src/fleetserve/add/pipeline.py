@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..bench.tune.options import Options, TuneError
+from ..bench.tune.options import Options, TuneError, windows
 from ..bench.tune.runs import RunStore
 from ..bench.tune.tuner import Tuner
 from ..catalog import Catalog, ModelSpec
@@ -160,8 +160,11 @@ def _tuner(
             f"a {cls} machine (drop --hardware-class, or add with --no-tune)"
         )
     tune_dir = Path(settings.tune_dir).expanduser()
+    measure_s, knee_s = windows(req.budget_s)
     opts = Options(
         budget_s=req.budget_s,
+        measure_s=measure_s,
+        knee_s=knee_s,
         device=settings.device if settings.device != "auto" else hw.kind,
         cache_dir=Path(settings.cache_dir).expanduser(),
     )

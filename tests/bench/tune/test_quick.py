@@ -39,7 +39,7 @@ def settings(root: Path, **extra: object) -> Settings:
 
 
 def test_quick_tunes_untuned_pinned_models_once(tmp_path: Path) -> None:
-    s = settings(tmp_path, tune="quick", tune_budget=55)
+    s = settings(tmp_path, tune="quick", tune_budget=42)
     srv = ServerThread(s).start()
     try:
         (m,) = [d for d in httpx.get(srv.url + "/v1/models").json()["data"] if d["id"] == MODEL]

@@ -13,6 +13,7 @@ import pytest
 from fleetserve.bench.tune import candidates as cands
 from fleetserve.bench.tune import screening, slow
 from fleetserve.bench.tune.candidates import Candidate
+from fleetserve.bench.tune.options import min_budget_s, windows
 from fleetserve.bench.tune.quality import Quality
 from fleetserve.bench.tune.search import Clock, Options, Point, Search, TuneError
 from fleetserve.bench.tune.steps import choose
@@ -54,6 +55,25 @@ def test_a_budget_that_cannot_hold_a_measurement_is_refused() -> None:
     with pytest.raises(TuneError, match="external server"):
         Search(ModelSpec.from_dict({"id": "e/x", "sources": ["/w"], "runtime": "external"}),
                Path("/w"), HW, "cpu-avx2", Options())  # fmt: skip
+
+
+def test_a_small_budget_measures_in_shorter_windows_and_its_search_fits() -> None:
+    """Below 135 s a search's windows shrink with its budget (a 45th and a 60th of it,
+    at least 0.5 s): 40 s then holds the reference, another candidate and the knee,
+    which 3-s windows needed 52 s for. From 150 s up they are the defaults, and a quick
+    search's never pass 2 and 1.5 s."""
+    assert windows(600.0) == (3.0, 2.5) and windows(150.0) == (3.0, 2.5)
+    assert windows(600.0, quick=True) == (2.0, 1.5)
+    assert windows(45.0) == windows(45.0, quick=True) == (1.0, 0.75)
+    assert windows(10.0) == (0.5, 0.5)
+    assert min_budget_s(3.0) == 20.0 and min_budget_s(1.0) < 16.0
+    with pytest.raises(TuneError, match="too small to measure anything"):
+        search(budget_s=40.0)  # in 3-s windows
+    measure_s, knee_s = windows(40.0)
+    s = search(budget_s=40.0, measure_s=measure_s, knee_s=knee_s)
+    assert s.clock.budget_s == 40.0 and s.warmup_s == pytest.approx(measure_s / 3)
+    with pytest.raises(TuneError, match="too small to measure anything"):
+        search(budget_s=25.0, measure_s=0.5, knee_s=0.5)
 
 
 def test_the_fastest_point_wins_beyond_the_noise() -> None:

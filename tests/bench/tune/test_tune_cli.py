@@ -31,7 +31,7 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cat
 
 
-def tune_argv(catalog: Path, tmp: Path, *extra: str, budget: float = 45) -> list[str]:
+def tune_argv(catalog: Path, tmp: Path, *extra: str, budget: float = 32) -> list[str]:
     return [
         sys.executable, "-m", "fleetserve", "tune", MODEL, "--catalog", str(catalog),
         "--budget", str(budget), "--measure", "0.4", "--knee-seconds", "0.4",

@@ -19,6 +19,7 @@ from ...catalog.rules import class_precision, fallback_chain
 from ...catalog.weights import local_weights, weights_path
 from ...settings import Settings
 from ...wire import FleetError
+from .options import windows
 from .runs import RunStore
 from .search import Options, TuneError
 from .tuner import Outcome, Tuner
@@ -34,10 +35,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["mix", "sentences"],
         help="mix: real text, 8-256 tokens; sentences: 64 tokens each [mix].",
     )
-    p.add_argument("--measure", type=float, default=3.0, help="Seconds per measurement [3].")
+    p.add_argument(
+        "--measure",
+        type=float,
+        default=None,
+        help="Seconds per measurement [3; a 45th of a budget under 135 s, at least 0.5; "
+        "--quick: at most 2].",
+    )
     p.add_argument("--slo-ms", type=float, default=None, help="p99 SLO for the knee.")
     p.add_argument("--no-knee", action="store_true", help="Skip the open-loop knee sweep.")
-    p.add_argument("--knee-seconds", type=float, default=2.5, help="Seconds per knee rate [2.5].")
+    p.add_argument(
+        "--knee-seconds",
+        type=float,
+        default=None,
+        help="Seconds per knee rate [2.5; a 60th of a budget under 150 s, at least 0.5; "
+        "--quick: at most 1.5].",
+    )
     p.add_argument(
         "--max-processes",
         type=int,
@@ -86,13 +99,14 @@ def run_tune(settings: Settings, args: argparse.Namespace, console: Console) -> 
             soft_wrap=True,
         )
         return 2
+    measure_s, knee_s = windows(args.budget, args.quick)
     opts = Options(
         budget_s=args.budget,
         quick=args.quick,
         workload=args.workload,
-        measure_s=args.measure,
+        measure_s=measure_s if args.measure is None else args.measure,
         knee=not args.no_knee,
-        knee_s=args.knee_seconds,
+        knee_s=knee_s if args.knee_seconds is None else args.knee_seconds,
         max_processes=args.max_processes,
         slo_ms=args.slo_ms,
         device=settings.device if settings.device != "auto" else hw.kind,

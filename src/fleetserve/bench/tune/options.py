@@ -8,8 +8,36 @@ from pathlib import Path
 
 from . import pauses as pauses_mod
 
-MIN_BUDGET_S = 20.0  # the fp32 reference and one more candidate, gated and measured
 ADAPTER_S = 12.0  # the adapters' gate, of a winner that may run them in its graph
+WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
+LOAD_GATE_S = 6.0  # a candidate's load and quality gate, besides its window
+MEASURE_S, KNEE_S = 3.0, 2.5  # a search's windows, where its budget affords them
+QUICK_MEASURE_S, QUICK_KNEE_S = 2.0, 1.5  # ... a quick search's
+SHORTEST_S = 0.5  # the shortest window a small budget brings
+
+
+def windows(budget_s: float, quick: bool = False) -> tuple[float, float]:
+    """Seconds per measurement and per knee rate that a budget affords: a 45th and a
+    60th of it, at least ``SHORTEST_S`` and at most a search's own (3 and 2.5 s from a
+    budget of 150 s up; a quick one's 2 and 1.5 s). A small budget then compares
+    engines in shorter windows rather than measuring the reference alone: ``fleetserve
+    add --budget 60`` needed 52 s for its reference, one candidate and the winner's
+    knee, and was refused at 50. (``--tune quick`` took these from the start.)"""
+    top = (QUICK_MEASURE_S, QUICK_KNEE_S) if quick else (MEASURE_S, KNEE_S)
+    return (
+        min(top[0], max(SHORTEST_S, budget_s / 45)),
+        min(top[1], max(SHORTEST_S, budget_s / 60)),
+    )
+
+
+def warmup_s(measure_s: float) -> float:
+    return min(WARMUP_S, measure_s / 3)
+
+
+def min_budget_s(measure_s: float) -> float:
+    """What a search needs before its final steps: the fp32 reference and one more
+    candidate, each loaded, gated, warmed up and measured (20 s with 3-s windows)."""
+    return 2 * (LOAD_GATE_S + measure_s + warmup_s(measure_s))
 
 
 class TuneError(Exception):
@@ -23,9 +51,9 @@ class Options:
     workload: str = "mix"
     clients: int = 4
     batch: int = 32
-    measure_s: float = 3.0
+    measure_s: float = MEASURE_S
     knee: bool = True
-    knee_s: float = 2.5
+    knee_s: float = KNEE_S
     slo_ms: float | None = None
     device: str = "cpu"
     max_processes: int = 0  # processes per device to try at most (0: as many as cores)

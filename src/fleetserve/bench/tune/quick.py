@@ -20,6 +20,7 @@ from ...catalog import Catalog, ModelSpec
 from ...catalog.profiles import Choice, Profiles
 from ...catalog.weights import weights_path
 from ...settings import Settings
+from .options import windows
 from .runs import RunStore
 from .search import Options
 
@@ -89,12 +90,13 @@ def _tuner(
 
     tune_dir = Path(settings.tune_dir).expanduser()
     cache = Path(settings.cache_dir).expanduser()
+    measure_s, knee_s = windows(budget, quick=True)
     opts = Options(
         budget_s=budget - OVERRUN_S,  # planned within this; cut at ``budget``
         quick=True,
         max_processes=1,  # fleetserve serve runs one process
-        measure_s=min(2.0, max(0.5, budget / 45)),
-        knee_s=min(1.5, max(0.5, budget / 60)),
+        measure_s=measure_s,
+        knee_s=knee_s,
         device=profiles.hw.kind if settings.device == "auto" else settings.device,
         cache_dir=cache,
     )

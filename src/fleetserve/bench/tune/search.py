@@ -32,13 +32,12 @@ from . import pauses as pauses_mod
 from . import steal as steal_mod
 from .candidates import Candidate
 from .harness import Measure, Request, Stack, saturate
-from .options import ADAPTER_S, MIN_BUDGET_S, Clock, Options, TuneError
+from .options import ADAPTER_S, Clock, Options, TuneError, min_budget_s, warmup_s
 from .points import CANDIDATE_FAILURES, Point, failure, own_guard, quality_line
 from .procs import measure_processes
 from .slow import gate_limit
 
 T = TypeVar("T")
-WARMUP_S = 1.0  # unmeasured traffic before each window (at most a third of the window)
 
 
 class Search:
@@ -57,7 +56,7 @@ class Search:
         self.opts = opts
         self.points: list[Point] = []
         self.notes: list[str] = []  # for the run document
-        need = MIN_BUDGET_S + self.final_s()
+        need = min_budget_s(opts.measure_s) + self.final_s()
         if opts.budget_s < need:
             raise TuneError(
                 f"--budget {opts.budget_s:g}s is too small to measure anything: it needs at "
@@ -187,7 +186,7 @@ class Search:
 
     @property
     def warmup_s(self) -> float:
-        return min(WARMUP_S, self.opts.measure_s / 3)
+        return warmup_s(self.opts.measure_s)
 
     def _measure_cost_s(self) -> float:
         load = max((p.load_s for p in self.points), default=5.0)
@@ -273,12 +272,12 @@ class Search:
 # named here too, where the tune's callers have always imported them
 __all__ = [
     "CANDIDATE_FAILURES",
-    "MIN_BUDGET_S",
     "Clock",
     "Options",
     "Point",
     "Search",
     "TuneError",
+    "min_budget_s",
     "own_guard",
     "quality_line",
 ]

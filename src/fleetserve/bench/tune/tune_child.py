@@ -24,8 +24,6 @@ from .runs import RunStore, now_iso
 
 LOOK_S = 0.5  # how often the caller's reasons to stop are looked at
 STOP_S = 5.0  # a child's grace after SIGTERM before it is killed
-QUICK_MEASURE_S = 2.0
-QUICK_KNEE_S = 1.5
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -57,9 +55,8 @@ class TuneChild:
                 "--max-processes", "1", "--output", str(self.profile_dir),
                 "--report-dir", str(self.tune_dir / "reports"),
                 "--pause-file", str(self.ledger.path)]  # fmt: skip
-        if quick:
-            args += ["--quick", "--measure", f"{QUICK_MEASURE_S:g}",
-                     "--knee-seconds", f"{QUICK_KNEE_S:g}"]  # fmt: skip
+        if quick:  # (its windows follow its budget, as every search's: options.windows)
+            args.append("--quick")
         args += ["--run-id", run_id] if run_id else []
         return args + (["--start", start] if start else [])
 
