@@ -101,7 +101,10 @@ TUNE_TESTS := tests/add/test_tune.py tests/bench/tune/test_background.py \
 # part, whose idle moments they take too: started after it, on a 2-core cpu-avx2 they
 # outlasted the tunes by 23 s; started with it, they were done 135 s before the tunes,
 # and the parallel part took 740 s against 741. Their output follows the tunes'.
-SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py
+# test_graph_slots (20 CPU-seconds of OpenVINO and ONNX graphs, nothing timed) joined
+# them once the tunes took 92 s rather than 131 (cpu-amx): there was room for it.
+SOAK_TESTS := tests/bench/tune/test_reference.py tests/runtimes/test_onnx.py \
+	tests/runtimes/test_graph_slots.py
 
 # OpenMP's threads (torch's, on libgomp) wait for the next parallel region by spinning
 # on their core: with three test processes and their servers on two cores, that spin

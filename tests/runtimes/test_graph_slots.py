@@ -20,7 +20,7 @@ from ..extras import needs
 from ..tiny_lora import make_lora, peft_mean, token_feed
 from ..tinymodels import build_bert
 
-pytestmark = [pytest.mark.slow, needs("torch", "peft", extra="train")]
+pytestmark = [pytest.mark.slow, pytest.mark.soaks, needs("torch", "peft", extra="train")]
 
 TEXTS = ["the quick brown fox", "hello world", "lazy dog sleeps", "river bank money"]
 PAIRS = ["a dog", "the bank of the river", "money", "sleeps"]  # a cross-encoder's documents
