@@ -42,7 +42,7 @@ PAUSE_S = 8.0  # how long the control test's traffic holds the tune
 # the control test's budget: with 30 s (and 2-s windows, before they followed the
 # budget) it fitted only the fp32 reference twice, in clean-clone runs on a 2-core
 # cpu-avx512bf16 with another tune beside it (`make test` runs two at a time), after
-# its pause; 45 s did, and in 1-s windows 35 s holds as many candidates
+# its pause; 45 s did, and in the 0.8-s windows of 35 s it holds more candidates
 PAUSED_BUDGET = 35.0
 
 

@@ -72,6 +72,8 @@ def test_a_small_budget_measures_in_shorter_windows_and_its_search_fits() -> Non
     measure_s, knee_s = windows(40.0)
     s = search(budget_s=40.0, measure_s=measure_s, knee_s=knee_s)
     assert s.clock.budget_s == 40.0 and s.warmup_s == pytest.approx(measure_s / 3)
+    measure_s, knee_s = windows(33.0)  # (a fixed 20 s for the two would need 36.8)
+    assert search(budget_s=33.0, measure_s=measure_s, knee_s=knee_s).clock.budget_s == 33.0
     with pytest.raises(TuneError, match="too small to measure anything"):
         search(budget_s=25.0, measure_s=0.5, knee_s=0.5)
 

@@ -19,9 +19,19 @@ from ...catalog.rules import class_precision, fallback_chain
 from ...catalog.weights import local_weights, weights_path
 from ...settings import Settings
 from ...wire import FleetError
-from .options import windows
+from .options import (
+    KNEE_PARTS,
+    KNEE_S,
+    MEASURE_PARTS,
+    MEASURE_S,
+    QUICK_KNEE_S,
+    QUICK_MEASURE_S,
+    SHORTEST_S,
+    Options,
+    TuneError,
+    windows,
+)
 from .runs import RunStore
-from .search import Options, TuneError
 from .tuner import Outcome, Tuner
 
 
@@ -39,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--measure",
         type=float,
         default=None,
-        help="Seconds per measurement [3; a 45th of a budget under 135 s, at least 0.5; "
-        "--quick: at most 2].",
+        help=f"Seconds per measurement [{MEASURE_S:g}; a {MEASURE_PARTS}th of a budget under "
+        f"{MEASURE_S * MEASURE_PARTS:g} s, at least {SHORTEST_S:g}; --quick: at most "
+        f"{QUICK_MEASURE_S:g}].",
     )
     p.add_argument("--slo-ms", type=float, default=None, help="p99 SLO for the knee.")
     p.add_argument("--no-knee", action="store_true", help="Skip the open-loop knee sweep.")
@@ -48,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--knee-seconds",
         type=float,
         default=None,
-        help="Seconds per knee rate [2.5; a 60th of a budget under 150 s, at least 0.5; "
-        "--quick: at most 1.5].",
+        help=f"Seconds per knee rate [{KNEE_S:g}; a {KNEE_PARTS}th of a budget under "
+        f"{KNEE_S * KNEE_PARTS:g} s, at least {SHORTEST_S:g}; --quick: at most {QUICK_KNEE_S:g}].",
     )
     p.add_argument(
         "--max-processes",

@@ -14,19 +14,22 @@ LOAD_GATE_S = 6.0  # a candidate's load and quality gate, besides its window
 MEASURE_S, KNEE_S = 3.0, 2.5  # a search's windows, where its budget affords them
 QUICK_MEASURE_S, QUICK_KNEE_S = 2.0, 1.5  # ... a quick search's
 SHORTEST_S = 0.5  # the shortest window a small budget brings
+MEASURE_PARTS, KNEE_PARTS = 45, 60  # a window is at most this share of the budget
 
 
 def windows(budget_s: float, quick: bool = False) -> tuple[float, float]:
     """Seconds per measurement and per knee rate that a budget affords: a 45th and a
-    60th of it, at least ``SHORTEST_S`` and at most a search's own (3 and 2.5 s from a
-    budget of 150 s up; a quick one's 2 and 1.5 s). A small budget then compares
-    engines in shorter windows rather than measuring the reference alone: ``fleetserve
-    add --budget 60`` needed 52 s for its reference, one candidate and the winner's
-    knee, and was refused at 50. (``--tune quick`` took these from the start.)"""
+    60th of it, at least ``SHORTEST_S`` and at most a search's own (3 and 2.5 s, from
+    budgets of 135 and 150 s up; a quick one's 2 and 1.5 s, from 90 s up). A small
+    budget then compares engines in shorter windows rather than measuring the
+    reference alone: in 3-s windows a search needed 52 s for its reference, one
+    candidate and the winner's knee, and ``fleetserve add --budget 40`` was refused.
+    (``--tune quick`` took these from the start; a server's background quick search
+    took 2 and 1.5 s whatever its budget.)"""
     top = (QUICK_MEASURE_S, QUICK_KNEE_S) if quick else (MEASURE_S, KNEE_S)
     return (
-        min(top[0], max(SHORTEST_S, budget_s / 45)),
-        min(top[1], max(SHORTEST_S, budget_s / 60)),
+        min(top[0], max(SHORTEST_S, budget_s / MEASURE_PARTS)),
+        min(top[1], max(SHORTEST_S, budget_s / KNEE_PARTS)),
     )
 
 

@@ -277,7 +277,6 @@ __all__ = [
     "Point",
     "Search",
     "TuneError",
-    "min_budget_s",
     "own_guard",
     "quality_line",
 ]
