@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 # first: HOME becomes the run's own, before fleetserve expands ~ (tests/own_home.py)
-from . import own_home  # noqa: F401
+from . import own_home
 
 # isort: split
 import asyncio
@@ -235,8 +235,11 @@ def tiny_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # the tiny models' exports, conversions, gate verdicts and adapter copies: a directory of
 # this test process, not the user's ~/.cache/fleetserve (each run's new tiny models,
-# with new mtimes, added entries there that nothing removed: 4.3 GB on this machine)
-TINY_CACHE = tempfile.mkdtemp(prefix="fleetserve-tests-cache-")
+# with new mtimes, added entries there that nothing removed: 4.3 GB on this machine).
+# In the run's home, which goes at the run's end whatever became of this process: in
+# the machine's temporary directory one was left behind, empty, about two a clean-clone
+# run: by a process that imported this module and ran no atexit (which one, not found)
+TINY_CACHE = tempfile.mkdtemp(prefix="fleetserve-tests-cache-", dir=os.environ[own_home.VAR])
 atexit.register(shutil.rmtree, TINY_CACHE, True)
 
 
